@@ -1,0 +1,63 @@
+"""Callbacks that measure a run: training wall time (validation excluded) and target tokens/s."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+
+
+class TrainingClock(pl.Callback):
+    """Accumulates training time and target tokens; the totals survive checkpoint/resume."""
+
+    def __init__(self) -> None:
+        self.train_time_s = 0.0
+        self.target_tokens = 0
+        self._started: float | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "TrainingClock"
+
+    def _start(self) -> None:
+        self._started = time.perf_counter()
+
+    def _stop(self) -> None:
+        if self._started is not None:
+            self.train_time_s += time.perf_counter() - self._started
+            self._started = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start()
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.training:
+            self._start()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self._stop()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Every rank sees its own shard: count this rank's tokens times the number of ranks.
+        self.target_tokens += int(batch["n_tokens"]) * trainer.world_size
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.target_tokens / self.train_time_s if self.train_time_s > 0 else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        running = time.perf_counter() - self._started if self._started is not None else 0.0
+        return {"train_time_s": self.train_time_s + running, "target_tokens": self.target_tokens}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_time_s = float(state_dict.get("train_time_s", 0.0))
+        self.target_tokens = int(state_dict.get("target_tokens", 0))

@@ -1,0 +1,140 @@
+"""`ablate`: the command line. Thin: it parses arguments and calls the library.
+
+    ablate train [--preset tiny] [--row base] [--config FILE] [key=value ...]
+    ablate params [--vocab-size 37000] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from lightning_modules.config import CORPORA
+from lightning_modules.errors import UserError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line: `ablate: error: ...`."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that trains: preset, row, corpus, overrides."""
+    p.add_argument("--preset", default="tiny", help="scale preset from ablations/presets (default: tiny)")
+    p.add_argument("--row", default="base", help="Table 3 row (base, A1..A4, B1, B2, C1..C7, D1..D4, E, big)")
+    p.add_argument("--spec", help="ablation spec YAML with the rows (default: ablations/table3.yaml)")
+    p.add_argument("--config", help="YAML file with config overrides ({model: {...}, train: {...}})")
+    p.add_argument("--data", choices=CORPORA, help="corpus (default: the preset's)")
+    for split in ("train", "valid", "test"):
+        for side in ("src", "tgt"):
+            p.add_argument(f"--{split}-{side}", metavar="FILE",
+                           help=f"{split} {side} text file for --data files (plain or .gz)")
+    p.add_argument("--data-dir", help="local directory with the corpus files (multi30k, wmt14)")
+    p.add_argument("--base-url", help="mirror URL to download the corpus from (multi30k, wmt14)")
+    p.add_argument("--max-steps", type=int, help="training steps (shortcut for train.max_steps)")
+    p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
+    p.add_argument("--devices", help="Lightning devices: auto, a count, or a list like 0,1")
+    p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
+    p.add_argument("--precision", help="Lightning precision: auto, 32-true, bf16-mixed, 16-mixed")
+    p.add_argument("--wandb", choices=["auto", "online", "offline", "off"],
+                   help="Weights & Biases: auto (online with an API key, else offline), or off")
+    p.add_argument("--no-wandb", action="store_true", help="disable Weights & Biases (same as --wandb off)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override any config key, e.g. d_model=256 train.warmup_steps=800")
+
+
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The command-line shortcuts as key=value overrides (they win over positional ones)."""
+    extra = list(args.overrides)
+    shortcuts = {"data.corpus": args.data, "data.data_dir": args.data_dir, "data.base_url": args.base_url,
+                 "train.max_steps": args.max_steps, "train.seed": args.seed,
+                 "train.devices": args.devices, "train.accelerator": args.accelerator,
+                 "train.precision": args.precision, "train.wandb": "off" if args.no_wandb else args.wandb}
+    for split in ("train", "valid", "test"):
+        for side in ("src", "tgt"):
+            shortcuts[f"data.{split}_{side}"] = getattr(args, f"{split}_{side}")
+    extra += [f"{key}={value}" for key, value in shortcuts.items() if value is not None]
+    if any(getattr(args, f"{s}_src") for s in ("train", "valid", "test")) and args.data is None:
+        extra.append("data.corpus=files")
+    return extra
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lightning_modules.presets import resolve
+    from lightning_modules.run import summary_table, train
+
+    cfg = resolve(args.preset, args.row, args.config, run_overrides(args), args.spec)
+    out = args.out or f"runs/{cfg.row}-{cfg.preset}-s{cfg.train.seed}"
+    results = train(cfg, out)
+    if results:
+        print("\n" + summary_table(results))
+    return 0
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    from lightning_modules.params import params_table
+
+    table = params_table(args.vocab_size, args.spec)
+    if args.json:
+        print(json.dumps(table, indent=2))
+    else:
+        print(format_params(table, args.vocab_size))
+    return 0
+
+
+def format_params(table: list[dict], vocab_size: int) -> str:
+    """Plain-text table of every row's architecture and parameter count."""
+    cols = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "positional", "params", "params_M", "paper_params"]
+    head = {"paper_params": "paper (M)", "params_M": "ours (M)"}
+    cells = [[head.get(c, c) for c in cols]]
+    for entry in table:
+        cells.append(["" if entry.get(c) is None else
+                      (f"{entry[c]:,}" if c == "params" else str(entry[c])) for c in cols])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    return f"Parameters with a shared vocabulary of {vocab_size:,} (paper: printed values)\n" + "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ablate", description="Transformer ablations (Vaswani et al. 2017, Table 3)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("train", help="train and evaluate one configuration")
+    _add_run_options(p)
+    p.add_argument("--out", help="run directory (default: runs/ROW-PRESET-sSEED)")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("params", help="parameter count of every Table 3 row")
+    p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size (default 37000)")
+    p.add_argument("--spec", help="ablation spec YAML (default: ablations/table3.yaml)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_params)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return handler(args)
+    except UserError as err:
+        print(f"ablate: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("ablate: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `ablate params --json | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Configuration dataclasses: the single home of every knob.
+
+`TransformerConfig` holds the architecture (the knobs Table 3 varies); `DataConfig`, `TrainConfig`
+and `EvalConfig` hold everything else a run needs; `RunConfig` groups them. Validation lives in
+`__post_init__`, so an impossible value is rejected wherever a config is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightning_modules.errors import UserError
+
+POSITIONAL_KINDS = ("sinusoidal", "learned")
+CORPORA = ("ding", "files", "multi30k", "wmt14")
+
+
+def _positive(owner: str, **values: int | float) -> None:
+    for name, value in values.items():
+        if value is None or value <= 0:
+            raise UserError(f"{owner}.{name} must be positive, got {value!r}")
+
+
+def _unit_interval(owner: str, **values: float) -> None:
+    for name, value in values.items():
+        if not 0.0 <= value < 1.0:
+            raise UserError(f"{owner}.{name} must be in [0, 1), got {value!r}")
+
+
+@dataclass
+class TransformerConfig:
+    """Architecture of the encoder-decoder Transformer (names follow the paper)."""
+
+    n_layers: int = 6  # N, in both encoder and decoder
+    d_model: int = 512
+    d_ff: int = 2048
+    n_heads: int = 8  # h
+    d_k: int | None = None  # per-head query/key size; default d_model / h
+    d_v: int | None = None  # per-head value size; default d_model / h
+    dropout: float = 0.1  # P_drop
+    label_smoothing: float = 0.1  # eps_ls
+    positional: str = "sinusoidal"  # "sinusoidal" | "learned"
+    max_len: int = 512  # longest sequence (positions) the model accepts
+    vocab_size: int = 37000  # shared source/target vocabulary
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("model", n_layers=self.n_layers, d_model=self.d_model, d_ff=self.d_ff,
+                  n_heads=self.n_heads, max_len=self.max_len, vocab_size=self.vocab_size)
+        if self.d_k is None or self.d_v is None:
+            if self.d_model % self.n_heads:
+                raise UserError(
+                    f"model.d_model={self.d_model} is not divisible by model.n_heads="
+                    f"{self.n_heads}; set model.d_k and model.d_v explicitly")
+            self.d_k = self.d_model // self.n_heads if self.d_k is None else self.d_k
+            self.d_v = self.d_model // self.n_heads if self.d_v is None else self.d_v
+        _positive("model", d_k=self.d_k, d_v=self.d_v)
+        _unit_interval("model", dropout=self.dropout, label_smoothing=self.label_smoothing)
+        if self.positional not in POSITIONAL_KINDS:
+            raise UserError(f"model.positional must be one of {', '.join(POSITIONAL_KINDS)}, "
+                            f"got {self.positional!r}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise UserError(f"model.pad_id={self.pad_id} is outside the vocabulary "
+                            f"(size {self.vocab_size})")
+
+
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer and batching."""
+
+    corpus: str = "ding"  # ding | files | multi30k | wmt14
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    ding_path: str = "/usr/share/trans/de-en"
+    ding_dictionary: bool = True  # add the dictionary's word/phrase pairs to the training split
+    valid_size: int = 1000  # held-out pairs for the Ding corpus
+    test_size: int = 1000
+    # --data files: one source and one target file per split (plain text or .gz)
+    train_src: str | None = None
+    train_tgt: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    test_src: str | None = None
+    test_tgt: str | None = None
+    # --data multi30k | wmt14: a local directory with the files, or a mirror URL
+    data_dir: str | None = None
+    base_url: str | None = None
+    cache_dir: str = "~/.cache/ablate"
+    vocab_size: int = 37000  # sentencepiece BPE vocabulary, shared by both languages
+    spm_input_sentence_size: int = 2_000_000  # sentences sampled to train the BPE model
+    max_tokens: int = 25000  # tokens per batch and side, padding included (fairseq --max-tokens)
+    max_train_len: int = 256  # drop training pairs longer than this (in wordpieces)
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.corpus not in CORPORA:
+            raise UserError(f"data.corpus must be one of {', '.join(CORPORA)}, "
+                            f"got {self.corpus!r}")
+        _positive("data", vocab_size=self.vocab_size, max_tokens=self.max_tokens,
+                  max_train_len=self.max_train_len, valid_size=self.valid_size,
+                  test_size=self.test_size, spm_input_sentence_size=self.spm_input_sentence_size)
+        if self.num_workers < 0:
+            raise UserError(f"data.num_workers must be >= 0, got {self.num_workers}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and the Lightning Trainer."""
+
+    max_steps: int = 100_000
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0  # multiplies the paper's lrate (1.0 = the paper)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    accumulate_grad_batches: int = 1  # reach ~25K+25K tokens per step on fewer GPUs
+    gradient_clip_val: float = 0.0  # 0 = off, as in the paper
+    val_check_interval: int = 1000  # validate (dev perplexity) every this many steps
+    checkpoint_every: int = 1000  # save a resumable checkpoint every this many steps
+    log_every_n_steps: int = 50
+    seed: int = 1
+    accelerator: str = "auto"
+    devices: str = "auto"  # "auto", a count ("2") or a list ("0,1")
+    strategy: str = "auto"  # "auto" picks DDP for several devices
+    precision: str = "auto"  # "auto": bf16-mixed on a GPU that supports it, else 32-true
+    num_nodes: int = 1
+    compile: bool = False  # torch.compile the model
+    wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | off
+    wandb_project: str = "transformer-ablations"
+    wandb_group: str | None = None
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("train", max_steps=self.max_steps, warmup_steps=self.warmup_steps,
+                  lr_scale=self.lr_scale, adam_eps=self.adam_eps,
+                  accumulate_grad_batches=self.accumulate_grad_batches,
+                  val_check_interval=self.val_check_interval,
+                  checkpoint_every=self.checkpoint_every,
+                  log_every_n_steps=self.log_every_n_steps, num_nodes=self.num_nodes)
+        _unit_interval("train", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
+        if self.gradient_clip_val < 0:
+            raise UserError(f"train.gradient_clip_val must be >= 0, got {self.gradient_clip_val}")
+        if self.wandb not in ("auto", "online", "offline", "off"):
+            raise UserError(f"train.wandb must be auto, online, offline or off, got {self.wandb!r}")
+
+
+@dataclass
+class EvalConfig:
+    """Decoding and scoring (the paper: beam 4, alpha 0.6, max length = source + 50)."""
+
+    beam_size: int = 4
+    length_penalty: float = 0.6  # GNMT alpha
+    max_len_offset: int = 50  # output may be up to source length + this many tokens
+    batch_tokens: int = 8000  # source tokens per decoding batch
+    bleu_tokenize: str = "13a"  # sacreBLEU tokenizer ("13a", "intl", ...)
+    decode_test: bool = True  # also translate and score the test split
+
+    def __post_init__(self) -> None:
+        _positive("eval", beam_size=self.beam_size, batch_tokens=self.batch_tokens)
+        if self.length_penalty < 0 or self.max_len_offset < 0:
+            raise UserError("eval.length_penalty and eval.max_len_offset must be >= 0")
+
+
+@dataclass
+class ScaleConfig:
+    """How a preset scales every Table 3 row: one rule, applied to all rows alike.
+
+    Widths (d_model, d_ff, d_k, d_v) are multiplied by `width`, depth N by `depth` and the row's
+    training steps by `steps`; heads, dropout, label smoothing and positions are kept.
+    """
+
+    width: float = 1.0
+    depth: float = 1.0
+    steps: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("scale", width=self.width, depth=self.depth, steps=self.steps)
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs; saved as `config.yaml` in the run directory."""
+
+    row: str = "base"
+    preset: str = "paper"
+    model: TransformerConfig = field(default_factory=TransformerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    scale: ScaleConfig = field(default_factory=ScaleConfig)

@@ -1,0 +1,34 @@
+"""Atomic file writes: a reader sees the old file or the complete new one, never half of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, fsync it, then rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def write_lines(path: str | Path, lines: list[str]) -> None:
+    """One sentence a line (newlines inside a sentence become spaces)."""
+    atomic_write_text(path, "".join(" ".join(line.split("\n")) + "\n" for line in lines))

@@ -1,0 +1,26 @@
+"""Parameter counts of every ablation row at the paper's scale, beside the paper's printed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning_modules.config import ScaleConfig, TransformerConfig
+from lightning_modules.presets import load_preset, load_spec, row_settings
+from lightning_modules.transformer import count_parameters
+
+
+def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -> list[dict[str, Any]]:
+    """One entry per row: architecture, our closed-form count and the paper's (millions or None)."""
+    spec = load_spec(spec_path)
+    max_len = load_preset("paper").get("model", {}).get("max_len", TransformerConfig.max_len)
+    table = []
+    for row, entry in spec.items():
+        model = row_settings(row, spec, ScaleConfig())["model"]
+        c = TransformerConfig(**{**model, "vocab_size": vocab_size, "max_len": max_len})
+        n = count_parameters(c)
+        table.append({"row": row, "group": entry.get("group", row), "N": c.n_layers, "d_model": c.d_model,
+                      "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k, "d_v": c.d_v,
+                      "positional": c.positional, "params": n, "params_M": round(n / 1e6, 1),
+                      "paper_params": (entry.get("paper") or {}).get("params_m")})
+    return table

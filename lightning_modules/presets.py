@@ -1,0 +1,182 @@
+"""Resolve a run's configuration from presets, Table 3 rows, a YAML file and key=value overrides.
+
+Order, later wins: `RunConfig` defaults < preset (`ablations/presets/NAME.yaml`) < the row of the
+ablation spec (`ablations/table3.yaml`), scaled by the preset's rule < `--config FILE` <
+`key=value` overrides. OmegaConf checks every key and type against the dataclasses.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lightning_modules.config import RunConfig, ScaleConfig, TransformerConfig
+from lightning_modules.errors import UserError
+
+WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")
+# Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
+DERIVED_KEYS = {"model.vocab_size", "model.pad_id"}
+
+
+def _ablations_dir() -> Path:
+    return Path(str(resources.files("ablations")))
+
+
+def load_yaml(path: str | Path, what: str = "file") -> dict[str, Any]:
+    """A YAML mapping from `path`, or a one-line UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in (_ablations_dir() / "presets").glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    path = _ablations_dir() / "presets" / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(f"unknown preset {name!r}; choose from {', '.join(preset_names())}")
+    return load_yaml(path, "preset")
+
+
+def default_spec_path() -> Path:
+    return _ablations_dir() / "table3.yaml"
+
+
+def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """The ablation rows: {row name: {group, model, train_steps, paper}}, base first."""
+    path = Path(path) if path else default_spec_path()
+    rows = load_yaml(path, "ablation spec")
+    if "base" not in rows:
+        raise UserError(f"{path}: an ablation spec needs a 'base' row")
+    for name, row in rows.items():
+        if not isinstance(row, dict) or not isinstance(row.get("model", {}), dict):
+            raise UserError(f"{path}: row {name!r} must be a mapping with a 'model' mapping")
+        unknown = set(row.get("model", {})) - {f.name for f in fields(TransformerConfig)}
+        if unknown:
+            raise UserError(f"{path}: row {name!r} has unknown model keys: {', '.join(sorted(unknown))}")
+    return rows
+
+
+def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig) -> dict[str, Any]:
+    """The row's model keys and training steps (base overridden by the row), scaled by `scale`."""
+    if row not in spec:
+        close = difflib.get_close_matches(row, list(spec), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UserError(f"unknown row {row!r}{hint}; rows: {', '.join(spec)}")
+    base, chosen = spec["base"], spec[row]
+    model = {**base.get("model", {}), **chosen.get("model", {})}
+    for key in WIDTH_KEYS:
+        if model.get(key) is not None:
+            model[key] = max(1, round(model[key] * scale.width))
+    if "n_layers" in model:
+        model["n_layers"] = max(1, round(model["n_layers"] * scale.depth))
+    settings: dict[str, Any] = {"model": model}
+    steps = chosen.get("train_steps", base.get("train_steps"))
+    if steps is not None:
+        settings["train"] = {"max_steps": max(1, round(steps * scale.steps))}
+    return settings
+
+
+def _leaf_paths() -> dict[str, list[str]]:
+    """Every settable key ('model.d_model', ...) by its last component ('d_model')."""
+    paths: dict[str, list[str]] = {}
+    for section in fields(RunConfig):
+        sub = getattr(RunConfig(), section.name)
+        names = [f.name for f in fields(sub)] if hasattr(sub, "__dataclass_fields__") else [None]
+        for name in names:
+            full = section.name if name is None else f"{section.name}.{name}"
+            if full not in DERIVED_KEYS:
+                paths.setdefault(name or section.name, []).append(full)
+    return paths
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`key=value` strings (`d_model=256` or `model.d_model=256`) into a nested dict."""
+    leaves = _leaf_paths()
+    every_path = sorted(p for group in leaves.values() for p in group)
+    nested: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip().lstrip("-")
+        if not sep or not key:
+            raise UserError(f"override {item!r} is not of the form key=value")
+        if key in DERIVED_KEYS:
+            raise UserError(f"{key} is set by the tokenizer; set data.vocab_size instead")
+        if "." not in key:
+            matches = leaves.get(key, [])
+            if len(matches) > 1:
+                raise UserError(f"key {key!r} is ambiguous: write one of {', '.join(matches)}")
+            key = matches[0] if matches else key
+        if key not in every_path:
+            raise UserError(f"unknown config key {key!r}{_suggest(key)}")
+        value = yaml.safe_load(raw) if raw.strip() else None
+        node = nested
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
+
+
+def _suggest(key: str) -> str:
+    """' (did you mean ...?)' for the settable key closest to `key`, or ''."""
+    every_path = sorted(p for group in _leaf_paths().values() for p in group)
+    close = difflib.get_close_matches(key, every_path, n=1) or \
+        difflib.get_close_matches(key.split(".")[-1], list(_leaf_paths()), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _merge(base, update: dict[str, Any], source: str):
+    try:
+        return OmegaConf.merge(base, update)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", "") or ""
+        message = str(err).splitlines()[0]
+        if "not in" in message and "Key" in message:
+            raise UserError(f"{source}: unknown config key {key!r}{_suggest(key)}") from None
+        raise UserError(f"{source}: {key + ': ' if key else ''}{message}") from None
+
+
+def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | None = None,
+            overrides: list[str] | None = None, spec_path: str | Path | None = None) -> RunConfig:
+    """The complete, validated configuration of one run."""
+    cfg = OmegaConf.structured(RunConfig)
+    cfg = _merge(cfg, {"preset": preset, "row": row}, "arguments")
+    preset_data = load_preset(preset)
+    cfg = _merge(cfg, preset_data, f"preset {preset}")
+    scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
+    cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale), f"row {row}")
+    if config_file:
+        cfg = _merge(cfg, load_yaml(config_file, "config file"), str(config_file))
+    if overrides:
+        cfg = _merge(cfg, parse_overrides(overrides), "override")
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:
+        raise UserError(str(err).splitlines()[0]) from None
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

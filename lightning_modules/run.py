@@ -1,0 +1,221 @@
+"""One training run, end to end: data, Trainer, resume, evaluation, `results.json`.
+
+Everything lands in the run directory: `config.yaml`, `spm.model`, `checkpoints/` (resumable:
+the same command continues from `last.ckpt`), `logs/` (CSV), `wandb/` (offline unless an API key
+is configured), the dev/test sources, references and translations, and `results.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+
+from lightning_modules.callbacks import TrainingClock
+from lightning_modules.config import RunConfig
+from lightning_modules.data import TranslationDataModule
+from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
+from lightning_modules.errors import UserError
+from lightning_modules.evaluate import corpus_bleu, translate_texts
+from lightning_modules.io import atomic_write_json, atomic_write_text, write_lines
+from lightning_modules.presets import DERIVED_KEYS, to_yaml
+from lightning_modules.translation import TranslationModule
+
+RESULTS = "results.json"
+# What makes a run directory one run: the whole model (all keys) and the corpus and vocabulary.
+IDENTITY_KEYS: dict[str, list[str]] = {
+    "model": [],
+    "data": ["corpus", "src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
+             "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "vocab_size"],
+}
+
+
+def check_output_dir(out: Path) -> None:
+    """Fail before any work if the run directory cannot be written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"cannot write to output directory {out}: {err.strerror or err}") from None
+
+
+def read_results(out: Path) -> dict[str, Any] | None:
+    path = out / RESULTS
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def check_same_run(out: Path, cfg: RunConfig) -> None:
+    """A run directory belongs to one model and corpus: refuse to resume a different one."""
+    saved_path = out / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    current = asdict(cfg)
+    for section, keys in IDENTITY_KEYS.items():
+        old, new = saved.get(section, {}), current[section]
+        for key in keys or [k for k in new if f"{section}.{k}" not in DERIVED_KEYS]:
+            if old.get(key) != new.get(key):
+                raise UserError(
+                    f"{out} holds a run with {section}.{key}={old.get(key)!r}, not {new.get(key)!r}; "
+                    f"use another --out (or delete {out}) to train a different configuration")
+
+
+def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
+    """Trainer device settings; 'auto' precision is bf16-mixed on a GPU that has it, else fp32."""
+    t = cfg.train
+    precision = t.precision
+    if precision == "auto":
+        gpu = torch.cuda.is_available() and t.accelerator in ("auto", "gpu", "cuda")
+        precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
+    devices: Any = t.devices
+    if isinstance(devices, str) and devices not in ("auto", "-1"):
+        devices = [int(d) for d in devices.split(",") if d] if "," in devices else int(devices)
+    return {"accelerator": t.accelerator, "devices": devices, "strategy": t.strategy,
+            "precision": precision, "num_nodes": t.num_nodes}
+
+
+def wandb_mode(setting: str) -> str | None:
+    """'online', 'offline' or None (off). 'auto' is online only when an API key is configured."""
+    if setting == "off" or os.environ.get("WANDB_MODE") == "disabled":
+        return None
+    if setting != "auto":
+        return setting
+    has_key = bool(os.environ.get("WANDB_API_KEY"))
+    netrc = Path.home() / ".netrc"
+    if not has_key and netrc.is_file():
+        has_key = "api.wandb.ai" in netrc.read_text(errors="ignore")
+    return "online" if has_key else "offline"
+
+
+def make_loggers(cfg: RunConfig, out: Path) -> list[Logger]:
+    loggers: list[Logger] = [CSVLogger(out, name="logs", version="")]
+    mode = wandb_mode(cfg.train.wandb)
+    if mode:
+        id_file = out / "wandb_id.txt"
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
+        logger = WandbLogger(project=cfg.train.wandb_project, save_dir=str(out), offline=mode == "offline",
+                             group=cfg.train.wandb_group or cfg.row, name=out.name, id=run_id,
+                             tags=[cfg.row, cfg.preset, cfg.data.corpus], config=asdict(cfg),
+                             resume="allow")
+        if run_id is None:
+            atomic_write_text(id_file, logger.experiment.id)
+        loggers.append(logger)
+    return loggers
+
+
+def evaluate_split(module: TranslationModule, dm: TranslationDataModule, cfg: RunConfig,
+                   split: str, out: Path) -> tuple[float, str]:
+    """Translate one split with beam search, save source/reference/hypothesis files, score BLEU."""
+    text = dm.corpus.valid if split == "valid" else dm.corpus.test
+    name = "dev" if split == "valid" else "test"
+    hyps = translate_texts(module.model, text.src, dm.encode, dm.decode, BOS_ID, EOS_ID, cfg.eval)
+    write_lines(out / f"{name}.src.txt", text.src)
+    write_lines(out / f"{name}.ref.txt", text.tgt)
+    write_lines(out / f"{name}.hyp.txt", hyps)
+    return corpus_bleu(hyps, text.tgt, cfg.eval.bleu_tokenize)
+
+
+def train(cfg: RunConfig, out: str | Path, group: str | None = None) -> dict[str, Any]:
+    """Train (or resume, or reuse) the run in `out` and return its results."""
+    out = Path(out)
+    check_output_dir(out)
+    done = read_results(out)
+    if done and done.get("status") == "complete":
+        check_same_run(out, cfg)
+        return done
+    check_same_run(out, cfg)
+    pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
+
+    dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len)
+    dm.setup("fit")
+    cfg.model.vocab_size, cfg.model.pad_id = dm.vocab_size, dm.pad_id
+    atomic_write_text(out / "config.yaml", to_yaml(cfg))
+    module = TranslationModule.from_configs(cfg.model, cfg.train)
+    if cfg.train.compile:
+        module.model = torch.compile(module.model)
+
+    ckpt_dir = out / "checkpoints"
+    clock = TrainingClock()
+    hardware = resolve_hardware(cfg)
+    trainer = pl.Trainer(
+        **hardware,
+        max_steps=cfg.train.max_steps, max_epochs=-1,
+        val_check_interval=cfg.train.val_check_interval, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, accumulate_grad_batches=cfg.train.accumulate_grad_batches,
+        gradient_clip_val=cfg.train.gradient_clip_val or None,
+        log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
+        enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
+        logger=make_loggers(cfg, out), default_root_dir=out,
+        callbacks=[clock,
+                   ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
+                                   every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
+                                   auto_insert_metric_name=False),
+                   OnExceptionCheckpoint(dirpath=ckpt_dir, filename="last")],
+    )
+    last = ckpt_dir / "last.ckpt"
+    trainer.fit(module, datamodule=dm, ckpt_path=str(last) if last.is_file() else None)
+    if trainer.interrupted:
+        raise UserError(f"training was interrupted; run the same command again to resume from {last}")
+    trainer.save_checkpoint(last)  # the final state, so a crash during evaluation loses nothing
+
+    metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    if trainer.global_rank != 0:
+        return {}
+    device = trainer.strategy.root_device
+    module.to(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16,
+                              enabled=hardware["precision"].startswith("bf16"))
+    with autocast:
+        bleu, signature = evaluate_split(module, dm, cfg, "valid", out)
+        test_bleu = None
+        if cfg.eval.decode_test and dm.corpus.test.src:
+            test_bleu, _ = evaluate_split(module, dm, cfg, "test", out)
+
+    results = {
+        "row": cfg.row, "preset": cfg.preset, "corpus": cfg.data.corpus,
+        "params": module.n_parameters, "bleu": bleu, "ppl": round(metrics["val/ppl"], 3),
+        "test_bleu": test_bleu, "sacrebleu_signature": signature,
+        "train_time_s": round(clock.train_time_s, 1), "tokens_per_s": round(clock.tokens_per_s, 1),
+        "target_tokens": clock.target_tokens, "steps": trainer.global_step, "seed": cfg.train.seed,
+        "beam_size": cfg.eval.beam_size, "length_penalty": cfg.eval.length_penalty,
+        "padding_share": round(dm.stats.get("padding_share", float("nan")), 4),
+        "data": {k: v for k, v in dm.stats.items() if k != "padding_share"},
+        "model": asdict(cfg.model), "precision": hardware["precision"],
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "world_size": trainer.world_size, "host": socket.gethostname(), "group": group or cfg.row,
+        "run_dir": str(out.resolve()), "status": "complete",
+    }
+    atomic_write_json(out / RESULTS, results)
+    return results
+
+
+SUMMARY_KEYS = [("row", "row"), ("params", "params"), ("ppl", "dev PPL"), ("bleu", "dev BLEU"),
+                ("test_bleu", "test BLEU"), ("steps", "steps"), ("train_time_s", "train time (s)"),
+                ("tokens_per_s", "target tokens/s")]
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    """A short two-column table of the headline numbers."""
+    rows = [(label, results.get(key)) for key, label in SUMMARY_KEYS]
+    rows.append(("sacreBLEU", results.get("sacrebleu_signature")))
+    rows.append(("run directory", results.get("run_dir")))
+    width = max(len(label) for label, _ in rows)
+    fmt = lambda v: f"{v:,}" if isinstance(v, int) else str(v)  # noqa: E731
+    return "\n".join(f"{label.ljust(width)}  {fmt(value)}" for label, value in rows)

@@ -1,0 +1,144 @@
+"""Greedy and beam search over a `Transformer`, batched, with a key/value cache.
+
+Beam search follows the paper (section 6.1): beam size 4, length penalty alpha = 0.6 as in GNMT,
+lp(Y) = ((5 + |Y|) / 6) ** alpha, maximum output length = source length + 50, early termination
+(a sentence stops once it has `beam_size` finished hypotheses). Finished sentences leave the
+batch, so the work per step shrinks as decoding goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_modules.transformer import Transformer
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS, without EOS
+    log_prob: float  # sum of token log-probabilities, EOS included
+    score: float  # log_prob / length penalty (the quantity beam search maximises)
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ((5 + |Y|) / 6) ** alpha; |Y| counts the EOS token."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _source_lengths(model: Transformer, src: Tensor) -> Tensor:
+    return (src != model.config.pad_id).sum(dim=1)
+
+
+def _max_steps(model: Transformer, src: Tensor, max_len_offset: int) -> Tensor:
+    """Per-sentence cap on output tokens (EOS included), within the model's positions."""
+    return (_source_lengths(model, src) + max_len_offset).clamp(max=model.config.max_len)
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int,
+                  max_len_offset: int = 50, alpha: float = 0.6) -> list[Hypothesis]:
+    """Pick the most probable token at each step, for a batch of sources (B, S)."""
+    memory, src_mask = model.encode(src)
+    batch = src.size(0)
+    limit = _max_steps(model, src, max_len_offset)
+    caches: list[dict] = [{} for _ in model.decoder]
+    token = torch.full((batch,), bos_id, dtype=torch.long, device=src.device)
+    log_prob = torch.zeros(batch, device=src.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
+    outputs: list[Tensor] = []
+    for step in range(int(limit.max())):
+        logp = model.decode_step(token, memory, src_mask, caches, step).float().log_softmax(-1)
+        if step + 1 >= limit.min():  # force EOS where the cap is reached
+            forced = (step + 1 >= limit) & ~done
+            logp[forced] = torch.where(torch.arange(logp.size(1), device=logp.device) == eos_id,
+                                       0.0, float("-inf")).to(logp.dtype)
+        best_logp, token = logp.max(dim=-1)
+        log_prob += torch.where(done, 0.0, best_logp)
+        token = torch.where(done, torch.full_like(token, eos_id), token)
+        outputs.append(token)
+        done |= token == eos_id
+        if bool(done.all()):
+            break
+    hyps = []
+    steps = torch.stack(outputs, dim=1).tolist()
+    for row, lp in zip(steps, log_prob.tolist()):
+        tokens = row[: row.index(eos_id)] if eos_id in row else row
+        hyps.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, alpha)))
+    return hyps
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam_size: int = 4,
+                alpha: float = 0.6, max_len_offset: int = 50) -> list[Hypothesis]:
+    """Best hypothesis per source sentence under the length-normalised score."""
+    if beam_size == 1:
+        return greedy_search(model, src, bos_id, eos_id, max_len_offset, alpha)
+    device, k = src.device, beam_size
+    memory, src_mask = model.encode(src)
+    batch = src.size(0)
+    limit = _max_steps(model, src, max_len_offset)
+    # Expand to (batch * k) rows: row b*k + j is beam j of sentence b.
+    memory = memory.repeat_interleave(k, dim=0)
+    src_mask = src_mask.repeat_interleave(k, dim=0)
+    caches: list[dict] = [{} for _ in model.decoder]
+    alive = torch.arange(batch, device=device)  # original index of each sentence still decoding
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: keep one so the first step is not duplicated
+    prefixes = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+
+    for step in range(int(limit.max())):
+        n = alive.numel()
+        logp = model.decode_step(prefixes[:, -1], memory, src_mask, caches, step).float()
+        logp = logp.log_softmax(-1)
+        vocab = logp.size(-1)
+        at_limit = (step + 1 >= limit[alive])  # (n,) these sentences must end now
+        if bool(at_limit.any()):
+            eos_only = torch.full((vocab,), float("-inf"), device=device)
+            eos_only[eos_id] = 0.0
+            logp = torch.where(at_limit.repeat_interleave(k)[:, None], eos_only, logp)
+        candidates = (scores[:, :, None] + logp.view(n, k, vocab)).view(n, k * vocab)
+        top_scores, top_index = candidates.topk(2 * k, dim=1)  # (n, 2k)
+        origin, token = top_index // vocab, top_index % vocab
+        is_eos = token == eos_id
+
+        # Finalise EOS candidates ranked within the top k (as in fairseq / GNMT).
+        eos_hits = (is_eos[:, :k] & (top_scores[:, :k] > float("-inf"))).nonzero().tolist()
+        if eos_hits:
+            cpu_prefix = prefixes.tolist()
+            top_cpu, origin_cpu = top_scores.tolist(), origin.tolist()
+            for i, j in eos_hits:
+                b = int(alive[i])
+                if len(finished[b]) >= k:
+                    continue
+                tokens = cpu_prefix[i * k + origin_cpu[i][j]][1:]
+                lp = top_cpu[i][j]
+                finished[b].append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, alpha)))
+
+        # Continue with the best k candidates that did not end.
+        masked = top_scores.masked_fill(is_eos, float("-inf"))
+        keep_scores, keep = masked.topk(k, dim=1)  # (n, k) positions within the 2k candidates
+        keep_origin = origin.gather(1, keep)
+        keep_token = token.gather(1, keep)
+        done = torch.tensor([len(finished[int(b)]) >= k for b in alive], device=device) | at_limit
+        done |= keep_scores[:, 0] == float("-inf")
+        if bool(done.all()):
+            break
+        rows = (torch.arange(n, device=device)[:, None] * k + keep_origin)  # (n, k) source rows
+        live = (~done).nonzero().squeeze(1)
+        rows = rows[live].reshape(-1)
+        prefixes = torch.cat([prefixes[rows], keep_token[live].reshape(-1, 1)], dim=1)
+        scores = keep_scores[live]
+        alive = alive[live]
+        for cache in caches:
+            for name, tensor in cache.items():
+                cache[name] = tensor[rows]
+        if live.numel() < n:
+            sentence_rows = (live[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+            memory, src_mask = memory[sentence_rows], src_mask[sentence_rows]
+
+    return [max(hyps, key=lambda h: h.score) if hyps else Hypothesis([], 0.0, 0.0)
+            for hyps in finished]

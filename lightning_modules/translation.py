@@ -1,0 +1,94 @@
+"""The LightningModule that trains a `Transformer` for translation, as in section 5 of the paper."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import SumMetric
+
+from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.transformer import Transformer, count_parameters
+
+
+def noam_lrate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), steps counted from 1."""
+    step = max(step, 1)
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+
+
+def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
+                       epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Summed label-smoothed loss, summed plain NLL and the number of non-pad target tokens.
+
+    The smoothed loss per token is (1 - ε)·(-log p_y) + ε·mean_v(-log p_v) (PyTorch's definition).
+    """
+    flat_logits, flat_target = logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1)
+    loss = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id,
+                           label_smoothing=epsilon, reduction="sum")
+    nll = F.cross_entropy(flat_logits, flat_target, ignore_index=pad_id, reduction="sum") \
+        if epsilon > 0 else loss.detach()
+    return loss, nll.detach(), (flat_target != pad_id).sum()
+
+
+class TranslationModule(pl.LightningModule):
+    """Label-smoothed training, Adam(0.9, 0.98, 1e-9) with the warmup schedule, dev perplexity."""
+
+    def __init__(self, model: dict, train: dict) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model_config = TransformerConfig(**model)
+        self.train_config = TrainConfig(**train)
+        self.model = Transformer(self.model_config)
+        self.val_nll = SumMetric()
+        self.val_tokens = SumMetric()
+
+    @classmethod
+    def from_configs(cls, model: TransformerConfig, train: TrainConfig) -> "TranslationModule":
+        return cls(model=asdict(model), train=asdict(train))
+
+    @property
+    def n_parameters(self) -> int:
+        return count_parameters(self.model_config)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.model(src, tgt_in)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        logits = self.model(batch["src"], batch["tgt_in"])
+        loss, nll, n_tokens = label_smoothed_nll(logits, batch["tgt_out"], self.model_config.pad_id,
+                                                 self.model_config.label_smoothing)
+        n = n_tokens.clamp(min=1)
+        self.log("train/loss", loss / n, prog_bar=True)
+        self.log("train/nll", nll / n)
+        self.log("train/tokens", n_tokens.float(), reduce_fx="sum")
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], prog_bar=True)
+        return loss / n
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        logits = self.model(batch["src"], batch["tgt_in"])
+        _, nll, n_tokens = label_smoothed_nll(logits, batch["tgt_out"], self.model_config.pad_id, 0.0)
+        self.val_nll.update(nll)
+        self.val_tokens.update(n_tokens.float())
+
+    def on_validation_epoch_end(self) -> None:
+        nll, tokens = self.val_nll.compute(), self.val_tokens.compute()  # summed over ranks
+        mean_nll = (nll / tokens.clamp(min=1)).item()
+        self.log("val/nll", mean_nll, sync_dist=False)
+        self.log("val/ppl", math.exp(min(mean_nll, 50.0)), prog_bar=True, sync_dist=False)
+        self.val_nll.reset()
+        self.val_tokens.reset()
+
+    def configure_optimizers(self):
+        t = self.train_config
+        optimizer = torch.optim.Adam(self.parameters(), lr=1.0, betas=(t.adam_beta1, t.adam_beta2),
+                                     eps=t.adam_eps)
+        d_model = self.model_config.d_model
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda i: noam_lrate(i + 1, d_model, t.warmup_steps, t.lr_scale))
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}

@@ -1,0 +1,1 @@
+"""Optuna and Weights & Biases sweeps over `ablate train` configurations (see issue: sweeps)."""
