@@ -112,6 +112,26 @@ def _leaf_paths() -> dict[str, list[str]]:
     return paths
 
 
+def _field_type(path: str) -> str:
+    """The annotation of a dotted key ('train.wandb' -> 'str'), as written in config.py."""
+    section, name = path.split(".", 1)
+    owner = type(getattr(RunConfig(), section))
+    return str(owner.__dataclass_fields__[name].type)
+
+
+def _parse_value(path: str, raw: str) -> Any:
+    """YAML scalars (`1e-3`, `true`, `null`, `[1, 2]`), but text fields keep their text (`off`)."""
+    raw = raw.strip()
+    if not raw or raw in ("null", "None", "~"):
+        return None
+    if "." in path and _field_type(path).startswith("str"):
+        return raw
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """`key=value` strings (`d_model=256` or `model.d_model=256`) into a nested dict."""
     leaves = _leaf_paths()
@@ -131,7 +151,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             key = matches[0] if matches else key
         if key not in every_path:
             raise UserError(f"unknown config key {key!r}{_suggest(key)}")
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _parse_value(key, raw)
         node = nested
         *parents, last = key.split(".")
         for part in parents:

@@ -1,0 +1,31 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   set up, then train and evaluate the tiny base Transformer on the embedded Ding corpus
+#   make test   set up, then run the test suite (what CI runs)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup system-deps demo test test-all clean
+
+system-deps:  ## Debian packages: the Ding dictionary (the embedded default corpus)
+	@if [ ! -f /usr/share/trans/de-en ]; then \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq trans-de-en >/dev/null; fi
+
+$(BIN)/ablate: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)" -e ".[dev]"
+	@touch $@
+
+setup: system-deps $(BIN)/ablate
+
+demo: setup
+	$(BIN)/ablate train --preset tiny --out runs/demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

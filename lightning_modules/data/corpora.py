@@ -1,0 +1,506 @@
+"""Parallel corpora as raw text: the Ding dictionary, user files, Multi30k and WMT14 EN-DE.
+
+Every loader returns a `Corpus` of `ParallelText` splits oriented `cfg.src_lang -> cfg.tgt_lang`.
+Whatever a user can fix (a missing file, bad encoding, a failed download) raises `UserError`
+with one line that names the file, line or URL.
+
+Note: the WMT14 training set (~4.5M pairs) is read fully into Python lists; this costs a few GB of
+memory but keeps every corpus behind the same simple interface.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import re
+import shutil
+import tarfile
+import tempfile
+import unicodedata
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_modules.config import DataConfig
+from lightning_modules.errors import UserError
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
+MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+WMT14_SPLITS = {"train": "train", "valid": "newstest2013", "test": "newstest2014"}
+# The standard WMT14 EN-DE training data (Europarl v7 + Common Crawl + News Commentary v9):
+# (archive URL, member path prefix inside it; the member is PREFIX + "." + language).
+WMT14_TRAIN_ARCHIVES: tuple[tuple[str, str], ...] = (
+    ("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+     "training/europarl-v7.de-en"),
+    ("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
+    ("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz",
+     "training/news-commentary-v9.de-en"),
+)
+# Dev and test sets through sacreBLEU's registry: (sacreBLEU test set name, our split file stem).
+WMT14_EVAL_SETS = {"newstest2013": "wmt13", "newstest2014": "wmt14/full"}
+DOWNLOAD_TIMEOUT_S = 60
+
+
+@dataclass
+class ParallelText:
+    """Aligned source and target sentences (`src[i]` translates to `tgt[i]`)."""
+
+    src: list[str]
+    tgt: list[str]
+
+    def __post_init__(self) -> None:
+        if len(self.src) != len(self.tgt):
+            raise ValueError(f"src has {len(self.src)} lines but tgt has {len(self.tgt)}")
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @classmethod
+    def empty(cls) -> ParallelText:
+        """A split with no pairs (e.g. no test set given)."""
+        return cls([], [])
+
+    @classmethod
+    def from_pairs(cls, pairs: Iterable[tuple[str, str]]) -> ParallelText:
+        """Build from (src, tgt) tuples."""
+        src: list[str] = []
+        tgt: list[str] = []
+        for s, t in pairs:
+            src.append(s)
+            tgt.append(t)
+        return cls(src, tgt)
+
+
+@dataclass
+class Corpus:
+    """A named corpus with its three splits and optional train-only extra pairs."""
+
+    name: str
+    train: ParallelText
+    valid: ParallelText
+    test: ParallelText
+    extra_train: ParallelText | None = None  # train-only extra pairs (Ding word/phrase pairs)
+
+
+# --------------------------------------------------------------------------- reading files
+
+def _read_bytes(path: Path) -> bytes:
+    """Whole file content, gunzipped when it starts with the gzip magic bytes."""
+    if not path.is_file():
+        raise UserError(f"{path}: file not found")
+    with open(path, "rb") as handle:
+        magic = handle.read(2)
+    try:
+        if magic == b"\x1f\x8b":
+            with gzip.open(path, "rb") as handle:
+                return handle.read()
+        return path.read_bytes()
+    except (OSError, EOFError) as err:
+        raise UserError(f"{path}: cannot read ({err})") from err
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """UTF-8 lines of a plain or gzipped text file, without line ends.
+
+    Splits on "\\n" only (not on Unicode line separators, which would break alignment).
+    """
+    path = Path(path).expanduser()
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line_no = data.count(b"\n", 0, err.start) + 1
+        raise UserError(f"{path}: line {line_no} is not valid UTF-8") from err
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise UserError(f"{path}: file is empty")
+    return [line.rstrip("\r") for line in lines]
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
+    """Read two aligned files (plain or .gz); pairs where both lines are blank are skipped."""
+    src_lines = read_lines(src_path)
+    tgt_lines = read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise UserError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has "
+                        f"{len(tgt_lines)}; parallel files must have equal line counts")
+    src: list[str] = []
+    tgt: list[str] = []
+    for line_no, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1):
+        s, t = s.strip(), t.strip()
+        if not s and not t:
+            continue
+        if not s or not t:
+            empty, other = (src_path, tgt_path) if not s else (tgt_path, src_path)
+            raise UserError(f"{empty}: line {line_no} is empty but line {line_no} of {other} "
+                            f"is not")
+        src.append(s)
+        tgt.append(t)
+    return ParallelText(src, tgt)
+
+
+# --------------------------------------------------------------------------- Ding dictionary
+
+_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>")  # {m} {pl} [coll.] <variant>
+_ABBREV_TAG = re.compile(r"(?<!\S)/[^/\s;|]{1,20}/(?=[\s;|,.]|$)")  # /ETD/: an abbreviation
+_PAREN = re.compile(r"\([^()]*\)")  # glosses "(zoological family)" and optional words "(so far)"
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.!?;:])")
+_STRAY = re.compile(r"[{}\[\]<>()]")
+_SENTENCE_END = re.compile(r"[.!?][\"”’'»)]*$")
+_SENTENCE_START = tuple("\"„“‚‘'«»¿¡")
+# Template words make an entry a pattern ("to give sth. to sb."), not a sentence.
+_PLACEHOLDER = re.compile(
+    r"(?<!\w)(?:sth|sb|jdm|jdn|jds|jd|etw|jmd|jmdn|jmdm)\.|(?<!\w)sb[’']s(?!\w)")
+
+
+def _clean_side(side: str) -> str:
+    """One side of a line with {...}, [...], <...>, (possibly nested) (...) and /ABBR/ removed."""
+    if "{" in side or "[" in side or "<" in side:
+        side = _ANNOTATION.sub(" ", side)
+    while "(" in side:
+        stripped = _PAREN.sub(" ", side)
+        if stripped == side:
+            break
+        side = stripped
+    if "/" in side:
+        side = _ABBREV_TAG.sub(" ", side)
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", side)
+
+
+def _normalise(alternative: str) -> str:
+    """Collapsed whitespace, no leading/trailing separators; "" if brackets are unbalanced."""
+    text = " ".join(alternative.split()).strip(" ;,")
+    return "" if _STRAY.search(text) else text
+
+
+def split_alternatives(entry: str) -> list[str]:
+    """The cleaned, non-empty `;`-separated alternatives of one aligned entry."""
+    cleaned = (_normalise(alt) for alt in _clean_side(entry).split(";"))
+    return [alt for alt in cleaned if alt]
+
+
+def _first_alternative(alternatives: str) -> str:
+    """The first non-empty cleaned alternative of an already cleaned entry."""
+    first = _normalise(alternatives.split(";", 1)[0])
+    if first:
+        return first
+    for alt in alternatives.split(";"):
+        alt = _normalise(alt)
+        if alt:
+            return alt
+    return ""
+
+
+_EN_WORDS = frozenset("the a is are were be been of to and you i it that this with for he she "
+                      "we they my your his her our their have has had not do does did don't "
+                      "can't it's i'm what where why how which who would should could".split())
+_DE_WORDS = frozenset("der die das den dem des und ist sind waren nicht ich du er sie es wir "
+                      "ihr ein eine einen einem einer zu mit sich auf für von habe haben wird "
+                      "werden auch noch nur schon wie wo warum wer kann können muss mir mich dir "
+                      "dich uns ist's gibt".split())
+
+
+def _language_score(text: str) -> tuple[int, int]:
+    """(English, German) function-word counts: a cheap check for swapped sides."""
+    words = [w.strip(".,!?;:\"“”„‚‘’'").lower().replace("’", "'") for w in text.split()]
+    return sum(w in _EN_WORDS for w in words), sum(w in _DE_WORDS for w in words)
+
+
+def is_sentence(text: str) -> bool:
+    """A full sentence: capital/digit/quote start, final . ! ?, >= 2 words, no template words."""
+    if not text or not (text[0].isupper() or text[0].isdigit() or text.startswith(_SENTENCE_START)):
+        return False
+    if not _SENTENCE_END.search(text) or "…" in text or "..." in text:
+        return False
+    return len(text.split()) >= 2 and not _PLACEHOLDER.search(text)
+
+
+def _wrong_language(en: str, de: str) -> bool:
+    """The English side looks German or the German side looks English (by >= 2 words)."""
+    en_en, en_de = _language_score(en)
+    de_en, de_de = _language_score(de)
+    return (en_de > max(en_en, 1)) or (de_en > max(de_de, 1))
+
+
+def _sentence_pair(en: str, de: str) -> bool:
+    """Both sides are sentences, one has >= 3 words, and neither is in the wrong language."""
+    return (is_sentence(en) and is_sentence(de) and max(len(en.split()), len(de.split())) >= 3
+            and not _wrong_language(en, de))
+
+
+def parse_ding_line(line: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Sentence pairs and word/phrase pairs, both as (en, de), from one `German :: English` line.
+
+    Entries separated by ` | ` are aligned between the sides. An entry whose first alternatives
+    are both sentences yields sentence pairs: all alternatives zipped when both sides have the
+    same number of them, otherwise only the first pair. Any other entry yields one word/phrase
+    pair made of the first alternative of each side. Sentence pairs whose sides look like the
+    wrong language (a few entries in the dictionary are swapped) are dropped.
+    """
+    line = line.strip()
+    if not line or line.startswith("#") or " :: " not in line:
+        return [], []
+    de_side, en_side = line.split(" :: ", 1)
+    de_entries = _clean_side(de_side).split(" | ")
+    en_entries = _clean_side(en_side).split(" | ")
+    if len(de_entries) != len(en_entries):
+        return [], []
+    sentences: list[tuple[str, str]] = []
+    phrases: list[tuple[str, str]] = []
+    for de_entry, en_entry in zip(de_entries, en_entries):
+        de_first, en_first = _first_alternative(de_entry), _first_alternative(en_entry)
+        if not de_first or not en_first:
+            continue
+        if not (is_sentence(en_first) and is_sentence(de_first)
+                and _sentence_pair(en_first, de_first)):
+            if not (is_sentence(en_first) and _wrong_language(en_first, de_first)):
+                phrases.append((en_first, de_first))
+            continue
+        de_alts = [alt for alt in map(_normalise, de_entry.split(";")) if alt]
+        en_alts = [alt for alt in map(_normalise, en_entry.split(";")) if alt]
+        pairs = list(zip(en_alts, de_alts)) if len(en_alts) == len(de_alts) else [
+            (en_first, de_first)]
+        sentences.extend((en, de) for en, de in pairs if _sentence_pair(en, de))
+    return sentences, phrases
+
+
+def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(sentence pairs, word/phrase pairs) of the Ding dictionary, each as (en, de).
+
+    Sentence pairs are unique on the English side (the first German in file order is kept);
+    word/phrase pairs are exact-deduplicated. Both lists keep file order.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"Ding dictionary {path} not found; install it with "
+                        f"`apt-get install trans-de-en` or set data.ding_path")
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        text = unicodedata.normalize("NFC", handle.read())
+    seen_en: set[str] = set()
+    seen_phrases: set[tuple[str, str]] = set()
+    sentences: list[tuple[str, str]] = []
+    phrases: list[tuple[str, str]] = []
+    for line in text.split("\n"):
+        line_sentences, line_phrases = parse_ding_line(line)
+        for pair in line_sentences:
+            if pair[0] not in seen_en:
+                seen_en.add(pair[0])
+                sentences.append(pair)
+        for pair in line_phrases:
+            if pair not in seen_phrases:
+                seen_phrases.add(pair)
+                phrases.append(pair)
+    return sentences, phrases
+
+
+def split_ding(sentences: Sequence[tuple[str, str]], valid_size: int,
+               test_size: int) -> tuple[list, list, list]:
+    """Deterministic train/valid/test split (sorted, then shuffled by random.Random(0))."""
+    if valid_size + test_size >= len(sentences):
+        raise UserError(f"the Ding dictionary has only {len(sentences)} sentence pairs, too few "
+                        f"for data.valid_size={valid_size} + data.test_size={test_size}")
+    pairs = sorted(sentences)
+    random.Random(0).shuffle(pairs)
+    valid, test = pairs[:valid_size], pairs[valid_size:valid_size + test_size]
+    return pairs[valid_size + test_size:], valid, test
+
+
+def _load_ding(cfg: DataConfig) -> Corpus:
+    langs = (cfg.src_lang, cfg.tgt_lang)
+    if langs not in (("en", "de"), ("de", "en")):
+        raise UserError(f"the Ding dictionary is English-German; got data.src_lang="
+                        f"{cfg.src_lang!r}, data.tgt_lang={cfg.tgt_lang!r}")
+    sentences, phrases = extract_ding(cfg.ding_path)
+    train, valid, test = split_ding(sentences, cfg.valid_size, cfg.test_size)
+    flip = langs == ("de", "en")
+
+    def orient(pairs: Iterable[tuple[str, str]]) -> ParallelText:
+        return ParallelText.from_pairs((de, en) if flip else (en, de) for en, de in pairs)
+
+    extra = None
+    if cfg.ding_dictionary:
+        held_out = {en for en, _ in valid} | {en for en, _ in test}
+        extra = orient(pair for pair in phrases if pair[0] not in held_out)
+    return Corpus("ding", orient(train), orient(valid), orient(test), extra)
+
+
+# --------------------------------------------------------------------------- user files
+
+def _load_files(cfg: DataConfig) -> Corpus:
+    def require(key: str) -> str:
+        value = getattr(cfg, key)
+        if not value:
+            raise UserError(f"data.{key} is not set (needed for --data files)")
+        return value
+
+    train = read_parallel(require("train_src"), require("train_tgt"))
+    valid = read_parallel(require("valid_src"), require("valid_tgt"))
+    if bool(cfg.test_src) != bool(cfg.test_tgt):
+        missing = "test_tgt" if cfg.test_src else "test_src"
+        raise UserError(f"data.{missing} is not set (data.test_src and data.test_tgt go together)")
+    test = read_parallel(cfg.test_src, cfg.test_tgt) if cfg.test_src else ParallelText.empty()
+    return Corpus("files", train, valid, test)
+
+
+# --------------------------------------------------------------------------- downloads
+
+def download(url: str, dest: Path) -> Path:
+    """Fetch `url` to `dest` (via `dest.part`, then rename) unless `dest` already exists."""
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + f".{os.getpid()}.part")
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, \
+                open(part, "wb") as out:
+            shutil.copyfileobj(response, out, length=1 << 20)
+        os.replace(part, dest)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        part.unlink(missing_ok=True)
+        reason = getattr(err, "reason", None) or err
+        raise UserError(f"could not download {url}: {reason}") from err
+    return dest
+
+
+def _local_file(directory: Path, name: str) -> Path:
+    """`directory/name` or `directory/name.gz`, whichever exists."""
+    for candidate in (directory / name, directory / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"{directory / name} (or {name}.gz) not found in data.data_dir")
+
+
+def _remote_file(base_url: str, name: str, cache: Path) -> Path:
+    """`name.gz` (else plain `name`) from `base_url`, cached in `cache`."""
+    for candidate in (f"{name}.gz", name):
+        if (cache / candidate).is_file():
+            return cache / candidate
+    base = base_url if base_url.endswith("/") else base_url + "/"
+    try:
+        return download(base + f"{name}.gz", cache / f"{name}.gz")
+    except UserError as gz_error:
+        try:
+            return download(base + name, cache / name)
+        except UserError:
+            raise gz_error from None
+
+
+def _fetch_splits(cfg: DataConfig, name: str, stems: dict[str, str],
+                  default_url: str | None) -> Corpus:
+    """Read `STEM.LANG` files for each split from data_dir, base_url or default_url."""
+    cache = Path(cfg.cache_dir).expanduser() / name
+    splits: dict[str, ParallelText] = {}
+    for split, stem in stems.items():
+        paths = []
+        for lang in (cfg.src_lang, cfg.tgt_lang):
+            file_name = f"{stem}.{lang}"
+            if cfg.data_dir:
+                paths.append(_local_file(Path(cfg.data_dir).expanduser(), file_name))
+            else:
+                assert default_url is not None or cfg.base_url
+                paths.append(_remote_file(cfg.base_url or default_url, file_name, cache))
+        splits[split] = read_parallel(*paths)
+    return Corpus(name, splits["train"], splits["valid"], splits["test"])
+
+
+def _load_multi30k(cfg: DataConfig) -> Corpus:
+    return _fetch_splits(cfg, "multi30k", MULTI30K_SPLITS, MULTI30K_URL)
+
+
+def fetch_wmt14_train(cache: Path, archives: Sequence[tuple[str, str]] = WMT14_TRAIN_ARCHIVES,
+                      langs: Sequence[str] = ("en", "de")) -> None:
+    """Build `cache/train.LANG` by concatenating the EN-DE members of the statmt archives."""
+    if all((cache / f"train.{lang}").is_file() for lang in langs):
+        return
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        outs = {lang: open(Path(tmp) / f"train.{lang}", "wb") for lang in langs}
+        try:
+            for url, prefix in archives:
+                archive = download(url, cache / url.rsplit("/", 1)[-1])
+                wanted = {f"{prefix}.{lang}": lang for lang in langs}
+                try:
+                    with tarfile.open(archive, "r:*") as tar:
+                        for member in tar:
+                            lang = wanted.pop(member.name.lstrip("./"), None)
+                            if lang is not None:
+                                source = tar.extractfile(member)
+                                assert source is not None
+                                _append_lines(source.read(), outs[lang])
+                except tarfile.TarError as err:
+                    raise UserError(f"{archive}: not a valid archive ({err}); delete it and "
+                                    f"retry") from err
+                if wanted:
+                    raise UserError(f"{archive} lacks {', '.join(sorted(wanted))}")
+        finally:
+            for handle in outs.values():
+                handle.close()
+        for lang in langs:
+            os.replace(Path(tmp) / f"train.{lang}", cache / f"train.{lang}")
+
+
+def _append_lines(data: bytes, out) -> None:
+    """Append text ensuring it ends with a newline (archives are concatenated)."""
+    out.write(data)
+    if data and not data.endswith(b"\n"):
+        out.write(b"\n")
+
+
+def _fetch_wmt14_eval(cache: Path, stem: str, langs: Sequence[str]) -> None:
+    """Write `cache/STEM.LANG` for newstest2013/2014 using sacreBLEU's test-set registry."""
+    if all((cache / f"{stem}.{lang}").is_file() for lang in langs):
+        return
+    from sacrebleu.dataset import DATASETS
+
+    dataset = DATASETS[WMT14_EVAL_SETS[stem]]
+    langpair = f"{langs[0]}-{langs[1]}"
+    try:
+        source_file = dataset.get_source_file(langpair)
+        ref_file = dataset.get_reference_files(langpair)[0]
+    except (SystemExit, Exception) as err:  # sacreBLEU exits on download errors
+        raise UserError(f"could not fetch {stem} {langpair} through sacreBLEU ({dataset.data}): "
+                        f"{err}") from err
+    cache.mkdir(parents=True, exist_ok=True)
+    for lang, path in zip(langs, (source_file, ref_file)):
+        tmp = cache / f"{stem}.{lang}.part"
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, cache / f"{stem}.{lang}")
+
+
+def _load_wmt14(cfg: DataConfig) -> Corpus:
+    if cfg.data_dir or cfg.base_url:
+        return _fetch_splits(cfg, "wmt14", WMT14_SPLITS, None)
+    cache = Path(cfg.cache_dir).expanduser() / "wmt14"
+    langs = (cfg.src_lang, cfg.tgt_lang)
+    if set(langs) != {"en", "de"}:
+        raise UserError(f"WMT14 is English-German here; got {cfg.src_lang}-{cfg.tgt_lang}")
+    fetch_wmt14_train(cache, langs=langs)
+    for stem in ("newstest2013", "newstest2014"):
+        _fetch_wmt14_eval(cache, stem, langs)
+    splits = {split: read_parallel(cache / f"{stem}.{cfg.src_lang}",
+                                   cache / f"{stem}.{cfg.tgt_lang}")
+              for split, stem in WMT14_SPLITS.items()}
+    return Corpus("wmt14", splits["train"], splits["valid"], splits["test"])
+
+
+# --------------------------------------------------------------------------- dispatch
+
+_LOADERS = {"ding": _load_ding, "files": _load_files, "multi30k": _load_multi30k,
+            "wmt14": _load_wmt14}
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """The corpus named by `cfg.corpus`, oriented `cfg.src_lang -> cfg.tgt_lang`."""
+    try:
+        loader = _LOADERS[cfg.corpus]
+    except KeyError:
+        raise UserError(f"unknown corpus {cfg.corpus!r}; choose one of "
+                        f"{', '.join(_LOADERS)}") from None
+    return loader(cfg)

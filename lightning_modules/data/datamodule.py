@@ -1,0 +1,208 @@
+"""The Lightning DataModule: corpus -> shared BPE -> token-budget batches."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import sentencepiece as spm
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_modules.config import DataConfig
+from lightning_modules.data.batching import TokenBucketBatchSampler, collate, padding_share
+from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
+from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
+
+
+class EncodedPairs(Dataset):
+    """Token-id pairs stored as flat int32 arrays plus offsets (compact for millions of pairs)."""
+
+    def __init__(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
+        self.src_lengths, self._src_offsets, self._src = self._pack(src)
+        self.tgt_lengths, self._tgt_offsets, self._tgt = self._pack(tgt)
+
+    @staticmethod
+    def _pack(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32,
+                           count=int(offsets[-1]))
+        return lengths, offsets, flat
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        src = self._src[self._src_offsets[i]:self._src_offsets[i + 1]].tolist()
+        tgt = self._tgt[self._tgt_offsets[i]:self._tgt_offsets[i + 1]].tolist()
+        return src, tgt
+
+
+class TranslationDataModule(pl.LightningDataModule):
+    """Loads `cfg.corpus`, trains or reuses `run_dir/spm.model` and serves token batches.
+
+    The BPE model sees only training text (train + extra_train, both sides). Training pairs
+    with more than min(cfg.max_train_len, max_len - 1) wordpieces on either side are dropped;
+    validation pairs only when they exceed max_len - 1 (the model could not take them).
+    """
+
+    def __init__(self, cfg: DataConfig, run_dir: str | Path, seed: int = 1,
+                 max_len: int = 512) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.seed = seed
+        self.max_len = max_len
+        self.pad_id = PAD_ID
+        self.stats: dict[str, Any] = {}
+        self.train_sampler: TokenBucketBatchSampler | None = None
+        self._corpus: Corpus | None = None
+        self._ready = False
+
+    # ----------------------------------------------------------------- preparation
+
+    @property
+    def spm_path(self) -> Path:
+        return self.run_dir / "spm.model"
+
+    def _load(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = load_corpus(self.cfg)
+        return self._corpus
+
+    def _bpe_texts(self, corpus: Corpus) -> Iterator[str]:
+        parts = [corpus.train]
+        if corpus.extra_train is not None:
+            parts.append(corpus.extra_train)
+        for part in parts:
+            yield from part.src
+            yield from part.tgt
+
+    def _tokenizer(self, corpus: Corpus) -> spm.SentencePieceProcessor:
+        return train_or_load(self.spm_path, self._bpe_texts(corpus), self.cfg.vocab_size,
+                             self.cfg.spm_input_sentence_size, seed=0)
+
+    def prepare_data(self) -> None:
+        """Download the corpus and train the BPE model once (Lightning: local rank 0 only)."""
+        self._tokenizer(self._load())
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the corpus, train-or-load the tokenizer and encode every split (idempotent)."""
+        if self._ready:
+            return
+        start = time.perf_counter()
+        corpus = self._load()
+        self.tokenizer = self._tokenizer(corpus)
+        self.vocab_size = self.tokenizer.get_piece_size()
+        train_limit = min(self.cfg.max_train_len, self.max_len - 1)
+        train = self._encode_split(corpus.train)
+        extra: tuple[list[list[int]], list[list[int]]] = ([], [])
+        if corpus.extra_train is not None:
+            extra = self._encode_split(corpus.extra_train)
+        src_ids, tgt_ids = train[0] + extra[0], train[1] + extra[1]
+        self.train_set, train_dropped = self._filter(src_ids, tgt_ids, train_limit)
+        valid_ids = self._encode_split(corpus.valid)
+        self.valid_set, valid_dropped = self._filter(*valid_ids, self.max_len - 1)
+        sampler = TokenBucketBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
+                                          self.cfg.max_tokens, shuffle=True, seed=self.seed,
+                                          num_replicas=1, rank=0)
+        batches = sampler.global_batches()
+        valid_sampler = TokenBucketBatchSampler(self.valid_set.src_lengths,
+                                                self.valid_set.tgt_lengths, self.cfg.max_tokens,
+                                                shuffle=False, num_replicas=1, rank=0)
+        self.stats = {
+            "corpus": corpus.name,
+            "train_pairs": len(corpus.train),
+            "extra_train_pairs": len(corpus.extra_train) if corpus.extra_train is not None else 0,
+            "valid_pairs": len(corpus.valid),
+            "test_pairs": len(corpus.test),
+            "train_examples": len(self.train_set),
+            "dropped_for_length": train_dropped,
+            "valid_dropped_for_length": valid_dropped,
+            "max_train_len": train_limit,
+            "vocab_size": self.vocab_size,
+            "train_tokens": int(self.train_set.src_lengths.sum()
+                                + self.train_set.tgt_lengths.sum()),
+            "train_batches": len(batches),
+            "train_padding_share": padding_share(batches, self.train_set.src_lengths,
+                                                 self.train_set.tgt_lengths),
+            "valid_padding_share": padding_share(valid_sampler.global_batches(),
+                                                 self.valid_set.src_lengths,
+                                                 self.valid_set.tgt_lengths),
+            "setup_seconds": 0.0,
+        }
+        self.stats["setup_seconds"] = round(time.perf_counter() - start, 2)
+        self._ready = True
+
+    @property
+    def corpus(self) -> Corpus:
+        """The raw text of every split (BLEU references come from here)."""
+        return self._load()
+
+    # ----------------------------------------------------------------- text <-> ids
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Wordpiece ids of each text, without BOS/EOS."""
+        return self.tokenizer.encode(list(texts), num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Detokenized text up to the first EOS, with PAD/BOS/EOS skipped."""
+        ids = [int(i) for i in ids]
+        if EOS_ID in ids:
+            ids = ids[:ids.index(EOS_ID)]
+        return self.tokenizer.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
+
+    def _encode_split(self, split: ParallelText) -> tuple[list[list[int]], list[list[int]]]:
+        return self.encode(split.src), self.encode(split.tgt)
+
+    @staticmethod
+    def _filter(src: list[list[int]], tgt: list[list[int]], limit: int
+                ) -> tuple[EncodedPairs, int]:
+        keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
+        return EncodedPairs([src[i] for i in keep], [tgt[i] for i in keep]), len(src) - len(keep)
+
+    # ----------------------------------------------------------------- loaders
+
+    def _shards(self) -> tuple[int | None, int | None]:
+        """(num_replicas, rank) from the attached trainer, else torch.distributed's defaults."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return None, None
+        return trainer.world_size, trainer.global_rank
+
+    def _loader(self, dataset: EncodedPairs, sampler: TokenBucketBatchSampler) -> DataLoader:
+        workers = self.cfg.num_workers
+        return DataLoader(dataset, batch_sampler=sampler, num_workers=workers,
+                          collate_fn=functools.partial(collate, pad_id=self.pad_id),
+                          pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled token batches of train (+ extra_train); reshuffled by `set_epoch`.
+
+        Lightning calls `set_epoch` on `loader.batch_sampler.sampler` at each epoch start (the
+        sampler exposes itself there); the trainer must use `use_distributed_sampler=False`.
+        """
+        self.setup()
+        replicas, rank = self._shards()
+        self.train_sampler = TokenBucketBatchSampler(
+            self.train_set.src_lengths, self.train_set.tgt_lengths, self.cfg.max_tokens,
+            shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank)
+        return self._loader(self.train_set, self.train_sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        """Dev-set batches in a fixed order (same max_tokens), for perplexity."""
+        self.setup()
+        replicas, rank = self._shards()
+        sampler = TokenBucketBatchSampler(
+            self.valid_set.src_lengths, self.valid_set.tgt_lengths, self.cfg.max_tokens,
+            shuffle=False, seed=self.seed, num_replicas=replicas, rank=rank)
+        return self._loader(self.valid_set, sampler)

@@ -1,0 +1,65 @@
+"""A shared source/target BPE vocabulary (sentencepiece), trained once per run and reused."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from lightning_modules.errors import UserError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+_TOO_LARGE = re.compile(r"[Vv]ocabulary size (?:is )?too high \((\d+)\).*?<=\s*(\d+)", re.S)
+
+
+def load(model_path: str | Path) -> spm.SentencePieceProcessor:
+    """Load a trained model, checking that its special ids are the ones this project uses."""
+    processor = spm.SentencePieceProcessor(model_file=str(model_path))
+    ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+    if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise UserError(f"{model_path} has special ids pad/unk/bos/eos={ids}, expected "
+                        f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; delete it to retrain")
+    return processor
+
+
+def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
+                  input_sentence_size: int, seed: int = 0) -> spm.SentencePieceProcessor:
+    """Load `model_path` if it exists; otherwise train a BPE model on `texts` and save it there.
+
+    The model is trained under a temporary prefix in the same directory and then moved into
+    place with os.replace (the .vocab first, the .model last), so a concurrent or interrupted
+    run never sees a half-written model. Training is deterministic for a given input and seed.
+    """
+    model_path = Path(model_path)
+    if model_path.is_file():
+        return load(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    spm.set_random_generator_seed(seed)
+    with tempfile.TemporaryDirectory(dir=model_path.parent, prefix=".spm-") as tmp:
+        prefix = Path(tmp) / "spm"
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=(text for text in texts if text),
+                model_prefix=str(prefix),
+                model_type="bpe",
+                vocab_size=vocab_size,
+                character_coverage=1.0,
+                input_sentence_size=max(input_sentence_size, 101),  # spm rejects 1..100
+                shuffle_input_sentence=True,
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                num_threads=os.cpu_count() or 1,
+                minloglevel=2,  # errors only: no per-iteration log spam
+            )
+        except RuntimeError as err:
+            match = _TOO_LARGE.search(str(err))
+            if match:
+                raise UserError(f"data.vocab_size={vocab_size} is too large for this corpus: "
+                                f"sentencepiece allows at most {match.group(2)}") from None
+            raise UserError(f"sentencepiece training failed: {err}") from err
+        os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
+        os.replace(f"{prefix}.model", model_path)
+    return load(model_path)

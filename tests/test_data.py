@@ -1,0 +1,492 @@
+"""Tests of the data pipeline with real components: the Ding file, sentencepiece, a local server."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import http.server
+import io
+import os
+import random
+import re
+import tarfile
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_modules.config import DataConfig
+from lightning_modules.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenBucketBatchSampler,
+                                    TranslationDataModule, collate, extract_ding, load_corpus,
+                                    padding_share, read_parallel, train_or_load)
+from lightning_modules.data.corpora import (fetch_wmt14_train, is_sentence, parse_ding_line,
+                                            split_alternatives)
+from lightning_modules.errors import UserError
+
+DING = Path("/usr/share/trans/de-en")
+needs_ding = pytest.mark.skipif(not DING.is_file(), reason="apt-get install trans-de-en")
+WORDS = ("time year people way day man thing woman life child world school state family "
+         "student group country problem hand part place case week company system program "
+         "question work government number night point home water room mother area money story "
+         "fact month lot right study book eye job word business issue side kind head house "
+         "service friend father power hour game line end member law car city community name "
+         "president team minute idea kid body information back parent face others level office "
+         "door health person art war history party result change morning reason research girl "
+         "guy moment air teacher force education").split()
+
+
+def synthetic_pairs(n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """Parallel-looking text: the target is the reversed, upper-cased source."""
+    rng = random.Random(seed)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 25))) for _ in range(n)]
+    return src, [" ".join(reversed(s.split())).upper() for s in src]
+
+
+def write_lines(path: Path, lines: list[str], gz: bool = False) -> Path:
+    data = "".join(f"{line}\n" for line in lines).encode()
+    path.write_bytes(gzip.compress(data, mtime=0) if gz else data)
+    return path
+
+
+# ----------------------------------------------------------------------------- Ding
+
+@pytest.fixture(scope="module")
+def ding() -> tuple[list, list]:
+    if not DING.is_file():
+        pytest.skip("apt-get install trans-de-en")
+    return extract_ding(DING)
+
+
+@pytest.fixture(scope="module")
+def ding_corpus():
+    if not DING.is_file():
+        pytest.skip("apt-get install trans-de-en")
+    return load_corpus(DataConfig())
+
+
+def test_ding_sentences_are_clean_unique_sentences(ding):
+    sentences, phrases = ding
+    print(f"\nDing: {len(sentences)} sentence pairs, {len(phrases)} word/phrase pairs")
+    assert 15_000 <= len(sentences) <= 25_000
+    assert 300_000 <= len(phrases) <= 450_000
+    for en, de in sentences:
+        assert is_sentence(en) and is_sentence(de), (en, de)
+        for text in (en, de):
+            assert not re.search(r"[{}\[\]<>]", text), text
+            assert text == " ".join(text.split())
+    assert len(set(sentences)) == len(sentences)
+    assert len({en for en, _ in sentences}) == len(sentences)
+    assert all(en and de and not re.search(r"[{}\[\]<>]", en + de) for en, de in phrases)
+    assert len(set(phrases)) == len(phrases)
+
+
+def test_ding_splits_disjoint_and_deterministic(ding, ding_corpus):
+    corpus = ding_corpus
+    assert len(corpus.valid) == 1000 and len(corpus.test) == 1000
+    assert len(corpus.train) + 2000 == len(ding[0])
+    train, valid, test = set(corpus.train.src), set(corpus.valid.src), set(corpus.test.src)
+    assert not train & valid and not train & test and not valid & test
+    assert corpus.extra_train is not None and len(corpus.extra_train) > 300_000
+    assert not set(corpus.extra_train.src) & (valid | test)
+    # English is the source side by default
+    assert sum(" the " in s for s in corpus.valid.src) > sum(" the " in t for t in corpus.valid.tgt)
+    # an independent load (parse + split) gives the same split, here flipped to de -> en
+    flipped = load_corpus(DataConfig(src_lang="de", tgt_lang="en", ding_dictionary=False))
+    assert flipped.extra_train is None
+    assert flipped.valid.src == corpus.valid.tgt and flipped.valid.tgt == corpus.valid.src
+    assert flipped.test.tgt == corpus.test.src and flipped.train.tgt == corpus.train.src
+
+
+def test_ding_line_rules():
+    line = ("Blasen bilden {vi} [med.] | Auf meinen Füßen bildeten sich Blasen. | "
+            "Benimm dich!; Benehmen Sie sich! :: to blister (sth.) | My feet started to blister. | "
+            "Just behave!; Behave yourself!")
+    sentences, phrases = parse_ding_line(line)
+    assert sentences == [("My feet started to blister.", "Auf meinen Füßen bildeten sich Blasen.")]
+    # "Benimm dich!" has two words on both sides: too short for a sentence pair, kept as phrase.
+    assert phrases == [("to blister", "Blasen bilden"), ("Just behave!", "Benimm dich!")]
+    equal = "Ich komme.; Ich komme gleich wieder. :: I am coming.; I will be right back."
+    assert parse_ding_line(equal)[0] == [("I am coming.", "Ich komme."),
+                                         ("I will be right back.", "Ich komme gleich wieder.")]
+    unequal = "Es liegt in der Natur der Sache.; Es ist halt so. :: It is in the nature of things."
+    assert parse_ding_line(unequal)[0] == [("It is in the nature of things.",
+                                            "Es liegt in der Natur der Sache.")]
+    gloss = "Was meinen Sie (damit)? (Frage) :: What do you mean (by that)? [coll.] (question)"
+    assert parse_ding_line(gloss)[0] == [("What do you mean?", "Was meinen Sie?")]
+    assert split_alternatives("to seek {sought; sought} sth. <seek> /SK/; to look for") == [
+        "to seek sth.", "to look for"]
+    template = "Er gibt jdm. etw. zurück. :: He gives sth. back to sb."
+    assert parse_ding_line(template)[0] == []
+    assert parse_ding_line("# comment :: line") == ([], [])
+    swapped = "Sie litt unter der Behandlung. :: Sie litt unter der ungerechten Behandlung."
+    assert parse_ding_line(swapped) == ([], [])
+
+
+def test_ding_missing_file_names_package(tmp_path):
+    with pytest.raises(UserError, match="apt-get install trans-de-en"):
+        load_corpus(DataConfig(ding_path=str(tmp_path / "nope")))
+
+
+# ----------------------------------------------------------------------------- files
+
+def test_read_parallel_plain_and_gzip(tmp_path):
+    src = write_lines(tmp_path / "a.en.gz", ["Hello world .", "", "Bye"], gz=True)
+    tgt = write_lines(tmp_path / "a.de", ["Hallo Welt .", "", "Tschüss"])
+    text = read_parallel(src, tgt)
+    assert text.src == ["Hello world .", "Bye"] and text.tgt == ["Hallo Welt .", "Tschüss"]
+    # gzip detected by magic bytes, whatever the suffix
+    plain_named = tmp_path / "b.txt"
+    plain_named.write_bytes((tmp_path / "a.en.gz").read_bytes())
+    assert read_parallel(plain_named, tgt).src == text.src
+
+
+def test_read_parallel_errors_name_file_and_line(tmp_path):
+    good = write_lines(tmp_path / "good.de", ["a", "b", "c"])
+    with pytest.raises(UserError, match=r"missing\.en: file not found"):
+        read_parallel(tmp_path / "missing.en", good)
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"ok\nstill ok\n\xff\xfe broken\n")
+    with pytest.raises(UserError, match=r"bad\.en: line 3 is not valid UTF-8"):
+        read_parallel(bad, good)
+    empty = tmp_path / "empty.en"
+    empty.write_bytes(b"")
+    with pytest.raises(UserError, match=r"empty\.en: file is empty"):
+        read_parallel(empty, good)
+    short = write_lines(tmp_path / "short.en", ["a", "b"])
+    with pytest.raises(UserError, match=r"short\.en has 2 lines but .*good\.de has 3"):
+        read_parallel(short, good)
+    hole = write_lines(tmp_path / "hole.en", ["a", "", "c"])
+    with pytest.raises(UserError, match=r"hole\.en: line 2 is empty but line 2 of .*good\.de"):
+        read_parallel(hole, good)
+
+
+def test_files_corpus_requires_keys_and_test_is_optional(tmp_path):
+    src = write_lines(tmp_path / "t.en", ["a b", "c d"])
+    tgt = write_lines(tmp_path / "t.de", ["A B", "C D"])
+    with pytest.raises(UserError, match=r"data\.train_src is not set \(needed for --data files\)"):
+        load_corpus(DataConfig(corpus="files"))
+    with pytest.raises(UserError, match=r"data\.valid_tgt is not set"):
+        load_corpus(DataConfig(corpus="files", train_src=str(src), train_tgt=str(tgt),
+                               valid_src=str(src)))
+    corpus = load_corpus(DataConfig(corpus="files", train_src=str(src), train_tgt=str(tgt),
+                                    valid_src=str(src), valid_tgt=str(tgt)))
+    assert len(corpus.train) == 2 and len(corpus.test) == 0 and corpus.extra_train is None
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def test_tokenizer_trains_once_then_reuses(tmp_path):
+    src, tgt = synthetic_pairs(2000)
+    path = tmp_path / "spm.model"
+    sp = train_or_load(path, src + tgt, 300, 100_000)
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+    assert sp.get_piece_size() == 300
+    assert path.with_suffix(".vocab").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".spm-")]
+    mtime = path.stat().st_mtime_ns
+    again = train_or_load(path, iter(["completely different text"]), 999, 10)
+    assert path.stat().st_mtime_ns == mtime and again.get_piece_size() == 300
+    # deterministic: a fresh training on the same input gives the same vocabulary
+    train_or_load(tmp_path / "b" / "spm.model", src + tgt, 300, 100_000)
+    assert (tmp_path / "b" / "spm.vocab").read_text() == path.with_suffix(".vocab").read_text()
+    ids = sp.encode(src[0])
+    assert sp.decode(ids) == src[0]
+
+
+def test_tokenizer_vocab_too_large_is_user_error(tmp_path):
+    with pytest.raises(UserError, match=r"vocab_size=5000 is too large .* at most \d+"):
+        train_or_load(tmp_path / "spm.model", ["a tiny corpus", "of two lines"], 5000, 100)
+    assert not (tmp_path / "spm.model").exists()
+
+
+# ----------------------------------------------------------------------------- batching
+
+def random_lengths(n: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    src = [rng.randint(1, 60) for _ in range(n)]
+    return src, [max(1, s + rng.randint(-5, 5)) for s in src]
+
+
+def test_sampler_covers_each_example_once_within_budget():
+    src, tgt = random_lengths(3000)
+    sampler = TokenBucketBatchSampler(src, tgt, max_tokens=500, seed=3)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(3000))
+    for batch in batches:
+        width = max(max(src[i], tgt[i]) + 1 for i in batch)
+        assert len(batch) * width <= 500
+
+
+def test_sampler_oversized_example_gets_own_batch():
+    sampler = TokenBucketBatchSampler([3, 100, 4], [3, 90, 4], max_tokens=50, shuffle=False)
+    assert [1] in list(sampler) and sorted(i for b in sampler for i in b) == [0, 1, 2]
+
+
+def test_sampler_deterministic_and_reshuffles_per_epoch():
+    src, tgt = random_lengths(3000)
+    a = TokenBucketBatchSampler(src, tgt, max_tokens=500, seed=7)
+    b = TokenBucketBatchSampler(src, tgt, max_tokens=500, seed=7)
+    assert list(a) == list(b)
+    first = list(a)
+    a.set_epoch(1)
+    second = list(a)
+    assert first != second and len(first) == len(second)
+    assert {tuple(sorted(x)) for x in first} != {tuple(sorted(x)) for x in second}  # regrouped
+    assert list(TokenBucketBatchSampler(src, tgt, 500, seed=8)) != first
+    fixed = TokenBucketBatchSampler(src, tgt, 500, shuffle=False)
+    epoch0 = list(fixed)
+    fixed.set_epoch(5)
+    assert list(fixed) == epoch0
+
+
+def test_sampler_shards_disjoint_and_equal_length():
+    src, tgt = random_lengths(3000)
+    whole = TokenBucketBatchSampler(src, tgt, 500, seed=1, num_replicas=1, rank=0)
+    n_batches = len(whole)
+    shards = [list(TokenBucketBatchSampler(src, tgt, 500, seed=1, num_replicas=4, rank=r))
+              for r in range(4)]
+    assert len({len(s) for s in shards}) == 1 and len(shards[0]) == -(-n_batches // 4)
+    keys = [tuple(b) for s in shards for b in s]
+    wrapped = len(keys) - n_batches  # batches repeated from the start to even out the shards
+    assert 0 <= wrapped < 4 and len(set(keys)) == n_batches
+    assert sorted({i for s in shards for b in s for i in b}) == list(range(3000))
+    assert set(map(tuple, shards[0])).isdisjoint(map(tuple, shards[1][:len(shards[1]) - 1]))
+    # more replicas than batches still gives every rank a batch
+    tiny = [list(TokenBucketBatchSampler([1, 2], [1, 2], 100, num_replicas=3, rank=r))
+            for r in range(3)]
+    assert all(len(t) == 1 for t in tiny)
+
+
+def test_padding_share_counts_both_sides():
+    assert padding_share([[0, 1]], [1, 3], [2, 2]) == pytest.approx(2 / 14)
+    assert padding_share([[0], [1]], [1, 3], [2, 2]) == 0.0
+
+
+def test_collate_shapes_and_specials():
+    batch = collate([([5, 6, 7], [8]), ([9], [10, 11, 12, 13])])
+    assert batch["src"].tolist() == [[5, 6, 7, EOS_ID], [9, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch["tgt_in"].tolist() == [[BOS_ID, 8, PAD_ID, PAD_ID, PAD_ID],
+                                        [BOS_ID, 10, 11, 12, 13]]
+    assert batch["tgt_out"].tolist() == [[8, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
+                                         [10, 11, 12, 13, EOS_ID]]
+    assert all(t.dtype == torch.long for t in batch.values())
+    assert batch["n_tokens"].item() == 7 == int((batch["tgt_out"] != PAD_ID).sum())
+
+
+# ----------------------------------------------------------------------------- datamodule
+
+@pytest.fixture(scope="module")
+def ding_module(tmp_path_factory):
+    if not DING.is_file():
+        pytest.skip("apt-get install trans-de-en")
+    run_dir = tmp_path_factory.mktemp("run")
+    dm = TranslationDataModule(DataConfig(vocab_size=1000, max_tokens=4096), run_dir, seed=1)
+    dm.setup("fit")
+    return dm
+
+
+@needs_ding
+def test_datamodule_on_ding(ding_module):
+    dm = ding_module
+    stats = dm.stats
+    print(f"\nDing datamodule stats: {stats}")
+    assert dm.vocab_size == 1000 and dm.pad_id == 0
+    assert stats["valid_pairs"] == stats["test_pairs"] == 1000
+    assert stats["train_examples"] == stats["train_pairs"] + stats["extra_train_pairs"] - stats[
+        "dropped_for_length"]
+    assert stats["train_padding_share"] < 0.10
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["src"].shape[0] * max(batch["src"].shape[1], batch["tgt_in"].shape[1]) <= 4096
+    assert (batch["tgt_in"][:, 0] == BOS_ID).all()
+    val = list(dm.val_dataloader())
+    assert sum(b["src"].shape[0] for b in val) == 1000
+    text = "The weather is nice today."
+    ids = dm.encode([text])[0]
+    assert BOS_ID not in ids and EOS_ID not in ids
+    assert dm.decode([BOS_ID, *ids, EOS_ID, 17, PAD_ID]) == text
+
+
+@needs_ding
+def test_datamodule_setup_reuses_spm_and_is_idempotent(ding_module):
+    path = ding_module.run_dir / "spm.model"
+    mtime = path.stat().st_mtime_ns
+    ding_module.setup("fit")  # idempotent: no work
+    again = TranslationDataModule(ding_module.cfg, ding_module.run_dir, seed=1)
+    again.setup()
+    assert path.stat().st_mtime_ns == mtime
+    assert again.encode(["A test sentence."]) == ding_module.encode(["A test sentence."])
+    assert again.stats["train_padding_share"] == ding_module.stats["train_padding_share"]
+
+
+@needs_ding
+def test_padding_share_on_ding_sentences(ding_module):
+    train = ding_module.train_set
+    n = ding_module.stats["train_pairs"]  # the sentence pairs come first
+    src, tgt = train.src_lengths[:n], train.tgt_lengths[:n]
+    sentences_only = padding_share(TokenBucketBatchSampler(src, tgt, 4096).global_batches(),
+                                   src, tgt)
+    print(f"\npadding share at max_tokens=4096: train incl. dictionary "
+          f"{ding_module.stats['train_padding_share']:.4f}, sentences only {sentences_only:.4f}")
+    assert sentences_only < 0.10
+
+
+def test_lightning_advances_sampler_epoch(tmp_path):
+    """Lightning's fit loop calls set_epoch on `batch_sampler.sampler`: check it really does."""
+    import lightning.pytorch as pl
+
+    src, tgt = synthetic_pairs(600)
+    files = {}
+    for split in ("train", "valid"):
+        files[f"{split}_src"] = str(write_lines(tmp_path / f"{split}.en", src))
+        files[f"{split}_tgt"] = str(write_lines(tmp_path / f"{split}.de", tgt))
+    cfg = DataConfig(corpus="files", vocab_size=200, max_tokens=300, **files)
+    dm = TranslationDataModule(cfg, tmp_path / "run", seed=3)
+
+    class Probe(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(()))
+            self.seen: dict[int, list[list[int]]] = {}
+
+        def training_step(self, batch, batch_idx):
+            sampler = self.trainer.train_dataloader.batch_sampler
+            self.seen.setdefault(sampler.epoch, []).append(batch["src"][:, 0].tolist())
+            return (self.weight - 1.0) ** 2
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    probe = Probe()
+    trainer = pl.Trainer(max_epochs=2, limit_train_batches=3, limit_val_batches=0,
+                         use_distributed_sampler=False, logger=False, accelerator="cpu",
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(probe, datamodule=dm)
+    assert sorted(probe.seen) == [0, 1]
+    assert probe.seen[0] != probe.seen[1]
+
+
+# ----------------------------------------------------------------------------- downloads
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    requests: list[str] = []
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:
+        type(self).requests.append(self.path)
+        super().do_GET()
+
+
+@pytest.fixture()
+def http_root(tmp_path):
+    """A directory served on 127.0.0.1 at a random port: yields (directory, base URL, log)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = type("Handler", (_QuietHandler,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}/task1/raw", handler.requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def make_multi30k(directory: Path, gz: bool) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for stem, n in (("train", 40), ("val", 6), ("test_2016_flickr", 5)):
+        src, tgt = synthetic_pairs(n, seed=len(stem))
+        write_lines(directory / (f"{stem}.en" + ".gz" * gz), src, gz=gz)
+        write_lines(directory / (f"{stem}.de" + ".gz" * gz), tgt, gz=gz)
+
+
+def test_multi30k_download_from_local_server(http_root, tmp_path):
+    root, url, requests = http_root
+    make_multi30k(root / "task1" / "raw", gz=True)
+    cfg = DataConfig(corpus="multi30k", base_url=url, cache_dir=str(tmp_path / "cache"))
+    corpus = load_corpus(cfg)
+    assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (40, 6, 5)
+    assert corpus.train.src == synthetic_pairs(40, seed=5)[0]
+    cached = sorted(p.name for p in (tmp_path / "cache" / "multi30k").iterdir())
+    assert cached == sorted(f"{stem}.{lang}.gz" for stem in ("train", "val", "test_2016_flickr")
+                            for lang in ("en", "de"))
+    n_requests = len(requests)
+    assert load_corpus(cfg).train == corpus.train and len(requests) == n_requests  # reused
+
+
+def test_multi30k_plain_files_on_server_and_failure(http_root, tmp_path):
+    root, url, _ = http_root
+    make_multi30k(root / "task1" / "raw", gz=False)
+    corpus = load_corpus(DataConfig(corpus="multi30k", base_url=url,
+                                    cache_dir=str(tmp_path / "c1")))
+    assert len(corpus.valid) == 6
+    bad_url = url.replace("/task1/raw", "/nowhere")
+    with pytest.raises(UserError, match=re.escape(bad_url)):
+        load_corpus(DataConfig(corpus="multi30k", base_url=bad_url,
+                               cache_dir=str(tmp_path / "c2")))
+    assert not list((tmp_path / "c2" / "multi30k").glob("*.part"))
+
+
+def test_multi30k_data_dir_mixed_gzip(tmp_path):
+    make_multi30k(tmp_path / "m", gz=False)
+    for name in ("train.en", "train.de"):
+        path = tmp_path / "m" / name
+        path.with_name(name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    corpus = load_corpus(DataConfig(corpus="multi30k", data_dir=str(tmp_path / "m")))
+    assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (40, 6, 5)
+    (tmp_path / "m" / "val.de").unlink()
+    with pytest.raises(UserError, match=r"val\.de .*not found"):
+        load_corpus(DataConfig(corpus="multi30k", data_dir=str(tmp_path / "m")))
+
+
+def test_wmt14_data_dir(tmp_path):
+    for stem, n in (("train", 30), ("newstest2013", 4), ("newstest2014", 3)):
+        src, tgt = synthetic_pairs(n)
+        write_lines(tmp_path / f"{stem}.en", src, gz=stem == "train")
+        write_lines(tmp_path / f"{stem}.de", tgt)
+    corpus = load_corpus(DataConfig(corpus="wmt14", data_dir=str(tmp_path)))
+    assert (corpus.name, len(corpus.train), len(corpus.valid), len(corpus.test)) == (
+        "wmt14", 30, 4, 3)
+
+
+def test_wmt14_training_archives_from_local_server(http_root, tmp_path):
+    root, url, _ = http_root
+    archives = []
+    expected = {"en": [], "de": []}
+    for k, prefix in enumerate(("training/europarl-v7.de-en", "commoncrawl.de-en")):
+        src, tgt = synthetic_pairs(10 + k, seed=k)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for lang, lines in (("en", src), ("de", tgt), ("fr", src)):
+                data = "\n".join(lines).encode()  # no final newline: must still concatenate
+                info = tarfile.TarInfo(f"{prefix}.{lang}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            expected["en"] += src
+            expected["de"] += tgt
+        name = f"archive{k}.tgz"
+        (root / name).write_bytes(buffer.getvalue())
+        archives.append((url.rsplit("/task1", 1)[0] + "/" + name, prefix))
+    cache = tmp_path / "wmt14"
+    fetch_wmt14_train(cache, archives)
+    text = read_parallel(cache / "train.en", cache / "train.de")
+    assert text.src == expected["en"] and text.tgt == expected["de"]
+    os.utime(cache / "train.en", ns=(0, 0))
+    fetch_wmt14_train(cache, archives)  # present: not rebuilt
+    assert (cache / "train.en").stat().st_mtime_ns == 0
+    with pytest.raises(UserError, match="lacks"):
+        fetch_wmt14_train(tmp_path / "other", [(archives[0][0], "training/news-commentary")])
+
+
+def test_sentence_lengths_counter_sanity(ding):
+    """Most Ding sentences are short: the reason small max_tokens batches are large."""
+    lengths = Counter(min(len(en.split()), 20) for en, _ in ding[0])
+    assert sum(v for k, v in lengths.items() if k <= 12) > 0.7 * len(ding[0])
