@@ -67,9 +67,10 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from lightning_modules.presets import resolve
-    from lightning_modules.run import summary_table, train
 
     cfg = resolve(args.preset, args.row, args.config, run_overrides(args), args.spec)
+    from lightning_modules.run import summary_table, train  # heavy (Lightning): after validation
+
     out = args.out or f"runs/{cfg.row}-{cfg.preset}-s{cfg.train.seed}"
     results = train(cfg, out)
     if results:
@@ -121,7 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # key=value overrides may come before or after options: collect the ones argparse left over.
+    if hasattr(args, "overrides"):
+        args.overrides += [r for r in rest if "=" in r and not r.startswith("-")]
+        rest = [r for r in rest if r not in args.overrides]
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     handler: Callable[[argparse.Namespace], int] = args.func
     try:
         return handler(args)

@@ -183,6 +183,9 @@ def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | N
             overrides: list[str] | None = None, spec_path: str | Path | None = None) -> RunConfig:
     """The complete, validated configuration of one run."""
     cfg = OmegaConf.structured(RunConfig)
+    # The default TransformerConfig derived d_k = d_v = d_model / h for its own d_model; those are
+    # not choices, so they must be derived again from the final d_model and h.
+    cfg.model.d_k, cfg.model.d_v = None, None
     cfg = _merge(cfg, {"preset": preset, "row": row}, "arguments")
     preset_data = load_preset(preset)
     cfg = _merge(cfg, preset_data, f"preset {preset}")

@@ -77,6 +77,12 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
                     f"use another --out (or delete {out}) to train a different configuration")
 
 
+def latest_checkpoint(ckpt_dir: Path) -> str | None:
+    """The newest of `last.ckpt` (periodic, and at the end) and `interrupted.ckpt`, if any."""
+    found = [p for p in (ckpt_dir / "last.ckpt", ckpt_dir / "interrupted.ckpt") if p.is_file()]
+    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+
+
 def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
     """Trainer device settings; 'auto' precision is bf16-mixed on a GPU that has it, else fp32."""
     t = cfg.train
@@ -167,13 +173,13 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None) -> dict[str
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
                                    every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
                                    auto_insert_metric_name=False),
-                   OnExceptionCheckpoint(dirpath=ckpt_dir, filename="last")],
+                   # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
+                   OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted")],
     )
-    last = ckpt_dir / "last.ckpt"
-    trainer.fit(module, datamodule=dm, ckpt_path=str(last) if last.is_file() else None)
+    resume = latest_checkpoint(ckpt_dir)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=True if resume else None)
     if trainer.interrupted:
-        raise UserError(f"training was interrupted; run the same command again to resume from {last}")
-    trainer.save_checkpoint(last)  # the final state, so a crash during evaluation loses nothing
+        raise UserError("training was interrupted; run the same command again to resume")
 
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     if trainer.global_rank != 0:

@@ -37,6 +37,12 @@ def _max_steps(model: Transformer, src: Tensor, max_len_offset: int) -> Tensor:
     return (_source_lengths(model, src) + max_len_offset).clamp(max=model.config.max_len)
 
 
+def _only_eos(logp: Tensor, rows: Tensor, eos_id: int) -> Tensor:
+    """Mask every token but EOS in the selected rows; EOS keeps its real log-probability."""
+    not_eos = torch.arange(logp.size(-1), device=logp.device) != eos_id
+    return logp.masked_fill(rows[:, None] & not_eos, float("-inf"))
+
+
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int,
                   max_len_offset: int = 50, alpha: float = 0.6) -> list[Hypothesis]:
@@ -51,10 +57,8 @@ def greedy_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int,
     outputs: list[Tensor] = []
     for step in range(int(limit.max())):
         logp = model.decode_step(token, memory, src_mask, caches, step).float().log_softmax(-1)
-        if step + 1 >= limit.min():  # force EOS where the cap is reached
-            forced = (step + 1 >= limit) & ~done
-            logp[forced] = torch.where(torch.arange(logp.size(1), device=logp.device) == eos_id,
-                                       0.0, float("-inf")).to(logp.dtype)
+        if step + 1 >= limit.min():  # where the cap is reached, only EOS remains possible
+            logp = _only_eos(logp, (step + 1 >= limit) & ~done, eos_id)
         best_logp, token = logp.max(dim=-1)
         log_prob += torch.where(done, 0.0, best_logp)
         token = torch.where(done, torch.full_like(token, eos_id), token)
@@ -97,9 +101,7 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam_
         vocab = logp.size(-1)
         at_limit = (step + 1 >= limit[alive])  # (n,) these sentences must end now
         if bool(at_limit.any()):
-            eos_only = torch.full((vocab,), float("-inf"), device=device)
-            eos_only[eos_id] = 0.0
-            logp = torch.where(at_limit.repeat_interleave(k)[:, None], eos_only, logp)
+            logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
         candidates = (scores[:, :, None] + logp.view(n, k, vocab)).view(n, k * vocab)
         top_scores, top_index = candidates.topk(2 * k, dim=1)  # (n, 2k)
         origin, token = top_index // vocab, top_index % vocab

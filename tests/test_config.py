@@ -1,0 +1,383 @@
+"""Configuration: validation, preset/row/file/override resolution, `ablate params`, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_modules.cli import main
+from lightning_modules.config import TransformerConfig
+from lightning_modules.errors import UserError
+from lightning_modules.presets import load_spec, parse_overrides, resolve
+from lightning_modules.transformer import count_parameters
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE3 = yaml.safe_load((REPO / "ablations" / "table3.yaml").read_text())
+PRESETS = {name: yaml.safe_load((REPO / "ablations" / "presets" / f"{name}.yaml").read_text())
+           for name in ("tiny", "paper")}
+ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
+        "D1", "D2", "D3", "D4", "E", "big"]
+
+
+def row_model(row: str) -> dict:
+    """The row's model keys at the paper's scale: base's, overridden by the row's."""
+    return {**TABLE3["base"]["model"], **TABLE3[row].get("model", {})}
+
+
+def row_steps(row: str) -> int:
+    return TABLE3[row].get("train_steps", TABLE3["base"]["train_steps"])
+
+
+# --------------------------------------------------------------------------- TransformerConfig
+
+
+@pytest.mark.parametrize("key", ["n_layers", "d_model", "d_ff", "n_heads", "max_len", "vocab_size",
+                                 "d_k", "d_v"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_config_rejects_non_positive_sizes(key, value):
+    with pytest.raises(UserError, match=key):
+        TransformerConfig(**{key: value})
+
+
+@pytest.mark.parametrize("key", ["dropout", "label_smoothing"])
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
+def test_config_rejects_rates_outside_unit_interval(key, value):
+    with pytest.raises(UserError, match=key):
+        TransformerConfig(**{key: value})
+
+
+@pytest.mark.parametrize("key", ["dropout", "label_smoothing"])
+def test_config_accepts_rates_in_unit_interval(key):
+    assert getattr(TransformerConfig(**{key: 0.0}), key) == 0.0
+    assert getattr(TransformerConfig(**{key: 0.99}), key) == 0.99
+
+
+def test_config_rejects_unknown_positional_kind():
+    with pytest.raises(UserError, match="positional"):
+        TransformerConfig(positional="rotary")
+    assert TransformerConfig(positional="learned").positional == "learned"
+
+
+def test_config_needs_explicit_head_sizes_when_d_model_not_divisible():
+    with pytest.raises(UserError, match="divisible"):
+        TransformerConfig(d_model=100, n_heads=8)
+    with pytest.raises(UserError, match="divisible"):
+        TransformerConfig(d_model=100, n_heads=8, d_k=12)  # d_v still needs the default
+    c = TransformerConfig(d_model=100, n_heads=8, d_k=12, d_v=13)
+    assert (c.d_k, c.d_v) == (12, 13)
+
+
+def test_head_sizes_default_to_d_model_over_h_and_are_independent():
+    c = TransformerConfig(d_model=96, n_heads=6)
+    assert (c.d_k, c.d_v) == (96 // 6, 96 // 6)
+    c = TransformerConfig(d_model=96, n_heads=6, d_k=4)
+    assert (c.d_k, c.d_v) == (4, 16)
+    c = TransformerConfig(d_model=96, n_heads=6, d_v=40)
+    assert (c.d_k, c.d_v) == (16, 40)
+
+
+def test_config_rejects_pad_id_outside_vocabulary():
+    with pytest.raises(UserError):
+        TransformerConfig(vocab_size=10, pad_id=10)
+
+
+# --------------------------------------------------------------------------- presets.resolve
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_tiny_preset_scales_each_row_by_one_rule(row):
+    scale = PRESETS["tiny"]["scale"]
+    paper = row_model(row)
+    cfg = resolve("tiny", row)
+    m = cfg.model
+    assert cfg.row == row and cfg.preset == "tiny"
+    assert m.d_model == round(paper["d_model"] * scale["width"])
+    assert m.d_ff == round(paper["d_ff"] * scale["width"])
+    assert m.n_layers == max(1, round(paper["n_layers"] * scale["depth"]))
+    assert cfg.train.max_steps == round(row_steps(row) * scale["steps"])
+    for key in ("d_k", "d_v"):  # head sizes a row sets explicitly are widths too
+        if key in paper:
+            assert getattr(m, key) == round(paper[key] * scale["width"])
+    # what the rule keeps
+    assert m.n_heads == paper["n_heads"]
+    assert m.dropout == paper["dropout"]
+    assert m.label_smoothing == paper["label_smoothing"]
+    assert m.positional == paper["positional"]
+    # the preset's own settings
+    assert m.max_len == PRESETS["tiny"]["model"]["max_len"]
+    assert cfg.train.warmup_steps == PRESETS["tiny"]["train"]["warmup_steps"]
+    assert cfg.data.vocab_size == PRESETS["tiny"]["data"]["vocab_size"]
+
+
+@pytest.mark.parametrize("row", ["A1", "A2", "A3", "A4"])
+def test_tiny_a_rows_keep_h_times_d_k_equal_d_model(row):
+    m = resolve("tiny", row).model
+    assert m.n_heads * m.d_k == m.d_model
+    assert m.n_heads * m.d_v == m.d_model
+    assert m.n_heads == TABLE3[row]["model"]["n_heads"]
+
+
+def test_tiny_b1_shrinks_d_k_and_keeps_d_v():
+    base, b1 = resolve("tiny", "base").model, resolve("tiny", "B1").model
+    width = PRESETS["tiny"]["scale"]["width"]
+    assert b1.d_k == round(TABLE3["B1"]["model"]["d_k"] * width)
+    assert b1.d_k < base.d_k
+    assert b1.d_v == base.d_v
+    assert (b1.d_model, b1.n_heads) == (base.d_model, base.n_heads)
+
+
+@pytest.mark.parametrize("row", ["base", "B1", "C1", "C6", "D1", "E", "big"])
+def test_tiny_default_head_sizes_are_scaled_d_model_over_h(row):
+    m = resolve("tiny", row).model
+    paper = row_model(row)
+    width = PRESETS["tiny"]["scale"]["width"]
+    assert m.d_v == round(paper["d_model"] // paper["n_heads"] * width) == m.d_model // m.n_heads
+    if "d_k" not in paper:
+        assert m.d_k == m.d_model // m.n_heads
+
+
+def test_overriding_d_model_or_heads_rederives_default_head_sizes():
+    m = resolve("paper", "base", overrides=["d_model=256"]).model
+    assert (m.d_k, m.d_v) == (32, 32)
+    with pytest.raises(UserError, match="divisible"):
+        resolve("paper", "base", overrides=["n_heads=3"])
+
+
+def test_paper_preset_is_unscaled():
+    for row in ("base", "B1", "C5", "big"):
+        cfg = resolve("paper", row)
+        paper = row_model(row)
+        for key in ("n_layers", "d_model", "d_ff", "n_heads", "dropout", "positional"):
+            assert getattr(cfg.model, key) == paper[key], (row, key)
+        assert cfg.train.max_steps == row_steps(row)
+
+
+def test_overrides_flat_and_dotted_win_over_row_and_preset():
+    cfg = resolve("tiny", "C1", overrides=["n_layers=2", "model.d_ff=100", "warmup_steps=7",
+                                           "train.seed=5", "vocab_size=500", "beam_size=2",
+                                           "length_penalty=1.0", "dropout=0.25"])
+    assert cfg.model.n_layers == 2  # the row said 2 * 0.5 -> 1
+    assert cfg.model.d_ff == 100
+    assert cfg.model.dropout == 0.25
+    assert cfg.train.warmup_steps == 7 and cfg.train.seed == 5
+    assert cfg.data.vocab_size == 500  # a flat vocab_size is the BPE vocabulary
+    assert cfg.eval.beam_size == 2 and cfg.eval.length_penalty == 1.0
+    assert parse_overrides(["d_model=64", "train.compile=true", "data_dir=/x"]) == {
+        "model": {"d_model": 64}, "train": {"compile": True}, "data": {"data_dir": "/x"}}
+
+
+def test_config_file_between_row_and_overrides(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("model: {d_ff: 77, dropout: 0.05}\ntrain: {warmup_steps: 5}\n")
+    cfg = resolve("tiny", "base", config_file=path)
+    assert (cfg.model.d_ff, cfg.model.dropout, cfg.train.warmup_steps) == (77, 0.05, 5)
+    cfg = resolve("tiny", "base", config_file=path, overrides=["d_ff=88"])
+    assert (cfg.model.d_ff, cfg.train.warmup_steps) == (88, 5)
+
+
+def test_tokenizer_derived_keys_cannot_be_overridden():
+    with pytest.raises(UserError, match="data.vocab_size"):
+        resolve("tiny", "base", overrides=["model.vocab_size=5"])
+
+
+@pytest.mark.parametrize("override,closest", [("d_modle=3", "model.d_model"),
+                                              ("model.d_modle=3", "model.d_model"),
+                                              ("train.warmup_step=3", "train.warmup_steps")])
+def test_unknown_key_suggests_closest(override, closest):
+    with pytest.raises(UserError, match="unknown config key") as err:
+        resolve("tiny", "base", overrides=[override])
+    assert f"did you mean '{closest}'" in str(err.value)
+
+
+@pytest.mark.parametrize("override,key", [("d_model=abc", "d_model"), ("max_steps=1.5", "max_steps"),
+                                          ("n_layers=[1]", "n_layers")])
+def test_wrong_type_is_a_user_error(override, key):
+    with pytest.raises(UserError, match=key):
+        resolve("tiny", "base", overrides=[override])
+
+
+@pytest.mark.parametrize("override", ["dropout=1.5", "label_smoothing=-0.1", "positional=rope",
+                                      "d_ff=0", "beam_size=0"])
+def test_invalid_values_are_user_errors(override):
+    with pytest.raises(UserError):
+        resolve("tiny", "base", overrides=[override])
+
+
+def test_malformed_override_is_a_user_error():
+    with pytest.raises(UserError, match="key=value"):
+        resolve("tiny", "base", overrides=["d_model"])
+
+
+def test_unknown_row_and_preset():
+    with pytest.raises(UserError, match="unknown row 'Z9'"):
+        resolve("tiny", "Z9")
+    with pytest.raises(UserError, match="unknown preset 'nope'") as err:
+        resolve("nope", "base")
+    assert "paper" in str(err.value) and "tiny" in str(err.value)
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        resolve("tiny", "base", config_file=tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  d_model: 64\n  d_ff: 128: 7\ntrain: {}\n")
+    with pytest.raises(UserError, match="line 3") as err:
+        resolve("tiny", "base", config_file=bad)
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(UserError, match="mapping"):
+        resolve("tiny", "base", config_file=listing)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("model: {d_modle: 3}\n")
+    with pytest.raises(UserError, match="did you mean 'model.d_model'"):
+        resolve("tiny", "base", config_file=unknown)
+
+
+def test_spec_validation(tmp_path):
+    no_base = tmp_path / "nobase.yaml"
+    no_base.write_text("X1: {model: {d_ff: 3}}\n")
+    with pytest.raises(UserError, match="base"):
+        load_spec(no_base)
+    bad_key = tmp_path / "badkey.yaml"
+    bad_key.write_text("base: {model: {d_model: 8}}\nX1: {model: {d_fff: 3}}\n")
+    with pytest.raises(UserError, match="d_fff"):
+        load_spec(bad_key)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("base: {model: {d_model: 64, n_heads: 4}, train_steps: 10}\n"
+                    "wide: {model: {d_ff: 300}}\n")
+    cfg = resolve("paper", "wide", spec_path=mine)
+    assert (cfg.model.d_model, cfg.model.d_ff, cfg.train.max_steps) == (64, 300, 10)
+
+
+# --------------------------------------------------------------------------- ablate params
+
+
+def expected_params(row: str, vocab_size: int = 37000) -> int:
+    c = TransformerConfig(**{**row_model(row), "vocab_size": vocab_size,
+                             "max_len": PRESETS["paper"]["model"]["max_len"]})
+    return count_parameters(c)
+
+
+def check_params_table(table: list[dict], vocab_size: int = 37000) -> None:
+    assert [entry["row"] for entry in table] == ROWS
+    for entry in table:
+        assert entry["params"] == expected_params(entry["row"], vocab_size), entry["row"]
+        assert entry["paper_params"] == TABLE3[entry["row"]]["paper"]["params_m"], entry["row"]
+
+
+def test_params_json_subprocess():
+    proc = subprocess.run([sys.executable, "-m", "lightning_modules.cli", "params", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(proc.stdout)
+    check_params_table(table)
+    assert table[0]["params"] == 63_082_496
+
+
+def test_params_json_in_process(capsys):
+    assert main(["params", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    check_params_table(table)
+    base = next(entry for entry in table if entry["row"] == "base")
+    assert base["params"] == 63_082_496
+    assert main(["params", "--json", "--vocab-size", "100"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    check_params_table(small, vocab_size=100)
+    assert small[0]["params"] == 63_082_496 - (37000 - 100) * 512  # only the shared matrix shrinks
+
+
+def test_params_text_table_lists_every_row(capsys):
+    assert main(["params"]) == 0
+    out = capsys.readouterr().out
+    assert "63,082,496" in out
+    lines = out.splitlines()
+    for row in ROWS:
+        assert any(line.split()[0] == row for line in lines[3:] if line.strip()), row
+
+
+# --------------------------------------------------------------------------- CLI errors
+
+BAD_YAML = "model:\n  d_model: 64\n  d_ff: 128: 7\n"
+CLI_CASES = {
+    "unknown key": ["train", "d_modle=3"],
+    "bad type": ["train", "d_model=abc"],
+    "dropout 1.5": ["train", "dropout=1.5"],
+    "unknown row": ["train", "--row", "Z9"],
+    "unknown preset": ["train", "--preset", "nope"],
+    "missing config": ["train", "--config", "{tmp}/missing.yaml"],
+    "malformed config": ["train", "--config", "{tmp}/bad.yaml"],
+    "unknown subcommand": ["frobnicate"],
+}
+CLI_EXPECT = {
+    "unknown key": "did you mean 'model.d_model'",
+    "bad type": "d_model",
+    "dropout 1.5": "dropout",
+    "unknown row": "Z9",
+    "unknown preset": "nope",
+    "missing config": "missing.yaml",
+    "malformed config": "line 3",
+    "unknown subcommand": "frobnicate",
+}
+
+
+# Every bad command line in process (fast); a representative few also as real subprocesses,
+# run concurrently (each subprocess pays for importing torch).
+SUBPROCESS_CASES = ["unknown key", "dropout 1.5", "malformed config", "unknown subcommand"]
+
+
+@pytest.fixture(scope="module")
+def cli_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "bad.yaml").write_text(BAD_YAML)
+    return tmp
+
+
+def cli_args(case: str, tmp: Path) -> list[str]:
+    return [a.format(tmp=tmp) for a in CLI_CASES[case]]
+
+
+@pytest.fixture(scope="module")
+def cli_results(cli_dir):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    procs = {case: subprocess.Popen([sys.executable, "-m", "lightning_modules.cli",
+                                     *cli_args(case, cli_dir)],
+                                    cwd=cli_dir, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for case in SUBPROCESS_CASES}
+    results = {}
+    for case, proc in procs.items():
+        out, err = proc.communicate(timeout=180)
+        results[case] = (proc.returncode, out, err)
+    return results
+
+
+def check_one_line_error(case: str, code: int, out: str, err: str) -> None:
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ablate: error:")
+    assert CLI_EXPECT[case] in lines[0]
+    assert code == 2
+
+
+@pytest.mark.parametrize("case", SUBPROCESS_CASES)
+def test_cli_bad_input_subprocess_is_one_line_exit_2(case, cli_results):
+    check_one_line_error(case, *cli_results[case])
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_cli_bad_input_in_process_is_one_line_exit_2(case, cli_dir, capsys, monkeypatch):
+    monkeypatch.chdir(cli_dir)  # nothing may be written into the repository
+    try:
+        code = main(cli_args(case, cli_dir))
+    except SystemExit as exit_:  # argparse errors exit from inside main()
+        code = exit_.code
+    captured = capsys.readouterr()
+    check_one_line_error(case, code, captured.out, captured.err)
