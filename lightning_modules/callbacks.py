@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
 
 
 class TrainingClock(pl.Callback):
@@ -35,7 +36,7 @@ class TrainingClock(pl.Callback):
         self._stop()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.training:
+        if trainer.state.fn == TrainerFn.FITTING:  # validation inside fit: training goes on
             self._start()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

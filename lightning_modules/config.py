@@ -72,7 +72,7 @@ class DataConfig:
     src_lang: str = "en"
     tgt_lang: str = "de"
     ding_path: str = "/usr/share/trans/de-en"
-    ding_dictionary: bool = True  # add the dictionary's word/phrase pairs to the training split
+    ding_dictionary: bool = False  # add the dictionary's word/phrase pairs to the training split
     valid_size: int = 1000  # held-out pairs for the Ding corpus
     test_size: int = 1000
     # --data files: one source and one target file per split (plain text or .gz)

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import socket
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_modules.callbacks import TrainingClock
 from lightning_modules.config import RunConfig
@@ -32,6 +34,8 @@ from lightning_modules.presets import DERIVED_KEYS, to_yaml
 from lightning_modules.translation import TranslationModule
 
 RESULTS = "results.json"
+# A first run has nothing to resume from: that is expected, not worth a warning.
+warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
 # What makes a run directory one run: the whole model (all keys) and the corpus and vocabulary.
 IDENTITY_KEYS: dict[str, list[str]] = {
     "model": [],
@@ -75,12 +79,6 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
                 raise UserError(
                     f"{out} holds a run with {section}.{key}={old.get(key)!r}, not {new.get(key)!r}; "
                     f"use another --out (or delete {out}) to train a different configuration")
-
-
-def latest_checkpoint(ckpt_dir: Path) -> str | None:
-    """The newest of `last.ckpt` (periodic, and at the end) and `interrupted.ckpt`, if any."""
-    found = [p for p in (ckpt_dir / "last.ckpt", ckpt_dir / "interrupted.ckpt") if p.is_file()]
-    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
 
 
 def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
@@ -154,6 +152,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None) -> dict[str
     cfg.model.vocab_size, cfg.model.pad_id = dm.vocab_size, dm.pad_id
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
     module = TranslationModule.from_configs(cfg.model, cfg.train)
+    rank_zero_info(describe(cfg, dm.stats, module.n_parameters, out))
     if cfg.train.compile:
         module.model = torch.compile(module.model)
 
@@ -176,8 +175,8 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None) -> dict[str
                    # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
                    OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted")],
     )
-    resume = latest_checkpoint(ckpt_dir)
-    trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=True if resume else None)
+    # "last": Lightning resumes from the newest of last.ckpt and interrupted.ckpt, if any.
+    trainer.fit(module, datamodule=dm, ckpt_path="last", weights_only=True)
     if trainer.interrupted:
         raise UserError("training was interrupted; run the same command again to resume")
 
@@ -210,6 +209,20 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None) -> dict[str
     }
     atomic_write_json(out / RESULTS, results)
     return results
+
+
+def describe(cfg: RunConfig, stats: dict[str, Any], n_parameters: int, out: Path) -> str:
+    """What is about to be trained, in three lines."""
+    m = cfg.model
+    extra = f" (+{stats['extra_train_pairs']:,} dictionary)" if stats.get("extra_train_pairs") else ""
+    return (f"run {cfg.row} @ {cfg.preset} -> {out}\n"
+            f"model: N={m.n_layers} d_model={m.d_model} d_ff={m.d_ff} h={m.n_heads} d_k={m.d_k} "
+            f"d_v={m.d_v} P_drop={m.dropout} eps_ls={m.label_smoothing} {m.positional}, "
+            f"{n_parameters:,} parameters\n"
+            f"data: {stats['corpus']}, {stats['train_pairs']:,} train pairs{extra}, "
+            f"{stats['valid_pairs']:,} dev, {stats['test_pairs']:,} test; BPE vocabulary "
+            f"{stats['vocab_size']:,}; {stats['train_batches']:,} batches of <= {cfg.data.max_tokens:,} "
+            f"tokens, {stats['train_padding_share']:.1%} padding; {cfg.train.max_steps:,} steps")
 
 
 SUMMARY_KEYS = [("row", "row"), ("params", "params"), ("ppl", "dev PPL"), ("bleu", "dev BLEU"),

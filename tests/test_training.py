@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -152,3 +154,41 @@ def test_label_smoothing_penalises_overconfidence():
     assert float(smoothed) == pytest.approx(0.1 * 9 * 40 / 10, rel=1e-4)
     assert math.isfinite(float(smoothed))
 
+
+
+class _Sleeper(pl.LightningModule):
+    """Training steps take ~20 ms, validation steps ~100 ms: the clock must count only the former."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.02)
+        return (self.w - 1).pow(2).sum()
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(0.1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_training_clock_excludes_validation_and_counts_tokens(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from lightning_modules.callbacks import TrainingClock
+
+    batches = [{"n_tokens": torch.tensor(7)} for _ in range(20)]
+    clock = TrainingClock()
+    trainer = pl.Trainer(max_steps=20, val_check_interval=5, limit_val_batches=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path, callbacks=[clock])
+    started = time.perf_counter()
+    trainer.fit(_Sleeper(), DataLoader(batches, batch_size=None),
+                DataLoader(batches[:2], batch_size=None))
+    wall = time.perf_counter() - started
+    assert clock.target_tokens == 20 * 7
+    # 20 training steps of >= 20 ms, after every validation too; 4 validations of 200 ms excluded.
+    assert 20 * 0.02 <= clock.train_time_s <= wall - 4 * 2 * 0.1
+    assert clock.tokens_per_s == pytest.approx(140 / clock.train_time_s)

@@ -1,0 +1,160 @@
+"""End-to-end runs of `ablate train` on the real default corpus (Ding), on CPU.
+
+Small models and few steps: these check that the pieces fit together (data, Lightning, resume,
+decoding, sacreBLEU, results.json, W&B offline), not translation quality.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+from lightning_modules.cli import main
+
+# A model small enough to train in seconds; dev/test cut to 100 pairs so decoding is quick.
+SMALL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500",
+         "data.ding_dictionary=false", "data.valid_size=100", "data.test_size=100",
+         "data.max_tokens=2000", "eval.max_len_offset=10", "train.progress_bar=false"]
+RESULT_KEYS = {"row", "params", "bleu", "ppl", "test_bleu", "sacrebleu_signature", "train_time_s",
+               "tokens_per_s", "steps", "seed", "status"}
+
+
+def ablate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """One complete short run, with Weights & Biases in offline mode."""
+    out = tmp_path_factory.mktemp("run") / "base"
+    code = main(["train", "--out", str(out), "--max-steps", "12", "--seed", "3", "--wandb", "offline",
+                 *SMALL, "train.val_check_interval=6"])
+    assert code == 0
+    return out
+
+
+def test_run_writes_complete_results(finished_run: Path):
+    results = json.loads((finished_run / "results.json").read_text())
+    assert RESULT_KEYS <= set(results)
+    assert results["status"] == "complete" and results["steps"] == 12 and results["seed"] == 3
+    assert results["row"] == "base" and results["preset"] == "tiny"
+    state = torch.load(finished_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert results["params"] == sum(v.numel() for v in state.values())
+    assert results["ppl"] > 1 and results["train_time_s"] > 0 and results["tokens_per_s"] > 0
+    assert results["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    for name in ("config.yaml", "spm.model", "logs/metrics.csv"):
+        assert (finished_run / name).is_file(), name
+
+
+def test_translations_are_saved_and_rescore_to_the_reported_bleu(finished_run: Path):
+    results = json.loads((finished_run / "results.json").read_text())
+    for split, key in (("dev", "bleu"), ("test", "test_bleu")):
+        src, ref, hyp = ((finished_run / f"{split}.{kind}.txt").read_text().splitlines()
+                         for kind in ("src", "ref", "hyp"))
+        assert len(src) == len(ref) == len(hyp) == 100
+        assert round(sacrebleu.corpus_bleu(hyp, [ref]).score, 2) == results[key]
+
+
+def test_dev_perplexity_is_logged_by_step(finished_run: Path):
+    lines = (finished_run / "logs" / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
+    steps = [int(r["step"]) for r in rows if r.get("val/ppl")]
+    assert steps and all(s > 0 for s in steps)
+
+
+def test_wandb_offline_run_is_written(finished_run: Path):
+    runs = list((finished_run / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert any(runs[0].rglob("*.wandb"))
+
+
+def test_finished_run_is_not_trained_again(finished_run: Path, capsys):
+    before = (finished_run / "results.json").stat().st_mtime_ns
+    assert main(["train", "--out", str(finished_run), "--max-steps", "12", "--seed", "3",
+                 "--no-wandb", *SMALL, "train.val_check_interval=6"]) == 0
+    assert (finished_run / "results.json").stat().st_mtime_ns == before
+    assert "dev BLEU" in capsys.readouterr().out
+
+
+def test_run_directory_of_another_model_is_refused(finished_run: Path, capsys):
+    code = main(["train", "--out", str(finished_run), "--max-steps", "12", "--no-wandb",
+                 *SMALL, "d_model=64", "train.val_check_interval=6"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "model.d_model=32" in err[0]
+
+
+def test_killed_run_resumes_from_its_checkpoint(tmp_path: Path):
+    out = tmp_path / "killed"
+    args = ["train", "--out", str(out), "--max-steps", "60", "--no-wandb", *SMALL,
+            "train.checkpoint_every=5", "train.val_check_interval=30"]
+    proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = out / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 240
+    while not last.is_file() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert last.is_file() and not (out / "results.json").exists()
+    step_at_kill = torch.load(last, weights_only=True)["global_step"]
+    assert 0 < step_at_kill < 60
+
+    second = ablate(*args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "Restoring states from the checkpoint" in second.stderr + second.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["steps"] == 60 and results["status"] == "complete"
+
+
+@pytest.mark.parametrize("case", ["missing", "counts", "utf8", "empty"])
+def test_bad_corpus_gives_one_line_error(tmp_path: Path, capsys, case: str):
+    good_src = tmp_path / "good.en"
+    good_src.write_text("a b\nc d\n")
+    good_tgt = tmp_path / "good.de"
+    good_tgt.write_text("x y\nz w\n")
+    bad = tmp_path / "bad.de"
+    if case == "counts":
+        bad.write_text("x y\n")
+    elif case == "utf8":
+        bad.write_bytes(b"x y\n\xff\xfe z\n")
+    elif case == "empty":
+        bad.write_text("")
+    code = main(["train", "--out", str(tmp_path / "run"), "--no-wandb",
+                 "--train-src", str(good_src), "--train-tgt", str(bad),
+                 "--valid-src", str(good_src), "--valid-tgt", str(good_tgt)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("ablate: error:")
+    assert "bad.de" in err[0]
+    if case == "utf8":
+        assert "line 2" in err[0]
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_bad_corpus_from_the_command_line_has_no_traceback(tmp_path: Path):
+    result = ablate("train", "--out", str(tmp_path / "run"), "--no-wandb",
+                    "--train-src", str(tmp_path / "nope.en"), "--train-tgt", str(tmp_path / "nope.de"),
+                    "--valid-src", str(tmp_path / "nope.en"), "--valid-tgt", str(tmp_path / "nope.de"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("ablate: error:")
+    assert "nope.en" in result.stderr
+
+
+def test_unwritable_output_directory_is_refused_before_training(tmp_path: Path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code = main(["train", "--out", str(blocker / "run"), "--no-wandb", *SMALL])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "cannot write to output directory" in err[0]
