@@ -136,8 +136,12 @@ def evaluate_split(module: TranslationModule, dm: TranslationDataModule, cfg: Ru
     return corpus_bleu(hyps, text.tgt, cfg.eval.bleu_tokenize)
 
 
-def train(cfg: RunConfig, out: str | Path, group: str | None = None) -> dict[str, Any]:
-    """Train (or resume, or reuse) the run in `out` and return its results."""
+def train(cfg: RunConfig, out: str | Path, group: str | None = None,
+          callbacks: list[pl.Callback] | None = None) -> dict[str, Any]:
+    """Train (or resume, or reuse) the run in `out` and return its results.
+
+    `callbacks` are added to the Trainer's (a sweep passes its pruning callback here).
+    """
     out = Path(out)
     check_output_dir(out)
     done = read_results(out)
@@ -173,7 +177,8 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None) -> dict[str
                                    every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
                                    auto_insert_metric_name=False),
                    # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
-                   OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted")],
+                   OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
+                   *(callbacks or [])],
     )
     # "last": Lightning resumes from the newest of last.ckpt and interrupted.ckpt, if any.
     trainer.fit(module, datamodule=dm, ckpt_path="last", weights_only=True)

@@ -78,8 +78,9 @@ class TranslationModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         nll, tokens = self.val_nll.compute(), self.val_tokens.compute()  # summed over ranks
         mean_nll = (nll / tokens.clamp(min=1)).item()
-        self.log("val/nll", mean_nll, sync_dist=False)
-        self.log("val/ppl", math.exp(min(mean_nll, 50.0)), prog_bar=True, sync_dist=False)
+        # Identical on every rank (the sums are already all-reduced): averaging them is a no-op.
+        self.log("val/nll", mean_nll, sync_dist=True)
+        self.log("val/ppl", math.exp(min(mean_nll, 50.0)), prog_bar=True, sync_dist=True)
         self.val_nll.reset()
         self.val_tokens.reset()
 

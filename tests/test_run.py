@@ -158,3 +158,14 @@ def test_unwritable_output_directory_is_refused_before_training(tmp_path: Path, 
     code = main(["train", "--out", str(blocker / "run"), "--no-wandb", *SMALL])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "cannot write to output directory" in err[0]
+
+
+def test_two_process_ddp_run_on_cpu(tmp_path: Path):
+    """Lightning DDP (gloo, 2 processes): both ranks train, rank 0 evaluates and writes results."""
+    out = tmp_path / "ddp"
+    result = ablate("train", "--out", str(out), "--devices", "2", "--accelerator", "cpu",
+                    "--max-steps", "6", "--no-wandb", *SMALL, "train.val_check_interval=3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["steps"] == 6 and results["status"] == "complete"
+    assert "Starting with 2 processes" in result.stderr + result.stdout
