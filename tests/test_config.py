@@ -381,3 +381,17 @@ def test_cli_bad_input_in_process_is_one_line_exit_2(case, cli_dir, capsys, monk
         code = exit_.code
     captured = capsys.readouterr()
     check_one_line_error(case, code, captured.out, captured.err)
+
+
+def test_paper_preset_has_the_papers_training_setup():
+    """Sections 5.1-5.4 and 6.1 of the paper, checked value by value (no GPU needed)."""
+    base, big = resolve("paper", "base"), resolve("paper", "big")
+    t, d, e = base.train, base.data, base.eval
+    assert (t.adam_beta1, t.adam_beta2, t.adam_eps) == (0.9, 0.98, 1e-9)
+    assert t.warmup_steps == 4000 and t.lr_scale == 1.0 and t.gradient_clip_val == 0.0
+    assert t.max_steps == 100_000 and big.train.max_steps == 300_000
+    assert d.corpus == "wmt14" and d.vocab_size == 37_000 and d.max_tokens == 25_000
+    assert (e.beam_size, e.length_penalty, e.max_len_offset) == (4, 0.6, 50)
+    assert (base.model.dropout, base.model.label_smoothing) == (0.1, 0.1)
+    assert (big.model.d_model, big.model.d_ff, big.model.n_heads, big.model.dropout) == (1024, 4096, 16, 0.3)
+    assert (base.model.d_k, base.model.d_v, big.model.d_k, big.model.d_v) == (64, 64, 64, 64)
