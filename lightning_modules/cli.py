@@ -2,6 +2,8 @@
 
     ablate train [--preset tiny] [--row base] [--config FILE] [key=value ...]
     ablate params [--vocab-size 37000] [--json]
+    ablate sweep optuna --study NAME --space FILE [--n-trials N] [--workers K | --devices 0,1] ...
+    ablate sweep wandb --space FILE [--out sweep.yaml] [--launch] ...
 """
 
 from __future__ import annotations
@@ -78,6 +80,63 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
+    """The sweep's fixed `ablate train` overrides, and --devices as one GPU per worker."""
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
+    args.devices = None  # per worker, not a Lightning device list
+    return run_overrides(args), devices
+
+
+def cmd_sweep_optuna(args: argparse.Namespace) -> int:
+    from lightning_modules.presets import resolve
+    from sweeps.space import load_space
+    from sweeps.study import make_storage, open_study
+
+    space = load_space(args.space)
+    overrides, devices = _sweep_run_args(args)
+    if devices and args.workers:
+        raise UserError("use --workers K (CPU) or --devices 0,1,... (one worker per GPU), not both")
+    if args.n_trials < 1:
+        raise UserError("--n-trials must be at least 1")
+    resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
+    pruner = "none" if args.no_prune else args.pruner
+    if args.sampler == "grid":
+        space.grid()
+    from sweeps.launch import run_workers
+    from sweeps.worker import WorkerSettings
+
+    open_study(args.study, make_storage(args.storage, None), args.objective)
+    settings = WorkerSettings(study=args.study, storage=args.storage, space=str(args.space),
+                              n_trials=args.n_trials, runs_dir=args.runs_dir, preset=args.preset,
+                              row=args.row, config=args.config, spec=args.spec, overrides=overrides,
+                              sampler=args.sampler, objective=args.objective, pruner=pruner,
+                              heartbeat_s=args.heartbeat)
+    return run_workers(settings, args.workers or 1, devices)
+
+
+def cmd_sweep_wandb(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lightning_modules.presets import resolve
+    from sweeps.space import load_space
+    from sweeps.wandb_sweep import launch, sweep_config, write_config
+
+    space = load_space(args.space)
+    overrides = run_overrides(args)
+    resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
+    run_args = ["--out-root", str(Path(args.runs_dir) / "wandb"), "--preset", args.preset, "--row", args.row]
+    for flag, value in (("--config", args.config), ("--spec", args.spec)):
+        if value:
+            run_args += [flag, str(Path(value).resolve())]
+    config = sweep_config(space, run_args + overrides, args.name or Path(args.space).stem,
+                          args.sampler, args.objective)
+    write_config(config, args.out)
+    print(f"wrote {args.out} (W&B sweep, method {config['method']}, {len(config['parameters'])} parameters)")
+    if args.launch:
+        launch(config, args.project, args.count)
+    return 0
+
+
 def cmd_params(args: argparse.Namespace) -> int:
     from lightning_modules.params import params_table
 
@@ -112,6 +171,39 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("--out", help="run directory (default: runs/ROW-PRESET-sSEED)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sweep", help="hyperparameter sweeps (Optuna, Weights & Biases)")
+    kinds = p.add_subparsers(dest="sweeper", required=True, parser_class=_Parser)
+    o = kinds.add_parser("optuna", help="run an Optuna study with parallel workers")
+    o.add_argument("--study", required=True, help="study name (re-running the same command resumes it)")
+    o.add_argument("--storage", default="sqlite:///runs/sweeps.db",
+                   help="Optuna RDB storage URL (default sqlite:///runs/sweeps.db; "
+                        "postgresql+psycopg2://user:pass@host/db for several machines)")
+    o.add_argument("--n-trials", type=int, default=20, help="finished trials the study should reach (default 20)")
+    o.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
+    o.add_argument("--sampler", choices=["tpe", "grid", "random"], default="tpe")
+    o.add_argument("--objective", choices=["ppl", "bleu"], default="ppl",
+                   help="minimise dev perplexity or maximise dev BLEU (default ppl)")
+    o.add_argument("--pruner", choices=["median", "none"], default="median",
+                   help="prune on dev perplexity by step (objective ppl only; default median)")
+    o.add_argument("--no-prune", action="store_true", help="same as --pruner none")
+    o.add_argument("--heartbeat", type=int, default=60,
+                   help="seconds between trial heartbeats; a trial silent for twice that is retried")
+    for q in (o, kinds.add_parser("wandb", help="write (and optionally launch) a W&B sweep")):
+        q.add_argument("--space", required=True, help="search space YAML (see sweeps/example.yaml)")
+        q.add_argument("--runs-dir", default="runs/sweeps", help="parent of the trial run directories")
+        _add_run_options(q)
+    o.set_defaults(func=cmd_sweep_optuna)
+    w = kinds.choices["wandb"]
+    w.add_argument("--out", default="sweep.yaml", help="where to write the W&B sweep YAML")
+    w.add_argument("--name", help="sweep name (default: the space file's name)")
+    w.add_argument("--sampler", choices=["tpe", "grid", "random"], default="tpe",
+                   help="tpe -> bayes, random, grid")
+    w.add_argument("--objective", choices=["ppl", "bleu"], default="ppl")
+    w.add_argument("--launch", action="store_true", help="register the sweep and run an agent here")
+    w.add_argument("--project", default="transformer-ablations", help="W&B project for --launch")
+    w.add_argument("--count", type=int, help="runs for this agent (--launch; default: until the sweep ends)")
+    w.set_defaults(func=cmd_sweep_wandb)
 
     p = sub.add_parser("params", help="parameter count of every Table 3 row")
     p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size (default 37000)")

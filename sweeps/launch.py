@@ -1,0 +1,75 @@
+"""Start a sweep's workers (one process each) and wait for them; summarise the study after.
+
+`--devices 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>`; on CPU, `--workers K` runs K
+workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting.
+Ctrl-C or SIGTERM is passed on to the workers as SIGTERM (see `sweeps.worker`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import replace
+
+import optuna
+
+from sweeps.study import counts, make_storage
+from sweeps.worker import WorkerSettings, settings_json, spawn
+
+
+def worker_envs(workers: int, devices: list[str] | None) -> list[dict[str, str]]:
+    """One environment per worker: a GPU each, or a share of the CPU cores."""
+    base = dict(os.environ, PYTHONUNBUFFERED="1")
+    if devices:
+        return [{**base, "CUDA_VISIBLE_DEVICES": d} for d in devices]
+    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    return [{**base, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(workers)]
+
+
+def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None) -> int:
+    """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted, else 1."""
+    envs = worker_envs(workers, devices)
+    procs = [spawn([sys.executable, "-m", "sweeps.worker", settings_json(replace(settings))], env=env)
+             for env in envs]
+    print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "
+          f"{settings.n_trials} trials, storage {settings.storage}", flush=True)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM acts like Ctrl-C
+    interrupted = False
+    try:
+        while any(p.poll() is None for p in procs):
+            try:
+                for p in procs:
+                    p.wait()
+            except KeyboardInterrupt:
+                interrupted = True
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    codes = [p.returncode for p in procs]
+    bad = [f"worker {i} (pid {p.pid}) exited with status {c}" for i, (p, c) in enumerate(zip(procs, codes)) if c]
+    print(summary(settings), flush=True)
+    if interrupted:
+        print(f"sweep {settings.study}: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    if bad:
+        print(f"sweep {settings.study}: {'; '.join(bad)}; run the same command again to resume",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def summary(settings: WorkerSettings) -> str:
+    """Trial counts and the best trial so far."""
+    study = optuna.load_study(study_name=settings.study, storage=make_storage(settings.storage, None))
+    states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts(study).items())) or "no trials"
+    lines = [f"study {settings.study}: {states}"]
+    try:
+        best = study.best_trial
+    except ValueError:
+        return lines[0]
+    lines.append(f"best: trial {best.number}, {settings.objective} {best.value:g}, "
+                 f"{' '.join(best.user_attrs.get('overrides', []))}, run dir {best.user_attrs.get('run_dir')}")
+    return "\n".join(lines)

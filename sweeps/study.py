@@ -1,0 +1,110 @@
+"""The Optuna study of a sweep: storage (with heartbeat), create-or-load, sampler, pruner, queue.
+
+A study lives in an RDB storage (SQLite by default, PostgreSQL for several machines). The
+storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's
+`RetryHeartbeatStaleTrialCallback` queues a copy of it (same params and user attributes, so the
+same run directory) for the next worker.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import TrialState
+
+from lightning_modules.errors import UserError
+from lightning_modules.presets import parse_overrides
+from sweeps.space import SearchSpace
+
+DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
+OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
+
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a `sqlite:///` URL (None for other databases or in-memory)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):]
+    return None if not path or path == ":memory:" else Path(path)
+
+
+def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
+    """The RDB storage; with a heartbeat, stale trials become FAIL and are re-queued as copies."""
+    path = sqlite_path(url)
+    engine_kwargs: dict[str, Any] = {}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
+    heartbeat: dict[str, Any] = {}
+    if heartbeat_s:
+        heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
+                     "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback()}
+    try:
+        return RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+    except ImportError as err:
+        raise UserError(f"storage {url}: missing database driver ({err}); for PostgreSQL "
+                        f"pip install psycopg2-binary") from None
+    except Exception as err:  # sqlalchemy: bad URL, unreachable server
+        raise UserError(f"cannot open storage {url}: {str(err).splitlines()[0]}") from None
+
+
+def open_study(name: str, storage: RDBStorage | str, objective: str = "ppl",
+               sampler: optuna.samplers.BaseSampler | None = None,
+               pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
+    """Create the study, or load it if it exists (its direction must match `objective`)."""
+    direction = OBJECTIVES[objective]
+    study = optuna.create_study(study_name=name, storage=storage, direction=direction,
+                                sampler=sampler, pruner=pruner, load_if_exists=True)
+    if study.direction.name.lower() != direction:
+        raise UserError(f"study {name!r} exists and is {study.direction.name.lower()}d; "
+                        f"--objective {objective} needs {direction}: use another --study")
+    saved = study.user_attrs.get("objective")
+    if saved is None:
+        study.set_user_attr("objective", objective)
+    elif saved != objective:
+        raise UserError(f"study {name!r} optimises {saved}, not {objective}: use another --study")
+    return study
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int | None = None) -> optuna.samplers.BaseSampler:
+    if name == "grid":
+        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def make_pruner(name: str) -> optuna.pruners.BasePruner:
+    return optuna.pruners.MedianPruner() if name == "median" else optuna.pruners.NopPruner()
+
+
+def counts(study: optuna.Study) -> dict[str, int]:
+    """Trials per state name ('COMPLETE': 3, ...)."""
+    out: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        out[t.state.name] = out.get(t.state.name, 0) + 1
+    return out
+
+
+def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
+    """Queue a fixed configuration (key=value overrides) unless the same one is queued, running or done.
+
+    The overrides travel in the trial's user attributes (`enqueued_overrides`); the objective
+    prefers them to sampling. Returns whether a trial was queued.
+    """
+    wanted = parse_overrides(overrides)
+    live = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+    for trial in study.get_trials(deepcopy=False, states=live):
+        queued = trial.user_attrs.get("enqueued_overrides")
+        if queued is not None and parse_overrides(queued) == wanted:
+            return False
+    study.enqueue_trial({}, user_attrs={**(user_attrs or {}), "enqueued_overrides": list(overrides)},
+                        skip_if_exists=False)
+    return True

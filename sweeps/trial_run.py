@@ -1,0 +1,53 @@
+"""One trial's training, in its own process (`python -m sweeps.trial_run JSON`).
+
+A fresh process per trial keeps memory from growing across trials. It trains through
+`lightning_modules.run.train` with a `StepPruningCallback` bound to the trial in the shared
+storage; exit status 0 = complete (results.json written), 3 = pruned, 2 = bad config, 130 = interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+EXIT_PRUNED = 3
+
+
+def run_trial(job: dict[str, Any]) -> int:
+    """Train the trial described by `job` (storage, study, trial_id, out, overrides, ...)."""
+    import optuna
+
+    from lightning_modules.presets import resolve
+    from lightning_modules.run import train
+    from sweeps.pruning import StepPruningCallback
+    from sweeps.study import make_pruner
+
+    cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
+    study = optuna.load_study(study_name=job["study"], storage=job["storage"], pruner=make_pruner(job["pruner"]))
+    trial = optuna.trial.Trial(study, job["trial_id"])
+    callback = StepPruningCallback(trial, prune=job["pruner"] != "none", )
+    callbacks = [callback] if job["report"] else []
+    try:
+        train(cfg, job["out"], group=job["study"], callbacks=callbacks)
+    except optuna.TrialPruned as pruned:
+        print(f"trial {trial.number}: {pruned}", file=sys.stderr)
+        return EXIT_PRUNED
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lightning_modules.errors import UserError
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        return run_trial(json.loads(args[0]))
+    except UserError as err:
+        print(f"ablate: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

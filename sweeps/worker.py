@@ -1,0 +1,201 @@
+"""A sweep worker (`python -m sweeps.worker JSON`): loops on `study.optimize`, one trial at a time.
+
+Each trial trains in a child process (`sweeps.trial_run`) in `<runs_dir>/<study>/trial-<number>`.
+The trial's overrides and run directory are stored as user attributes when it starts, so a retry
+copy (made by the heartbeat's `RetryHeartbeatStaleTrialCallback`, which copies user attributes)
+trains the same configuration in the same directory, resuming from its checkpoint.
+
+The worker stops when the finished (COMPLETE + PRUNED) plus running trials reach `n_trials`
+(`MaxTrialsCallback` ends the current `optimize` call; the check before each trial keeps K
+workers from overshooting), when a grid is exhausted, or after `n_trials` failures.
+
+On SIGTERM/SIGINT the running trial's child gets SIGINT (Lightning saves an interrupted
+checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy through the same
+`RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. A SIGKILLed worker takes its
+child with it (parent-death signal) and leaves its trial to the heartbeat.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.study import MaxTrialsCallback
+from optuna.trial import TrialState
+
+from sweeps.space import SearchSpace, load_space
+from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage
+from sweeps.trial_run import EXIT_PRUNED
+
+RESULT_ATTRS = ("bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps",
+                "sacrebleu_signature", "run_dir")
+
+
+@dataclass
+class WorkerSettings:
+    """Everything a worker needs, passed as JSON on its command line."""
+
+    study: str
+    storage: str
+    space: str
+    n_trials: int
+    runs_dir: str
+    preset: str = "tiny"
+    row: str = "base"
+    config: str | None = None
+    spec: str | None = None
+    overrides: list[str] = field(default_factory=list)  # the command's run options, as key=value
+    sampler: str = "tpe"
+    objective: str = "ppl"
+    pruner: str = "median"
+    heartbeat_s: int = 60
+    seed: int | None = None
+
+
+class TrialFailed(RuntimeError):
+    """A trial's training process failed (its output is in the trial's run directory log)."""
+
+
+def _die_with_parent() -> None:
+    """In the child (Linux): get SIGKILL when the worker dies, so no orphan keeps training."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+    """A child process in its own session that dies with this process."""
+    out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
+    try:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+    finally:
+        if out:
+            out.close()
+
+
+class Objective:
+    """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
+
+    def __init__(self, settings: WorkerSettings, space: SearchSpace) -> None:
+        self.s, self.space = settings, space
+        self.current: int | None = None
+
+    def trial_overrides(self, trial: optuna.Trial) -> list[str]:
+        attrs = trial.user_attrs
+        if "overrides" in attrs:  # a retry copy: the same configuration
+            return list(attrs["overrides"])
+        if "enqueued_overrides" in attrs:
+            return self.space.fixed_overrides() + list(attrs["enqueued_overrides"])
+        return self.space.fixed_overrides() + self.space.sample(trial)
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        self.current = trial.number
+        overrides = self.trial_overrides(trial)
+        run_dir = trial.user_attrs.get("run_dir") or str(
+            (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
+        trial.set_user_attr("overrides", overrides)
+        trial.set_user_attr("run_dir", run_dir)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        frozen = trial.study._storage.get_trial(trial._trial_id)
+        retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen)
+        if retried is not None:
+            trial.set_user_attr("retry_of", retried)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        job = {"storage": self.s.storage, "study": self.s.study, "trial_id": trial._trial_id,
+               "pruner": self.s.pruner, "report": self.s.objective == "ppl", "out": run_dir,
+               "preset": self.s.preset, "row": trial.user_attrs.get("row", self.s.row),
+               "config": self.s.config, "spec": self.s.spec,
+               "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={self.s.study}"]}
+        child = spawn([sys.executable, "-m", "sweeps.trial_run", json.dumps(job)],
+                      log=Path(run_dir) / "trial.log")
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            raise
+        if code == EXIT_PRUNED:
+            raise optuna.TrialPruned()
+        results_path = Path(run_dir) / "results.json"
+        if code != 0 or not results_path.is_file():
+            raise TrialFailed(f"trial {trial.number} exited with status {code}; see {run_dir}/trial.log")
+        results = json.loads(results_path.read_text(encoding="utf-8"))
+        for key in RESULT_ATTRS:
+            trial.set_user_attr(key, results.get(key))
+        return float(results[self.s.objective])
+
+
+def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
+    """Whether another trial is needed: finished + running < n_trials, and not failing endlessly."""
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    finished = sum(s in FINISHED for s in states)
+    running = states.count(TrialState.RUNNING)
+    if states.count(TrialState.FAIL) >= max(settings.n_trials, 3):
+        print(f"worker {os.getpid()}: too many failed trials, stopping", file=sys.stderr)
+        return False
+    return finished + running < settings.n_trials
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    space = load_space(settings.space)
+    storage = make_storage(settings.storage, settings.heartbeat_s)
+    sampler = make_sampler(settings.sampler, space, settings.seed)
+    study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
+                              pruner=make_pruner(settings.pruner))
+    objective = Objective(settings, space)
+    stop_at_n = MaxTrialsCallback(settings.n_trials, states=FINISHED)
+    try:
+        while True:
+            fail_stale_trials(study)  # before counting: a dead worker's trial is not "running"
+            if not should_start(study, settings):
+                break
+            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
+                break
+            study.optimize(objective, n_trials=1, callbacks=[stop_at_n], catch=(TrialFailed,))
+    except KeyboardInterrupt:
+        _requeue_interrupted(study, objective.current)
+        return 130
+    return 0
+
+
+def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:
+    """Queue a retry copy of the trial that an interrupt failed (same configuration and run dir)."""
+    if number is None:
+        return
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    if trial is not None and trial.state == TrialState.FAIL:
+        RetryHeartbeatStaleTrialCallback()(study, trial)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    return run_worker(WorkerSettings(**json.loads(args[0])))
+
+
+def settings_json(settings: WorkerSettings) -> str:
+    return json.dumps(asdict(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

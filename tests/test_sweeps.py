@@ -1,0 +1,208 @@
+"""Sweeps: search-space parsing, Optuna studies with real worker processes on SQLite, W&B YAML.
+
+No mocks: real SQLite storages, real `ablate sweep` subprocesses, tiny real training runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from lightning_modules.errors import UserError
+from lightning_modules.presets import resolve
+from sweeps.space import load_space
+from sweeps.study import enqueue, make_storage, open_study
+from sweeps.wandb_sweep import agent_args
+
+TINY = ["--max-steps", "10", "--no-wandb", "data.vocab_size=500", "data.ding_dictionary=false",
+        "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000", "eval.max_len_offset=10",
+        "train.progress_bar=false", "train.val_check_interval=5", "train.checkpoint_every=5"]
+SPACE = """
+params:
+  n_layers: {type: int, low: 1, high: 2}
+  dropout: {type: float, low: 0.0, high: 0.3}
+  train.lr_scale: {type: float, low: 0.1, high: 1.0, log: true}
+  d_model: {type: categorical, choices: [32]}
+fixed: {d_ff: 64, n_heads: 4}
+"""
+ATTRS = {"bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "run_dir", "overrides",
+         "sacrebleu_signature"}
+
+
+def ablate(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def sweep_args(tmp: Path, study: str, n: int, *extra: str) -> list[str]:
+    return ["sweep", "optuna", "--study", study, "--storage", f"sqlite:///{tmp}/db/sweeps.db",
+            "--space", str(write(tmp / "space.yaml", SPACE)), "--n-trials", str(n),
+            "--runs-dir", str(tmp / "runs"), "--heartbeat", "1", *extra, *TINY]
+
+
+def load(tmp: Path, study: str) -> optuna.Study:
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{tmp}/db/sweeps.db")
+
+
+# --- search space -------------------------------------------------------------------------
+
+def test_example_space_parses_and_samples_within_ranges():
+    space = load_space(Path(__file__).parents[1] / "sweeps" / "example.yaml")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        trial = study.ask()
+        values = dict(o.split("=", 1) for o in space.sample(trial))
+        assert int(values["n_layers"]) in (1, 2) and values["n_layers"].isdigit()
+        assert values["d_model"] in ("32", "64")
+        assert 0.0 <= float(values["dropout"]) <= 0.3
+        assert 0.1 <= float(values["train.lr_scale"]) <= 1.0
+        resolve("tiny", "base", None, space.fixed_overrides() + [f"{k}={v}" for k, v in values.items()])
+        study.tell(trial, 1.0)
+    assert space.grid()["n_layers"] == [1, 2] and space.grid()["dropout"] == [0.0, 0.1, 0.3]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("params: {d_model: {type: normal, low: 1, high: 2}}", "unknown type 'normal'"),
+    ("params: {d_model: {type: categorical, choices: []}}", "'choices' must be a non-empty list"),
+    ("params: {dropout: {type: float, low: 0.3, high: 0.1}}", "empty range"),
+    ("params: {dropout: {type: float, low: 0.1, high: 0.1}}", "empty range"),
+    ("params: {train.lr_scale: {type: float, low: 0.0, high: 1.0, log: true}}", "log range needs low > 0"),
+    ("params: {d_modle: {type: int, low: 1, high: 2}}", "did you mean 'model.d_model'"),
+    ("params: {n_layers: {type: int, low: 1, high: 2}}\nfixed: {dff: 64}", "fixed.dff"),
+    ("params: {n_layers: {type: int, low: 1.5, high: 2}}", "integer"),
+    ("params: {}", "non-empty"),
+    ("params: {n_layers: {type: int, low: 1, high: 3, colour: red}}", "unknown field"),
+])
+def test_space_errors_name_file_and_key(tmp_path, text, message):
+    path = write(tmp_path / "bad.yaml", text)
+    with pytest.raises(UserError) as err:
+        load_space(path)
+    assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_grid_needs_values_for_float_ranges(tmp_path):
+    space = load_space(write(tmp_path / "s.yaml", "params: {dropout: {type: float, low: 0.0, high: 0.3}}"))
+    with pytest.raises(UserError, match="grid"):
+        space.grid()
+
+
+def test_bad_space_file_exits_2_with_one_line(tmp_path):
+    path = write(tmp_path / "bad.yaml", "params: {d_model: {type: int, low: 4, high: 2}}")
+    result = ablate("sweep", "optuna", "--study", "x", "--storage", f"sqlite:///{tmp_path}/s.db",
+                    "--space", str(path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("ablate: error:")
+    assert "params.d_model" in result.stderr and str(path) in result.stderr
+
+
+# --- studies --------------------------------------------------------------------------------
+
+def test_enqueue_skips_configurations_already_queued_or_done(tmp_path):
+    study = open_study("q", make_storage(f"sqlite:///{tmp_path}/q.db", None))
+    assert enqueue(study, ["d_model=64", "n_layers=2"], {"row": "A1"})
+    assert not enqueue(study, ["model.n_layers=2", "model.d_model=64"])  # the same config
+    assert enqueue(study, ["d_model=64", "n_layers=3"])
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 2 and waiting[0].user_attrs["row"] == "A1"
+    with pytest.raises(UserError, match="maximize"):
+        open_study("q", f"sqlite:///{tmp_path}/q.db", "bleu")
+
+
+def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
+    result = ablate(*sweep_args(tmp_path, "tpe", 4, "--workers", "2"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    trials = load(tmp_path, "tpe").get_trials()
+    assert len(trials) == 4
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert complete
+    for t in complete:
+        assert ATTRS <= set(t.user_attrs), t.user_attrs
+        assert set(t.intermediate_values) == {5, 10}  # global steps, not epochs
+        assert t.value == t.user_attrs["ppl"]
+        assert t.user_attrs["run_dir"] == str((tmp_path / "runs" / "tpe" / f"trial-{t.number}").resolve())
+    # Re-running the same command: the study is already complete, nothing more is trained.
+    again = ablate(*sweep_args(tmp_path, "tpe", 4, "--workers", "2"))
+    assert again.returncode == 0 and len(load(tmp_path, "tpe").trials) == 4
+
+
+def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
+    args = sweep_args(tmp_path, "kill", 2)
+    proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, victim = time.time() + 120, None
+        while time.time() < deadline and victim is None:
+            time.sleep(0.5)
+            try:
+                running = load(tmp_path, "kill").get_trials(states=(TrialState.RUNNING,))
+            except Exception:  # noqa: BLE001 (the database or study is not created yet)
+                continue
+            for t in running:
+                ckpt = Path(t.user_attrs.get("run_dir", "/nonexistent")) / "checkpoints" / "last.ckpt"
+                if 5 in t.intermediate_values and ckpt.is_file():
+                    victim = t
+        assert victim is not None, "no trial reached step 5"
+        os.kill(int(victim.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(2.5)  # past the heartbeat's grace period
+    result = ablate(*args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    trials = load(tmp_path, "kill").get_trials()
+    by_number = {t.number: t for t in trials}
+    assert by_number[victim.number].state == TrialState.FAIL
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].user_attrs["run_dir"] == victim.user_attrs["run_dir"]
+    assert retries[0].user_attrs["overrides"] == victim.user_attrs["overrides"]
+    assert set(retries[0].intermediate_values) == {10}  # resumed from the step-5 checkpoint
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(finished) == 2 and len(trials) == 3
+    assert len({t.user_attrs["run_dir"] for t in finished}) == 2
+
+
+# --- Weights & Biases -----------------------------------------------------------------------
+
+def test_wandb_sweep_yaml_and_agent_arguments_train(tmp_path):
+    out = tmp_path / "sweep.yaml"
+    result = ablate("sweep", "wandb", "--space", str(write(tmp_path / "space.yaml", SPACE)),
+                    "--out", str(out), "--runs-dir", str(tmp_path / "runs"), *TINY)
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(out.read_text())
+    assert config["method"] == "bayes" and config["metric"] == {"name": "val/ppl", "goal": "minimize"}
+    params = config["parameters"]
+    assert params["n_layers"] == {"distribution": "int_uniform", "min": 1, "max": 2}
+    assert params["dropout"] == {"distribution": "uniform", "min": 0.0, "max": 0.3}
+    assert params["train.lr_scale"] == {"distribution": "log_uniform_values", "min": 0.1, "max": 1.0}
+    assert params["d_model"] == {"values": [32]}
+    assert config["command"][:4] == ["${env}", "${interpreter}", "-m", "sweeps.wandb_entry"]
+    assert config["command"][-1] == "${args_no_hyphens}"
+
+    values = {"n_layers": 1, "dropout": 0.1, "train.lr_scale": 1e-1 * 5, "d_model": 32}
+    argv = agent_args(config, values)
+    assert argv[:2] == ["--out-root", str(tmp_path / "runs" / "wandb")]
+    keys = [a for a in argv[2:] if "=" in a and not a.startswith("-")]
+    cfg = resolve("tiny", "base", None, keys)
+    assert (cfg.model.n_layers, cfg.model.dropout, cfg.train.lr_scale, cfg.model.d_ff) == (1, 0.1, 0.5, 64)
+    env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SWEEP_ID": "sw", "WANDB_RUN_ID": "r1"}
+    run = subprocess.run([sys.executable, "-m", "sweeps.wandb_entry", *argv], capture_output=True,
+                         text=True, timeout=240, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "runs" / "wandb" / "sw" / "r1" / "results.json").is_file()
