@@ -8,11 +8,18 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps demo test test-all clean
+.PHONY: setup system-deps test-deps demo test clean
 
 system-deps:  ## Debian packages: the Ding dictionary (the embedded default corpus)
 	@if [ ! -f /usr/share/trans/de-en ]; then \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq trans-de-en >/dev/null; fi
+
+test-deps:  ## Debian packages the tests use for real: a PostgreSQL server, Chromium and its driver
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/chromium ] \
+	    || [ ! -x /usr/bin/chromedriver ]; then \
+	  { $(SUDO) apt-get update -qq && \
+	    $(SUDO) apt-get install -y -qq postgresql chromium chromium-driver >/dev/null; } || \
+	  echo "test-deps: could not install postgresql/chromium; their tests will be skipped"; fi
 
 $(BIN)/ablate: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,7 +31,7 @@ setup: system-deps $(BIN)/ablate
 demo: setup
 	$(BIN)/ablate train --preset tiny --out runs/demo
 
-test: setup
+test: setup test-deps
 	$(BIN)/python -m pytest -q
 
 clean:

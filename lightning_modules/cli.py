@@ -4,6 +4,7 @@
     ablate params [--vocab-size 37000] [--json]
     ablate sweep optuna --study NAME --space FILE [--n-trials N] [--workers K | --devices 0,1] ...
     ablate sweep wandb --space FILE [--out sweep.yaml] [--launch] ...
+    ablate dashboard [--storage URL] [--host 127.0.0.1] [--port 8080]
 """
 
 from __future__ import annotations
@@ -137,6 +138,12 @@ def cmd_sweep_wandb(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from sweeps.dashboard import serve
+
+    return serve(args.storage, args.host, args.port)
+
+
 def cmd_params(args: argparse.Namespace) -> int:
     from lightning_modules.params import params_table
 
@@ -204,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--project", default="transformer-ablations", help="W&B project for --launch")
     w.add_argument("--count", type=int, help="runs for this agent (--launch; default: until the sweep ends)")
     w.set_defaults(func=cmd_sweep_wandb)
+
+    p = sub.add_parser("dashboard", help="serve optuna-dashboard for a sweep storage (until Ctrl-C)")
+    p.add_argument("--storage", default="sqlite:///runs/sweeps.db",
+                   help="Optuna RDB storage URL (default sqlite:///runs/sweeps.db)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.set_defaults(func=cmd_dashboard)
 
     p = sub.add_parser("params", help="parameter count of every Table 3 row")
     p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size (default 37000)")

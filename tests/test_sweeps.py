@@ -172,7 +172,9 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].user_attrs["run_dir"] == victim.user_attrs["run_dir"]
     assert retries[0].user_attrs["overrides"] == victim.user_attrs["overrides"]
-    assert set(retries[0].intermediate_values) == {10}  # resumed from the step-5 checkpoint
+    # Resumed from the step-5 checkpoint (reports step 10 only), or, when the killed trial's
+    # training had already finished, reused its results (reports nothing): never restarted at 0.
+    assert set(retries[0].intermediate_values) <= {10}
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 2 and len(trials) == 3
     assert len({t.user_attrs["run_dir"] for t in finished}) == 2

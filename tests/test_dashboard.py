@@ -1,0 +1,167 @@
+"""`ablate dashboard`: a real optuna-dashboard server on a real SQLite study, opened in headless Chromium.
+
+Needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver) and the
+selenium package; skipped with the reason when one is missing. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+STUDY = "dash-study"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ablate(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lightning_modules.cli", *args]
+
+
+def _make_study(db: Path) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{db}", direction="minimize")
+    for i, lr in enumerate((3e-4, 1e-3, 2e-3)):
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+        trial.set_user_attr("bleu", 20.0 + i)
+        trial.set_user_attr("run_dir", f"runs/sweeps/{STUDY}/trial-{i}")
+        study.tell(trial, 10.0 - i * lr * 1000)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """`ablate dashboard` on a free port of 127.0.0.1; stopped with SIGINT (must exit 0)."""
+    db = tmp_path / "sweeps.db"
+    _make_study(db)
+    port = _free_port()
+    proc = subprocess.Popen(_ablate("dashboard", "--storage", f"sqlite:///{db}", "--port", str(port)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"dashboard did not start: {proc.communicate()[0]}")
+            time.sleep(0.2)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out = proc.communicate(timeout=10)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out = proc.communicate()[0]
+            pytest.fail(f"dashboard ignored SIGINT: {out}")
+    assert proc.returncode == 0, out
+    assert f"{url}/" in out and "Traceback" not in out, out
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    """Headless Debian Chromium through Debian's chromedriver (skipped when either is missing)."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    for exe in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(exe, os.X_OK):
+            pytest.skip(f"{exe} not installed (apt-get install chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait_text(driver, *texts: str, timeout: float = 20) -> str:
+    """The page's visible text once it shows every one of `texts`."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def shown(d) -> str | bool:
+        try:
+            body = d.find_element("tag name", "body").text
+        except WebDriverException:  # the React app re-rendered the body under us
+            return False
+        return body if all(t in body for t in texts) else False
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(shown)
+    except Exception:
+        body = driver.find_element("tag name", "body").text
+        pytest.fail(f"{driver.current_url} never showed {texts}; it shows:\n{body[:2000]}")
+
+
+def test_dashboard_in_browser(server: str, browser, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server + "/")  # redirects to the study list
+    _wait_text(browser, STUDY)
+    link = WebDriverWait(browser, 20).until(
+        ec.element_to_be_clickable((By.XPATH, "//a[contains(@href, '/dashboard/studies/')]"
+                                              f"[contains(., '{STUDY}')]")))
+    link.click()
+    WebDriverWait(browser, 20).until(ec.url_matches(r"/dashboard/studies/\d+$"))
+    _wait_text(browser, f"{STUDY} (id=", "Best Trial")
+    browser.get(browser.current_url + "/trials")  # the trial list of this study
+    body = _wait_text(browser, "3 Trials", "Trial 0", "Trial 1", "Trial 2", "User Attributes", "bleu")
+    assert "Complete" in body
+    shot = tmp_path / "dashboard.png"
+    assert browser.save_screenshot(str(shot))
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+
+
+@pytest.mark.parametrize("storage", ["sqlite:///{tmp}/missing.db", "not a url"])
+def test_dashboard_bad_storage(storage: str, tmp_path: Path) -> None:
+    url = storage.format(tmp=tmp_path)
+    proc = subprocess.run(_ablate("dashboard", "--storage", url, "--port", str(_free_port())),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ablate: error:"), proc.stderr
+    assert proc.stdout == ""
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_dashboard_port_in_use(tmp_path: Path) -> None:
+    db = tmp_path / "sweeps.db"
+    _make_study(db)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(_ablate("dashboard", "--storage", f"sqlite:///{db}", "--port", str(port)),
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"ablate: error: cannot listen on 127.0.0.1:{port}: " \
+                                                   "Address already in use", proc.stderr
