@@ -90,7 +90,10 @@ def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
         precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
     devices: Any = t.devices
     if isinstance(devices, str) and devices not in ("auto", "-1"):
-        devices = [int(d) for d in devices.split(",") if d] if "," in devices else int(devices)
+        try:
+            devices = [int(d) for d in devices.split(",") if d] if "," in devices else int(devices)
+        except ValueError:
+            raise UserError(f"train.devices must be auto, a count or a list like 0,1; got {devices!r}") from None
     return {"accelerator": t.accelerator, "devices": devices, "strategy": t.strategy,
             "precision": precision, "num_nodes": t.num_nodes}
 
@@ -143,6 +146,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     `callbacks` are added to the Trainer's (a sweep passes its pruning callback here).
     """
     out = Path(out)
+    hardware = resolve_hardware(cfg)  # bad device settings fail before any work
     check_output_dir(out)
     done = read_results(out)
     if done and done.get("status") == "complete":
@@ -162,7 +166,6 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
 
     ckpt_dir = out / "checkpoints"
     clock = TrainingClock()
-    hardware = resolve_hardware(cfg)
     trainer = pl.Trainer(
         **hardware,
         max_steps=cfg.train.max_steps, max_epochs=-1,

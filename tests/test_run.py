@@ -169,3 +169,9 @@ def test_two_process_ddp_run_on_cpu(tmp_path: Path):
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["steps"] == 6 and results["status"] == "complete"
     assert "Starting with 2 processes" in result.stderr + result.stdout
+
+
+def test_bad_devices_value_is_a_one_line_error(tmp_path: Path, capsys):
+    code = main(["train", "--out", str(tmp_path / "run"), "--no-wandb", "--devices", "two", *SMALL])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "train.devices" in err[0]
