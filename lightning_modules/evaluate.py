@@ -4,27 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from sacrebleu.metrics import BLEU
 
 from lightning_modules.config import EvalConfig
+from lightning_modules.data.batching import cut_points
 from lightning_modules.search import beam_search
 from lightning_modules.transformer import Transformer
 
 
 def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     """Indices grouped by length so each batch holds about `batch_tokens` source tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * lengths[i] > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    ends = cut_points(np.asarray(lengths)[order], batch_tokens)
+    return [order[start:end].tolist() for start, end in zip([0, *ends[:-1]], ends)]
 
 
 @torch.no_grad()

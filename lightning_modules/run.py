@@ -148,11 +148,10 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     out = Path(out)
     hardware = resolve_hardware(cfg)  # bad device settings fail before any work
     check_output_dir(out)
+    check_same_run(out, cfg)
     done = read_results(out)
     if done and done.get("status") == "complete":
-        check_same_run(out, cfg)
         return done
-    check_same_run(out, cfg)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len)

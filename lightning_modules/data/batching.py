@@ -19,7 +19,7 @@ from torch.utils.data import Sampler
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
-def _cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
+def cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
     """Greedy batch ends over `widths` (already sorted) so that size * max width <= max_tokens.
 
     A single example wider than max_tokens forms its own batch.
@@ -80,7 +80,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         # and hence the batch boundaries are the same in every epoch: compute them once.
         order = self._sorted_order(None)
         widths = np.maximum(self.src_lengths[order], self.tgt_lengths[order])
-        self._ends = _cut_points(widths, max_tokens)
+        self._ends = cut_points(widths, max_tokens)
 
     @property
     def sampler(self) -> TokenBucketBatchSampler:
