@@ -8,6 +8,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 
+from lightning_modules.faults import inject
+
 
 class TrainingClock(pl.Callback):
     """Accumulates training time and target tokens; the totals survive checkpoint/resume."""
@@ -62,3 +64,16 @@ class TrainingClock(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_time_s = float(state_dict.get("train_time_s", 0.0))
         self.target_tokens = int(state_dict.get("target_tokens", 0))
+
+
+class FaultPoints(pl.Callback):
+    """Calls `faults.inject` at the training and validation points it names (tests only)."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        inject("train_step", trainer.global_step)
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        inject("validation", trainer.global_step)

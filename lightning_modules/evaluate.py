@@ -10,6 +10,7 @@ from sacrebleu.metrics import BLEU
 
 from lightning_modules.config import EvalConfig
 from lightning_modules.data.batching import cut_points
+from lightning_modules.faults import inject
 from lightning_modules.search import beam_search
 from lightning_modules.transformer import Transformer
 
@@ -40,6 +41,7 @@ def translate(model: Transformer, sources: Sequence[list[int]], bos_id: int, eos
                            cfg.length_penalty, cfg.max_len_offset)
         for i, hyp in zip(batch, hyps):
             outputs[i] = hyp.tokens
+        inject("decode")
     model.train(was_training)
     return outputs
 

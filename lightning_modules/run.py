@@ -23,13 +23,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_modules.callbacks import TrainingClock
+from lightning_modules.callbacks import FaultPoints, TrainingClock
 from lightning_modules.config import RunConfig
 from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.errors import UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
-from lightning_modules.io import atomic_write_json, atomic_write_text, write_lines
+from lightning_modules.io import AtomicCheckpointIO, atomic_write_json, atomic_write_text, write_lines
 from lightning_modules.presets import DERIVED_KEYS, to_yaml
 from lightning_modules.translation import TranslationModule
 
@@ -174,7 +174,8 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
         enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
         logger=make_loggers(cfg, out), default_root_dir=out,
-        callbacks=[clock,
+        plugins=[AtomicCheckpointIO()],
+        callbacks=[clock, FaultPoints(),
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
                                    every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
                                    auto_insert_metric_name=False),
@@ -214,7 +215,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         "world_size": trainer.world_size, "host": socket.gethostname(), "group": group or cfg.row,
         "run_dir": str(out.resolve()), "status": "complete",
     }
-    atomic_write_json(out / RESULTS, results)
+    atomic_write_json(out / RESULTS, results, fault="results_write")
     return results
 
 

@@ -1,0 +1,39 @@
+"""Deterministic fault injection: a real signal at a named point, for the reliability tests.
+
+Set `ABLATE_FAULT=<point>[@<step>][:<SIGNAL>]` and the process sends itself SIGNAL (SIGKILL by
+default) when it reaches `point` (at global step `step`, where given). Points:
+
+- `train_step@N`: after optimizer step N (its periodic checkpoint, if one is due, is written);
+- `validation@N`: inside the validation run at step N;
+- `decode`: in the middle of the final beam search over the dev set;
+- `checkpoint_write@N`: half of the checkpoint of step N written to its temporary file;
+- `results_write`: results.json written to its temporary file, not yet renamed.
+
+Unset (the normal case) this is one dictionary lookup per call.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+FAULT_ENV = "ABLATE_FAULT"
+POINTS = ("train_step", "validation", "decode", "checkpoint_write", "results_write")
+
+
+def _parse(spec: str) -> tuple[str, int | None, signal.Signals]:
+    point, _, sig = spec.partition(":")
+    point, _, step = point.partition("@")
+    if point not in POINTS:
+        raise ValueError(f"{FAULT_ENV}: unknown point {point!r} (one of {', '.join(POINTS)})")
+    return point, int(step) if step else None, signal.Signals[sig or "SIGKILL"]
+
+
+def inject(point: str, step: int | None = None) -> None:
+    """Signal this process if `ABLATE_FAULT` names `point` (and `step`)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    wanted, at, sig = _parse(spec)
+    if wanted == point and (at is None or at == step):
+        os.kill(os.getpid(), sig)
