@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from lightning_modules.config import CORPORA
 from lightning_modules.errors import UserError
+from sweeps import PRUNERS, SAMPLERS
 
 EXIT_USAGE = 2
 
@@ -82,10 +83,30 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
-    """The sweep's fixed `ablate train` overrides, and --devices as one GPU per worker."""
+    """The sweep's fixed `ablate train` overrides, and each worker's devices (None on CPU).
+
+    `--devices 0,1,2,3 --devices-per-trial 2` makes two workers, on GPUs "0,1" and "2,3", whose
+    trials run Lightning DDP on both; without --devices, D > 1 means D CPU processes (gloo).
+    """
+    per = args.devices_per_trial
+    if per < 1:
+        raise UserError(f"--devices-per-trial must be at least 1, got {per}")
     devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
+    if devices and args.workers:
+        raise UserError("use --workers K (CPU) or --devices 0,1,... (one worker per GPU), not both")
     args.devices = None  # per worker, not a Lightning device list
-    return run_overrides(args), devices
+    overrides = run_overrides(args)
+    groups = None
+    if devices:
+        if len(devices) % per:
+            raise UserError(f"--devices lists {len(devices)} devices, not a multiple of "
+                            f"--devices-per-trial {per}")
+        groups = [",".join(devices[i:i + per]) for i in range(0, len(devices), per)]
+    if per > 1:
+        overrides.append(f"train.devices={per}")
+        if not devices and args.accelerator is None:
+            overrides.append("train.accelerator=cpu")
+    return overrides, groups
 
 
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
@@ -95,8 +116,6 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
     space = load_space(args.space)
     overrides, devices = _sweep_run_args(args)
-    if devices and args.workers:
-        raise UserError("use --workers K (CPU) or --devices 0,1,... (one worker per GPU), not both")
     if args.n_trials < 1:
         raise UserError("--n-trials must be at least 1")
     resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
@@ -111,8 +130,10 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
                               n_trials=args.n_trials, runs_dir=args.runs_dir, preset=args.preset,
                               row=args.row, config=args.config, spec=args.spec, overrides=overrides,
                               sampler=args.sampler, objective=args.objective, pruner=pruner,
+                              prune_startup_trials=args.prune_startup_trials,
+                              prune_warmup_steps=args.prune_warmup_steps,
                               heartbeat_s=args.heartbeat)
-    return run_workers(settings, args.workers or 1, devices)
+    return run_workers(settings, args.workers or 1, devices, args.devices_per_trial)
 
 
 def cmd_sweep_wandb(args: argparse.Namespace) -> int:
@@ -188,12 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "postgresql+psycopg2://user:pass@host/db for several machines)")
     o.add_argument("--n-trials", type=int, default=20, help="finished trials the study should reach (default 20)")
     o.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
-    o.add_argument("--sampler", choices=["tpe", "grid", "random"], default="tpe")
+    o.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
+                   help="devices each trial trains on with Lightning DDP (GPUs from --devices, "
+                        "else CPU processes; default 1)")
+    o.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     o.add_argument("--objective", choices=["ppl", "bleu"], default="ppl",
                    help="minimise dev perplexity or maximise dev BLEU (default ppl)")
-    o.add_argument("--pruner", choices=["median", "none"], default="median",
+    o.add_argument("--pruner", choices=PRUNERS, default="median",
                    help="prune on dev perplexity by step (objective ppl only; default median)")
     o.add_argument("--no-prune", action="store_true", help="same as --pruner none")
+    o.add_argument("--prune-startup-trials", type=int, default=5, metavar="N",
+                   help="trials that finish before any is pruned (default 5)")
+    o.add_argument("--prune-warmup-steps", type=int, default=0, metavar="S",
+                   help="training steps before a trial can be pruned (default 0)")
     o.add_argument("--heartbeat", type=int, default=60,
                    help="seconds between trial heartbeats; a trial silent for twice that is retried")
     for q in (o, kinds.add_parser("wandb", help="write (and optionally launch) a W&B sweep")):
@@ -204,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = kinds.choices["wandb"]
     w.add_argument("--out", default="sweep.yaml", help="where to write the W&B sweep YAML")
     w.add_argument("--name", help="sweep name (default: the space file's name)")
-    w.add_argument("--sampler", choices=["tpe", "grid", "random"], default="tpe",
+    w.add_argument("--sampler", choices=SAMPLERS, default="tpe",
                    help="tpe -> bayes, random, grid")
     w.add_argument("--objective", choices=["ppl", "bleu"], default="ppl")
     w.add_argument("--launch", action="store_true", help="register the sweep and run an agent here")

@@ -1,6 +1,7 @@
 """Start a sweep's workers (one process each) and wait for them; summarise the study after.
 
-`--devices 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>`; on CPU, `--workers K` runs K
+`--devices 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>` (with `--devices-per-trial 2`, a
+group like "0,1"); on CPU, `--workers K` runs K
 workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting.
 Ctrl-C or SIGTERM is passed on to the workers as SIGTERM (see `sweeps.worker`).
 """
@@ -18,18 +19,19 @@ from sweeps.study import counts, make_storage
 from sweeps.worker import WorkerSettings, settings_json, spawn
 
 
-def worker_envs(workers: int, devices: list[str] | None) -> list[dict[str, str]]:
-    """One environment per worker: a GPU each, or a share of the CPU cores."""
+def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int = 1) -> list[dict[str, str]]:
+    """One environment per worker: its GPUs ("0" or "0,1"), or a share of the CPU cores."""
     base = dict(os.environ, PYTHONUNBUFFERED="1")
     if devices:
         return [{**base, "CUDA_VISIBLE_DEVICES": d} for d in devices]
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    threads = str(max(1, (os.cpu_count() or 1) // (workers * devices_per_trial)))
     return [{**base, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(workers)]
 
 
-def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None) -> int:
+def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None,
+                devices_per_trial: int = 1) -> int:
     """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted, else 1."""
-    envs = worker_envs(workers, devices)
+    envs = worker_envs(workers, devices, devices_per_trial)
     procs = [spawn([sys.executable, "-m", "sweeps.worker", settings_json(replace(settings))], env=env)
              for env in envs]
     print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "

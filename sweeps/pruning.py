@@ -12,20 +12,25 @@ MONITOR = "val/ppl"
 class StepPruningCallback(pl.Callback):
     """After each validation during fit: `trial.report(val/ppl, global_step)`, then prune if asked.
 
-    Pruning raises `optuna.TrialPruned` out of `trainer.fit` (Lightning saves an interrupted
-    checkpoint on the way out); the trial process turns it into its "pruned" exit status.
+    Under DDP only rank 0 holds the trial (`trial=None` elsewhere) and talks to Optuna; its
+    decision is broadcast so that every rank stops together. Pruning raises `optuna.TrialPruned`
+    out of `trainer.fit` (Lightning saves an interrupted checkpoint on the way out); the trial
+    process turns it into its "pruned" exit status.
     """
 
-    def __init__(self, trial: optuna.Trial, monitor: str = MONITOR, prune: bool = True) -> None:
+    def __init__(self, trial: optuna.Trial | None, monitor: str = MONITOR, prune: bool = True) -> None:
         self.trial, self.monitor, self.prune = trial, monitor, prune
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or not trainer.is_global_zero:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
+        reason = None
         value = trainer.callback_metrics.get(self.monitor)
-        if value is None:
-            return
-        step = trainer.global_step
-        self.trial.report(float(value), step)
-        if self.prune and self.trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at step {step} ({self.monitor} {float(value):.3f})")
+        if trainer.is_global_zero and self.trial is not None and value is not None:
+            step = trainer.global_step
+            self.trial.report(float(value), step)
+            if self.prune and self.trial.should_prune():
+                reason = f"pruned at step {step} ({self.monitor} {float(value):.3f})"
+        reason = trainer.strategy.broadcast(reason, src=0)
+        if reason:
+            raise optuna.TrialPruned(reason)

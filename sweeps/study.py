@@ -81,8 +81,20 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None = None) -> optu
     return optuna.samplers.TPESampler(seed=seed)
 
 
-def make_pruner(name: str) -> optuna.pruners.BasePruner:
-    return optuna.pruners.MedianPruner() if name == "median" else optuna.pruners.NopPruner()
+def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> optuna.pruners.BasePruner:
+    """Median (default), 25th-percentile, Hyperband or no pruning, on step-keyed dev perplexity.
+
+    `startup_trials`: trials that finish before any is pruned; `warmup_steps`: training steps
+    before a trial can be pruned (Hyperband: its minimum resource).
+    """
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_steps)
+    if name == "percentile":
+        return optuna.pruners.PercentilePruner(25.0, n_startup_trials=startup_trials,
+                                               n_warmup_steps=warmup_steps)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup_steps))
+    return optuna.pruners.NopPruner()
 
 
 def counts(study: optuna.Study) -> dict[str, int]:

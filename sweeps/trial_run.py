@@ -3,11 +3,15 @@
 A fresh process per trial keeps memory from growing across trials. It trains through
 `lightning_modules.run.train` with a `StepPruningCallback` bound to the trial in the shared
 storage; exit status 0 = complete (results.json written), 3 = pruned, 2 = bad config, 130 = interrupted.
+
+With `train.devices > 1` Lightning's DDP launcher re-runs this module once per extra rank with the
+same JSON, so every rank trains the configuration the worker sampled; only rank 0 opens the study.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -24,22 +28,35 @@ def run_trial(job: dict[str, Any]) -> int:
     from sweeps.study import make_pruner
 
     cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
-    study = optuna.load_study(study_name=job["study"], storage=job["storage"], pruner=make_pruner(job["pruner"]))
-    trial = optuna.trial.Trial(study, job["trial_id"])
-    callback = StepPruningCallback(trial, prune=job["pruner"] != "none", )
+    trial = None
+    if is_rank_zero():
+        study = optuna.load_study(study_name=job["study"], storage=job["storage"],
+                                  pruner=make_pruner(*job["pruner"]))
+        trial = optuna.trial.Trial(study, job["trial_id"])
+    callback = StepPruningCallback(trial, prune=job["pruner"][0] != "none")
     callbacks = [callback] if job["report"] else []
     try:
         train(cfg, job["out"], group=job["study"], callbacks=callbacks)
     except optuna.TrialPruned as pruned:
-        print(f"trial {trial.number}: {pruned}", file=sys.stderr)
+        if trial is not None:
+            print(f"trial {trial.number}: {pruned}", file=sys.stderr)
         return EXIT_PRUNED
     return 0
+
+
+def is_rank_zero() -> bool:
+    """Lightning sets LOCAL_RANK/NODE_RANK for the ranks it launches; the trial process is rank 0."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def main(argv: list[str] | None = None) -> int:
     from lightning_modules.errors import UserError
 
     args = sys.argv[1:] if argv is None else argv
+    if not is_rank_zero():
+        from sweeps.worker import die_with_parent
+
+        die_with_parent()  # an extra DDP rank goes when its trial process goes
     try:
         return run_trial(json.loads(args[0]))
     except UserError as err:

@@ -38,7 +38,7 @@ from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage
 from sweeps.trial_run import EXIT_PRUNED
 
 RESULT_ATTRS = ("bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps",
-                "sacrebleu_signature", "run_dir")
+                "sacrebleu_signature", "world_size", "run_dir")
 
 
 @dataclass
@@ -58,6 +58,8 @@ class WorkerSettings:
     sampler: str = "tpe"
     objective: str = "ppl"
     pruner: str = "median"
+    prune_startup_trials: int = 5
+    prune_warmup_steps: int = 0
     heartbeat_s: int = 60
     seed: int | None = None
 
@@ -66,7 +68,7 @@ class TrialFailed(RuntimeError):
     """A trial's training process failed (its output is in the trial's run directory log)."""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child (Linux): get SIGKILL when the worker dies, so no orphan keeps training."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -79,7 +81,7 @@ def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None =
     out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
     try:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True, preexec_fn=die_with_parent)
     finally:
         if out:
             out.close()
@@ -114,7 +116,8 @@ class Objective:
             trial.set_user_attr("retry_of", retried)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         job = {"storage": self.s.storage, "study": self.s.study, "trial_id": trial._trial_id,
-               "pruner": self.s.pruner, "report": self.s.objective == "ppl", "out": run_dir,
+               "pruner": [self.s.pruner, self.s.prune_startup_trials, self.s.prune_warmup_steps],
+               "report": self.s.objective == "ppl", "out": run_dir,
                "preset": self.s.preset, "row": trial.user_attrs.get("row", self.s.row),
                "config": self.s.config, "spec": self.s.spec,
                "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={self.s.study}"]}
@@ -162,7 +165,8 @@ def run_worker(settings: WorkerSettings) -> int:
     storage = make_storage(settings.storage, settings.heartbeat_s)
     sampler = make_sampler(settings.sampler, space, settings.seed)
     study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
-                              pruner=make_pruner(settings.pruner))
+                              pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
+                                                 settings.prune_warmup_steps))
     objective = Objective(settings, space)
     stop_at_n = MaxTrialsCallback(settings.n_trials, states=FINISHED)
     try:

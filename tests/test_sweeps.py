@@ -14,6 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 import yaml
 from optuna.trial import TrialState
 
@@ -51,7 +52,7 @@ def write(path: Path, text: str) -> Path:
 def sweep_args(tmp: Path, study: str, n: int, *extra: str) -> list[str]:
     return ["sweep", "optuna", "--study", study, "--storage", f"sqlite:///{tmp}/db/sweeps.db",
             "--space", str(write(tmp / "space.yaml", SPACE)), "--n-trials", str(n),
-            "--runs-dir", str(tmp / "runs"), "--heartbeat", "1", *extra, *TINY]
+            "--runs-dir", str(tmp / "runs"), "--heartbeat", "1", *TINY, *extra]
 
 
 def load(tmp: Path, study: str) -> optuna.Study:
@@ -123,10 +124,10 @@ def test_enqueue_skips_configurations_already_queued_or_done(tmp_path):
 
 
 def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
-    result = ablate(*sweep_args(tmp_path, "tpe", 4, "--workers", "2"))
+    result = ablate(*sweep_args(tmp_path, "tpe", 6, "--workers", "2"))
     assert result.returncode == 0, result.stderr[-2000:]
     trials = load(tmp_path, "tpe").get_trials()
-    assert len(trials) == 4
+    assert len(trials) == 6
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete
@@ -136,8 +137,9 @@ def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
         assert t.value == t.user_attrs["ppl"]
         assert t.user_attrs["run_dir"] == str((tmp_path / "runs" / "tpe" / f"trial-{t.number}").resolve())
     # Re-running the same command: the study is already complete, nothing more is trained.
-    again = ablate(*sweep_args(tmp_path, "tpe", 4, "--workers", "2"))
-    assert again.returncode == 0 and len(load(tmp_path, "tpe").trials) == 4
+    assert len(trials) == 6 and len({t.user_attrs["run_dir"] for t in trials}) == 6
+    again = ablate(*sweep_args(tmp_path, "tpe", 6, "--workers", "2"))
+    assert again.returncode == 0 and len(load(tmp_path, "tpe").trials) == 6
 
 
 def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
@@ -178,6 +180,69 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(finished) == 2 and len(trials) == 3
     assert len({t.user_attrs["run_dir"] for t in finished}) == 2
+
+
+@pytest.mark.parametrize("devices_per_trial", [1, 2])
+def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, devices_per_trial):
+    """Queued good then hopeless configs: the second is pruned at its first report; with D = 2
+    both trials train on 2 gloo ranks, rank 0 alone reports, and every rank stops together."""
+    study = open_study("prune", make_storage(f"sqlite:///{tmp_path}/db/sweeps.db", None))
+    enqueue(study, ["train.lr_scale=0.5"])
+    enqueue(study, ["train.lr_scale=1e-6"])
+    result = ablate(*sweep_args(tmp_path, "prune", 2, "--prune-startup-trials", "1",
+                                "--devices-per-trial", str(devices_per_trial), "train.warmup_steps=5"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    good, bad = sorted(load(tmp_path, "prune").get_trials(), key=lambda t: t.number)
+    assert good.state == TrialState.COMPLETE and bad.state == TrialState.PRUNED
+    assert set(bad.intermediate_values) == {5} and bad.intermediate_values[5] > good.intermediate_values[5]
+    assert good.user_attrs["world_size"] == devices_per_trial
+    for trial, lr in ((good, 0.5), (bad, 1e-6)):
+        run_dir = Path(trial.user_attrs["run_dir"])
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr_scale"] == lr
+        log = (run_dir / "trial.log").read_text()
+        assert ("Starting with 2 processes" in log) == (devices_per_trial == 2)
+    assert not (Path(bad.user_attrs["run_dir"]) / "results.json").exists()
+
+
+def test_devices_must_split_into_groups_of_devices_per_trial(tmp_path):
+    result = ablate(*sweep_args(tmp_path, "split", 2, "--devices", "0,1,2", "--devices-per-trial", "2"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "not a multiple of --devices-per-trial 2" in lines[0]
+
+
+def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path):
+    args = sweep_args(tmp_path, "term", 1, "--max-steps", "200", "--no-prune")
+    proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, running = time.time() + 120, None
+        while time.time() < deadline and running is None:
+            time.sleep(0.5)
+            try:
+                trials = load(tmp_path, "term").get_trials(states=(TrialState.RUNNING,))
+            except Exception:  # noqa: BLE001 (the database or study is not created yet)
+                continue
+            running = next((t for t in trials if 5 in t.intermediate_values), None)
+        assert running is not None, "no trial reached step 5"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    trials = {t.number: t for t in load(tmp_path, "term").get_trials()}
+    assert not [t for t in trials.values() if t.state == TrialState.RUNNING]
+    assert trials[running.number].state == TrialState.FAIL
+    (retry,) = [t for t in trials.values() if t.state == TrialState.WAITING]
+    assert retry.user_attrs["run_dir"] == running.user_attrs["run_dir"]
+    interrupted = Path(running.user_attrs["run_dir"]) / "checkpoints" / "interrupted.ckpt"
+    stopped_at = torch.load(interrupted, weights_only=True)["global_step"]
+    assert 5 <= stopped_at < 200
+
+    again = ablate(*args)
+    assert again.returncode == 0, again.stderr[-2000:]
+    retry = load(tmp_path, "term").get_trials()[retry.number]
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["steps"] == 200
+    assert min(retry.intermediate_values) >= stopped_at  # resumed, not restarted at step 0
 
 
 # --- Weights & Biases -----------------------------------------------------------------------
