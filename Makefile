@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine:
-#   make demo   set up, then train and evaluate the tiny base Transformer on the embedded Ding corpus
+#   make demo   set up, then run the demo-scale Table 3 (10 rows) on the embedded Ding corpus and
+#               write its report (runs/table3/table3-demo/report/)
 #   make test   set up, then run the test suite (what CI runs)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -28,8 +29,10 @@ $(BIN)/ablate: pyproject.toml
 
 setup: system-deps $(BIN)/ablate
 
+WORKERS ?= 2
+
 demo: setup
-	$(BIN)/ablate train --preset tiny --out runs/demo
+	$(BIN)/ablate table3 --preset demo --workers $(WORKERS)
 
 test: setup test-deps
 	$(BIN)/python -m pytest -q

@@ -4,6 +4,8 @@
     ablate params [--vocab-size 37000] [--json]
     ablate sweep optuna --study NAME --space FILE [--n-trials N] [--workers K | --devices 0,1] ...
     ablate sweep wandb --space FILE [--out sweep.yaml] [--launch] ...
+    ablate table3 [--preset demo] [--rows base,A,D3] [--seeds 1,2] [--workers K | --devices 0,1] ...
+    ablate report [--storage URL] [--study NAME] --out DIR
     ablate dashboard [--storage URL] [--host 127.0.0.1] [--port 8080]
 """
 
@@ -28,10 +30,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _add_run_options(p: argparse.ArgumentParser) -> None:
+def _add_run_options(p: argparse.ArgumentParser, table: bool = False) -> None:
     """Options shared by every command that trains: preset, row, corpus, overrides."""
     p.add_argument("--preset", default="tiny", help="scale preset from ablations/presets (default: tiny)")
-    p.add_argument("--row", default="base", help="Table 3 row (base, A1..A4, B1, B2, C1..C7, D1..D4, E, big)")
+    if not table:
+        p.add_argument("--row", default="base",
+                       help="Table 3 row (base, A1..A4, B1, B2, C1..C7, D1..D4, E, big)")
     p.add_argument("--spec", help="ablation spec YAML with the rows (default: ablations/table3.yaml)")
     p.add_argument("--config", help="YAML file with config overrides ({model: {...}, train: {...}})")
     p.add_argument("--data", choices=CORPORA, help="corpus (default: the preset's)")
@@ -42,7 +46,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="local directory with the corpus files (multi30k, wmt14)")
     p.add_argument("--base-url", help="mirror URL to download the corpus from (multi30k, wmt14)")
     p.add_argument("--max-steps", type=int, help="training steps (shortcut for train.max_steps)")
-    p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
+    if not table:
+        p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
     p.add_argument("--devices", help="Lightning devices: auto, a count, or a list like 0,1")
     p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
     p.add_argument("--precision", help="Lightning precision: auto, 32-true, bf16-mixed, 16-mixed")
@@ -57,7 +62,7 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     """The command-line shortcuts as key=value overrides (they win over positional ones)."""
     extra = list(args.overrides)
     shortcuts = {"data.corpus": args.data, "data.data_dir": args.data_dir, "data.base_url": args.base_url,
-                 "train.max_steps": args.max_steps, "train.seed": args.seed,
+                 "train.max_steps": args.max_steps, "train.seed": getattr(args, "seed", None),
                  "train.devices": args.devices, "train.accelerator": args.accelerator,
                  "train.precision": args.precision, "train.wandb": "off" if args.no_wandb else args.wandb}
     for split in ("train", "valid", "test"):
@@ -134,6 +139,55 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
                               prune_warmup_steps=args.prune_warmup_steps,
                               heartbeat_s=args.heartbeat)
     return run_workers(settings, args.workers or 1, devices, args.devices_per_trial)
+
+
+def cmd_table3(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from optuna.trial import TrialState
+
+    from lightning_modules.presets import load_spec, resolve
+    from sweeps.table3 import Table3Plan, default_rows, parse_seeds, print_summary, queue, select_rows
+
+    overrides, devices = _sweep_run_args(args)
+    spec = load_spec(args.spec)
+    rows = select_rows(args.rows, spec, default_rows(args.preset) if args.spec is None else None)
+    seeds = parse_seeds(args.seeds, resolve(args.preset, "base", args.config, overrides, args.spec).train.seed)
+    plan = Table3Plan(study=args.study or f"table3-{args.preset}", storage=args.storage,
+                      preset=args.preset, rows=rows, seeds=seeds, runs_dir=args.runs_dir,
+                      overrides=overrides, spec_path=args.spec, config=args.config)
+    study, queued = queue(plan)
+    print(f"table3 {plan.study}: {len(rows)} rows x {len(seeds)} seeds; {queued} queued now, "
+          f"storage {args.storage}", flush=True)
+    code = 0
+    if queued or study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+        from sweeps.launch import run_workers
+        from sweeps.worker import WorkerSettings
+
+        settings = WorkerSettings(study=plan.study, storage=args.storage, space=None,
+                                  n_trials=len(rows) * len(seeds) + len(study.trials), runs_dir=args.runs_dir,
+                                  preset=args.preset, config=args.config, spec=args.spec,
+                                  overrides=overrides, pruner="none", heartbeat_s=args.heartbeat,
+                                  queue_only=True, keep_translations=True)
+        code = run_workers(settings, args.workers or 1, devices, args.devices_per_trial, quiet=True)
+        if code == 130:
+            return code
+    missing = print_summary(study, plan)
+    if not args.no_report:
+        from reports.build import build_report
+
+        out = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
+        written = build_report(args.storage, plan.study, out, wandb=args.wandb_report)
+        print(f"report: {', '.join(str(p) for p in written)}", flush=True)
+    return 1 if missing or code else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from reports.build import build_report
+
+    written = build_report(args.storage, args.study, args.out, wandb=args.wandb, bootstrap=args.bootstrap)
+    print(f"report: {', '.join(str(p) for p in written)}")
+    return 0
 
 
 def cmd_sweep_wandb(args: argparse.Namespace) -> int:
@@ -239,6 +293,35 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--project", default="transformer-ablations", help="W&B project for --launch")
     w.add_argument("--count", type=int, help="runs for this agent (--launch; default: until the sweep ends)")
     w.set_defaults(func=cmd_sweep_wandb)
+
+    p = sub.add_parser("table3", help="run Table 3 (every row x seed not yet complete), then write its report")
+    p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
+    p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's train.seed)")
+    p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
+    p.add_argument("--storage", default="sqlite:///runs/sweeps.db",
+                   help="Optuna RDB storage URL (default sqlite:///runs/sweeps.db; PostgreSQL for several machines)")
+    p.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
+    p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
+                   help="devices each run trains on with Lightning DDP (default 1)")
+    p.add_argument("--runs-dir", default="runs/table3", help="parent of the run directories (default runs/table3)")
+    p.add_argument("--heartbeat", type=int, default=60,
+                   help="seconds between trial heartbeats; a run silent for twice that is retried")
+    p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
+    p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
+                   help="also log the report's table and figures to W&B (default off)")
+    _add_run_options(p, table=True)
+    p.set_defaults(func=cmd_table3)
+
+    p = sub.add_parser("report", help="write the Table 3 report (md, csv, tex, html, figures) from a study")
+    p.add_argument("--storage", default="sqlite:///runs/sweeps.db", help="Optuna RDB storage URL")
+    p.add_argument("--study", help="the Table 3 study (default: the only one in the storage)")
+    p.add_argument("--out", required=True, help="directory for table3.md/.csv/.tex, report.html and figures")
+    p.add_argument("--bootstrap", type=int, default=1000,
+                   help="paired-bootstrap resamples for BLEU against base (default 1000; 0 = none)")
+    p.add_argument("--wandb", choices=["auto", "online", "offline", "off"], default="off",
+                   help="also log the table and figures to W&B (default off)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("dashboard", help="serve optuna-dashboard for a sweep storage (until Ctrl-C)")
     p.add_argument("--storage", default="sqlite:///runs/sweeps.db",

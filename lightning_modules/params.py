@@ -10,14 +10,19 @@ from lightning_modules.presets import load_preset, load_spec, row_settings
 from lightning_modules.transformer import count_parameters
 
 
+def paper_architecture(row: str, spec: dict[str, dict[str, Any]], vocab_size: int = 37000) -> TransformerConfig:
+    """The row's model at the paper's scale (d_k, d_v derived where the row leaves them out)."""
+    max_len = load_preset("paper").get("model", {}).get("max_len", TransformerConfig.max_len)
+    model = row_settings(row, spec, ScaleConfig())["model"]
+    return TransformerConfig(**{**model, "vocab_size": vocab_size, "max_len": max_len})
+
+
 def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -> list[dict[str, Any]]:
     """One entry per row: architecture, our closed-form count and the paper's (millions or None)."""
     spec = load_spec(spec_path)
-    max_len = load_preset("paper").get("model", {}).get("max_len", TransformerConfig.max_len)
     table = []
     for row, entry in spec.items():
-        model = row_settings(row, spec, ScaleConfig())["model"]
-        c = TransformerConfig(**{**model, "vocab_size": vocab_size, "max_len": max_len})
+        c = paper_architecture(row, spec, vocab_size)
         n = count_parameters(c)
         table.append({"row": row, "group": entry.get("group", row), "N": c.n_layers, "d_model": c.d_model,
                       "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k, "d_v": c.d_v,

@@ -187,7 +187,7 @@ def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | N
     # not choices, so they must be derived again from the final d_model and h.
     cfg.model.d_k, cfg.model.d_v = None, None
     cfg = _merge(cfg, {"preset": preset, "row": row}, "arguments")
-    preset_data = load_preset(preset)
+    preset_data = {k: v for k, v in load_preset(preset).items() if k != "table3"}  # table3: its rows
     cfg = _merge(cfg, preset_data, f"preset {preset}")
     scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
     cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale), f"row {row}")

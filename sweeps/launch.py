@@ -29,7 +29,7 @@ def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int 
 
 
 def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None,
-                devices_per_trial: int = 1) -> int:
+                devices_per_trial: int = 1, quiet: bool = False) -> int:
     """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted, else 1."""
     envs = worker_envs(workers, devices, devices_per_trial)
     procs = [spawn([sys.executable, "-m", "sweeps.worker", settings_json(replace(settings))], env=env)
@@ -52,7 +52,8 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
         signal.signal(signal.SIGTERM, previous)
     codes = [p.returncode for p in procs]
     bad = [f"worker {i} (pid {p.pid}) exited with status {c}" for i, (p, c) in enumerate(zip(procs, codes)) if c]
-    print(summary(settings), flush=True)
+    if not quiet:
+        print(summary(settings), flush=True)
     if interrupted:
         print(f"sweep {settings.study}: interrupted; run the same command again to resume", file=sys.stderr)
         return 130

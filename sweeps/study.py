@@ -8,11 +8,14 @@ same run directory) for the next worker.
 
 from __future__ import annotations
 
+import base64
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
@@ -47,12 +50,35 @@ def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
         heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
                      "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback()}
     try:
-        return RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+        storage = RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+        if path is not None:
+            _serialize_sqlite_transactions(storage.engine)
+        return storage
     except ImportError as err:
         raise UserError(f"storage {url}: missing database driver ({err}); for PostgreSQL "
                         f"pip install psycopg2-binary") from None
     except Exception as err:  # sqlalchemy: bad URL, unreachable server
         raise UserError(f"cannot open storage {url}: {str(err).splitlines()[0]}") from None
+
+
+def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:
+    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
+
+    Optuna claims a queued trial by reading it as WAITING and then writing RUNNING. Python's
+    sqlite3 only opens the transaction at the write, so two workers can both read WAITING and
+    both run the trial (`SELECT ... FOR UPDATE` is a no-op on SQLite). With BEGIN IMMEDIATE the
+    read and the write are one locked step; other workers wait (up to the 60 s timeout).
+    """
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections made before the listeners existed are not reused
 
 
 def open_study(name: str, storage: RDBStorage | str, objective: str = "ppl",
@@ -97,6 +123,15 @@ def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> op
     return optuna.pruners.NopPruner()
 
 
+def pack_lines(lines: list[str]) -> str:
+    """Sentences as one compact string for a user attribute (zlib, base64)."""
+    return base64.b64encode(zlib.compress("\n".join(lines).encode("utf-8"), 9)).decode("ascii")
+
+
+def unpack_lines(packed: str) -> list[str]:
+    return zlib.decompress(base64.b64decode(packed)).decode("utf-8").split("\n")
+
+
 def counts(study: optuna.Study) -> dict[str, int]:
     """Trials per state name ('COMPLETE': 3, ...)."""
     out: dict[str, int] = {}
@@ -106,16 +141,18 @@ def counts(study: optuna.Study) -> dict[str, int]:
 
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
-    """Queue a fixed configuration (key=value overrides) unless the same one is queued, running or done.
+    """Queue a fixed configuration (key=value overrides, and the Table 3 row in `user_attrs`)
+    unless the same one is queued, running or complete.
 
     The overrides travel in the trial's user attributes (`enqueued_overrides`); the objective
     prefers them to sampling. Returns whether a trial was queued.
     """
     wanted = parse_overrides(overrides)
+    row = (user_attrs or {}).get("row")
     live = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
     for trial in study.get_trials(deepcopy=False, states=live):
         queued = trial.user_attrs.get("enqueued_overrides")
-        if queued is not None and parse_overrides(queued) == wanted:
+        if queued is not None and parse_overrides(queued) == wanted and trial.user_attrs.get("row") == row:
             return False
     study.enqueue_trial({}, user_attrs={**(user_attrs or {}), "enqueued_overrides": list(overrides)},
                         skip_if_exists=False)

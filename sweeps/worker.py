@@ -34,10 +34,11 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from sweeps.space import SearchSpace, load_space
-from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage
+from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
 from sweeps.trial_run import EXIT_PRUNED
 
 RESULT_ATTRS = ("bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps",
+                "target_tokens", "seed", "model", "preset", "corpus", "device", "precision",
                 "sacrebleu_signature", "world_size", "run_dir")
 
 
@@ -47,7 +48,7 @@ class WorkerSettings:
 
     study: str
     storage: str
-    space: str
+    space: str | None  # None: no sampled keys (queued trials only)
     n_trials: int
     runs_dir: str
     preset: str = "tiny"
@@ -62,10 +63,16 @@ class WorkerSettings:
     prune_warmup_steps: int = 0
     heartbeat_s: int = 60
     seed: int | None = None
+    queue_only: bool = False  # run queued trials only (Table 3); stop when none is waiting
+    keep_translations: bool = False  # store dev hypotheses/references in the trial (for reports)
 
 
 class TrialFailed(RuntimeError):
     """A trial's training process failed (its output is in the trial's run directory log)."""
+
+
+class NothingQueued(RuntimeError):
+    """A queue-only worker got a fresh trial because another worker took the last queued one."""
 
 
 def die_with_parent() -> None:
@@ -104,6 +111,10 @@ class Objective:
 
     def __call__(self, trial: optuna.Trial) -> float:
         self.current = trial.number
+        queued = "overrides" in trial.user_attrs or "enqueued_overrides" in trial.user_attrs
+        if self.s.queue_only and not queued:
+            trial.set_user_attr("nothing_queued", True)
+            raise NothingQueued(f"trial {trial.number}: no queued configuration left")
         overrides = self.trial_overrides(trial)
         run_dir = trial.user_attrs.get("run_dir") or str(
             (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
@@ -140,6 +151,10 @@ class Objective:
         results = json.loads(results_path.read_text(encoding="utf-8"))
         for key in RESULT_ATTRS:
             trial.set_user_attr(key, results.get(key))
+        if self.s.keep_translations:
+            for name in ("hyp", "ref"):
+                lines = (Path(run_dir) / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
+                trial.set_user_attr(f"dev_{name}", pack_lines(lines))
         return float(results[self.s.objective])
 
 
@@ -161,7 +176,7 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    space = load_space(settings.space)
+    space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
     storage = make_storage(settings.storage, settings.heartbeat_s)
     sampler = make_sampler(settings.sampler, space, settings.seed)
     study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
@@ -172,15 +187,51 @@ def run_worker(settings: WorkerSettings) -> int:
     try:
         while True:
             fail_stale_trials(study)  # before counting: a dead worker's trial is not "running"
+            reclaim_dead_local_trials(study, storage)
             if not should_start(study, settings):
                 break
             if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
                 break
-            study.optimize(objective, n_trials=1, callbacks=[stop_at_n], catch=(TrialFailed,))
+            if settings.queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                break
+            study.optimize(objective, n_trials=1, callbacks=[stop_at_n], catch=(TrialFailed, NothingQueued))
     except KeyboardInterrupt:
         _requeue_interrupted(study, objective.current)
         return 130
     return 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
+    """Fail and re-queue RUNNING trials whose worker ran on this host and is gone.
+
+    The heartbeat finds every dead worker's trial, but only after its grace period; a worker on
+    this machine can tell at once (its pid is gone), so a re-run right after a kill resumes the
+    trial instead of waiting. Returns the numbers of the trials reclaimed.
+    """
+    host, reclaimed = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        where = str(trial.user_attrs.get("worker", ""))
+        name, _, pid = where.rpartition(":")
+        if name != host or not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        try:
+            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:  # the heartbeat was quicker
+            continue
+        RetryHeartbeatStaleTrialCallback()(study, storage.get_trial(trial._trial_id))
+        reclaimed.append(trial.number)
+    return reclaimed
 
 
 def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:

@@ -19,7 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from test_sweeps import SPACE, TINY, ablate, write
+from test_sweeps import SPACE, TINY, ablate, take_queued_trials_concurrently, write
 
 SKIP = "PostgreSQL server not installed (apt-get install postgresql)"
 
@@ -135,3 +135,7 @@ def test_ablate_sweep_optuna_on_postgres(tmp_path, postgres_url):
         assert t.value == t.user_attrs["ppl"]
         assert t.user_attrs["run_dir"] == str((tmp_path / "runs" / "pg" / f"trial-{t.number}").resolve())
         assert Path(t.user_attrs["run_dir"]).is_dir()
+
+
+def test_four_processes_never_take_one_queued_trial_twice_on_postgres(postgres_url):
+    assert sorted(take_queued_trials_concurrently(postgres_url)) == list(range(40))

@@ -123,6 +123,44 @@ def test_enqueue_skips_configurations_already_queued_or_done(tmp_path):
         open_study("q", f"sqlite:///{tmp_path}/q.db", "bleu")
 
 
+TAKER = """
+import sys, optuna
+from optuna.trial import TrialState
+from sweeps.study import make_storage
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name="race", storage=make_storage(sys.argv[1], None))
+while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+    trial = study.ask()
+    if "k" not in trial.user_attrs:  # the queue emptied between the check and the ask
+        study.tell(trial, state=TrialState.FAIL)
+        break
+    print(trial.user_attrs["k"], flush=True)
+    study.tell(trial, 0.0)
+"""
+
+
+def take_queued_trials_concurrently(url: str, workers: int = 4, queued: int = 40) -> list[int]:
+    """`workers` processes take the queued trials of one study; the keys each one ran."""
+    study = optuna.create_study(study_name="race", storage=make_storage(url, None))
+    for k in range(queued):
+        study.enqueue_trial({}, user_attrs={"k": k})
+    procs = [subprocess.Popen([sys.executable, "-c", TAKER, url], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(workers)]
+    taken = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        taken += [int(k) for k in out.split()]
+    return taken
+
+
+def test_four_processes_never_take_one_queued_trial_twice_on_sqlite(tmp_path):
+    """Optuna claims a WAITING trial by read-then-write; on SQLite that raced until make_storage
+    made transactions BEGIN IMMEDIATE (without it this test fails: trials run twice)."""
+    taken = take_queued_trials_concurrently(f"sqlite:///{tmp_path}/race.db")
+    assert sorted(taken) == list(range(40))
+
+
 def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
     result = ablate(*sweep_args(tmp_path, "tpe", 6, "--workers", "2"))
     assert result.returncode == 0, result.stderr[-2000:]

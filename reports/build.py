@@ -1,0 +1,118 @@
+"""`ablate report`: the Table 3 report, from the database alone.
+
+Writes `table3.csv` (numbers), `table3.md`, `table3.tex`, `figures/*.png` and a self-contained
+`report.html`, each atomically; the same inputs give the same bytes (no timestamps; sacreBLEU's
+bootstrap has a fixed seed). With W&B on, the table and figures are logged as a `wandb.Table`
+and images too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lightning_modules.errors import UserError
+from lightning_modules.io import atomic_write_bytes, atomic_write_text
+from reports import figures as figs
+from reports.collect import Table3Data, load_table3
+from reports.html import render
+from reports.significance import paired_bootstrap
+from reports.table3 import display_frame, spearman, table3_frame, to_latex, to_markdown
+
+
+def caption(data: Table3Data, frame: pd.DataFrame) -> str:
+    setup: dict[str, Any] = data.setup
+    scale = setup.get("scale", {})
+    seeds = sorted(set(data.runs["seed"]))
+    return (f"Study {data.study}, preset {data.preset} (one rule for every row: widths x {scale.get('width')}, "
+            f"N x {scale.get('depth')}, steps x {scale.get('steps')}); corpus {setup.get('corpus')}, "
+            f"shared BPE vocabulary {setup.get('vocab_size')}; dev perplexity per wordpiece and dev BLEU "
+            f"(sacreBLEU, beam {setup.get('beam_size')}, alpha {setup.get('length_penalty')}); "
+            f"{len(frame)} rows, seeds {', '.join(map(str, seeds))}. The configuration columns are the "
+            f"paper's; PPL/BLEU/params/time/tokens are ours (mean ± std over seeds) beside the paper's.")
+
+
+def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
+    out = []
+    for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
+        rho, n = spearman(frame, metric, f"paper_{metric}")
+        out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "
+                   + ("n/a" if math.isnan(rho) else f"{rho:+.3f}"))
+    if n_bootstrap:
+        out.append(f"p vs base: sacreBLEU paired bootstrap ({n_bootstrap} resamples) of each row's dev "
+                   f"translations against base's, seeds pooled; p < 0.05 means the BLEU difference is "
+                   f"unlikely under resampling of the dev sentences.")
+    signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
+    out += [f"sacreBLEU signature: {s}" for s in signatures]
+    devices = sorted(set(data.runs["device"].dropna()))
+    out.append(f"Device: {', '.join(devices) or 'unknown'}; storage {data.storage}")
+    if data.overrides:
+        out.append(f"Overrides for every row: {' '.join(data.overrides)}")
+    return out
+
+
+def markdown_report(title: str, cap: str, frame: pd.DataFrame, note_lines: list[str],
+                    figure_names: list[str]) -> str:
+    parts = [f"# {title}", "", cap, "", to_markdown(frame), ""]
+    parts += [f"- {line}" for line in note_lines] + [""]
+    parts += [f"![{name}](figures/{name})" for name in figure_names] + [""]
+    return "\n".join(parts)
+
+
+def build_report(storage: str, study: str | None, out: str | Path, wandb: str = "off",
+                 bootstrap: int = 1000) -> list[Path]:
+    """Write the report files into `out` and return their paths."""
+    if bootstrap < 0:
+        raise UserError(f"--bootstrap must be 0 or more, got {bootstrap}")
+    data = load_table3(storage, study)
+    if data.runs.empty:
+        raise UserError(f"study {data.study!r} has no complete runs yet: nothing to report")
+    out = Path(out)
+    p_values = paired_bootstrap(data, bootstrap) if bootstrap else {}
+    frame = table3_frame(data, p_values)
+    title = f"Table 3 replica: {data.study}"
+    cap = caption(data, frame)
+    note_lines = notes(data, frame, bootstrap)
+    pictures = figs.render_all(frame)
+
+    written: list[Path] = []
+
+    def put(name: str, content: str | bytes) -> None:
+        path = out / name
+        if isinstance(content, bytes):
+            atomic_write_bytes(path, content)
+        else:
+            atomic_write_text(path, content)
+        written.append(path)
+
+    for name, png in pictures.items():
+        put(f"figures/{name}", png)
+    put("table3.csv", frame.to_csv(float_format="%.6g"))
+    put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures)))
+    put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
+    put("report.html", render(title, cap, display_frame(frame), note_lines, pictures))
+    if wandb != "off":
+        log_to_wandb(data, frame, out, wandb)
+    return written
+
+
+def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str) -> None:
+    """The numeric table as a `wandb.Table` and the figures as images, in one run of the project."""
+    from lightning_modules.run import wandb_mode
+
+    mode = wandb_mode(setting)
+    if mode is None:
+        return
+    import wandb
+
+    run = wandb.init(project="transformer-ablations", name=f"report-{data.study}", job_type="report",
+                     group=data.study, mode=mode, dir=str(out), reinit="finish_previous",
+                     config={"study": data.study, "preset": data.preset, "overrides": data.overrides})
+    try:
+        run.log({"table3": wandb.Table(dataframe=frame.reset_index()),
+                 **{f"figures/{name[:-4]}": wandb.Image(str(out / "figures" / name)) for name in figs.FIGURES}})
+    finally:
+        run.finish()

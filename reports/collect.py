@@ -1,0 +1,90 @@
+"""Read a Table 3 study back from the Optuna database: the table's identity and its finished runs.
+
+Everything a report needs is in the database (the study's user attributes hold the preset, the
+spec rows and the overrides; each complete trial holds its results and dev translations), so a
+report can be built on any machine that reaches the storage, without the run directories.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+
+from lightning_modules.errors import UserError
+from sweeps.study import make_storage, unpack_lines
+from sweeps.table3 import KIND
+
+RUN_COLUMNS = ("ppl", "bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens")
+
+
+@dataclass
+class Table3Data:
+    """One Table 3 study: what it is a table of, and one record per complete (row, seed)."""
+
+    study: str
+    storage: str  # the URL with any password masked
+    preset: str
+    spec: dict[str, dict[str, Any]]
+    overrides: list[str]
+    setup: dict[str, Any]  # scale rule, corpus, vocabulary, beam settings of the table
+    runs: pd.DataFrame  # row, group, seed, RUN_COLUMNS, model keys, sacrebleu_signature, device
+    translations: dict[tuple[str, int], tuple[list[str], list[str]]] = field(default_factory=dict)
+
+
+def safe_url(url: str) -> str:
+    """The storage URL without its password, for printing and reports."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 (not an SQLAlchemy URL: make_storage reports it)
+        return url
+
+
+def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
+    return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+            if s.user_attrs.get("kind") == KIND]
+
+
+def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
+    """The study's runs as a DataFrame (latest complete trial of each row and seed)."""
+    storage = make_storage(storage_url, None)
+    names = table3_studies(storage)
+    if study_name is None:
+        if len(names) != 1:
+            listed = ", ".join(names) if names else "none"
+            raise UserError(f"storage {safe_url(storage_url)} holds {len(names)} Table 3 studies "
+                            f"({listed}); choose one with --study")
+        study_name = names[0]
+    elif study_name not in names:
+        raise UserError(f"no Table 3 study {study_name!r} in {safe_url(storage_url)} "
+                        f"(Table 3 studies there: {', '.join(names) or 'none'})")
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    attrs = study.user_attrs
+    latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
+        if key[0] is not None and (key not in latest or trial.number > latest[key].number):
+            latest[key] = trial
+    records, translations = [], {}
+    for (row, seed), trial in latest.items():
+        a = trial.user_attrs
+        record = {"row": row, "group": a.get("group", row), "seed": seed,
+                  **{c: a.get(c) for c in RUN_COLUMNS},
+                  "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device")}
+        record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
+        records.append(record)
+        if "dev_hyp" in a and "dev_ref" in a:
+            translations[(row, seed)] = (unpack_lines(a["dev_hyp"]), unpack_lines(a["dev_ref"]))
+    order = {name: i for i, name in enumerate(attrs["spec"])}
+    runs = pd.DataFrame.from_records(records, columns=None if records else ["row", "group", "seed"])
+    if records:
+        runs = runs.sort_values(["row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s)
+        runs = runs.reset_index(drop=True)
+    return Table3Data(study=study_name, storage=safe_url(storage_url), preset=attrs["preset"],
+                      spec=attrs["spec"], overrides=list(attrs.get("overrides", [])),
+                      setup=dict(attrs.get("setup", {})), runs=runs,
+                      translations=translations)

@@ -1,0 +1,40 @@
+"""Is a row's BLEU different from base's? sacreBLEU's paired bootstrap on the saved translations.
+
+With several seeds the test pools them: each row's translations of every seed it shares with
+base are concatenated (and so are base's and the references), and the bootstrap resamples
+(seed, sentence) pairs. sacreBLEU fixes its resampling seed (SACREBLEU_SEED, 12345 by default),
+so the p-values are reproducible.
+"""
+
+from __future__ import annotations
+
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
+
+from reports.collect import Table3Data
+
+
+def paired_bootstrap(data: Table3Data, n_samples: int = 1000) -> dict[str, float]:
+    """p-value of each row's dev BLEU against base's (rows without shared translations left out)."""
+    base = {seed: pair for (row, seed), pair in data.translations.items() if row == "base"}
+    rows = sorted({row for row, _ in data.translations if row != "base"})
+    p_values: dict[str, float] = {}
+    for row in rows:
+        seeds = sorted(s for (r, s) in data.translations if r == row and s in base)
+        if not seeds:
+            continue
+        hyps, base_hyps, refs = [], [], []
+        for seed in seeds:
+            row_hyp, row_ref = data.translations[(row, seed)]
+            base_hyp, base_ref = base[seed]
+            if row_ref != base_ref:  # another dev set: nothing to pair
+                break
+            hyps += row_hyp
+            base_hyps += base_hyp
+            refs += base_ref
+        else:
+            test = PairedTest([("base", base_hyps), (row, hyps)], {"BLEU": BLEU(tokenize="13a")},
+                              [refs], test_type="bs", n_samples=n_samples)
+            _, scores = test()
+            p_values[row] = float(scores["BLEU"][1].p_value)
+    return p_values

@@ -1,0 +1,173 @@
+"""Table 3 as a queue: every (row, seed) not yet complete becomes a queued trial of one study.
+
+The sweep workers (`sweeps.worker`, queue-only) take the trials, so Table 3 runs on one CPU, on
+the GPUs of one machine, or on many machines sharing a PostgreSQL study, like any sweep.
+Each (row, seed) trains in `<runs_dir>/<study>/<row>-s<seed>`; a re-run queues only what is not
+complete, and a killed trial resumes there from its checkpoint.
+
+The study remembers what it is a table of (preset, spec rows, fixed overrides) in its user
+attributes, so the report needs nothing but the database, and a re-run with different settings
+is refused instead of mixing two tables.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from lightning_modules.errors import UserError
+from lightning_modules.presets import load_preset, load_spec, resolve
+from lightning_modules.transformer import count_parameters
+from sweeps.study import enqueue, make_storage, open_study
+
+KIND = "table3"
+
+
+@dataclass
+class Table3Plan:
+    """What to run: the study, the rows and seeds, and the `ablate train` options for all of them."""
+
+    study: str
+    storage: str
+    preset: str
+    rows: list[str]
+    seeds: list[int]
+    runs_dir: str
+    overrides: list[str]
+    spec_path: str | None = None
+    config: str | None = None
+
+
+def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default: list[str] | None) -> list[str]:
+    """`base,A,D3`: row names or group names (A = A1..A4), in the spec's order; base always first."""
+    if selection is None:
+        wanted = list(default or spec)
+    else:
+        wanted = [s.strip() for s in selection.split(",") if s.strip()]
+        if not wanted:
+            raise UserError("--rows is empty; give rows or groups like base,A,D3")
+    groups: dict[str, list[str]] = {}
+    for name, entry in spec.items():
+        groups.setdefault(str(entry.get("group", name)), []).append(name)
+    chosen: set[str] = {"base"}  # every change is measured against base
+    for item in wanted:
+        if item in spec:
+            chosen.add(item)
+        elif item in groups:
+            chosen.update(groups[item])
+        else:
+            close = difflib.get_close_matches(item, [*spec, *groups], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UserError(f"unknown Table 3 row or group {item!r}{hint}; rows: {', '.join(spec)}")
+    return [name for name in spec if name in chosen]
+
+
+def parse_seeds(text: str | None, default: int) -> list[int]:
+    if text is None:
+        return [default]
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds must be integers like 1,2,3; got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds must list distinct integers like 1,2,3; got {text!r}")
+    return seeds
+
+
+def default_rows(preset: str) -> list[str] | None:
+    """A preset may name the rows its table runs by default (`table3: {rows: [...]}`)."""
+    return (load_preset(preset).get("table3") or {}).get("rows")
+
+
+def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
+    return str((Path(plan.runs_dir) / plan.study / f"{row}-s{seed}").resolve())
+
+
+def identity(plan: Table3Plan, spec: dict[str, Any]) -> dict[str, Any]:
+    """What makes two runs of the command the same table (stored on the study)."""
+    cfg = resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    setup = {"scale": asdict(cfg.scale), "corpus": cfg.data.corpus, "vocab_size": cfg.data.vocab_size,
+             "max_tokens": cfg.data.max_tokens, "beam_size": cfg.eval.beam_size,
+             "length_penalty": cfg.eval.length_penalty}
+    return {"kind": KIND, "preset": plan.preset, "spec": spec, "overrides": plan.overrides,
+            "config": plan.config, "setup": setup}
+
+
+def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
+    """Store the table's identity on a new study; refuse to add a different table to an old one."""
+    attrs = study.user_attrs
+    if "kind" not in attrs:
+        if study.get_trials(deepcopy=False):
+            raise UserError(f"study {study.study_name!r} holds a sweep, not a Table 3: use another --study")
+        for key, value in wanted.items():
+            study.set_user_attr(key, value)
+        return
+    for key, value in wanted.items():
+        if attrs.get(key) != value:
+            what = "rows of the ablation spec" if key == "spec" else key
+            raise UserError(f"study {study.study_name!r} is a Table 3 with other {what} "
+                            f"({attrs.get(key)!r} there, {value!r} here): use another --study")
+
+
+def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
+    """Validate every (row, seed), then queue those not complete, costliest first. Returns the study
+    and the number queued now."""
+    spec = load_spec(plan.spec_path)
+    jobs = []
+    for row in plan.rows:
+        for seed in plan.seeds:
+            overrides = [f"train.seed={seed}"]
+            cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
+            cfg.model.vocab_size = cfg.data.vocab_size  # about right, for ordering by cost
+            cost = count_parameters(cfg.model) * cfg.train.max_steps
+            jobs.append((cost, row, seed, overrides))
+    study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
+    check_study(study, identity(plan, spec))
+    # Longest first: the big model starts at once instead of last, which shortens the table.
+    queued = 0
+    for _, row, seed, overrides in sorted(jobs, key=lambda j: -j[0]):
+        attrs = {"row": row, "seed": seed, "group": spec[row].get("group", row),
+                 "run_dir": run_dir(plan, row, seed)}
+        queued += enqueue(study, overrides, attrs)
+    return study, queued
+
+
+def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optuna.trial.FrozenTrial | None]:
+    """The latest trial of each planned (row, seed), or None."""
+    latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
+    for trial in study.get_trials(deepcopy=False):
+        key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
+        if key in latest and latest[key].state == TrialState.COMPLETE:
+            continue
+        latest[key] = trial
+    return {(row, seed): latest.get((row, seed)) for row in plan.rows for seed in plan.seeds}
+
+
+def summary(study: optuna.Study, plan: Table3Plan) -> tuple[str, list[str]]:
+    """A short text table of the planned runs, and the ones not complete."""
+    lines = [f"{'row':<6} {'seed':>4}  {'state':<8} {'dev PPL':>8} {'dev BLEU':>8}  run dir"]
+    missing = []
+    for (row, seed), trial in status(study, plan).items():
+        state = trial.state.name.lower() if trial else "missing"
+        attrs = trial.user_attrs if trial else {}
+        ppl = f"{attrs['ppl']:.2f}" if attrs.get("ppl") is not None else "-"
+        bleu = f"{attrs['bleu']:.2f}" if attrs.get("bleu") is not None else "-"
+        lines.append(f"{row:<6} {seed:>4}  {state:<8} {ppl:>8} {bleu:>8}  {run_dir(plan, row, seed)}")
+        if not trial or trial.state != TrialState.COMPLETE:
+            missing.append(f"{row} seed {seed} ({state})")
+    return "\n".join(lines), missing
+
+
+def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
+    text, missing = summary(study, plan)
+    print(text, flush=True)
+    if missing:
+        print(f"table3: not complete: {', '.join(missing)}; see each run directory's trial.log, "
+              f"and run the same command again to resume", file=sys.stderr)
+    return missing

@@ -1,0 +1,237 @@
+"""`ablate table3` and `ablate report`: real runs on the Ding corpus, a real SQLite study, real
+sacreBLEU bootstrap, matplotlib figures, the HTML report in headless Chromium, W&B offline.
+
+Tiny models and 10 steps: these check the machinery (queueing, resuming, never repeating, the
+report from the database alone), not the ablations' outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+from optuna.trial import TrialState
+
+from lightning_modules.errors import UserError
+from lightning_modules.presets import load_spec
+from sweeps.table3 import Table3Plan, parse_seeds, queue, select_rows
+
+SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
+         "data.vocab_size=500", "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000",
+         "eval.max_len_offset=10", "train.progress_bar=false", "train.val_check_interval=5",
+         "train.checkpoint_every=5"]
+ROWS = ["base", "D1", "E"]
+REPORT_FILES = ["table3.md", "table3.csv", "table3.tex", "report.html", "figures/bleu_vs_params.png",
+                "figures/ppl_vs_time.png", "figures/change_vs_base.png"]
+
+
+def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def table3_args(tmp: Path, *extra: str) -> list[str]:
+    return ["table3", "--preset", "tiny", "--storage", f"sqlite:///{tmp}/t3.db", "--runs-dir",
+            str(tmp / "runs"), *SMALL, *extra]
+
+
+def trials(tmp: Path, study: str = "table3-tiny") -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{tmp}/t3.db").get_trials()
+
+
+# --- row and seed selection -----------------------------------------------------------------
+
+def test_rows_expand_groups_keep_spec_order_and_always_include_base():
+    spec = load_spec()
+    assert select_rows("D3,A", spec, None) == ["base", "A1", "A2", "A3", "A4", "D3"]
+    assert select_rows(None, spec, ["E"]) == ["base", "E"]
+    assert select_rows(None, spec, None) == list(spec) and len(spec) == 20
+    with pytest.raises(UserError, match="did you mean 'C3'"):
+        select_rows("base,C33", spec, None)
+
+
+@pytest.mark.parametrize("text", ["1,x", "", "2,2"])
+def test_bad_seeds_are_refused(text):
+    with pytest.raises(UserError, match="--seeds"):
+        parse_seeds(text, 1)
+
+
+def test_unknown_row_is_a_one_line_error_and_nothing_is_written(tmp_path):
+    result = ablate(*table3_args(tmp_path, "--rows", "base,Q9"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "unknown Table 3 row or group 'Q9'" in lines[0]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "t3.db").exists()
+
+
+def test_a_study_keeps_its_settings(tmp_path):
+    plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
+                      seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=["train.max_steps=10"])
+    study, queued = queue(plan)
+    assert queued == 1 and queue(plan)[1] == 0  # already queued: not again
+    assert study.user_attrs["kind"] == "table3" and study.user_attrs["setup"]["scale"]["width"] == 0.25
+    plan.overrides = ["train.max_steps=20"]
+    with pytest.raises(UserError, match="other overrides"):
+        queue(plan)
+
+
+# --- the table end to end -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> Path:
+    """base, D1 and E with two seeds each, 2 workers, report at the end."""
+    tmp = tmp_path_factory.mktemp("table3")
+    result = ablate(*table3_args(tmp, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "6 queued now" in result.stdout
+    return tmp
+
+
+def test_every_row_and_seed_is_complete_in_its_own_directory(table: Path):
+    done = [t for t in trials(table) if t.state == TrialState.COMPLETE]
+    assert sorted((t.user_attrs["row"], t.user_attrs["seed"]) for t in done) == \
+        sorted((r, s) for r in ROWS for s in (1, 2))
+    for t in done:
+        run_dir = Path(t.user_attrs["run_dir"])
+        assert run_dir.name == f"{t.user_attrs['row']}-s{t.user_attrs['seed']}"
+        results = json.loads((run_dir / "results.json").read_text())
+        assert results["row"] == t.user_attrs["row"] and results["seed"] == t.user_attrs["seed"]
+        assert t.user_attrs["ppl"] == results["ppl"] and t.user_attrs["bleu"] == results["bleu"]
+    learned = [t for t in done if t.user_attrs["row"] == "E"]
+    assert all(t.user_attrs["model"]["positional"] == "learned" for t in learned)
+    assert all(t.user_attrs["model"]["dropout"] == 0.0 for t in done if t.user_attrs["row"] == "D1")
+
+
+def test_report_has_every_row_beside_the_paper(table: Path):
+    report = table / "runs" / "table3-tiny" / "report"
+    for name in REPORT_FILES:
+        assert (report / name).is_file(), name
+    frame = pd.read_csv(report / "table3.csv", index_col="row")
+    assert list(frame.index) == ROWS and (frame["seeds"] == 2).all()
+    assert frame.loc["D1", "paper_ppl"] == 5.77 and frame.loc["base", "paper_bleu"] == 25.8
+    assert frame.loc["E", "positional"] == "learned" and frame.loc["D1", "P_drop"] == 0.0
+    done = [t for t in trials(table) if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "E"]
+    assert frame.loc["E", "ppl"] == pytest.approx(sum(t.user_attrs["ppl"] for t in done) / 2)
+    assert frame.loc["E", "d_ppl"] == pytest.approx(frame.loc["E", "ppl"] - frame.loc["base", "ppl"])
+    assert pd.isna(frame.loc["base", "p_bleu_vs_base"])
+    assert 0 <= frame.loc["D1", "p_bleu_vs_base"] <= 1 and 0 <= frame.loc["E", "p_bleu_vs_base"] <= 1
+    md = (report / "table3.md").read_text()
+    for row in ROWS:
+        assert f"| {row} " in md
+    assert "Spearman rank correlation of our dev PPL" in md and "±" in md
+    assert "\\begin{tabular}" in (report / "table3.tex").read_text()
+    for name in REPORT_FILES:
+        if name.endswith(".png"):
+            assert (report / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_rerun_repeats_nothing(table: Path):
+    before = [(t.number, t.state) for t in trials(table)]
+    result = ablate(*table3_args(table, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "0 queued now" in result.stdout and "worker" not in result.stdout
+    assert [(t.number, t.state) for t in trials(table)] == before
+
+
+def test_report_is_regenerated_identically_from_the_database_alone(table: Path, tmp_path: Path):
+    report = table / "runs" / "table3-tiny" / "report"
+    saved = tmp_path / "runs-moved"
+    shutil.move(table / "runs", saved)  # no run directory left: the database only
+    try:
+        result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--out", str(tmp_path / "again"))
+        assert result.returncode == 0, result.stderr[-2000:]
+    finally:
+        shutil.move(saved, table / "runs")
+    for name in REPORT_FILES:
+        assert (tmp_path / "again" / name).read_bytes() == (report / name).read_bytes(), name
+
+
+def test_report_logs_table_and_figures_to_wandb_offline(table: Path, tmp_path: Path):
+    out = tmp_path / "wb"
+    result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--study", "table3-tiny",
+                    "--out", str(out), "--wandb", "offline", "--bootstrap", "0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = list((out / "wandb").glob("offline-run-*"))
+    tables = list(run.rglob("table3_*.table.json"))
+    images = list(run.rglob("*.png"))
+    assert tables and len(images) == 3
+    data = json.loads(tables[0].read_text())
+    assert "row" in data["columns"] and {r[data["columns"].index("row")] for r in data["data"]} == set(ROWS)
+
+
+def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
+    from selenium.webdriver.common.by import By
+
+    page = table / "runs" / "table3-tiny" / "report" / "report.html"
+    browser.get(page.as_uri())
+    cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
+    assert [c[0].text for c in cells] == ROWS
+    headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
+    assert {"PPL", "PPL paper", "BLEU", "BLEU paper", "ΔBLEU", "p vs base"} <= set(headers)
+    images = browser.find_elements(By.TAG_NAME, "img")
+    assert len(images) == 3
+    assert all(browser.execute_script("return arguments[0].naturalWidth", img) > 100 for img in images)
+    shot = tmp_path / "report.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path):
+    optuna.create_study(study_name="sweep", storage=f"sqlite:///{tmp_path}/s.db")
+    result = ablate("report", "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "r"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "0 Table 3 studies" in lines[0]
+    assert not (tmp_path / "r").exists()
+
+
+# --- killed rows are completed on re-run ----------------------------------------------------
+
+def test_killed_trial_process_fails_its_row_and_rerun_completes_it(tmp_path: Path):
+    args = table3_args(tmp_path, "--rows", "base", "--no-report")
+    first = ablate(*args, env={"ABLATE_FAULT": "train_step@7"})  # SIGKILL inside the run, after step 5's checkpoint
+    assert first.returncode == 1 and "not complete: base seed 1 (fail)" in first.stderr
+    second = ablate(*args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    states = sorted(t.state.name for t in trials(tmp_path))
+    assert states == ["COMPLETE", "FAIL"]
+    run_dir = tmp_path / "runs" / "table3-tiny" / "base-s1"
+    assert "Restoring states from the checkpoint" in (run_dir / "trial.log").read_text()
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == 10
+
+
+def test_killed_table3_command_is_resumed_at_once_by_a_rerun(tmp_path: Path):
+    """SIGKILL to `ablate table3` takes its worker and the training with it; a re-run at once
+    (no waiting for the heartbeat) sees the worker's pid gone and resumes the row."""
+    args = table3_args(tmp_path, "--rows", "base", "--no-report", "--max-steps", "200")
+    proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, running = time.time() + 120, None
+        while time.time() < deadline and running is None:
+            time.sleep(0.5)
+            try:
+                live = [t for t in trials(tmp_path) if t.state == TrialState.RUNNING]
+            except Exception:  # noqa: BLE001 (the study is not created yet)
+                continue
+            running = next((t for t in live if 5 in t.intermediate_values), None)
+        assert running is not None, "the row never reached step 5"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)  # the worker and its training die with their parent
+    result = ablate(*args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    by_state = {t.state.name: t for t in trials(tmp_path)}
+    assert set(by_state) == {"FAIL", "COMPLETE"} and len(trials(tmp_path)) == 2
+    assert by_state["COMPLETE"].user_attrs["run_dir"] == running.user_attrs["run_dir"]
+    assert min(by_state["COMPLETE"].intermediate_values) >= 5  # resumed, not restarted
+    assert by_state["COMPLETE"].user_attrs["steps"] == 200
