@@ -50,16 +50,19 @@ def ppl_vs_time(frame: pd.DataFrame) -> bytes:
 
 
 def change_vs_base(frame: pd.DataFrame) -> bytes:
-    """Per-row bars of ΔPPL and ΔBLEU against base: ours solid, the paper's hatched."""
+    """Per-row bars of the relative change of PPL and BLEU against base (%): ours solid, the
+    paper's hatched (relative, since our CPU-scale values and the paper's differ in magnitude)."""
     rows = [r for r in frame.index if r != "base"]
     fig, axes = plt.subplots(2, 1, figsize=(max(6.4, 0.45 * len(rows) + 2), 6.0), sharex=True)
     positions = range(len(rows))
-    for ax, metric, label in ((axes[0], "ppl", "ΔPPL vs base (lower is better)"),
-                              (axes[1], "bleu", "ΔBLEU vs base (higher is better)")):
+    for ax, metric, label in ((axes[0], "ppl", "PPL vs base, % (lower is better)"),
+                              (axes[1], "bleu", "BLEU vs base, % (higher is better)")):
         colors = [_color(frame.loc[r, "group"]) for r in rows]
-        ours = [frame.loc[r, f"d_{metric}"] if f"d_{metric}" in frame else 0.0 for r in rows]
-        paper = [frame.loc[r, f"d_paper_{metric}"] if f"d_paper_{metric}" in frame else 0.0 for r in rows]
-        ax.bar([p - 0.2 for p in positions], ours, width=0.4, color=colors, label="ours")
+        ours = [frame.loc[r, f"d_{metric}_pct"] if f"d_{metric}_pct" in frame else 0.0 for r in rows]
+        paper = [frame.loc[r, f"d_paper_{metric}_pct"] if f"d_paper_{metric}_pct" in frame else 0.0
+                 for r in rows]
+        ax.bar([p - 0.2 for p in positions], [0.0 if pd.isna(v) else v for v in ours], width=0.4,
+               color=colors, label="ours")
         ax.bar([p + 0.2 for p in positions], [0.0 if pd.isna(v) else v for v in paper], width=0.4,
                color="white", edgecolor=colors, hatch="///", label="paper")
         ax.axhline(0, color="black", linewidth=0.8)
@@ -67,7 +70,7 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
     axes[1].set_xticks(list(positions), rows, rotation=0, fontsize=8)
-    axes[0].set_title("Change against base, per Table 3 row", fontsize=10)
+    axes[0].set_title("Relative change against base, per Table 3 row", fontsize=10)
     return _png(fig)
 
 

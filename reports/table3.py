@@ -42,7 +42,10 @@ def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> 
     frame = frame.astype({c: float for c in ("paper_ppl", "paper_bleu", "paper_params_m", "p_bleu_vs_base")})
     if "base" in frame.index:
         for col in ("ppl", "bleu", "paper_ppl", "paper_bleu"):
-            frame[f"d_{col}"] = frame[col] - frame.loc["base", col]
+            base = frame.loc["base", col]
+            frame[f"d_{col}"] = frame[col] - base
+            # Relative change: our scale's PPL/BLEU and the paper's differ by an order of magnitude.
+            frame[f"d_{col}_pct"] = 100 * frame[f"d_{col}"] / base if base else math.nan
         frame.loc["base", "p_bleu_vs_base"] = math.nan
     return frame
 

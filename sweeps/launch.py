@@ -35,7 +35,8 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
     procs = [spawn([sys.executable, "-m", "sweeps.worker", settings_json(replace(settings))], env=env)
              for env in envs]
     print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "
-          f"{settings.n_trials} trials, storage {settings.storage}", flush=True)
+          f"{'the queued trials' if settings.queue_only else f'{settings.n_trials} trials'}, "
+          f"storage {settings.storage}", flush=True)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM acts like Ctrl-C
     interrupted = False
     try:

@@ -151,6 +151,10 @@ class Objective:
         results = json.loads(results_path.read_text(encoding="utf-8"))
         for key in RESULT_ATTRS:
             trial.set_user_attr(key, results.get(key))
+        if self.s.queue_only:  # Table 3: one line per finished row instead of Optuna's log
+            print(f"{trial.user_attrs.get('row')} seed {results.get('seed')}: dev PPL {results['ppl']}, "
+                  f"dev BLEU {results['bleu']}, {results['train_time_s']} s training, "
+                  f"{results['params']:,} parameters", flush=True)
         if self.s.keep_translations:
             for name in ("hyp", "ref"):
                 lines = (Path(run_dir) / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
@@ -176,6 +180,8 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if settings.queue_only:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
     storage = make_storage(settings.storage, settings.heartbeat_s)
     sampler = make_sampler(settings.sampler, space, settings.seed)
