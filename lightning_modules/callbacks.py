@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_modules.faults import inject
@@ -77,3 +78,30 @@ class FaultPoints(pl.Callback):
                                 outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
         inject("validation", trainer.global_step)
+
+
+class NonFiniteLoss(Exception):
+    """The training loss became NaN or infinite."""
+
+
+class DivergenceGuard(pl.Callback):
+    """Stops training when the loss is NaN or infinite, checked every `every` steps.
+
+    Checking reads the loss on the host, a device sync: every few steps is enough, since a
+    non-finite loss poisons the weights and every later loss.
+    """
+
+    def __init__(self, every: int = 10) -> None:
+        self.every = max(1, every)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if step % self.every and step != trainer.max_steps:
+            return
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        finite = loss is None or bool(torch.isfinite(loss.detach()).all())
+        # Every rank stops together (a rank alone raising would leave the others waiting).
+        if not trainer.strategy.reduce_boolean_decision(finite, all=True):
+            value = "nan" if loss is None or torch.isnan(loss.detach()).any() else "infinite"
+            raise NonFiniteLoss(f"the training loss became {value} (detected at step {step})")

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from lightning_modules.config import CORPORA
-from lightning_modules.errors import UserError
+from lightning_modules.errors import RunFailed, UserError
 from sweeps import PRUNERS, SAMPLERS
 
 EXIT_USAGE = 2
+# $ABLATE_STORAGE keeps a database password off the command line (and out of `ps`).
+DEFAULT_STORAGE = os.environ.get("ABLATE_STORAGE", "sqlite:///runs/sweeps.db")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,6 +150,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
     from optuna.trial import TrialState
 
     from lightning_modules.presets import load_spec, resolve
+    from sweeps.study import safe_url
     from sweeps.table3 import Table3Plan, default_rows, parse_seeds, print_summary, queue, select_rows
 
     overrides, devices = _sweep_run_args(args)
@@ -158,7 +162,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
                       overrides=overrides, spec_path=args.spec, config=args.config)
     study, queued = queue(plan)
     print(f"table3 {plan.study}: {len(rows)} rows x {len(seeds)} seeds; {queued} queued now, "
-          f"storage {args.storage}", flush=True)
+          f"storage {safe_url(args.storage)}", flush=True)
     code = 0
     if queued or study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
         from sweeps.launch import run_workers
@@ -258,8 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = p.add_subparsers(dest="sweeper", required=True, parser_class=_Parser)
     o = kinds.add_parser("optuna", help="run an Optuna study with parallel workers")
     o.add_argument("--study", required=True, help="study name (re-running the same command resumes it)")
-    o.add_argument("--storage", default="sqlite:///runs/sweeps.db",
-                   help="Optuna RDB storage URL (default sqlite:///runs/sweeps.db; "
+    o.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; "
                         "postgresql+psycopg2://user:pass@host/db for several machines)")
     o.add_argument("--n-trials", type=int, default=20, help="finished trials the study should reach (default 20)")
     o.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
@@ -298,8 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
     p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's train.seed)")
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
-    p.add_argument("--storage", default="sqlite:///runs/sweeps.db",
-                   help="Optuna RDB storage URL (default sqlite:///runs/sweeps.db; PostgreSQL for several machines)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; PostgreSQL for several machines)")
     p.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
     p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
                    help="devices each run trains on with Lightning DDP (default 1)")
@@ -314,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_table3)
 
     p = sub.add_parser("report", help="write the Table 3 report (md, csv, tex, html, figures) from a study")
-    p.add_argument("--storage", default="sqlite:///runs/sweeps.db", help="Optuna RDB storage URL")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
     p.add_argument("--study", help="the Table 3 study (default: the only one in the storage)")
     p.add_argument("--out", required=True, help="directory for table3.md/.csv/.tex, report.html and figures")
     p.add_argument("--bootstrap", type=int, default=1000,
@@ -324,8 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("dashboard", help="serve optuna-dashboard for a sweep storage (until Ctrl-C)")
-    p.add_argument("--storage", default="sqlite:///runs/sweeps.db",
-                   help="Optuna RDB storage URL (default sqlite:///runs/sweeps.db)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.set_defaults(func=cmd_dashboard)
@@ -352,9 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("ablate: interrupted", file=sys.stderr)
+        return 1 if isinstance(err, RunFailed) else EXIT_USAGE
+    except KeyboardInterrupt as err:
+        detail = f" ({err})" if str(err) else ""
+        print(f"ablate: interrupted{detail}; run the same command again to resume", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `ablate params --json | head`
         sys.stderr.close()

@@ -128,6 +128,8 @@ class TrainConfig:
     wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | off
     wandb_project: str = "transformer-ablations"
     wandb_group: str | None = None
+    wandb_on_error: str = "fail"  # online without a valid API key: "fail" or fall back to "offline"
+    max_memory_gb: float | None = None  # refuse configurations whose estimated training memory exceeds this
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
@@ -142,6 +144,10 @@ class TrainConfig:
             raise UserError(f"train.gradient_clip_val must be >= 0, got {self.gradient_clip_val}")
         if self.wandb not in ("auto", "online", "offline", "off"):
             raise UserError(f"train.wandb must be auto, online, offline or off, got {self.wandb!r}")
+        if self.wandb_on_error not in ("fail", "offline"):
+            raise UserError(f"train.wandb_on_error must be fail or offline, got {self.wandb_on_error!r}")
+        if self.max_memory_gb is not None:
+            _positive("train", max_memory_gb=self.max_memory_gb)
 
 
 @dataclass

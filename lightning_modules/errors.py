@@ -1,6 +1,8 @@
-"""The one exception type for mistakes a user can fix (bad config, bad corpus, bad path).
+"""Exceptions the command line reports as one line, without a traceback.
 
-The CLI prints it as a single line and exits with status 2; anything else is a bug.
+`UserError` (exit status 2): a mistake the user can fix (bad config, bad corpus, bad path).
+`RunFailed` (exit status 1): the input was fine but the run could not succeed (its loss became
+NaN or infinite); the reason is recorded in the run's results.json. Anything else is a bug.
 """
 
 
@@ -9,3 +11,7 @@ class UserError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(str(message).split()))
+
+
+class RunFailed(UserError):
+    """A run that failed for a recorded reason (exit status 1, not 2)."""

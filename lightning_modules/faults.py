@@ -7,7 +7,8 @@ default) when it reaches `point` (at global step `step`, where given). Points:
 - `validation@N`: inside the validation run at step N;
 - `decode`: in the middle of the final beam search over the dev set;
 - `checkpoint_write@N`: half of the checkpoint of step N written to its temporary file;
-- `results_write`: results.json written to its temporary file, not yet renamed.
+- `results_write`: results.json written to its temporary file, not yet renamed;
+- `nan_loss@N`: not a signal: the training loss of step N becomes NaN (a numerical fault).
 
 Unset (the normal case) this is one dictionary lookup per call.
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 import os
 import signal
 
+from torch import Tensor
+
 FAULT_ENV = "ABLATE_FAULT"
-POINTS = ("train_step", "validation", "decode", "checkpoint_write", "results_write")
+POINTS = ("train_step", "validation", "decode", "checkpoint_write", "results_write", "nan_loss")
 
 
 def _parse(spec: str) -> tuple[str, int | None, signal.Signals]:
@@ -37,3 +40,11 @@ def inject(point: str, step: int | None = None) -> None:
     wanted, at, sig = _parse(spec)
     if wanted == point and (at is None or at == step):
         os.kill(os.getpid(), sig)
+
+
+def corrupt_loss(loss: Tensor, step: int) -> Tensor:
+    """The loss, or NaN if `ABLATE_FAULT=nan_loss@step`."""
+    spec = os.environ.get(FAULT_ENV)
+    if spec and _parse(spec)[:2] == ("nan_loss", step):
+        return loss * float("nan")
+    return loss

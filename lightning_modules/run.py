@@ -8,8 +8,8 @@ is configured), the dev/test sources, references and translations, and `results.
 from __future__ import annotations
 
 import json
-import os
 import platform
+import shutil
 import socket
 import warnings
 from dataclasses import asdict
@@ -18,41 +18,27 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_modules.callbacks import FaultPoints, TrainingClock
+from lightning_modules.callbacks import DivergenceGuard, FaultPoints, NonFiniteLoss, TrainingClock
 from lightning_modules.config import RunConfig
 from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
-from lightning_modules.errors import UserError
+from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.io import AtomicCheckpointIO, atomic_write_json, atomic_write_text, write_lines
-from lightning_modules.presets import DERIVED_KEYS, to_yaml
+from lightning_modules.preflight import (check_disk_space, check_memory, check_output_dir, check_same_run,
+                                        remove_stale_temporaries, resume_checkpoint, wandb_mode)
+from lightning_modules.presets import to_yaml
 from lightning_modules.translation import TranslationModule
 
 RESULTS = "results.json"
-# A first run has nothing to resume from: that is expected, not worth a warning.
+# A first run has nothing to resume from: Lightning says so twice; that is expected.
+warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
 warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
-# What makes a run directory one run: the whole model (all keys) and the corpus and vocabulary.
-IDENTITY_KEYS: dict[str, list[str]] = {
-    "model": [],
-    "data": ["corpus", "src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
-             "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "vocab_size"],
-}
-
-
-def check_output_dir(out: Path) -> None:
-    """Fail before any work if the run directory cannot be written."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise UserError(f"cannot write to output directory {out}: {err.strerror or err}") from None
+warnings.filterwarnings("ignore", message=r"`weights_only` was not set, defaulting to `False`")  # OnExceptionCheckpoint
 
 
 def read_results(out: Path) -> dict[str, Any] | None:
@@ -63,22 +49,6 @@ def read_results(out: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-
-
-def check_same_run(out: Path, cfg: RunConfig) -> None:
-    """A run directory belongs to one model and corpus: refuse to resume a different one."""
-    saved_path = out / "config.yaml"
-    if not saved_path.is_file():
-        return
-    saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
-    current = asdict(cfg)
-    for section, keys in IDENTITY_KEYS.items():
-        old, new = saved.get(section, {}), current[section]
-        for key in keys or [k for k in new if f"{section}.{k}" not in DERIVED_KEYS]:
-            if old.get(key) != new.get(key):
-                raise UserError(
-                    f"{out} holds a run with {section}.{key}={old.get(key)!r}, not {new.get(key)!r}; "
-                    f"use another --out (or delete {out}) to train a different configuration")
 
 
 def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
@@ -98,22 +68,9 @@ def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
             "precision": precision, "num_nodes": t.num_nodes}
 
 
-def wandb_mode(setting: str) -> str | None:
-    """'online', 'offline' or None (off). 'auto' is online only when an API key is configured."""
-    if setting == "off" or os.environ.get("WANDB_MODE") == "disabled":
-        return None
-    if setting != "auto":
-        return setting
-    has_key = bool(os.environ.get("WANDB_API_KEY"))
-    netrc = Path.home() / ".netrc"
-    if not has_key and netrc.is_file():
-        has_key = "api.wandb.ai" in netrc.read_text(errors="ignore")
-    return "online" if has_key else "offline"
-
-
 def make_loggers(cfg: RunConfig, out: Path) -> list[Logger]:
     loggers: list[Logger] = [CSVLogger(out, name="logs", version="")]
-    mode = wandb_mode(cfg.train.wandb)
+    mode = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)
     if mode:
         id_file = out / "wandb_id.txt"
         run_id = id_file.read_text().strip() if id_file.is_file() else None
@@ -147,15 +104,33 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     """
     out = Path(out)
     hardware = resolve_hardware(cfg)  # bad device settings fail before any work
+    check_memory(cfg)
+    wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
+    created = not out.exists()
     check_output_dir(out)
-    check_same_run(out, cfg)
+    remove_stale_temporaries(out)
+    try:
+        check_same_run(out, cfg)
+        check_disk_space(out, cfg)
+    except UserError:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     done = read_results(out)
     if done and done.get("status") == "complete":
         return done
+    if done and done.get("status") == "failed":
+        raise RunFailed(f"{out} holds a failed run ({done.get('reason')}); use another --out "
+                        f"(or delete {out}) to try again")
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len)
-    dm.setup("fit")
+    try:
+        dm.setup("fit")
+    except UserError:
+        if created:  # a bad corpus leaves nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     cfg.model.vocab_size, cfg.model.pad_id = dm.vocab_size, dm.pad_id
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
     module = TranslationModule.from_configs(cfg.model, cfg.train)
@@ -164,6 +139,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         module.model = torch.compile(module.model)
 
     ckpt_dir = out / "checkpoints"
+    resume_from = resume_checkpoint(ckpt_dir, cfg.model)
     clock = TrainingClock()
     trainer = pl.Trainer(
         **hardware,
@@ -175,7 +151,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
         logger=make_loggers(cfg, out), default_root_dir=out,
         plugins=[AtomicCheckpointIO()],
-        callbacks=[clock, FaultPoints(),
+        callbacks=[clock, FaultPoints(), DivergenceGuard(cfg.train.log_every_n_steps),
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
                                    every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
                                    auto_insert_metric_name=False),
@@ -183,8 +159,17 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
                    OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
                    *(callbacks or [])],
     )
-    # "last": Lightning resumes from the newest of last.ckpt and interrupted.ckpt, if any.
-    trainer.fit(module, datamodule=dm, ckpt_path="last", weights_only=True)
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
+    except NonFiniteLoss as err:
+        failed = {"row": cfg.row, "preset": cfg.preset, "status": "failed", "reason": str(err),
+                  "steps": trainer.global_step, "seed": cfg.train.seed, "run_dir": str(out.resolve())}
+        if trainer.global_rank == 0:
+            atomic_write_json(out / RESULTS, failed)
+        raise RunFailed(f"{err}; recorded in {out / RESULTS}. Lower train.lr_scale or raise "
+                        f"train.warmup_steps, and train in another --out") from None
+    except SystemExit:  # Lightning's ending for Ctrl-C (exit 1) and SIGTERM (SIGTERMException)
+        raise KeyboardInterrupt(f"stopped at step {trainer.global_step}; the checkpoint is saved") from None
     if trainer.interrupted:
         raise UserError("training was interrupted; run the same command again to resume")
 

@@ -12,6 +12,7 @@ from torch import Tensor
 from torchmetrics import SumMetric
 
 from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.faults import corrupt_loss
 from lightning_modules.transformer import Transformer, count_parameters
 
 
@@ -63,6 +64,7 @@ class TranslationModule(pl.LightningModule):
         loss, nll, n_tokens = label_smoothed_nll(logits, batch["tgt_out"], self.model_config.pad_id,
                                                  self.model_config.label_smoothing)
         n = n_tokens.clamp(min=1)
+        loss = corrupt_loss(loss, self.global_step + 1)  # fault injection; a no-op normally
         self.log("train/loss", loss / n, prog_bar=True)
         self.log("train/nll", nll / n)
         self.log("train/tokens", n_tokens.float(), reduce_fx="sum")

@@ -101,7 +101,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
 
 def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str) -> None:
     """The numeric table as a `wandb.Table` and the figures as images, in one run of the project."""
-    from lightning_modules.run import wandb_mode
+    from lightning_modules.preflight import wandb_mode
 
     mode = wandb_mode(setting)
     if mode is None:

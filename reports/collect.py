@@ -13,10 +13,9 @@ from typing import Any
 import optuna
 import pandas as pd
 from optuna.trial import TrialState
-from sqlalchemy.engine import make_url
 
 from lightning_modules.errors import UserError
-from sweeps.study import make_storage, unpack_lines
+from sweeps.study import make_storage, safe_url, sqlite_path, unpack_lines
 from sweeps.table3 import KIND
 
 RUN_COLUMNS = ("ppl", "bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens")
@@ -36,14 +35,6 @@ class Table3Data:
     translations: dict[tuple[str, int], tuple[list[str], list[str]]] = field(default_factory=dict)
 
 
-def safe_url(url: str) -> str:
-    """The storage URL without its password, for printing and reports."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 (not an SQLAlchemy URL: make_storage reports it)
-        return url
-
-
 def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
     return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
             if s.user_attrs.get("kind") == KIND]
@@ -51,6 +42,9 @@ def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
 
 def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     """The study's runs as a DataFrame (latest complete trial of each row and seed)."""
+    path = sqlite_path(storage_url)
+    if path is not None and not path.is_file():  # reading must not create an empty database
+        raise UserError(f"no database {path}: give the --storage of a Table 3 run")
     storage = make_storage(storage_url, None)
     names = table3_studies(storage)
     if study_name is None:

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 import optuna
 
-from sweeps.study import counts, make_storage
-from sweeps.worker import WorkerSettings, settings_json, spawn
+from sweeps.study import counts, make_storage, safe_url
+from sweeps.worker import WORKER_ENV, WorkerSettings, settings_json, spawn
 
 
 def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int = 1) -> list[dict[str, str]]:
@@ -32,11 +32,13 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
                 devices_per_trial: int = 1, quiet: bool = False) -> int:
     """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted, else 1."""
     envs = worker_envs(workers, devices, devices_per_trial)
-    procs = [spawn([sys.executable, "-m", "sweeps.worker", settings_json(replace(settings))], env=env)
+    # The settings travel in the environment, not on the command line: `ps` shows command lines
+    # to every user, and the storage URL may hold a database password.
+    procs = [spawn([sys.executable, "-m", "sweeps.worker"], env={**env, WORKER_ENV: settings_json(replace(settings))})
              for env in envs]
     print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "
           f"{'the queued trials' if settings.queue_only else f'{settings.n_trials} trials'}, "
-          f"storage {settings.storage}", flush=True)
+          f"storage {safe_url(settings.storage)}", flush=True)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM acts like Ctrl-C
     interrupted = False
     try:

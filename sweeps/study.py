@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 import sqlalchemy
+from sqlalchemy.engine import make_url
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
@@ -38,6 +39,14 @@ def sqlite_path(url: str) -> Path | None:
     return None if not path or path == ":memory:" else Path(path)
 
 
+def safe_url(url: str) -> str:
+    """The storage URL without its password, for printing and reports."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 (not an SQLAlchemy URL: make_storage reports it)
+        return url
+
+
 def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
     """The RDB storage; with a heartbeat, stale trials become FAIL and are re-queued as copies."""
     path = sqlite_path(url)
@@ -55,10 +64,10 @@ def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
             _serialize_sqlite_transactions(storage.engine)
         return storage
     except ImportError as err:
-        raise UserError(f"storage {url}: missing database driver ({err}); for PostgreSQL "
+        raise UserError(f"storage {safe_url(url)}: missing database driver ({err}); for PostgreSQL "
                         f"pip install psycopg2-binary") from None
     except Exception as err:  # sqlalchemy: bad URL, unreachable server
-        raise UserError(f"cannot open storage {url}: {str(err).splitlines()[0]}") from None
+        raise UserError(f"cannot open storage {safe_url(url)}: {str(err).splitlines()[0]}") from None
 
 
 def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:

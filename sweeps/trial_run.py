@@ -1,4 +1,5 @@
-"""One trial's training, in its own process (`python -m sweeps.trial_run JSON`).
+"""One trial's training, in its own process (`python -m sweeps.trial_run`, the job as JSON in
+$ABLATE_TRIAL_JOB: the environment, not the command line, since it holds the storage URL).
 
 A fresh process per trial keeps memory from growing across trials. It trains through
 `lightning_modules.run.train` with a `StepPruningCallback` bound to the trial in the shared
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
         die_with_parent()  # an extra DDP rank goes when its trial process goes
     try:
-        return run_trial(json.loads(args[0]))
+        from sweeps.worker import JOB_ENV
+
+        return run_trial(json.loads(args[0] if args else os.environ[JOB_ENV]))
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
         return 2

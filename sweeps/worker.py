@@ -1,4 +1,5 @@
-"""A sweep worker (`python -m sweeps.worker JSON`): loops on `study.optimize`, one trial at a time.
+"""A sweep worker (`python -m sweeps.worker`, settings as JSON in $ABLATE_WORKER): loops on
+`study.optimize`, one trial at a time.
 
 Each trial trains in a child process (`sweeps.trial_run`) in `<runs_dir>/<study>/trial-<number>`.
 The trial's overrides and run directory are stored as user attributes when it starts, so a retry
@@ -36,6 +37,9 @@ from optuna.trial import TrialState
 from sweeps.space import SearchSpace, load_space
 from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
 from sweeps.trial_run import EXIT_PRUNED
+
+WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
+JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
 
 RESULT_ATTRS = ("bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps",
                 "target_tokens", "seed", "model", "preset", "corpus", "device", "precision",
@@ -132,7 +136,8 @@ class Objective:
                "preset": self.s.preset, "row": trial.user_attrs.get("row", self.s.row),
                "config": self.s.config, "spec": self.s.spec,
                "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={self.s.study}"]}
-        child = spawn([sys.executable, "-m", "sweeps.trial_run", json.dumps(job)],
+        env = {k: v for k, v in os.environ.items() if k != WORKER_ENV}
+        child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
                       log=Path(run_dir) / "trial.log")
         try:
             code = child.wait()
@@ -146,9 +151,13 @@ class Objective:
         if code == EXIT_PRUNED:
             raise optuna.TrialPruned()
         results_path = Path(run_dir) / "results.json"
-        if code != 0 or not results_path.is_file():
+        results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
+        if results.get("status") == "failed":  # e.g. a NaN loss: the reason goes with the trial
+            trial.set_user_attr("fail_reason", results.get("reason"))
+            raise TrialFailed(f"trial {trial.number} failed: {results.get('reason')}")
+        if code != 0 or results.get("status") != "complete":
+            trial.set_user_attr("fail_reason", f"exit status {code}")
             raise TrialFailed(f"trial {trial.number} exited with status {code}; see {run_dir}/trial.log")
-        results = json.loads(results_path.read_text(encoding="utf-8"))
         for key in RESULT_ATTRS:
             trial.set_user_attr(key, results.get(key))
         if self.s.queue_only:  # Table 3: one line per finished row instead of Optuna's log
@@ -251,7 +260,7 @@ def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    return run_worker(WorkerSettings(**json.loads(args[0])))
+    return run_worker(WorkerSettings(**json.loads(args[0] if args else os.environ[WORKER_ENV])))
 
 
 def settings_json(settings: WorkerSettings) -> str:

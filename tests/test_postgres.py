@@ -13,13 +13,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from test_sweeps import SPACE, TINY, ablate, take_queued_trials_concurrently, write
+from test_sweeps import EXPECTED_KEYS, SPACE, TINY, ablate, take_queued_trials_concurrently, write
 
 SKIP = "PostgreSQL server not installed (apt-get install postgresql)"
 
@@ -137,5 +138,44 @@ def test_ablate_sweep_optuna_on_postgres(tmp_path, postgres_url):
         assert Path(t.user_attrs["run_dir"]).is_dir()
 
 
-def test_four_processes_never_take_one_queued_trial_twice_on_postgres(postgres_url):
-    assert sorted(take_queued_trials_concurrently(postgres_url)) == list(range(40))
+def test_four_workers_queueing_and_taking_never_run_a_trial_twice_on_postgres(postgres_url):
+    assert sorted(take_queued_trials_concurrently(postgres_url)) == EXPECTED_KEYS
+
+
+def _command_lines(but: int) -> list[str]:
+    """Every process's command line, as `ps` would show it to any user (except process `but`)."""
+    lines = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        if cmdline.parent.name == str(but):
+            continue
+        try:
+            lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # the process ended
+            continue
+    return lines
+
+
+def test_database_password_appears_in_no_output_file_command_line_or_trial(tmp_path, postgres_url):
+    """Security: the storage URL's password (trust auth ignores it) never reaches the logs, the
+    run directories, the report, the study's attributes or any process's command line."""
+    secret = "Pw-9f3k2-secret"
+    url = postgres_url.replace("postgres@", f"postgres:{secret}@")
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-m", "lightning_modules.cli", "table3", "--preset", "tiny", "--rows", "base",
+            "--study", "secret-table", "--storage", url, "--runs-dir", str(runs), "--wandb", "offline",
+            *[a for a in TINY if a != "--no-wandb"]]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen_in_ps = False
+    while proc.poll() is None:
+        seen_in_ps |= any(secret in line for line in _command_lines(but=proc.pid))
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert not seen_in_ps, "a worker or trial process carried the password on its command line"
+    assert secret not in out + err
+    leaked = [p for p in runs.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaked, leaked
+    assert (runs / "secret-table" / "report" / "report.html").is_file()
+    study = optuna.load_study(study_name="secret-table", storage=postgres_url)
+    stored = repr(study.user_attrs) + "".join(repr(t.user_attrs) + repr(t.system_attrs) for t in study.trials)
+    assert secret not in stored

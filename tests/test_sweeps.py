@@ -129,6 +129,8 @@ from optuna.trial import TrialState
 from sweeps.study import make_storage
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 study = optuna.load_study(study_name="race", storage=make_storage(sys.argv[1], None))
+for i in range(int(sys.argv[3])):  # each worker queues its share, while the others already take
+    study.enqueue_trial({}, user_attrs={"k": int(sys.argv[2]) * 1000 + i})
 while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
     trial = study.ask()
     if "k" not in trial.user_attrs:  # the queue emptied between the check and the ask
@@ -139,26 +141,29 @@ while study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
 """
 
 
-def take_queued_trials_concurrently(url: str, workers: int = 4, queued: int = 40) -> list[int]:
-    """`workers` processes take the queued trials of one study; the keys each one ran."""
-    study = optuna.create_study(study_name="race", storage=make_storage(url, None))
-    for k in range(queued):
-        study.enqueue_trial({}, user_attrs={"k": k})
-    procs = [subprocess.Popen([sys.executable, "-c", TAKER, url], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(workers)]
+def take_queued_trials_concurrently(url: str, workers: int = 4, each: int = 10) -> list[int]:
+    """`workers` processes each queue `each` trials into one study and take queued trials until
+    none is left; returns the keys of the trials run (worker * 1000 + i)."""
+    optuna.create_study(study_name="race", storage=make_storage(url, None))
+    procs = [subprocess.Popen([sys.executable, "-c", TAKER, url, str(w), str(each)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for w in range(workers)]
     taken = []
     for p in procs:
         out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-2000:]
+        assert p.returncode == 0, err[-2000:]  # no "database is locked" either
+        assert "locked" not in err, err[-2000:]
         taken += [int(k) for k in out.split()]
     return taken
 
 
-def test_four_processes_never_take_one_queued_trial_twice_on_sqlite(tmp_path):
+EXPECTED_KEYS = sorted(w * 1000 + i for w in range(4) for i in range(10))
+
+
+def test_four_workers_queueing_and_taking_never_run_a_trial_twice_on_sqlite(tmp_path):
     """Optuna claims a WAITING trial by read-then-write; on SQLite that raced until make_storage
     made transactions BEGIN IMMEDIATE (without it this test fails: trials run twice)."""
     taken = take_queued_trials_concurrently(f"sqlite:///{tmp_path}/race.db")
-    assert sorted(taken) == list(range(40))
+    assert sorted(taken) == EXPECTED_KEYS
 
 
 def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):

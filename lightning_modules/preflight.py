@@ -1,0 +1,189 @@
+"""Checks before a run does any work: the output directory, its identity, memory, disk, W&B, and
+the checkpoints it would resume from. Each failure is one `UserError` line.
+"""
+
+from __future__ import annotations
+
+import netrc
+import os
+import shutil
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import yaml
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+
+from lightning_modules.config import RunConfig, TransformerConfig
+from lightning_modules.errors import UserError
+from lightning_modules.presets import DERIVED_KEYS
+from lightning_modules.transformer import count_parameters
+
+# What makes a run directory one run: the whole model (all keys) and the corpus and vocabulary.
+IDENTITY_KEYS: dict[str, list[str]] = {
+    "model": [],
+    "data": ["corpus", "src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
+             "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "vocab_size"],
+}
+GB = 1024 ** 3
+
+
+def check_output_dir(out: Path) -> None:
+    """Fail before any work if the run directory cannot be written."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"cannot write to output directory {out}: {err.strerror or err}") from None
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Delete the temporary files of atomic writes that a killed process left (rank 0 only)."""
+    if rank_zero_only.rank != 0:
+        return
+    for folder in (out, out / "checkpoints"):
+        for tmp in folder.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+
+
+def check_same_run(out: Path, cfg: RunConfig) -> None:
+    """A run directory belongs to one model and corpus: refuse to resume a different one."""
+    saved_path = out / "config.yaml"
+    if not saved_path.is_file():
+        return
+    try:
+        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        raise UserError(f"{saved_path} is not valid YAML; use another --out (or delete {out})") from None
+    current = asdict(cfg)
+    for section, keys in IDENTITY_KEYS.items():
+        old, new = saved.get(section, {}), current[section]
+        for key in keys or [k for k in new if f"{section}.{k}" not in DERIVED_KEYS]:
+            if old.get(key) != new.get(key):
+                raise UserError(
+                    f"{out} holds a run with {section}.{key}={old.get(key)!r}, not {new.get(key)!r}; "
+                    f"use another --out (or delete {out}) to train a different configuration")
+
+
+def _model_estimate(cfg: RunConfig) -> TransformerConfig:
+    """The model with the BPE vocabulary it will get (the tokenizer decides the exact size)."""
+    fields = {**asdict(cfg.model), "vocab_size": cfg.data.vocab_size}
+    return TransformerConfig(**fields)
+
+
+def estimate_memory_gb(cfg: RunConfig) -> tuple[float, float]:
+    """Rough training memory per device in GiB: (weights + gradients + Adam moments, activations).
+
+    Activations: per token and layer, the residual-stream tensors (~10·d_model), the FFN (2·d_ff),
+    the attention projections (3·h·(d_k + d_v)), and the attention weights (h · sequence length,
+    taken as 256 tokens); the decoder has two attention blocks, and the pre-softmax logits are
+    vocab_size per target token. Float32, `data.max_tokens` tokens per side.
+    """
+    m, tokens, seq = _model_estimate(cfg), cfg.data.max_tokens, 256
+    attention = 3 * m.n_heads * (m.d_k + m.d_v) + m.n_heads * seq
+    per_layer = 10 * m.d_model + 2 * m.d_ff + attention
+    activations = tokens * m.n_layers * (2 * per_layer + attention) + tokens * 2 * m.vocab_size
+    return 16 * count_parameters(m) / GB, 4 * activations / GB
+
+
+def check_memory(cfg: RunConfig) -> None:
+    """Refuse a configuration whose estimate exceeds `train.max_memory_gb` (when the user set it)."""
+    limit = cfg.train.max_memory_gb
+    if limit is None:
+        return
+    states, activations = estimate_memory_gb(cfg)
+    if states + activations > limit:
+        raise UserError(
+            f"estimated training memory {states + activations:.1f} GB exceeds train.max_memory_gb={limit:g} "
+            f"(weights and Adam states {states:.1f} GB, activations ~{activations:.1f} GB at "
+            f"data.max_tokens={cfg.data.max_tokens}); lower n_heads*d_k, d_ff, d_model, n_layers or "
+            f"data.max_tokens")
+
+
+def check_disk_space(out: Path, cfg: RunConfig) -> None:
+    """Fail before training if the disk cannot hold the checkpoints (three of weights + Adam)."""
+    need = 3 * 12 * count_parameters(_model_estimate(cfg)) + 64 * 2 ** 20
+    free = shutil.disk_usage(out).free
+    if free < need:
+        raise UserError(f"{out}: {free / GB:.2f} GB free, but this model's checkpoints need about "
+                        f"{need / GB:.2f} GB; free some space or use another --out")
+
+
+def _api_key() -> str | None:
+    key = os.environ.get("WANDB_API_KEY")
+    if key:
+        return key
+    try:
+        auth = netrc.netrc().authenticators("api.wandb.ai")
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return auth[2] if auth else None
+
+
+def _api_key_problem(key: str | None) -> str | None:
+    if not key:
+        return "no API key (set WANDB_API_KEY or run `wandb login`)"
+    try:
+        from wandb.sdk.lib.wbauth.validation import check_api_key
+    except ImportError:  # another wandb version: let wandb itself judge the key
+        return None
+    problem = check_api_key(key)
+    return f"the API key is malformed ({problem.rstrip('.')})" if problem else None
+
+
+def wandb_mode(setting: str, on_error: str = "fail") -> str | None:
+    """'online', 'offline' or None (off). 'auto' is online only with a well-formed API key.
+
+    'online' without a usable key fails with one line, or falls back to offline when
+    `on_error` is "offline" (train.wandb_on_error). The key itself is never printed.
+    """
+    if setting == "off" or os.environ.get("WANDB_MODE") == "disabled":
+        return None
+    if setting == "offline":
+        return setting
+    problem = _api_key_problem(_api_key())
+    if setting == "auto":
+        return "offline" if problem else "online"
+    if problem is None:
+        return "online"
+    if on_error == "offline":
+        rank_zero_warn(f"W&B online: {problem}; logging offline instead (train.wandb_on_error=offline)")
+        return "offline"
+    raise UserError(f"--wandb online: {problem}; or set train.wandb_on_error=offline to log offline")
+
+
+def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig) -> Path | None:
+    """The checkpoint to resume from: the valid one with the highest step (newest on a tie).
+
+    A damaged file (a zip whose CRCs fail, e.g. copied in half) is renamed to `*.corrupt` with a
+    warning and skipped; a checkpoint saved by another model is refused with one line.
+    """
+    if not ckpt_dir.is_dir():
+        return None
+    wanted, best, best_key = asdict(model), None, None
+    for path in sorted(ckpt_dir.glob("*.ckpt")):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                damaged = archive.testzip() is not None
+        except (zipfile.BadZipFile, OSError):
+            damaged = True
+        if damaged:
+            try:
+                path.replace(path.with_suffix(".ckpt.corrupt"))
+            except FileNotFoundError:  # another DDP rank set it aside first
+                pass
+            rank_zero_warn(f"{path} is damaged; set aside as {path.name}.corrupt")
+            continue
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        old = saved.get("hyper_parameters", {}).get("model", {})
+        for key, value in wanted.items():
+            if key in old and old[key] != value:
+                raise UserError(f"{path} was saved by another model ({key}={old[key]!r}, not {value!r}); "
+                                f"use another --out, or move the checkpoint away")
+        key = (int(saved.get("global_step", 0)), path.stat().st_mtime)
+        if best_key is None or key > best_key:
+            best, best_key = path, key
+    return best

@@ -1,0 +1,146 @@
+"""Bad input, one case per test: each must end in exactly one `ablate: error: ...` line naming the
+problem, exit status 2, no traceback, and nothing written (no run directory, no database, no
+report). The commands run in-process (`lightning_modules.cli.main`) in an empty working directory;
+a last test runs a few of them as real processes to check for tracebacks on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lightning_modules.cli import main
+
+FAST = ["--no-wandb", "--max-steps", "2", "data.valid_size=50", "data.test_size=50", "train.progress_bar=false"]
+SPACE_OK = "params:\n  dropout: {type: float, low: 0.0, high: 0.3}\n"
+
+
+def files(tmp: Path, **contents: str | bytes) -> dict[str, str]:
+    """Write files into `tmp`; returns {name: path}."""
+    out = {}
+    for name, content in contents.items():
+        path = tmp / name.replace("_", ".")
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        out[name] = str(path)
+    return out
+
+
+def corpus(tmp: Path, tgt: str | bytes = "x y\nz w\n", src: str = "a b\nc d\n") -> list[str]:
+    f = files(tmp, train_en=src, train_de=tgt, valid_en="a b\n", valid_de="x y\n")
+    return ["--train-src", f["train_en"], "--train-tgt", f["train_de"],
+            "--valid-src", f["valid_en"], "--valid-tgt", f["valid_de"]]
+
+
+def sweep(tmp: Path, space: str, *extra: str) -> list[str]:
+    path = files(tmp, space_yaml=space)["space_yaml"]
+    return ["sweep", "optuna", "--study", "s", "--storage", f"sqlite:///{tmp}/s.db", "--space", path,
+            *extra, *FAST]
+
+
+# (case id, argument builder given the tmp dir, text the one error line must contain, environment)
+Case = tuple[str, Callable[[Path], list[str]], str, dict[str, str]]
+CASES: list[Case] = [
+    ("malformed-config-yaml", lambda t: ["train", "--config", files(t, bad_yaml="model: {d_model: [1, 2")["bad_yaml"]], "bad.yaml", {}),
+    ("config-yaml-not-a-mapping", lambda t: ["train", "--config", files(t, list_yaml="- 1\n- 2\n")["list_yaml"]], "list.yaml", {}),
+    ("config-file-missing", lambda t: ["train", "--config", str(t / "nope.yaml")], "nope.yaml", {}),
+    ("malformed-spec-yaml", lambda t: ["table3", "--spec", files(t, rows_yaml="base: {model: [")["rows_yaml"]], "rows.yaml", {}),
+    ("spec-without-base", lambda t: ["table3", "--spec", files(t, rows_yaml="A1: {model: {n_heads: 1}}\n")["rows_yaml"]], "'base' row", {}),
+    ("spec-file-missing", lambda t: ["params", "--spec", str(t / "nope.yaml")], "nope.yaml", {}),
+    ("unknown-key-suggests", lambda t: ["train", "d_modle=64"], "did you mean", {}),
+    ("unknown-dotted-key", lambda t: ["train", "train.warmup=100"], "did you mean", {}),
+    ("override-without-value", lambda t: ["train", "d_model"], "not of the form key=value", {}),
+    ("wrong-type-int", lambda t: ["train", "d_model=abc"], "d_model", {}),
+    ("wrong-type-bool", lambda t: ["train", "data.ding_dictionary=maybe"], "ding_dictionary", {}),
+    ("zero-d-model", lambda t: ["train", "d_model=0"], "must be positive", {}),
+    ("negative-heads", lambda t: ["train", "n_heads=-2"], "n_heads", {}),
+    ("dropout-one", lambda t: ["train", "dropout=1.0"], "dropout", {}),
+    ("dropout-negative", lambda t: ["train", "dropout=-0.1"], "dropout", {}),
+    ("label-smoothing-one", lambda t: ["train", "label_smoothing=1"], "label_smoothing", {}),
+    ("unknown-positional", lambda t: ["train", "positional=rotary"], "positional", {}),
+    ("heads-do-not-divide-d-model", lambda t: ["train", "d_model=100", "n_heads=8"], "n_heads", {}),
+    ("max-steps-zero", lambda t: ["train", "--max-steps", "0"], "max_steps", {}),
+    ("memory-limit", lambda t: ["train", "--out", str(t / "run"), "n_heads=64", "d_k=512", "d_v=512",
+                                "train.max_memory_gb=2", *FAST], "exceeds train.max_memory_gb=2", {}),
+    ("disk-too-small", lambda t: ["train", "--out", str(t / "run"), "d_model=65536", "d_ff=262144",
+                                  "n_heads=1", *FAST], "GB free, but this model's checkpoints need", {}),
+    ("unknown-row", lambda t: ["train", "--row", "Z9"], "unknown row 'Z9'", {}),
+    ("unknown-row-in-table3", lambda t: ["table3", "--rows", "base,C33", *FAST], "did you mean 'C3'", {}),
+    ("bad-seeds", lambda t: ["table3", "--seeds", "1,x", *FAST], "--seeds", {}),
+    ("unknown-preset", lambda t: ["train", "--preset", "huge"], "unknown preset 'huge'", {}),
+    ("bad-devices", lambda t: ["train", "--devices", "two"], "train.devices", {}),
+    ("space-inverted-range", lambda t: sweep(t, "params:\n  dropout: {type: float, low: 0.5, high: 0.1}\n"), "empty range", {}),
+    ("space-equal-bounds", lambda t: sweep(t, "params:\n  n_layers: {type: int, low: 3, high: 3}\n"), "empty range", {}),
+    ("space-empty-choices", lambda t: sweep(t, "params:\n  d_model: {type: categorical, choices: []}\n"), "non-empty list", {}),
+    ("space-unknown-key", lambda t: sweep(t, "params:\n  d_mdl: {type: int, low: 1, high: 4}\n"), "d_mdl", {}),
+    ("space-log-from-zero", lambda t: sweep(t, "params:\n  dropout: {type: float, low: 0.0, high: 0.3, log: true}\n"), "log range", {}),
+    ("zero-trials", lambda t: sweep(t, SPACE_OK, "--n-trials", "0"), "--n-trials", {}),
+    ("devices-per-trial-zero", lambda t: sweep(t, SPACE_OK, "--devices-per-trial", "0"), "--devices-per-trial", {}),
+    ("workers-and-devices", lambda t: sweep(t, SPACE_OK, "--workers", "2", "--devices", "0,1"), "not both", {}),
+    ("storage-url-malformed", lambda t: ["sweep", "optuna", "--study", "s", "--storage", "nonsense://x",
+                                         "--space", files(t, space_yaml=SPACE_OK)["space_yaml"], *FAST], "cannot open storage", {}),
+    ("storage-unreachable", lambda t: ["sweep", "optuna", "--study", "s", "--storage",
+                                       "postgresql+psycopg2://ablate:hunter2@127.0.0.1:9/optuna",
+                                       "--space", files(t, space_yaml=SPACE_OK)["space_yaml"], *FAST], "cannot open storage", {}),
+    ("corpus-file-missing", lambda t: ["train", "--out", str(t / "run"), "--train-src", str(t / "no.en"),
+                                       "--train-tgt", str(t / "no.de"), "--valid-src", str(t / "no.en"),
+                                       "--valid-tgt", str(t / "no.de"), *FAST], "no.en", {}),
+    ("corpus-file-empty", lambda t: ["train", "--out", str(t / "run"), *corpus(t, tgt=""), *FAST], "train.de", {}),
+    ("corpus-not-utf8", lambda t: ["train", "--out", str(t / "run"), *corpus(t, tgt=b"x y\n\xff\xfe z\n"), *FAST], "line 2", {}),
+    ("corpus-line-counts-differ", lambda t: ["train", "--out", str(t / "run"), *corpus(t, tgt="x y\n"), *FAST], "train.de", {}),
+    ("corpus-empty-line-one-side", lambda t: ["train", "--out", str(t / "run"), *corpus(t, tgt="x y\n\n"), *FAST], "line 2", {}),
+    ("files-without-target", lambda t: ["train", "--out", str(t / "run"), "--train-src",
+                                        files(t, a_en="a\n")["a_en"], *FAST], "train_tgt", {}),
+    ("vocab-larger-than-corpus", lambda t: ["train", "--out", str(t / "run"), *corpus(t), "data.vocab_size=5000",
+                                            *FAST], "data.vocab_size=5000 is too large", {}),
+    ("wandb-online-malformed-key", lambda t: ["train", "--out", str(t / "run"), "--wandb", "online"],
+     "API key is malformed", {"WANDB_API_KEY": "not-a-key"}),
+    ("wandb-online-without-key", lambda t: ["train", "--out", str(t / "run"), "--wandb", "online"],
+     "no API key", {"WANDB_API_KEY": ""}),
+    ("output-is-a-file", lambda t: ["train", "--out", files(t, taken_txt="x")["taken_txt"], *FAST],
+     "cannot write to output directory", {}),
+    ("report-without-table3-study", lambda t: ["report", "--storage", f"sqlite:///{t}/none.db", "--out", str(t / "r")],
+     "no database", {}),
+    ("report-negative-bootstrap", lambda t: ["report", "--out", str(t / "r"), "--bootstrap", "-1"], "--bootstrap", {}),
+    ("params-bad-vocab", lambda t: ["params", "--vocab-size", "0"], "vocab", {}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: Path, monkeypatch, capsys):
+    name, build, expected, env = case
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc: no W&B key unless a case sets one
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    args = build(tmp_path)
+    before = {p for p in tmp_path.rglob("*")}
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, (code, err)
+    assert len(err) == 1 and err[0].startswith("ablate: error: "), err
+    assert expected in err[0], err[0]
+    assert "hunter2" not in err[0]  # a database password is never printed
+    created = sorted(str(p.relative_to(tmp_path)) for p in set(tmp_path.rglob("*")) - before)
+    assert not [c for c in created if not c.startswith("home")], f"{name} wrote {created}"
+
+
+def test_there_are_at_least_thirty_cases():
+    assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("args", [["train", "d_model=abc"], ["train", "--preset", "huge"],
+                                  ["sweep", "optuna", "--study", "s", "--space", "/nonexistent.yaml"],
+                                  ["report", "--storage", "nonsense://", "--out", "r"]])
+def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
+    result = subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

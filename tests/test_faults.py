@@ -1,0 +1,128 @@
+"""Fault injection with real processes and real signals: SIGKILL/SIGTERM at named points of a run
+(`ABLATE_FAULT`, see lightning_modules/faults.py), a damaged checkpoint, a NaN loss. After each,
+running the same command again finishes the work from what was saved, and no half-written file
+is ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from optuna.trial import TrialState
+
+from sweeps.study import enqueue, make_storage, open_study
+
+SMALL = ["--max-steps", "20", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
+         "data.vocab_size=500", "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000",
+         "eval.max_len_offset=10", "train.progress_bar=false", "train.checkpoint_every=5",
+         "train.val_check_interval=10", "train.log_every_n_steps=5"]
+
+
+def ablate(*args: str, fault: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "ABLATE_FAULT"}
+    if fault:
+        env["ABLATE_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
+
+
+def all_checkpoints_load(ckpt_dir: Path) -> dict[str, int]:
+    """Every *.ckpt file loads (safely); returns their global steps."""
+    return {p.name: torch.load(p, weights_only=True)["global_step"] for p in ckpt_dir.glob("*.ckpt")}
+
+
+# (fault, signal that kills, the newest checkpoint step left behind)
+FAULTS = [
+    ("train_step@7", signal.SIGKILL, 5),           # in the middle of training
+    ("train_step@13:SIGTERM", signal.SIGTERM, 13),  # SIGTERM: Lightning saves an interrupted checkpoint
+    ("validation@10", signal.SIGKILL, 10),         # during the dev-perplexity validation at step 10
+    ("checkpoint_write@15", signal.SIGKILL, 10),   # half of step 15's checkpoint written
+    ("decode", signal.SIGKILL, 20),                # during the final beam search over the dev set
+    ("results_write", signal.SIGKILL, 20),         # results.json written to its temporary file
+]
+
+
+@pytest.mark.parametrize("fault,sig,saved_step", FAULTS, ids=[f[0] for f in FAULTS])
+def test_killed_run_is_finished_by_the_same_command(tmp_path: Path, fault: str, sig: signal.Signals,
+                                                    saved_step: int):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), *SMALL]
+    first = ablate(*args, fault=fault)
+    if sig == signal.SIGKILL:
+        assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    else:  # Lightning turns SIGTERM into a clean stop; the CLI exits non-zero with one line
+        assert first.returncode != 0 and "Traceback" not in first.stderr, first.stderr[-2000:]
+    assert not (out / "results.json").exists()
+    steps = all_checkpoints_load(out / "checkpoints")
+    assert max(steps.values()) == saved_step, steps
+
+    second = ablate(*args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete" and results["steps"] == 20
+    assert "Restoring states from the checkpoint" in second.stderr + second.stdout  # resumed, not restarted
+    assert not list(out.rglob(".*.tmp")), "a killed write's temporary file was left behind"
+    all_checkpoints_load(out / "checkpoints")
+
+
+def test_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous_one(tmp_path: Path):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), *SMALL, "train.checkpoint_every=5", "--max-steps", "20"]
+    assert ablate(*args, fault="train_step@12").returncode == -signal.SIGKILL
+    last = out / "checkpoints" / "last.ckpt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])  # as if copied in half
+    (out / "checkpoints" / "step10.ckpt").write_bytes(data)  # an intact older copy (step 10)
+    second = ablate(*args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert (out / "checkpoints" / "last.ckpt.corrupt").is_file()
+    assert "is damaged; set aside" in second.stderr
+    assert json.loads((out / "results.json").read_text())["steps"] == 20
+
+
+def test_checkpoint_of_another_model_is_refused_with_one_line(tmp_path: Path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert ablate("train", "--out", str(a), *SMALL, fault="train_step@6").returncode == -signal.SIGKILL
+    assert ablate("train", "--out", str(b), *SMALL, "d_ff=128", fault="train_step@6").returncode == -signal.SIGKILL
+    (b / "checkpoints" / "last.ckpt").replace(a / "checkpoints" / "last.ckpt")  # b's weights in a's run
+    result = ablate("train", "--out", str(a), *SMALL)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "was saved by another model (d_ff=128, not 64)" in lines[-1]
+    assert "Traceback" not in result.stderr and not (a / "results.json").exists()
+
+
+def test_nan_loss_fails_the_run_with_its_reason_recorded(tmp_path: Path):
+    out = tmp_path / "run"
+    result = ablate("train", "--out", str(out), *SMALL, fault="nan_loss@3")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and "the training loss became nan" in lines[-1]
+    assert "Traceback" not in result.stderr
+    recorded = json.loads((out / "results.json").read_text())
+    assert recorded["status"] == "failed" and "nan" in recorded["reason"]
+    again = ablate("train", "--out", str(out), *SMALL)  # a failed run is not silently retried
+    assert again.returncode == 1 and "holds a failed run" in again.stderr
+
+
+def test_diverging_trial_fails_with_its_reason_and_the_sweep_goes_on(tmp_path: Path):
+    db = f"sqlite:///{tmp_path}/sweeps.db"
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  dropout: {type: float, low: 0.0, high: 0.2}\n")
+    study = open_study("nan", make_storage(db, None))
+    enqueue(study, ["train.lr_scale=1e7", "train.warmup_steps=2"])  # diverges within a few steps
+    enqueue(study, ["train.lr_scale=0.5"])
+    result = ablate("sweep", "optuna", "--study", "nan", "--storage", db, "--space", str(space),
+                    "--n-trials", "2", "--runs-dir", str(tmp_path / "runs"), "--no-prune", *SMALL,
+                    "--max-steps", "10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = optuna.load_study(study_name="nan", storage=db).get_trials()
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(failed) == 1 and "the training loss became nan" in failed[0].user_attrs["fail_reason"]
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2  # the sweep went on to finish
