@@ -105,7 +105,9 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
 
 
 def to_markdown(frame: pd.DataFrame) -> str:
-    return display_frame(frame).to_markdown(index=False, disable_numparse=True)
+    table = display_frame(frame)
+    align = ["left" if c in ("row", "pos") else "right" for c in table.columns]
+    return table.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 
 def to_latex(frame: pd.DataFrame, caption: str) -> str:

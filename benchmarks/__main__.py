@@ -1,0 +1,114 @@
+"""`python -m benchmarks`: run the benchmark suite, write results.json and results.md.
+
+    python -m benchmarks                       # everything, CPU, ~15 minutes on 2 cores
+    python -m benchmarks --quick               # tiny sizes: a smoke check in about a minute
+    python -m benchmarks --only train,padding  # a subset
+    python -m benchmarks --device cuda         # on a GPU (bf16 autocast by default there, MFU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from benchmarks import generation, overhead, padding, scaling, train_step
+from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
+from lightning_modules.io import atomic_write_json, atomic_write_text
+
+BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padding.run,
+              "generation": generation.run, "scaling": scaling.run}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(BENCHMARKS),
+                        help=f"comma-separated subset of {','.join(BENCHMARKS)} (default: all)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke checks")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
+                        help="output directory for results.json and results.md")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="timed repetitions per measurement (default: each benchmark's own)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE,
+                        help="where the benchmark BPE models are trained once and reused")
+    parser.add_argument("--multi30k-dir", type=Path, default=REPO.parent / "shared" / "data" / "multi30k",
+                        help="Multi30k raw files for the padding benchmark (skipped if absent)")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="an `ablate train` checkpoint to decode with instead of training "
+                             "the generation model (sinusoidal, d_k = d_model/h)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.only.split(",") if name and name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if args.reps is not None and args.reps < 1:
+        parser.error("--reps must be at least 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        parser.error(f"--checkpoint {args.checkpoint}: file not found")
+    return args
+
+
+def render(info: dict, sections: list[Section]) -> str:
+    lines = ["# Benchmarks", "",
+             f"{info['date']} · {info['cpu']} ({info['cpu_count']} CPUs, {info['torch_threads']} "
+             f"torch threads) · device {info['device']}" + (f" ({info['gpu']})" if info["gpu"] else "")
+             + f" · {info['precision']} · torch {info['torch']} · transformers "
+             f"{info['transformers'] or 'not installed'} · commit {info['git_commit'] or '?'}"
+             + (" · **--quick (tiny sizes, not the real measurement)**" if info["quick"] else ""),
+             ""]
+    targets = [t for s in sections for t in s.targets]
+    if targets:
+        met = sum(bool(t["met"]) for t in targets)
+        lines += [f"Targets met: {met} of {len(targets)}.", ""]
+    return "\n".join(lines + [render_section(s) + "\n" for s in sections])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    precision = args.precision if args.precision != "auto" else (
+        "bf16" if device.type == "cuda" else "fp32")
+    settings = Settings(device=device, precision=precision, reps=args.reps, quick=args.quick,
+                        cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
+                        checkpoint=args.checkpoint, seed=args.seed)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    info = machine_info(settings)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    sections: list[Section] = []
+    start = time.perf_counter()
+    for name in [n for n in BENCHMARKS if n in args.only.split(",")]:
+        print(f"[{name}] running ...", flush=True)
+        section = BENCHMARKS[name](settings)
+        sections.append(section)
+        if device.type != "cuda" and "MFU" in section.columns:
+            section.columns.remove("MFU")  # only defined against a GPU's peak
+        print(f"[{name}] done in {section.seconds:.1f} s", flush=True)
+        # Written after every benchmark, so an interrupted run keeps what it finished.
+        atomic_write_json(out / "results.json", {
+            "machine": info, "total_seconds": round(time.perf_counter() - start, 1),
+            "targets": [t for s in sections for t in s.targets],
+            "benchmarks": {s.name: s.to_json() for s in sections}})
+        atomic_write_text(out / "results.md", render(info, sections))
+    markdown = render(info, sections)
+    print(markdown)
+    print(f"Wrote {out / 'results.json'} and {out / 'results.md'} "
+          f"in {time.perf_counter() - start:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
