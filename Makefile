@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps test-deps demo test clean
+.PHONY: setup system-deps test-deps demo test test-slow bench clean
 
 system-deps:  ## Debian packages: the Ding dictionary (the embedded default corpus)
 	@if [ ! -f /usr/share/trans/de-en ]; then \
@@ -36,6 +36,13 @@ demo: setup
 
 test: setup test-deps
 	$(BIN)/python -m pytest -q
+
+test-slow: setup test-deps  ## the slower fault-injection cases (not in `make test`)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: setup  ## benchmarks (transformers is a benchmark-only extra): JSON + markdown in benchmarks/results/
+	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)" -e ".[dev,bench]"
+	$(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) runs
