@@ -35,7 +35,7 @@ demo: setup
 	$(BIN)/ablate table3 --preset demo --workers $(WORKERS)
 
 test: setup test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
 
 test-slow: setup test-deps  ## the slower fault-injection cases (not in `make test`)
 	$(BIN)/python -m pytest -q -m slow

@@ -39,18 +39,20 @@ def all_checkpoints_load(ckpt_dir: Path) -> dict[str, int]:
     return {p.name: torch.load(p, weights_only=True)["global_step"] for p in ckpt_dir.glob("*.ckpt")}
 
 
+SLOW = pytest.mark.slow  # in `make test-slow`, not `make test` (the suite stays under ~10 minutes)
+
 # (fault, signal that kills, the newest checkpoint step left behind)
 FAULTS = [
-    ("train_step@7", signal.SIGKILL, 5),           # in the middle of training
-    ("train_step@13:SIGTERM", signal.SIGTERM, 13),  # SIGTERM: Lightning saves an interrupted checkpoint
-    ("validation@10", signal.SIGKILL, 10),         # during the dev-perplexity validation at step 10
-    ("checkpoint_write@15", signal.SIGKILL, 10),   # half of step 15's checkpoint written
-    ("decode", signal.SIGKILL, 20),                # during the final beam search over the dev set
-    ("results_write", signal.SIGKILL, 20),         # results.json written to its temporary file
+    pytest.param("train_step@7", signal.SIGKILL, 5, id="train_step@7"),  # in the middle of training
+    pytest.param("train_step@13:SIGTERM", signal.SIGTERM, 13, id="SIGTERM@13", marks=SLOW),  # interrupted ckpt
+    pytest.param("validation@10", signal.SIGKILL, 10, id="validation@10", marks=SLOW),  # during validation
+    pytest.param("checkpoint_write@15", signal.SIGKILL, 10, id="checkpoint_write@15"),  # half a checkpoint written
+    pytest.param("decode", signal.SIGKILL, 20, id="decode", marks=SLOW),  # during the final beam search
+    pytest.param("results_write", signal.SIGKILL, 20, id="results_write", marks=SLOW),  # results.json not renamed
 ]
 
 
-@pytest.mark.parametrize("fault,sig,saved_step", FAULTS, ids=[f[0] for f in FAULTS])
+@pytest.mark.parametrize("fault,sig,saved_step", FAULTS)
 def test_killed_run_is_finished_by_the_same_command(tmp_path: Path, fault: str, sig: signal.Signals,
                                                     saved_step: int):
     out = tmp_path / "run"
@@ -88,6 +90,7 @@ def test_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous_o
     assert json.loads((out / "results.json").read_text())["steps"] == 20
 
 
+@SLOW
 def test_checkpoint_of_another_model_is_refused_with_one_line(tmp_path: Path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert ablate("train", "--out", str(a), *SMALL, fault="train_step@6").returncode == -signal.SIGKILL
@@ -111,6 +114,7 @@ def test_nan_loss_fails_the_run_with_its_reason_recorded(tmp_path: Path):
     assert again.returncode == 1 and "holds a failed run" in again.stderr
 
 
+@SLOW
 def test_diverging_trial_fails_with_its_reason_and_the_sweep_goes_on(tmp_path: Path):
     db = f"sqlite:///{tmp_path}/sweeps.db"
     space = tmp_path / "space.yaml"

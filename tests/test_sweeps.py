@@ -115,10 +115,11 @@ def test_bad_space_file_exits_2_with_one_line(tmp_path):
 def test_enqueue_skips_configurations_already_queued_or_done(tmp_path):
     study = open_study("q", make_storage(f"sqlite:///{tmp_path}/q.db", None))
     assert enqueue(study, ["d_model=64", "n_layers=2"], {"row": "A1"})
-    assert not enqueue(study, ["model.n_layers=2", "model.d_model=64"])  # the same config
+    assert not enqueue(study, ["model.n_layers=2", "model.d_model=64"], {"row": "A1"})  # the same config
+    assert enqueue(study, ["d_model=64", "n_layers=2"], {"row": "A2"})  # same overrides, another row
     assert enqueue(study, ["d_model=64", "n_layers=3"])
     waiting = study.get_trials(states=(TrialState.WAITING,))
-    assert len(waiting) == 2 and waiting[0].user_attrs["row"] == "A1"
+    assert len(waiting) == 3 and waiting[0].user_attrs["row"] == "A1"
     with pytest.raises(UserError, match="maximize"):
         open_study("q", f"sqlite:///{tmp_path}/q.db", "bleu")
 
