@@ -68,9 +68,9 @@ def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
             "precision": precision, "num_nodes": t.num_nodes}
 
 
-def make_loggers(cfg: RunConfig, out: Path) -> list[Logger]:
+def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
+    """CSV always; W&B in `mode` ('online' or 'offline'; None: off)."""
     loggers: list[Logger] = [CSVLogger(out, name="logs", version="")]
-    mode = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)
     if mode:
         id_file = out / "wandb_id.txt"
         run_id = id_file.read_text().strip() if id_file.is_file() else None
@@ -105,7 +105,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     out = Path(out)
     hardware = resolve_hardware(cfg)  # bad device settings fail before any work
     check_memory(cfg)
-    wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
+    wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
     created = not out.exists()
     check_output_dir(out)
     remove_stale_temporaries(out)
@@ -149,7 +149,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         gradient_clip_val=cfg.train.gradient_clip_val or None,
         log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
         enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
-        logger=make_loggers(cfg, out), default_root_dir=out,
+        logger=make_loggers(cfg, out, wandb), default_root_dir=out,
         plugins=[AtomicCheckpointIO()],
         callbacks=[clock, FaultPoints(), DivergenceGuard(cfg.train.log_every_n_steps),
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -186,22 +187,33 @@ def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
     assert again.returncode == 0 and len(load(tmp_path, "tpe").trials) == 6
 
 
+def wait_for_running_trial(trials: Callable[[], list[optuna.trial.FrozenTrial]],
+                           accept: Callable[[optuna.trial.FrozenTrial], bool],
+                           timeout: float = 120) -> optuna.trial.FrozenTrial | None:
+    """Poll `trials()` until a RUNNING trial satisfies `accept`; None after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.5)
+        try:
+            running = [t for t in trials() if t.state == TrialState.RUNNING]
+        except Exception:  # noqa: BLE001 (the database or study is not created yet)
+            continue
+        found = next((t for t in running if accept(t)), None)
+        if found is not None:
+            return found
+    return None
+
+
 def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
     args = sweep_args(tmp_path, "kill", 2)
     proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline, victim = time.time() + 120, None
-        while time.time() < deadline and victim is None:
-            time.sleep(0.5)
-            try:
-                running = load(tmp_path, "kill").get_trials(states=(TrialState.RUNNING,))
-            except Exception:  # noqa: BLE001 (the database or study is not created yet)
-                continue
-            for t in running:
-                ckpt = Path(t.user_attrs.get("run_dir", "/nonexistent")) / "checkpoints" / "last.ckpt"
-                if 5 in t.intermediate_values and ckpt.is_file():
-                    victim = t
+        def resumable(t: optuna.trial.FrozenTrial) -> bool:
+            ckpt = Path(t.user_attrs.get("run_dir", "/nonexistent")) / "checkpoints" / "last.ckpt"
+            return 5 in t.intermediate_values and ckpt.is_file()
+
+        victim = wait_for_running_trial(lambda: load(tmp_path, "kill").get_trials(), resumable)
         assert victim is not None, "no trial reached step 5"
         os.kill(int(victim.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGKILL)
         assert proc.wait(timeout=60) == 1
@@ -259,14 +271,8 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
     proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline, running = time.time() + 120, None
-        while time.time() < deadline and running is None:
-            time.sleep(0.5)
-            try:
-                trials = load(tmp_path, "term").get_trials(states=(TrialState.RUNNING,))
-            except Exception:  # noqa: BLE001 (the database or study is not created yet)
-                continue
-            running = next((t for t in trials if 5 in t.intermediate_values), None)
+        running = wait_for_running_trial(lambda: load(tmp_path, "term").get_trials(),
+                                         lambda t: 5 in t.intermediate_values)
         assert running is not None, "no trial reached step 5"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 130

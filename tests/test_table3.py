@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 from lightning_modules.errors import UserError
 from lightning_modules.presets import load_spec
 from sweeps.table3 import Table3Plan, parse_seeds, queue, select_rows
+from test_sweeps import wait_for_running_trial
 
 SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
          "data.vocab_size=500", "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000",
@@ -213,14 +214,7 @@ def test_killed_table3_command_is_resumed_at_once_by_a_rerun(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline, running = time.time() + 120, None
-        while time.time() < deadline and running is None:
-            time.sleep(0.5)
-            try:
-                live = [t for t in trials(tmp_path) if t.state == TrialState.RUNNING]
-            except Exception:  # noqa: BLE001 (the study is not created yet)
-                continue
-            running = next((t for t in live if 5 in t.intermediate_values), None)
+        running = wait_for_running_trial(lambda: trials(tmp_path), lambda t: 5 in t.intermediate_values)
         assert running is not None, "the row never reached step 5"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
