@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -12,12 +13,34 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning_modules.faults import inject
 
 
-class TrainingClock(pl.Callback):
-    """Accumulates training time and target tokens; the totals survive checkpoint/resume."""
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), else None."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
-    def __init__(self) -> None:
+
+class TrainingClock(pl.Callback):
+    """Accumulates training time and target tokens; the totals survive checkpoint/resume.
+
+    Also measures this process's start-up (process start to the first training step, the data,
+    model and Trainer set-up included), the first step's own time (which holds torch.compile's
+    compilation) and the steady-state rate: target tokens/s between the log-window boundaries
+    after the first one (the window's loss read waits for the GPU there, so these times are
+    the device's).
+    """
+
+    def __init__(self, every: int = 50) -> None:
         self.train_time_s = 0.0
         self.target_tokens = 0
+        self.every = max(1, every)
+        self.startup_s: float | None = None
+        self.first_step_s: float | None = None
+        self._first_started: float | None = None
+        self._marks: list[tuple[float, int]] = []  # (time, tokens) at window boundaries
         self._started: float | None = None
 
     @property
@@ -49,14 +72,35 @@ class TrainingClock(pl.Callback):
                      exception: BaseException) -> None:
         self._stop()
 
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.startup_s is None:
+            self.startup_s = process_age_s()
+            self._first_started = time.perf_counter()
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         # Every rank sees its own shard: count this rank's tokens times the number of ranks.
+        # `n_tokens` is a host-side int (collate), so counting never waits for the GPU.
         self.target_tokens += int(batch["n_tokens"]) * trainer.world_size
+        if self.first_step_s is None and self._first_started is not None:
+            if torch.cuda.is_available() and pl_module.device.type == "cuda":
+                torch.cuda.synchronize(pl_module.device)  # once: the first step's real end
+            self.first_step_s = time.perf_counter() - self._first_started
+        if trainer.global_step % self.every == 0:
+            self._marks.append((time.perf_counter(), self.target_tokens))
 
     @property
     def tokens_per_s(self) -> float:
         return self.target_tokens / self.train_time_s if self.train_time_s > 0 else 0.0
+
+    @property
+    def steady_tokens_per_s(self) -> float | None:
+        """Target tokens/s from the second window boundary of this process to the last."""
+        marks = self._marks[1:]
+        if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
+            return None
+        return (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
 
     def state_dict(self) -> dict[str, Any]:
         running = time.perf_counter() - self._started if self._started is not None else 0.0

@@ -91,6 +91,9 @@ class DataConfig:
     max_tokens: int = 25000  # tokens per batch and side, padding included (fairseq --max-tokens)
     max_train_len: int = 256  # drop training pairs longer than this (in wordpieces)
     num_workers: int = 0
+    # round each batch's lengths up to a multiple of this (few tensor shapes); 0 = auto: 8 when
+    # training on a GPU, 1 (exact lengths) on CPU
+    pad_multiple: int = 0
 
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
@@ -101,6 +104,8 @@ class DataConfig:
                   test_size=self.test_size, spm_input_sentence_size=self.spm_input_sentence_size)
         if self.num_workers < 0:
             raise UserError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if self.pad_multiple < 0:
+            raise UserError(f"data.pad_multiple must be >= 0 (0 = auto), got {self.pad_multiple}")
 
 
 @dataclass
@@ -124,7 +129,9 @@ class TrainConfig:
     strategy: str = "auto"  # "auto" picks DDP for several devices
     precision: str = "auto"  # "auto": bf16-mixed on a GPU that supports it, else 32-true
     num_nodes: int = 1
-    compile: bool = False  # torch.compile the model
+    # torch.compile the training step (model + loss): None = auto, on for CUDA runs of at least
+    # COMPILE_MIN_STEPS steps (compiling costs minutes once; short runs stay eager)
+    compile: bool | None = None
     wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | off
     wandb_project: str = "transformer-ablations"
     wandb_group: str | None = None

@@ -3,6 +3,10 @@
 Example i is a pair (src_ids, tgt_ids) without special tokens. In a batch the source gets EOS
 appended and the target gets BOS prepended (decoder input) or EOS appended (decoder output),
 so each side is one token longer than its ids; the token budget counts those lengths.
+
+With `pad_multiple` m > 1 every batch's source and target lengths are rounded up to a multiple
+of m (GPU tensor cores and `torch.compile` see a few shapes instead of one per length); the
+token budget counts the rounded lengths, so a batch never exceeds `max_tokens` slots.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """`lengths` rounded up to a multiple of `multiple` (1: unchanged)."""
+    return lengths if multiple <= 1 else -(-lengths // multiple) * multiple
 
 
 def cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
@@ -56,7 +65,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int,
                  shuffle: bool = True, seed: int = 0, num_replicas: int | None = None,
-                 rank: int | None = None) -> None:
+                 rank: int | None = None, pad_multiple: int = 1) -> None:
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target")
         if max_tokens <= 0:
@@ -71,6 +80,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self.src_lengths = np.asarray(src_lengths, dtype=np.int64) + 1  # + EOS
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64) + 1  # + BOS (in) / EOS (out)
         self.max_tokens = max_tokens
+        self.pad_multiple = max(1, pad_multiple)
         self.shuffle = shuffle
         self.seed = seed
         self.num_replicas = num_replicas
@@ -79,7 +89,8 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         # Ties only permute examples with equal (tgt, src) lengths, so the sorted length sequence
         # and hence the batch boundaries are the same in every epoch: compute them once.
         order = self._sorted_order(None)
-        widths = np.maximum(self.src_lengths[order], self.tgt_lengths[order])
+        widths = round_up(np.maximum(self.src_lengths[order], self.tgt_lengths[order]),
+                          self.pad_multiple)
         self._ends = cut_points(widths, max_tokens)
 
     @property
@@ -122,33 +133,60 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         return math.ceil(len(self._ends) / self.num_replicas)
 
 
-def padding_share(batches: Iterable[list[int]], src_lengths: Sequence[int],
-                  tgt_lengths: Sequence[int]) -> float:
-    """Padded slots / all slots of the `src` and `tgt_out` tensors these batches collate to."""
-    src = np.asarray(src_lengths, dtype=np.int64) + 1
-    tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
-    slots = used = 0
+def batch_shapes(batches: Iterable[list[int]], src_lengths: Sequence[int],
+                 tgt_lengths: Sequence[int], pad_multiple: int = 1) -> list[tuple[int, int, int]]:
+    """(rows, source length, target length) of the tensors each batch collates to."""
+    src = round_up(np.asarray(src_lengths, dtype=np.int64) + 1, pad_multiple)
+    tgt = round_up(np.asarray(tgt_lengths, dtype=np.int64) + 1, pad_multiple)
+    shapes = []
     for batch in batches:
         index = np.asarray(batch, dtype=np.int64)
-        slots += len(index) * (int(src[index].max()) + int(tgt[index].max()))
-        used += int(src[index].sum()) + int(tgt[index].sum())
+        shapes.append((len(index), int(src[index].max()), int(tgt[index].max())))
+    return shapes
+
+
+def padding_share(batches: Iterable[list[int]], src_lengths: Sequence[int],
+                  tgt_lengths: Sequence[int], pad_multiple: int = 1) -> float:
+    """Padded slots / all slots of the `src` and `tgt_out` tensors these batches collate to."""
+    batches = list(batches)
+    src = np.asarray(src_lengths, dtype=np.int64) + 1
+    tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
+    slots = sum(rows * (s + t) for rows, s, t in
+                batch_shapes(batches, src_lengths, tgt_lengths, pad_multiple))
+    used = sum(int(src[b].sum()) + int(tgt[b].sum()) for b in map(np.asarray, batches))
     return (slots - used) / slots if slots else 0.0
 
 
-def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = PAD_ID
-            ) -> dict[str, torch.Tensor]:
-    """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens`."""
+def _place(rows: int, width: int, seqs: list[list[int]], pad_id: int, before: int | None,
+           after: int | None) -> np.ndarray:
+    """(rows, width) array of `seqs` right-padded, optionally with a token before/after each."""
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=rows)
+    out = np.full((rows, width), pad_id, dtype=np.int64)
+    start = 1 if before is not None else 0
+    if before is not None:
+        out[:, 0] = before
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
+    row_of = np.repeat(np.arange(rows), lengths)
+    col_of = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[row_of, col_of + start] = flat
+    if after is not None:
+        out[np.arange(rows), lengths + start] = after
+    return out
+
+
+def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = PAD_ID,
+            pad_multiple: int = 1) -> dict[str, torch.Tensor | int]:
+    """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens`.
+
+    Vectorised (no per-sentence tensors): a 25K-token batch collates in about a millisecond.
+    `n_tokens` (real target tokens) is a Python int, so counting it never waits for a GPU.
+    """
     size = len(examples)
-    src_len = max(len(src) for src, _ in examples) + 1
-    tgt_len = max(len(tgt) for _, tgt in examples) + 1
-    src = torch.full((size, src_len), pad_id, dtype=torch.long)
-    tgt_in = torch.full((size, tgt_len), pad_id, dtype=torch.long)
-    tgt_out = torch.full((size, tgt_len), pad_id, dtype=torch.long)
-    n_tokens = 0
-    for row, (src_ids, tgt_ids) in enumerate(examples):
-        src[row, :len(src_ids) + 1] = torch.tensor([*src_ids, EOS_ID], dtype=torch.long)
-        tgt_in[row, :len(tgt_ids) + 1] = torch.tensor([BOS_ID, *tgt_ids], dtype=torch.long)
-        tgt_out[row, :len(tgt_ids) + 1] = torch.tensor([*tgt_ids, EOS_ID], dtype=torch.long)
-        n_tokens += len(tgt_ids) + 1
-    return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out,
-            "n_tokens": torch.tensor(n_tokens, dtype=torch.long)}
+    srcs = [s for s, _ in examples]
+    tgts = [t for _, t in examples]
+    src_len = int(round_up(np.array(max(map(len, srcs)) + 1), pad_multiple))
+    tgt_len = int(round_up(np.array(max(map(len, tgts)) + 1), pad_multiple))
+    return {"src": torch.from_numpy(_place(size, src_len, srcs, pad_id, None, EOS_ID)),
+            "tgt_in": torch.from_numpy(_place(size, tgt_len, tgts, pad_id, BOS_ID, None)),
+            "tgt_out": torch.from_numpy(_place(size, tgt_len, tgts, pad_id, None, EOS_ID)),
+            "n_tokens": sum(map(len, tgts)) + size}

@@ -17,7 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_modules.config import DataConfig
-from lightning_modules.data.batching import TokenBucketBatchSampler, collate, padding_share
+from lightning_modules.data.batching import (TokenBucketBatchSampler, batch_shapes, collate,
+                                             padding_share)
 from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
 
@@ -53,12 +54,14 @@ class TranslationDataModule(pl.LightningDataModule):
     The BPE model sees only training text (train + extra_train, both sides). Training pairs
     with more than min(cfg.max_train_len, max_len - 1) wordpieces on either side are dropped;
     validation pairs only when they exceed max_len - 1 (the model could not take them).
+    `pad_multiple` rounds every batch's lengths up to a multiple (see `batching`).
     """
 
     def __init__(self, cfg: DataConfig, run_dir: str | Path, seed: int = 1,
-                 max_len: int = 512) -> None:
+                 max_len: int = 512, pad_multiple: int = 1) -> None:
         super().__init__()
         self.cfg = cfg
+        self.pad_multiple = max(1, pad_multiple)
         self.run_dir = Path(run_dir)
         self.seed = seed
         self.max_len = max_len
@@ -114,11 +117,13 @@ class TranslationDataModule(pl.LightningDataModule):
         self.valid_set, valid_dropped = self._filter(*valid_ids, self.max_len - 1)
         sampler = TokenBucketBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
                                           self.cfg.max_tokens, shuffle=True, seed=self.seed,
-                                          num_replicas=1, rank=0)
+                                          num_replicas=1, rank=0, pad_multiple=self.pad_multiple)
         batches = sampler.global_batches()
         valid_sampler = TokenBucketBatchSampler(self.valid_set.src_lengths,
                                                 self.valid_set.tgt_lengths, self.cfg.max_tokens,
-                                                shuffle=False, num_replicas=1, rank=0)
+                                                shuffle=False, num_replicas=1, rank=0,
+                                                pad_multiple=self.pad_multiple)
+        lengths = (self.train_set.src_lengths, self.train_set.tgt_lengths)
         self.stats = {
             "corpus": corpus.name,
             "train_pairs": len(corpus.train),
@@ -133,11 +138,14 @@ class TranslationDataModule(pl.LightningDataModule):
             "train_tokens": int(self.train_set.src_lengths.sum()
                                 + self.train_set.tgt_lengths.sum()),
             "train_batches": len(batches),
-            "train_padding_share": padding_share(batches, self.train_set.src_lengths,
-                                                 self.train_set.tgt_lengths),
+            "pad_multiple": self.pad_multiple,
+            "train_padding_share": padding_share(batches, *lengths, self.pad_multiple),
+            # distinct (rows, source length, target length) tensor shapes in one epoch
+            "train_shapes": len(set(batch_shapes(batches, *lengths, self.pad_multiple))),
+            "train_lengths": len({s[1:] for s in batch_shapes(batches, *lengths, self.pad_multiple)}),
             "valid_padding_share": padding_share(valid_sampler.global_batches(),
                                                  self.valid_set.src_lengths,
-                                                 self.valid_set.tgt_lengths),
+                                                 self.valid_set.tgt_lengths, self.pad_multiple),
             "setup_seconds": 0.0,
         }
         self.stats["setup_seconds"] = round(time.perf_counter() - start, 2)
@@ -182,7 +190,8 @@ class TranslationDataModule(pl.LightningDataModule):
     def _loader(self, dataset: EncodedPairs, sampler: TokenBucketBatchSampler) -> DataLoader:
         workers = self.cfg.num_workers
         return DataLoader(dataset, batch_sampler=sampler, num_workers=workers,
-                          collate_fn=functools.partial(collate, pad_id=self.pad_id),
+                          collate_fn=functools.partial(collate, pad_id=self.pad_id,
+                                                       pad_multiple=self.pad_multiple),
                           pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
 
     def train_dataloader(self) -> DataLoader:
@@ -195,7 +204,8 @@ class TranslationDataModule(pl.LightningDataModule):
         replicas, rank = self._shards()
         self.train_sampler = TokenBucketBatchSampler(
             self.train_set.src_lengths, self.train_set.tgt_lengths, self.cfg.max_tokens,
-            shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank)
+            shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank,
+            pad_multiple=self.pad_multiple)
         return self._loader(self.train_set, self.train_sampler)
 
     def val_dataloader(self) -> DataLoader:
@@ -204,5 +214,6 @@ class TranslationDataModule(pl.LightningDataModule):
         replicas, rank = self._shards()
         sampler = TokenBucketBatchSampler(
             self.valid_set.src_lengths, self.valid_set.tgt_lengths, self.cfg.max_tokens,
-            shuffle=False, seed=self.seed, num_replicas=replicas, rank=rank)
+            shuffle=False, seed=self.seed, num_replicas=replicas, rank=rank,
+            pad_multiple=self.pad_multiple)
         return self._loader(self.valid_set, sampler)

@@ -1,0 +1,64 @@
+"""GPU-only checks (skipped without CUDA): the training step never waits for the device."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
+from lightning_modules.data import TranslationDataModule
+from lightning_modules.translation import TranslationModule
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+class SyncTrap(pl.Callback):
+    """Turns any host-device synchronisation into an error inside steps first..last."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last, self.checked = first, last, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.first <= trainer.global_step <= self.last:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if torch.cuda.get_sync_debug_mode():
+            self.checked += 1
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _text_files(tmp_path: Path) -> dict[str, str]:
+    """A small synthetic parallel corpus (the test must not need the Ding package)."""
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(300)]
+    paths = {}
+    for split, n in (("train", 3000), ("valid", 100), ("test", 100)):
+        for side in ("src", "tgt"):
+            path = tmp_path / f"{split}.{side}"
+            path.write_text("\n".join(" ".join(rng.choices(words, k=rng.randint(3, 30)))
+                                       for _ in range(n)) + "\n")
+            paths[f"{split}_{side}"] = str(path)
+    return paths
+
+
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_training_steps_do_not_synchronise(tmp_path: Path, compile_step: bool):
+    dm = TranslationDataModule(DataConfig(corpus="files", vocab_size=500, max_tokens=3000,
+                                          **_text_files(tmp_path)), tmp_path, pad_multiple=8)
+    dm.setup("fit")
+    module = TranslationModule.from_configs(
+        TransformerConfig(n_layers=2, d_model=64, d_ff=128, n_heads=4, vocab_size=dm.vocab_size),
+        TrainConfig(warmup_steps=10))
+    if compile_step:
+        module.compile_step()
+    trap = SyncTrap(first=3, last=17)
+    trainer = pl.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=20,
+                         log_every_n_steps=50, limit_val_batches=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, callbacks=[trap])
+    trainer.fit(module, datamodule=dm)
+    assert trap.checked == 15
