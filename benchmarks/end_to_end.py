@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     c = TransformerConfig(**BASE, vocab_size=8000)
     dm = TranslationDataModule(DataConfig(corpus="multi30k", data_dir=str(args.multi30k_dir),
                                           vocab_size=8000, max_tokens=25000), run_dir,
-                               pad_multiple=8)
+                               pad_multiple=1)
     dm.setup("fit")
     for tokens in (25000, 4000):
         batches = epoch_batches(dm, tokens)[:24]

@@ -23,6 +23,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_modules.callbacks import DivergenceGuard, FaultPoints, NonFiniteLoss, TrainingClock
+from lightning_modules.compiling import compiled_graphs
 from lightning_modules.config import RunConfig
 from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
@@ -39,7 +40,7 @@ RESULTS = "results.json"
 # step takes about 2.5 minutes on an H100 host (cold cache) and then saves about a third of
 # every step (benchmarks/results), which pays back after roughly 2,000 steps.
 COMPILE_MIN_STEPS = 2000
-GPU_PAD_MULTIPLE = 8  # tensor-core friendly lengths; few distinct shapes
+
 # A first run has nothing to resume from: Lightning says so twice; that is expected.
 warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
 warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
@@ -84,12 +85,6 @@ def compile_enabled(cfg: RunConfig) -> bool:
         return cfg.train.compile
     return uses_gpu(cfg) and cfg.train.max_steps >= COMPILE_MIN_STEPS
 
-
-def pad_multiple(cfg: RunConfig) -> int:
-    """data.pad_multiple, with auto (0) = 8 on a GPU, exact lengths on CPU."""
-    if cfg.data.pad_multiple:
-        return cfg.data.pad_multiple
-    return GPU_PAD_MULTIPLE if uses_gpu(cfg) else 1
 
 
 def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
@@ -149,7 +144,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len,
-                               pad_multiple=pad_multiple(cfg))
+                               pad_multiple=cfg.data.pad_multiple)
     try:
         dm.setup("fit")
     except UserError:
@@ -235,12 +230,6 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def compiled_graphs() -> int:
-    """Graphs torch.compile built in this process (a recompilation storm shows here)."""
-    from torch._dynamo.utils import counters  # the counters torch.compile's own logs report
-    return int(counters["stats"]["unique_graphs"])
 
 
 def describe(cfg: RunConfig, stats: dict[str, Any], n_parameters: int, out: Path) -> str:

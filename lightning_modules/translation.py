@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
+from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.faults import corrupt_loss
 from lightning_modules.transformer import Transformer, count_parameters
@@ -67,7 +68,7 @@ class TranslationModule(pl.LightningModule):
 
     def compile_step(self) -> None:
         """Train through `torch.compile(forward_loss, dynamic=True)` from now on."""
-        self._forward_loss_fn = torch.compile(self.forward_loss, dynamic=True)
+        self._forward_loss_fn = compile_dynamic(self.forward_loss)
 
     @classmethod
     def from_configs(cls, model: TransformerConfig, train: TrainConfig) -> "TranslationModule":

@@ -35,7 +35,7 @@ class SyncTrap(pl.Callback):
 def _text_files(tmp_path: Path) -> dict[str, str]:
     """A small synthetic parallel corpus (the test must not need the Ding package)."""
     rng = random.Random(0)
-    words = [f"w{i}" for i in range(300)]
+    words = [f"w{i}x{i * 7 % 13}" for i in range(300)]
     paths = {}
     for split, n in (("train", 3000), ("valid", 100), ("test", 100)):
         for side in ("src", "tgt"):
@@ -48,7 +48,7 @@ def _text_files(tmp_path: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("compile_step", [False, True])
 def test_training_steps_do_not_synchronise(tmp_path: Path, compile_step: bool):
-    dm = TranslationDataModule(DataConfig(corpus="files", vocab_size=500, max_tokens=3000,
+    dm = TranslationDataModule(DataConfig(corpus="files", vocab_size=300, max_tokens=3000,
                                           **_text_files(tmp_path)), tmp_path, pad_multiple=8)
     dm.setup("fit")
     module = TranslationModule.from_configs(
