@@ -100,13 +100,14 @@ class TranslationModule(pl.LightningModule):
         every = self.trainer.log_every_n_steps if self._trainer is not None else 1
         if (self.global_step + 1) % every and self.global_step + 1 != self.trainer.max_steps:
             return
-        loss_sum, nll_sum, tokens, steps = self._window.cpu()
+        host = self._window.cpu()  # the window's one device-to-host copy
         self._window = None
+        loss_sum, nll_sum, tokens, steps = host
         n = tokens.clamp(min=1)
         self.log("train/loss", loss_sum / n, prog_bar=True)
         self.log("train/nll", nll_sum / n)
         self.log("train/tokens", tokens / steps)  # mean target tokens per step in the window
-        self.log("train/lr", torch.tensor(self.optimizers().param_groups[0]["lr"]), prog_bar=True)
+        self.log("train/lr", host.new_tensor(self.optimizers().param_groups[0]["lr"]), prog_bar=True)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])

@@ -19,7 +19,7 @@ import torch
 
 from lightning_modules.config import DataConfig
 from lightning_modules.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenBucketBatchSampler,
-                                    TranslationDataModule, collate, extract_ding, load_corpus,
+                                    TranslationDataModule, batch_shapes, collate, extract_ding, load_corpus,
                                     padding_share, read_parallel, train_or_load)
 from lightning_modules.data.corpora import (fetch_wmt14_train, is_sentence, parse_ding_line,
                                             split_alternatives)
@@ -273,8 +273,47 @@ def test_collate_shapes_and_specials():
                                         [BOS_ID, 10, 11, 12, 13]]
     assert batch["tgt_out"].tolist() == [[8, EOS_ID, PAD_ID, PAD_ID, PAD_ID],
                                          [10, 11, 12, 13, EOS_ID]]
-    assert all(t.dtype == torch.long for t in batch.values())
-    assert batch["n_tokens"].item() == 7 == int((batch["tgt_out"] != PAD_ID).sum())
+    assert all(batch[k].dtype == torch.long for k in ("src", "tgt_in", "tgt_out"))
+    # a host-side int: counting tokens never waits for a GPU
+    assert batch["n_tokens"] == 7 == int((batch["tgt_out"] != PAD_ID).sum())
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_bucketed_shapes_keep_budget_and_padding_matches_tensors(multiple):
+    src, tgt = random_lengths(3000, seed=4)
+    examples = [(list(range(4, 4 + s)), list(range(4, 4 + t))) for s, t in zip(src, tgt)]
+    sampler = TokenBucketBatchSampler(src, tgt, max_tokens=500, seed=3, pad_multiple=multiple)
+    batches = sampler.global_batches()
+    slots = real = 0
+    for batch in batches:
+        tensors = collate([examples[i] for i in batch], pad_multiple=multiple)
+        rows, s_len = tensors["src"].shape
+        t_len = tensors["tgt_out"].size(1)
+        assert s_len % multiple == 0 and t_len % multiple == 0
+        assert rows == 1 or rows * max(s_len, t_len) <= 500  # the budget counts padded widths
+        slots += rows * (s_len + t_len)
+        real += int((tensors["src"] != PAD_ID).sum() + (tensors["tgt_out"] != PAD_ID).sum())
+    share = padding_share(batches, src, tgt, multiple)
+    assert share == pytest.approx((slots - real) / slots)
+    shapes = batch_shapes(batches, src, tgt, multiple)
+    assert len(shapes) == len(batches)
+    lengths = {shape[1:] for shape in shapes}
+    if multiple == 8:  # rounding leaves only a few (source, target) lengths
+        exact = {s[1:] for s in batch_shapes(TokenBucketBatchSampler(src, tgt, 500, seed=3).global_batches(),
+                                             src, tgt)}
+        assert len(lengths) < len(exact) / 3
+
+
+def test_collate_matches_a_per_sentence_reference():
+    rng = random.Random(5)
+    examples = [([rng.randint(4, 99) for _ in range(rng.randint(1, 9))],
+                 [rng.randint(4, 99) for _ in range(rng.randint(1, 9))]) for _ in range(50)]
+    batch = collate(examples, pad_id=PAD_ID, pad_multiple=4)
+    for row, (s, t) in enumerate(examples):
+        width_s, width_t = batch["src"].size(1), batch["tgt_in"].size(1)
+        assert batch["src"][row].tolist() == s + [EOS_ID] + [PAD_ID] * (width_s - len(s) - 1)
+        assert batch["tgt_in"][row].tolist() == [BOS_ID] + t + [PAD_ID] * (width_t - len(t) - 1)
+        assert batch["tgt_out"][row].tolist() == t + [EOS_ID] + [PAD_ID] * (width_t - len(t) - 1)
 
 
 # ----------------------------------------------------------------------------- datamodule
