@@ -154,7 +154,8 @@ def token_batches(dm: TranslationDataModule, max_tokens: int, count: int, seed: 
     batches = []
     for index in sampler.global_batches()[:count]:
         batch = collate([dm.train_set[i] for i in index], pad_id=dm.pad_id)
-        batches.append({k: v.to(device) if device is not None else v for k, v in batch.items()})
+        batches.append({k: v.to(device) if device is not None and torch.is_tensor(v) else v
+                        for k, v in batch.items()})
     return batches
 
 
@@ -186,7 +187,7 @@ def random_batch(sentences: int, src_len: int, tgt_len: int, vocab: int,
     tgt[:, 0] = 2
     return {"src": src.to(device), "tgt_in": tgt[:, :-1].contiguous().to(device),
             "tgt_out": tgt[:, 1:].contiguous().to(device),
-            "n_tokens": torch.tensor(sentences * tgt_len)}
+            "n_tokens": sentences * tgt_len}
 
 
 def batch_stats(batches: list[Batch], pad_id: int = 0) -> dict[str, float]:

@@ -1,56 +1,66 @@
-"""End to end on a GPU: `ablate train` itself (real command, real corpus, real Trainer) vs the bare step.
+"""Benchmark 6: `ablate train` end to end (the real command, corpus and Trainer) vs the bare step.
 
-    python -m benchmarks.end_to_end --device cuda --multi30k-dir DIR [--steps 200] [--out DIR]
+Runs `ablate train` as a subprocess with `train.compile=false` and `=true` (and once more compiled,
+to show what a warm compile cache leaves of the compilation), and reads back from its results.json
+what the run measured itself: start-up (process start to the first step), the first step's time
+(which holds the compilation), steady-state target tokens/s between log windows, graphs compiled.
+Then the bare step on the same batches: the module's `forward_loss`, backward and Adam (fused on
+CUDA), batches already on the device, no Lightning, no data loading; eager and compiled, at the
+run's batch size and at a small one. The harness's cost is `ablate train` ÷ bare, same setting.
 
-Measures, in one process tree and one sitting:
-- `ablate train` with `train.compile=false` and `=true` (and once more compiled, to show a warm
-  compile cache): start-up (process start to step 1), first step (compilation), steady-state target
-  tokens/s between log windows, MFU, the window-mean training losses of both paths;
-- the bare step on the same batches (the module's `forward_loss`, fused Adam, bf16 autocast, no
-  Lightning, no data loading, batches already on the device), eager and compiled, at the run's
-  25K-token batches and at 4K-token batches;
-- the harness's cost: `ablate train` steady tokens/s ÷ the bare step's, same compile setting.
-
-Base dimensions (N 6, d_model 512, d_ff 2048, h 8) on Multi30k with an 8,000-piece BPE (Multi30k
-cannot hold the paper's 37,000 pieces); MFU counts matmul FLOPs including the vocabulary
-projection (`common.train_flops`) against the device's dense bf16 peak. Writes `end_to_end.json`
-and `end_to_end.md` under `--out`.
+Sizes: on CUDA base dims (N 6, d_model 512, d_ff 2048, h 8) on Multi30k (`--multi30k-dir`; BPE
+8,000 pieces: Multi30k cannot hold the paper's 37,000) at 25K and 4K tokens; on CPU demo dims
+(N 3, d_model 64, d_ff 256, h 8) on Ding at 1,500 and 400 tokens. MFU (CUDA) counts matmul FLOPs
+including the vocabulary projection (`common.train_flops`) against the device's bf16 peak.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import REPO, mfu, peak_flops, train_flops
-from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
+from benchmarks.common import REPO, Section, Settings, data_module, mfu, stopwatch, sync, train_flops
+from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data import TranslationDataModule, collate
 from lightning_modules.data.batching import TokenBucketBatchSampler
-from lightning_modules.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
-BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
-BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3}
+TARGET_MFU = 0.40
+TARGET_HARNESS_SHARE = 0.90
+TARGET_STARTUP_S = 15.0
 
 
-def ablate_train(out: Path, data_dir: Path, steps: int, max_tokens: int, compile_: bool,
-                 log_every: int, dims: dict[str, Any]) -> dict[str, Any]:
-    """Run the real command; return its results.json plus wall time and the logged losses."""
-    args = [sys.executable, "-m", "lightning_modules.cli", "train", "--out", str(out),
-            "--data", "multi30k", "--data-dir", str(data_dir), "--max-steps", str(steps), "--no-wandb",
-            *[f"model.{k}={v}" for k, v in dims.items()], "data.vocab_size=8000",
-            f"data.max_tokens={max_tokens}", f"train.compile={str(compile_).lower()}",
-            f"train.log_every_n_steps={log_every}", "train.val_check_interval=100000",
+def _plan(settings: Settings) -> dict[str, Any]:
+    if settings.device.type == "cuda":
+        return {"dims": {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}, "vocab": 8000,
+                "corpus": "multi30k", "tokens": (25000, 4000), "steps": 200, "log_every": 20}
+    if settings.quick:
+        return {"dims": {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4}, "vocab": 500,
+                "corpus": "ding", "tokens": (1500, 400), "steps": 24, "log_every": 4}
+    return {"dims": {"n_layers": 3, "d_model": 64, "d_ff": 256, "n_heads": 8}, "vocab": 2000,
+            "corpus": "ding", "tokens": (1500, 400), "steps": 200, "log_every": 20}
+
+
+def ablate_train(out: Path, plan: dict[str, Any], settings: Settings, compile_: bool,
+                 steps: int) -> dict[str, Any]:
+    """Run the real command; its results.json plus wall time and the logged window losses."""
+    corpus = ["--data", "multi30k", "--data-dir", str(settings.multi30k_dir)] \
+        if plan["corpus"] == "multi30k" else ["data.ding_dictionary=false"]
+    args = [sys.executable, "-m", "lightning_modules.cli", "train", "--out", str(out), *corpus,
+            "--max-steps", str(steps), "--no-wandb", "--seed", str(settings.seed),
+            "--accelerator", "gpu" if settings.device.type == "cuda" else "cpu",
+            *[f"model.{k}={v}" for k, v in plan["dims"].items()], f"data.vocab_size={plan['vocab']}",
+            f"data.max_tokens={plan['tokens'][0]}", f"train.compile={str(compile_).lower()}",
+            f"train.log_every_n_steps={plan['log_every']}", "train.val_check_interval=100000",
             "train.checkpoint_every=100000", "train.warmup_steps=4000", "train.progress_bar=false",
             "eval.decode_test=false", "eval.beam_size=1"]
     start = time.perf_counter()
@@ -58,16 +68,17 @@ def ablate_train(out: Path, data_dir: Path, steps: int, max_tokens: int, compile
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     wall = time.perf_counter() - start
     if proc.returncode != 0:
-        return {"error": (proc.stderr or proc.stdout)[-2000:], "wall_s": wall}
+        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:], "wall_s": wall}
     results = json.loads((out / "results.json").read_text())
     with (out / "logs" / "metrics.csv").open() as f:
         losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
     return {**results, "wall_s": round(wall, 1), "losses": losses}
 
 
-def epoch_batches(dm: TranslationDataModule, max_tokens: int) -> list[dict[str, Any]]:
+def epoch_batches(dm: TranslationDataModule, max_tokens: int, seed: int) -> list[dict[str, Any]]:
+    """One shuffled epoch of the training batches `ablate train` would see."""
     sampler = TokenBucketBatchSampler(dm.train_set.src_lengths, dm.train_set.tgt_lengths, max_tokens,
-                                      shuffle=True, seed=1, num_replicas=1, rank=0,
+                                      shuffle=True, seed=seed, num_replicas=1, rank=0,
                                       pad_multiple=dm.pad_multiple)
     return [collate([dm.train_set[i] for i in b], dm.pad_id, dm.pad_multiple)
             for b in sampler.global_batches()]
@@ -78,138 +89,117 @@ def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> floa
 
 
 def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
-              device: torch.device) -> dict[str, Any]:
-    """tokens/s of forward_loss + backward + fused Adam on device-resident batches."""
-    torch.manual_seed(0)
+              settings: Settings) -> dict[str, Any]:
+    """tokens/s of forward_loss + backward + Adam on batches already on the device."""
+    device = settings.device
+    torch.manual_seed(settings.seed)
     module = TranslationModule.from_configs(c, TrainConfig()).to(device)
     if compile_:
         module.compile_step()
-    opt = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    opt = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                           fused=True if device.type == "cuda" else None)
     on_device = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in batches]
 
     def epoch() -> None:
         for b in on_device:
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with settings.autocast():
                 loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], c.label_smoothing)
             (loss / n.clamp(min=1)).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
     start = time.perf_counter()
-    epoch()  # warm-up: compiles, cuDNN plans
-    torch.cuda.synchronize(device)
+    epoch()  # warm-up: compilation, cuDNN plans, allocator
+    sync(device)
     warm = time.perf_counter() - start
     times = []
     for _ in range(reps):
-        torch.cuda.synchronize(device)
+        sync(device)
         start = time.perf_counter()
         epoch()
-        torch.cuda.synchronize(device)
+        sync(device)
         times.append(time.perf_counter() - start)
-    tokens = sum(b["n_tokens"] for b in batches)
-    best = min(times)
-    flops = sum(train_flops(c, b) for b in batches)
-    return {"tokens_per_s": round(tokens / best), "s_per_step": round(best / len(batches), 5),
-            "mfu": round(mfu(flops / best, device) or 0, 3), "warmup_s": round(warm, 1),
-            "mean_tokens": round(tokens / len(batches)), "steps": len(batches)}
+    tokens, best = sum(b["n_tokens"] for b in batches), min(times)
+    return {"tokens_per_s": tokens / best, "ms_per_step": 1000 * best / len(batches),
+            "mfu": mfu(sum(train_flops(c, b) for b in batches) / best, device),
+            "warmup_s": warm, "mean_tokens": tokens / len(batches)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.end_to_end", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--multi30k-dir", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--work", type=Path, default=Path("/tmp/ablate-e2e"))
-    p.add_argument("--budget-s", type=float, default=480, help="skip later parts past this")
-    args = p.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        p.error("this benchmark needs a CUDA device")
-    t0 = time.perf_counter()
-    gpu, peak = peak_flops(device)
-    report: dict[str, Any] = {"device": gpu, "peak_bf16_flops": peak, "torch": torch.__version__,
-                              "steps": args.steps, "runs": {}, "bare": {}}
-    out_json, out_md = args.out / "end_to_end.json", args.out / "end_to_end.md"
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    def save() -> None:
-        report["total_s"] = round(time.perf_counter() - t0, 1)
-        atomic_write_json(out_json, report)
-        atomic_write_text(out_md, render(report))
-        print(json.dumps({k: v for k, v in report.items() if k != "runs"}, default=str)[-3000:], flush=True)
-
-    plan = [("eager", False, BASE, args.steps), ("compiled", True, BASE, args.steps),
-            ("compiled, warm cache", True, BASE, max(args.steps // 2, 2 * args.log_every + 1))]
-    for name, comp, dims, steps in plan:
-        run = ablate_train(args.work / name.replace(" ", "_").replace(",", ""), args.multi30k_dir,
-                           steps, 25000, comp, args.log_every, dims)
-        report["runs"][name] = run
-        print(name, {k: run.get(k) for k in ("startup_s", "first_step_s", "steady_tokens_per_s",
-                                              "compiled_graphs", "wall_s", "error")}, flush=True)
-        save()
-
-    # Bare steps on the same batches (the first run's BPE), then the harness's share.
-    run_dir = args.work / "eager"
-    c = TransformerConfig(**BASE, vocab_size=8000)
-    dm = TranslationDataModule(DataConfig(corpus="multi30k", data_dir=str(args.multi30k_dir),
-                                          vocab_size=8000, max_tokens=25000), run_dir,
-                               pad_multiple=1)
-    dm.setup("fit")
-    for tokens in (25000, 4000):
-        batches = epoch_batches(dm, tokens)[:24]
-        report["flops_per_token"] = report.get("flops_per_token") or flops_per_token(c, epoch_batches(dm, 25000))
-        for comp in (False, True):
-            if time.perf_counter() - t0 > args.budget_s:
-                break
-            key = f"{'compiled' if comp else 'eager'} @ {tokens // 1000}K"
-            report["bare"][key] = bare_step(c, batches, comp, 2, device)
-            print(key, report["bare"][key], flush=True)
-            save()
-    if time.perf_counter() - t0 < args.budget_s:
-        big = TransformerConfig(**BIG, vocab_size=8000)
-        report["bare"]["big eager @ 25K"] = bare_step(big, epoch_batches(dm, 25000)[:12], False, 2, device)
-        report["big_flops_per_token"] = flops_per_token(big, epoch_batches(dm, 25000))
-        save()
-    for run in report["runs"].values():
-        if run.get("steady_tokens_per_s"):
-            run["mfu"] = round(run["steady_tokens_per_s"] * report["flops_per_token"] / peak, 3)
-    save()
-    print(render(report))
-    return 0
-
-
-def render(r: dict[str, Any]) -> str:
-    lines = [f"# End to end: `ablate train` vs the bare step ({r.get('device')}, torch {r.get('torch')})", "",
-             "Base dims, Multi30k, BPE 8,000, 25K-token batches (lengths padded to multiples of 8), bf16.",
-             "", "| run | start-up (s) | first step (s) | steady tok/s | MFU | graphs | wall (s) |",
-             "|---|---|---|---|---|---|---|"]
-    for name, run in r.get("runs", {}).items():
-        if "error" in run:
-            lines.append(f"| {name} | error: {run['error'][-200:]!r} | | | | | |")
-            continue
-        lines.append(f"| {name} | {run.get('startup_s')} | {run.get('first_step_s')} | "
-                     f"{run.get('steady_tokens_per_s')} | {run.get('mfu', '')} | {run.get('compiled_graphs')} | "
-                     f"{run.get('wall_s')} |")
-    lines += ["", "| bare step | tok/s | s/step | MFU | mean tokens | warm-up (s) |", "|---|---|---|---|---|---|"]
-    for name, b in r.get("bare", {}).items():
-        lines.append(f"| {name} | {b['tokens_per_s']} | {b['s_per_step']} | {b['mfu']} | {b['mean_tokens']} | "
-                     f"{b['warmup_s']} |")
-    runs, bare = r.get("runs", {}), r.get("bare", {})
-    for name, key in (("eager", "eager @ 25K"), ("compiled", "compiled @ 25K")):
-        if runs.get(name, {}).get("steady_tokens_per_s") and key in bare:
-            share = runs[name]["steady_tokens_per_s"] / bare[key]["tokens_per_s"]
-            lines.append(f"\n`ablate train` {name} reaches {share:.1%} of the bare step's tokens/s.")
-    a, b = runs.get("eager", {}).get("losses"), runs.get("compiled", {}).get("losses")
+def run(settings: Settings) -> Section:
+    section = Section("end_to_end", "6. End to end: `ablate train` vs the bare step",
+                      ["what", "compiled", "tokens/batch", "start-up s", "first step s", "tokens/s",
+                       "MFU", "graphs", "of bare", "wall s"],
+                      formats={"of bare": "{:.1%}", "MFU": "{:.1%}"})
+    plan = _plan(settings)
+    if plan["corpus"] == "multi30k" and not (settings.multi30k_dir and settings.multi30k_dir.is_dir()):
+        section.notes.append(f"skipped: no Multi30k at {settings.multi30k_dir} (--multi30k-dir)")
+        return section
+    c = TransformerConfig(**plan["dims"], vocab_size=plan["vocab"])
+    big_tokens, small_tokens = plan["tokens"]
+    reps = settings.reps_or(2)
+    with stopwatch(section), tempfile.TemporaryDirectory(prefix="ablate-e2e-") as work:
+        runs: dict[str, dict[str, Any]] = {}
+        for name, comp, steps in (("eager", False, plan["steps"]), ("compiled", True, plan["steps"]),
+                                  ("compiled, warm cache", True, plan["steps"] // 2)):
+            runs[name] = ablate_train(Path(work) / name.replace(", ", "-").replace(" ", "-"), plan,
+                                      settings, comp, steps)
+        data_kw = {"data_dir": str(settings.multi30k_dir)} if plan["corpus"] == "multi30k" else {
+            "ding_dictionary": False}
+        dm = data_module(settings, plan["vocab"], plan["corpus"], run_dir=Path(work) / "eager", **data_kw)
+        per_token = flops_per_token(c, epoch_batches(dm, big_tokens, settings.seed))
+        bare: dict[tuple[bool, int], dict[str, Any]] = {}
+        for tokens in (big_tokens, small_tokens):
+            batches = epoch_batches(dm, tokens, settings.seed)[:8 if settings.quick else 24]
+            for comp in (False, True):
+                bare[comp, tokens] = bare_step(c, batches, comp, reps, settings)
+    for name, r in runs.items():
+        comp = r.get("compiled", name != "eager")
+        steady = r.get("steady_tokens_per_s")
+        base = bare.get((comp, big_tokens), {}).get("tokens_per_s")
+        section.rows.append({
+            "what": f"ablate train ({name})" + (f": {r['error']}" if "error" in r else ""),
+            "compiled": comp, "tokens/batch": big_tokens, "start-up s": r.get("startup_s"),
+            "first step s": r.get("first_step_s"), "tokens/s": steady,
+            "MFU": mfu(steady * per_token, settings.device) if steady else None,
+            "graphs": r.get("compiled_graphs"), "of bare": steady / base if steady and base else None,
+            "wall s": r.get("wall_s")})
+    for (comp, tokens), b in bare.items():
+        section.rows.append({"what": "bare step", "compiled": comp, "tokens/batch": tokens,
+                             "first step s": None, "tokens/s": b["tokens_per_s"], "MFU": b["mfu"],
+                             "wall s": round(b["warmup_s"], 1)})
+    eager_run, compiled_run = runs.get("eager", {}), runs.get("compiled", {})
+    best = max((r.get("steady_tokens_per_s") or 0, r.get("compiled")) for r in (eager_run, compiled_run))
+    if settings.device.type == "cuda":
+        value = mfu(best[0] * per_token, settings.device)
+        section.target("ablate train steady-state MFU (best of eager/compiled)", value,
+                       f"≥ {TARGET_MFU:.0%}", None if value is None else value >= TARGET_MFU)
+        startup = eager_run.get("startup_s")
+        section.target("start-up: process start to step 1 (s)", startup, f"≤ {TARGET_STARTUP_S:.0f} s",
+                       None if startup is None else startup <= TARGET_STARTUP_S)
+    for name, r in (("eager", eager_run), ("compiled", compiled_run)):
+        base = bare.get((name == "compiled", big_tokens), {}).get("tokens_per_s")
+        if r.get("steady_tokens_per_s") and base:
+            share = r["steady_tokens_per_s"] / base
+            section.target(f"ablate train ({name}) ÷ bare step", share, f"≥ {TARGET_HARNESS_SHARE:.0%}",
+                           share >= TARGET_HARNESS_SHARE)
+    a, b = eager_run.get("losses"), compiled_run.get("losses")
     if a and b:
         common = sorted(set(a) & set(b))
-        diffs = [abs(a[s] - b[s]) / a[s] for s in common]
-        lines.append(f"\nWindow-mean training loss, eager vs compiled, {len(common)} windows: max relative "
-                     f"difference {max(diffs):.2%} (dropout masks differ between the two paths).")
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        worst = max(abs(a[s] - b[s]) / a[s] for s in common)
+        section.notes.append(f"Window-mean training loss, eager vs compiled, {len(common)} windows of "
+                             f"{plan['log_every']} steps: max relative difference {worst:.2%} (dropout "
+                             "masks differ between the two paths; tests/test_step_speed.py checks "
+                             "equal losses without dropout).")
+    section.notes += [
+        f"{'Base' if settings.device.type == 'cuda' else 'Demo'} dims {plan['dims']}, corpus "
+        f"{plan['corpus']}, BPE {plan['vocab']:,}; `ablate train` {plan['steps']} steps "
+        f"({plan['steps'] // 2} for the warm-cache run), steady state measured from its second log "
+        f"window to its last. FLOPs per target token {per_token / 1e6:.1f} M.",
+        "start-up = process start to the first training step (data, BPE, model, Trainer); the "
+        "first step holds torch.compile's compilation. 'of bare' = steady tokens/s ÷ the bare "
+        "step's at the same batch size and compile setting.",
+    ]
+    section.data = {"runs": {k: {kk: vv for kk, vv in v.items() if kk != "data"} for k, v in runs.items()},
+                    "bare": {f"{'compiled' if k[0] else 'eager'}@{k[1]}": v for k, v in bare.items()},
+                    "flops_per_token": per_token, "plan": plan}
+    return section

@@ -63,7 +63,8 @@ def train_demo_model(settings: Settings, steps: int, n_layers: int = 3
     batches = token_batches(dm, 1500, 10**9, seed=settings.seed)  # one shuffled epoch
     start, loss_value = time.perf_counter(), float("nan")
     for step in range(steps):
-        batch = {k: v.to(settings.device) for k, v in batches[step % len(batches)].items()}
+        batch = {k: v.to(settings.device) if torch.is_tensor(v) else v
+                 for k, v in batches[step % len(batches)].items()}
         with settings.autocast():
             logits = module(batch["src"], batch["tgt_in"])
         loss, nll, n = label_smoothed_nll(logits, batch["tgt_out"], PAD_ID, 0.1)

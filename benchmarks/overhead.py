@@ -101,7 +101,8 @@ def plain_run(module: TranslationModule, batches: list[Batch], steps: int, warmu
             if step == warmup:
                 sync(settings.device)
                 start = time.perf_counter()
-            batch = {k: v.to(settings.device, non_blocking=True) for k, v in batch.items()}
+            batch = {k: v.to(settings.device, non_blocking=True) if torch.is_tensor(v) else v
+                     for k, v in batch.items()}
             with settings.autocast():
                 logits = module(batch["src"], batch["tgt_in"])
             loss, _, n_tokens = label_smoothed_nll(logits, batch["tgt_out"], c.pad_id,
