@@ -29,8 +29,8 @@ class TrainingClock(pl.Callback):
     Also measures this process's start-up (process start to the first training step, the data,
     model and Trainer set-up included), the first step's own time (which holds torch.compile's
     compilation) and the steady-state rate: target tokens/s between the log-window boundaries
-    after the first one (the window's loss read waits for the GPU there, so these times are
-    the device's).
+    after the first one (synchronised with the device there, once per window, so these times
+    are the device's).
     """
 
     def __init__(self, every: int = 50) -> None:
@@ -83,11 +83,13 @@ class TrainingClock(pl.Callback):
         # Every rank sees its own shard: count this rank's tokens times the number of ranks.
         # `n_tokens` is a host-side int (collate), so counting never waits for the GPU.
         self.target_tokens += int(batch["n_tokens"]) * trainer.world_size
-        if self.first_step_s is None and self._first_started is not None:
-            if torch.cuda.is_available() and pl_module.device.type == "cuda":
-                torch.cuda.synchronize(pl_module.device)  # once: the first step's real end
+        first = self.first_step_s is None and self._first_started is not None
+        mark = trainer.global_step % self.every == 0
+        if (first or mark) and pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)  # once per window: the device's real time
+        if first:
             self.first_step_s = time.perf_counter() - self._first_started
-        if trainer.global_step % self.every == 0:
+        if mark:
             self._marks.append((time.perf_counter(), self.target_tokens))
 
     @property

@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_modules.callbacks import DivergenceGuard, FaultPoints, NonFiniteLoss, TrainingClock
 from lightning_modules.compiling import compiled_graphs
 from lightning_modules.config import RunConfig
+from lightning_modules.convergence import classify_run
 from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.errors import RunFailed, UserError
@@ -197,6 +198,10 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     if trainer.global_rank != 0:
         return {}
+    for logger in trainer.loggers:
+        logger.save()  # the curves below are read back from logs/metrics.csv
+    convergence = classify_run(out / "logs" / "metrics.csv", dm.stats["unigram_ppl"],
+                               cfg.train.warmup_steps)
     device = trainer.strategy.root_device
     module.to(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16,
@@ -222,7 +227,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         "model": asdict(cfg.model), "precision": hardware["precision"],
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "world_size": trainer.world_size, "host": socket.gethostname(), "group": group or cfg.row,
-        "run_dir": str(out.resolve()), "status": "complete",
+        "run_dir": str(out.resolve()), "status": "complete", **convergence,
     }
     atomic_write_json(out / RESULTS, results, fault="results_write")
     return results

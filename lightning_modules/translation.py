@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -44,9 +45,9 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
 class TranslationModule(pl.LightningModule):
     """Label-smoothed training, Adam(0.9, 0.98, 1e-9) with the warmup schedule, dev perplexity.
 
-    The training step never waits for the GPU: loss, NLL and token counts are summed on the
-    device and read (one transfer) every `log_every_n_steps` steps, where they are logged as
-    window means. `compile_step()` swaps the forward + loss for a `torch.compile`d one (dynamic
+    The training step never waits for the GPU: loss, NLL, token counts and the gradient norm
+    are summed on the device and read (one transfer) every `log_every_n_steps` steps, where they
+    are logged as window means. `compile_step()` swaps the forward + loss for a `torch.compile`d one (dynamic
     shapes: one graph for every batch shape); validation and decoding stay eager.
     """
 
@@ -59,7 +60,10 @@ class TranslationModule(pl.LightningModule):
         self.val_nll = SumMetric()
         self.val_tokens = SumMetric()
         self._forward_loss_fn = self.forward_loss
-        self._window: Tensor | None = None  # summed (loss, nll, tokens, steps) since the last log
+        self._window: Tensor | None = None  # summed (loss, nll, tokens, batches, grad norm) since the last log
+        self._grad_max: Tensor | None = None
+        self._window_start = self._flushed_at = 0
+        self._lr = 0.0
 
     def forward_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, epsilon: float
                      ) -> tuple[Tensor, Tensor, Tensor]:
@@ -86,28 +90,49 @@ class TranslationModule(pl.LightningModule):
                                                     self.model_config.label_smoothing)
         n = n_tokens.clamp(min=1)
         loss = corrupt_loss(loss, self.global_step + 1)  # fault injection; a no-op normally
-        self._log_window(loss.detach(), nll.detach(), n_tokens)
+        self._accumulate(torch.stack([loss.detach().float(), nll.detach().float(), n_tokens.float(),
+                                      loss.new_ones((), dtype=torch.float32), loss.new_zeros((), dtype=torch.float32)]))
         return loss / n
 
-    def _log_window(self, loss: Tensor, nll: Tensor, n_tokens: Tensor) -> None:
-        """Sum on the device; every log_every_n_steps steps read once and log window means.
-
-        Lightning converts every logged tensor on each step (a GPU sync per step): the values
-        logged here are CPU tensors, produced by a single device-to-host copy per window.
-        """
-        step = torch.stack([loss.float(), nll.float(), n_tokens.float(), loss.new_ones((), dtype=torch.float32)])
-        self._window = step if self._window is None else self._window + step
-        every = self.trainer.log_every_n_steps if self._trainer is not None else 1
-        if (self.global_step + 1) % every and self.global_step + 1 != self.trainer.max_steps:
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Global L2 norm of the gradients (before clipping), kept on the device for the window."""
+        self._lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (a host float)
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
             return
-        host = self._window.cpu()  # the window's one device-to-host copy
-        self._window = None
-        loss_sum, nll_sum, tokens, steps = host
+        norm = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False).float()
+        self._grad_max = norm if self._grad_max is None else torch.maximum(self._grad_max, norm)
+        self._accumulate(torch.stack([norm.new_zeros(())] * 3 + [norm.new_zeros(()), norm]))
+
+    def _accumulate(self, values: Tensor) -> None:
+        """Add (loss, nll, tokens, batches, grad norm) of one batch/step to the window, on device."""
+        self._window = values if self._window is None else self._window + values
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Every log_every_n_steps optimizer steps (and at the last): one read, window means logged.
+
+        Lightning converts every logged device tensor to a number on each step (a GPU sync per
+        step): the values logged here are CPU tensors from a single device-to-host copy per window.
+        """
+        step, every = self.trainer.global_step, self.trainer.log_every_n_steps
+        if self._window is None or step == self._flushed_at or (step % every and step != self.trainer.max_steps):
+            return
+        grad_max = self._grad_max if self._grad_max is not None else self._window.new_zeros(())
+        host = torch.cat([self._window, grad_max[None]]).cpu()  # the window's one device-to-host copy
+        self._window, self._grad_max, self._flushed_at = None, None, step
+        loss_sum, nll_sum, tokens, batches, grad_sum, grad_max = host
         n = tokens.clamp(min=1)
+        steps = max(1, step - self._window_start)
+        self._window_start = step
         self.log("train/loss", loss_sum / n, prog_bar=True)
         self.log("train/nll", nll_sum / n)
-        self.log("train/tokens", tokens / steps)  # mean target tokens per step in the window
-        self.log("train/lr", host.new_tensor(self.optimizers().param_groups[0]["lr"]), prog_bar=True)
+        self.log("train/tokens", tokens / batches.clamp(min=1))  # mean target tokens per batch
+        self.log("train/grad_norm", grad_sum / steps)  # mean over the window's optimizer steps
+        self.log("train/grad_norm_max", grad_max)
+        self.log("train/lr", host.new_tensor(self._lr), prog_bar=True)
+
+    def on_train_start(self) -> None:
+        self._window_start = self._flushed_at = self.trainer.global_step  # also after a resume
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])

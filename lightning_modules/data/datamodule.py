@@ -23,6 +23,14 @@ from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
 
 
+def unigram_perplexity(target_ids: np.ndarray, sentences: int, vocab_size: int) -> float:
+    """exp(H) of the unigram distribution of `target_ids` plus one EOS per sentence."""
+    counts = np.bincount(target_ids, minlength=vocab_size).astype(np.float64)
+    counts[EOS_ID] += sentences
+    p = counts[counts > 0] / counts.sum()
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
 class EncodedPairs(Dataset):
     """Token-id pairs stored as flat int32 arrays plus offsets (compact for millions of pairs)."""
 
@@ -146,6 +154,11 @@ class TranslationDataModule(pl.LightningDataModule):
             "valid_padding_share": padding_share(valid_sampler.global_batches(),
                                                  self.valid_set.src_lengths,
                                                  self.valid_set.tgt_lengths, self.pad_multiple),
+            # exp(entropy) of the training targets' wordpiece frequencies (EOS included): the
+            # perplexity of a model that ignores the source and the context. A trained model
+            # above it has learnt nothing (the convergence rule's "diverged" line).
+            "unigram_ppl": round(unigram_perplexity(self.train_set._tgt, len(self.train_set),
+                                                    self.vocab_size), 3),
             "setup_seconds": 0.0,
         }
         self.stats["setup_seconds"] = round(time.perf_counter() - start, 2)

@@ -1,0 +1,122 @@
+"""Did a run converge? One stated rule, applied to its dev-perplexity and training-loss curves.
+
+A small-budget ablation is only evidence about architecture if every row was trained to the same
+state; this module says which state each run reached, so a report can set apart the rows that
+measure optimisation accidents. Classes, checked in this order:
+
+- `diverged`: a non-finite loss or perplexity, or (past warmup) a final dev perplexity at or above
+  the unigram perplexity of the training targets (a model that ignores source and context does
+  as well);
+- `unstable`: after warmup, a dev perplexity above that unigram line, or a loss spike (a
+  window-mean training loss above `spike_ratio` × its best value so far);
+- `converged`: over the last `tail` of training, dev perplexity improved by less than
+  `tolerance` (relative; a rise counts as no improvement);
+- `still improving`: it improved by more;
+- `unknown`: fewer than two dev evaluations span that tail (validate more often to classify).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CLASSES = ("converged", "still improving", "unstable", "diverged", "unknown")
+Curve = Sequence[tuple[int, float]]  # (step, value), steps ascending
+
+
+@dataclass(frozen=True)
+class ConvergenceRule:
+    """The thresholds; `describe()` is the sentence reports print."""
+
+    tail: float = 0.2  # the last fraction of training steps inspected
+    tolerance: float = 0.01  # converged: dev PPL improved by less than this (relative) over the tail
+    spike_ratio: float = 1.2  # unstable: a window's training loss above 1.2 x the best so far
+
+    def describe(self) -> str:
+        return (f"converged = dev PPL improved by less than {self.tolerance:.0%} over the last "
+                f"{self.tail:.0%} of training steps; still improving = by more; unstable = after "
+                f"warmup a dev PPL above the unigram PPL of the training targets, or a window-mean "
+                f"training loss above {self.spike_ratio:g}× its best so far; diverged = non-finite, "
+                f"or ending after warmup at or above the unigram PPL; unknown = fewer than two dev evaluations "
+                f"span the last {self.tail:.0%}")
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    label: str  # one of CLASSES
+    reason: str  # one sentence with the numbers behind the label
+    tail_improvement: float | None = None  # relative dev-PPL improvement over the tail
+
+
+def _finite(curve: Curve) -> bool:
+    return all(math.isfinite(value) for _, value in curve)
+
+
+def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps: int,
+             rule: ConvergenceRule = ConvergenceRule()) -> Verdict:
+    """The class of one run from its dev-PPL curve and its window-mean training losses."""
+    if not dev_ppl:
+        return Verdict("unknown", "no dev evaluation was recorded")
+    if not (_finite(dev_ppl) and _finite(train_loss)):
+        return Verdict("diverged", "a non-finite training loss or dev perplexity")
+    last_step, final = dev_ppl[-1]
+    if final >= unigram_ppl and last_step > warmup_steps:
+        return Verdict("diverged", f"final dev PPL {final:.4g} ≥ unigram PPL {unigram_ppl:.4g}")
+    above = [(s, p) for s, p in dev_ppl if s > warmup_steps and p > unigram_ppl]
+    if above:
+        s, p = above[0]
+        return Verdict("unstable", f"dev PPL {p:.4g} at step {s:,} (after warmup) above the unigram "
+                                   f"PPL {unigram_ppl:.4g}")
+    best = math.inf
+    for step, loss in train_loss:
+        if step > warmup_steps and loss > rule.spike_ratio * best:
+            return Verdict("unstable", f"training loss spiked to {loss:.3g} at step {step:,} "
+                                       f"(best so far {best:.3g})")
+        best = min(best, loss)
+    tail_start = last_step * (1 - rule.tail)
+    before = [(s, p) for s, p in dev_ppl if s <= tail_start]
+    if not before or before[-1][0] == last_step:
+        return Verdict("unknown", f"no dev evaluation at or before step {tail_start:,.0f} "
+                                  f"(the start of the last {rule.tail:.0%})")
+    start_step, start = before[-1]
+    improvement = (start - final) / start
+    span = f"from step {start_step:,} to {last_step:,}"
+    if improvement < rule.tolerance:
+        moved = "rose" if improvement < 0 else "improved"
+        return Verdict("converged", f"dev PPL {moved} {abs(improvement):.1%} {span} "
+                                    f"({start:.4g} → {final:.4g})", improvement)
+    return Verdict("still improving", f"dev PPL improved {improvement:.1%} {span} "
+                                      f"({start:.4g} → {final:.4g})", improvement)
+
+
+def read_curves(metrics_csv: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(dev PPL curve, window-mean training loss curve) from a run's `logs/metrics.csv`."""
+    dev: dict[int, float] = {}
+    train: dict[int, float] = {}
+    path = Path(metrics_csv)
+    if not path.is_file():
+        return [], []
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            step = int(row["step"])
+            if row.get("val/ppl"):
+                dev[step] = float(row["val/ppl"])
+            if row.get("train/loss"):
+                train[step] = float(row["train/loss"])
+    return sorted(dev.items()), sorted(train.items())
+
+
+def classify_run(metrics_csv: str | Path, unigram_ppl: float, warmup_steps: int,
+                 rule: ConvergenceRule = ConvergenceRule()) -> dict[str, object]:
+    """The run's class, its reason and its dev curve, as results.json stores them."""
+    dev, train = read_curves(metrics_csv)
+    verdict = classify(dev, train, unigram_ppl, warmup_steps, rule)
+    return {"convergence": verdict.label, "convergence_reason": verdict.reason,
+            "dev_ppl_curve": [[step, round(ppl, 4)] for step, ppl in dev],
+            "unigram_ppl": unigram_ppl, "convergence_rule": rule.to_dict()}

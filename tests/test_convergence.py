@@ -1,0 +1,108 @@
+"""The convergence rule: on hand-made curves (each class and the order they are checked in) and
+on real short runs of `ablate train` (one that converges, one pushed to diverge by its learning
+rate, one stopped early)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from lightning_modules.cli import main
+from lightning_modules.convergence import ConvergenceRule, classify
+
+UNIGRAM = 100.0
+FALLING = [(s, 40 - s / 10) for s in range(10, 101, 10)]  # training loss, steadily down
+
+
+def dev(*points: tuple[int, float]) -> list[tuple[int, float]]:
+    return list(points)
+
+
+def test_plateau_is_converged_and_the_tail_is_measured_from_its_start():
+    verdict = classify(dev((200, 30.0), (800, 10.0), (900, 9.95), (1000, 9.92)), FALLING, UNIGRAM, 100)
+    assert verdict.label == "converged"
+    assert verdict.tail_improvement == pytest.approx((10.0 - 9.92) / 10.0)  # from step 800 = 1000 × 0.8
+
+
+def test_improving_by_the_tolerance_or_more_is_still_improving():
+    assert classify(dev((800, 10.0), (1000, 9.89)), FALLING, UNIGRAM, 100).label == "still improving"  # 1.1%
+    assert classify(dev((800, 10.0), (1000, 9.91)), FALLING, UNIGRAM, 100).label == "converged"  # 0.9%
+    loose = ConvergenceRule(tolerance=0.05)
+    assert classify(dev((800, 10.0), (1000, 9.6)), FALLING, UNIGRAM, 100, loose).label == "converged"
+
+
+def test_rising_dev_ppl_counts_as_converged_with_its_reason():
+    verdict = classify(dev((800, 10.0), (1000, 10.5)), FALLING, UNIGRAM, 100)
+    assert verdict.label == "converged" and "rose 5.0%" in verdict.reason
+
+
+def test_diverged_unstable_and_their_precedence():
+    assert classify(dev((800, 10.0), (1000, math.nan)), FALLING, UNIGRAM, 100).label == "diverged"
+    assert classify(dev((800, 10.0), (1000, 9.0)), [(10, math.inf)], UNIGRAM, 100).label == "diverged"
+    assert classify(dev((800, 90.0), (1000, 100.0)), FALLING, UNIGRAM, 100).label == "diverged"  # = unigram
+    # above the unigram line after warmup, then recovered: unstable
+    assert classify(dev((300, 150.0), (800, 10.0), (1000, 9.9)), FALLING, UNIGRAM, 100).label == "unstable"
+    # above it only during warmup: normal
+    assert classify(dev((50, 150.0), (800, 10.0), (1000, 9.99)), FALLING, UNIGRAM, 100).label == "converged"
+    spike = [(10, 6.0), (200, 3.0), (300, 3.7), (400, 2.0)]  # 3.7 > 1.2 × 3.0
+    verdict = classify(dev((800, 10.0), (1000, 9.99)), spike, UNIGRAM, 100)
+    assert verdict.label == "unstable" and "step 300" in verdict.reason
+    assert classify(dev((800, 10.0), (1000, 9.99)), [(10, 6.0), (200, 3.0), (300, 3.5)], UNIGRAM,
+                    100).label == "converged"  # 3.5 < 3.6: noise, not a spike
+    # a run still in warmup, above the unigram line, is not called diverged
+    assert classify(dev((20, 400.0), (40, 300.0)), FALLING, UNIGRAM, 100).label == "still improving"
+
+
+def test_too_few_evaluations_is_unknown():
+    assert classify([], FALLING, UNIGRAM, 100).label == "unknown"
+    assert classify(dev((1000, 9.0)), FALLING, UNIGRAM, 100).label == "unknown"
+    assert classify(dev((900, 9.5), (1000, 9.0)), FALLING, UNIGRAM, 100).label == "unknown"  # 900 > 800
+
+
+# ------------------------------------------------------------------------------- real runs
+
+@pytest.fixture(scope="module")
+def copy_task(tmp_path_factory) -> list[str]:
+    """A copy task (target = source) over 16 syllables: a tiny model masters it in seconds."""
+    root = tmp_path_factory.mktemp("copy")
+    rng = random.Random(0)
+    syllables = "ka lo mi nu pe ra si tu ve zo ba de fi go hu ja".split()
+    args = []
+    for split, n in (("train", 4000), ("valid", 200), ("test", 50)):
+        text = "\n".join(" ".join(rng.choices(syllables, k=rng.randint(3, 8))) for _ in range(n)) + "\n"
+        for side in ("src", "tgt"):
+            (root / f"{split}.{side}").write_text(text)
+            args += [f"--{split}-{side}", str(root / f"{split}.{side}")]
+    return ["--data", "files", *args]
+
+
+def train(copy_task: list[str], out: Path, *overrides: str) -> dict:
+    code = main(["train", "--out", str(out), *copy_task, "--no-wandb", "model.n_layers=1", "model.d_model=32",
+                 "model.d_ff=64", "model.n_heads=4", "model.dropout=0", "data.vocab_size=40",
+                 "data.max_tokens=1000", "train.val_check_interval=50", "train.log_every_n_steps=10",
+                 "train.progress_bar=false", "eval.decode_test=false", "eval.beam_size=1", *overrides])
+    assert code == 0
+    return json.loads((out / "results.json").read_text())
+
+
+def test_real_runs_are_classified(copy_task, tmp_path):
+    converged = train(copy_task, tmp_path / "long", "--max-steps", "1500", "train.warmup_steps=100",
+                      "train.lr_scale=0.5")
+    assert converged["convergence"] == "converged", converged["convergence_reason"]
+    assert converged["dev_ppl_curve"][-1][1] == pytest.approx(converged["ppl"], rel=1e-3)
+    assert 1 < converged["ppl"] < 1.5 < 10 < converged["unigram_ppl"]
+
+    early = train(copy_task, tmp_path / "early", "--max-steps", "300", "train.warmup_steps=100",
+                  "train.lr_scale=0.5")
+    assert early["convergence"] == "still improving", early["convergence_reason"]
+
+    blown = train(copy_task, tmp_path / "blown", "--max-steps", "200", "train.warmup_steps=10",
+                  "train.lr_scale=30", "model.n_layers=2", "model.dropout=0.1",
+                  "train.val_check_interval=20")
+    assert blown["convergence"] == "diverged", blown["convergence_reason"]
+    metrics = (tmp_path / "long" / "logs" / "metrics.csv").read_text().splitlines()[0]
+    assert "train/grad_norm" in metrics  # gradient norm is logged
