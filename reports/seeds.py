@@ -1,0 +1,89 @@
+"""Seeds as noise: mean ± 95% confidence interval per row, the difference to base with its
+interval, whether it is beyond seed noise, and whether its sign agrees with the paper's.
+
+Intervals use Student's t. A row and base trained with the same seeds are compared seed by seed
+(paired: both see the same batches in the same order), otherwise by Welch's interval. A
+difference is "beyond seed noise" when its interval excludes zero; with one seed there is no
+interval and nothing is claimed. The paper reports single runs, so the sign of its difference is
+only compared where that difference is at least `PAPER_THRESHOLD` perplexity (smaller printed
+differences are within what a second run could change).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+CONFIDENCE = 0.95
+PAPER_THRESHOLD = {"ppl": 0.15, "bleu": 0.3}  # |paper row − paper base| that counts as a difference
+
+# Two-sided 95% quantiles of Student's t, t_{0.975, df}, df = 1..30 (standard tables); above 30
+# the normal quantile 1.96 is within 4% of the true value.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile(df: float) -> float:
+    """t_{0.975} for `df` degrees of freedom (fractional df, as Welch gives, round down)."""
+    if df < 1:
+        return math.nan
+    k = int(math.floor(df))
+    return _T975[k - 1] if k <= len(_T975) else 1.96
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    @property
+    def excludes_zero(self) -> bool:
+        return not math.isnan(self.low) and (self.low > 0 or self.high < 0)
+
+
+def mean_ci(values: Sequence[float]) -> Interval:
+    """Mean and its 95% t interval (nan bounds with fewer than two values)."""
+    n = len(values)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return Interval(mean, math.nan, math.nan, n)
+    half = t_quantile(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def difference_ci(row: Mapping[int, float], base: Mapping[int, float]) -> tuple[Interval, str]:
+    """Row − base (values keyed by seed) with its 95% interval and the method ('paired'/'welch')."""
+    shared = sorted(set(row) & set(base))
+    if len(shared) >= 2 and len(shared) == len(row) == len(base):
+        return mean_ci([row[s] - base[s] for s in shared]), "paired"
+    a, b = list(row.values()), list(base.values())
+    if not a or not b:
+        return Interval(math.nan, math.nan, math.nan, 0), "none"
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return Interval(diff, math.nan, math.nan, min(len(a), len(b))), "welch"
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Interval(diff, diff, diff, min(len(a), len(b))), "welch"
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t_quantile(df) * se
+    return Interval(diff, diff - half, diff + half, min(len(a), len(b))), "welch"
+
+
+def sign_agrees(ours: float, paper: float | None, metric: str = "ppl") -> bool | None:
+    """Whether our difference to base has the paper's sign; None where the paper's is too small."""
+    if paper is None or math.isnan(paper) or abs(paper) < PAPER_THRESHOLD[metric] or math.isnan(ours):
+        return None
+    return (ours > 0) == (paper > 0) and ours != 0

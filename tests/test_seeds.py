@@ -1,0 +1,56 @@
+"""Seed statistics against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from reports.seeds import difference_ci, mean_ci, sign_agrees, t_quantile
+
+
+def test_mean_ci_three_seeds_by_hand():
+    # values 10, 12, 14: mean 12, sample sd 2, se 2/sqrt(3) = 1.1547, t(2) = 4.303 -> ±4.9687
+    ci = mean_ci([10.0, 12.0, 14.0])
+    assert ci.mean == 12.0 and ci.n == 3
+    assert ci.half_width == pytest.approx(4.303 * 2 / math.sqrt(3), rel=1e-9)
+    assert ci.low == pytest.approx(12 - 4.96867, abs=1e-4) and ci.high == pytest.approx(16.96867, abs=1e-4)
+    assert ci.excludes_zero
+
+
+def test_one_seed_has_no_interval_and_claims_nothing():
+    ci = mean_ci([5.0])
+    assert ci.mean == 5.0 and math.isnan(ci.low) and not ci.excludes_zero
+    diff, _ = difference_ci({1: 5.0}, {1: 4.0})
+    assert diff.mean == 1.0 and not diff.excludes_zero
+
+
+def test_paired_difference_by_hand():
+    # per-seed differences 1.0, 1.2, 0.8: mean 1.0, sd 0.2, se 0.11547, ±0.49687 -> beyond noise
+    row, base = {1: 6.0, 2: 6.4, 3: 5.8}, {1: 5.0, 2: 5.2, 3: 5.0}
+    diff, method = difference_ci(row, base)
+    assert method == "paired" and diff.mean == pytest.approx(1.0)
+    assert diff.half_width == pytest.approx(4.303 * 0.2 / math.sqrt(3), rel=1e-6)
+    assert diff.excludes_zero
+    # differences 1, -1, 0.3: the interval straddles zero
+    noisy, _ = difference_ci({1: 6.0, 2: 4.0, 3: 5.3}, {1: 5.0, 2: 5.0, 3: 5.0})
+    assert noisy.low < 0 < noisy.high and not noisy.excludes_zero
+
+
+def test_welch_difference_by_hand():
+    # a: 10, 12, 14 (var 4), b: 8, 9 (var 0.5). va = 4/3, vb = 0.25, se = sqrt(1.58333) = 1.25831
+    # df = 1.58333^2 / ((4/3)^2/2 + 0.25^2/1) = 2.50694 / 0.95139 = 2.635 -> t(2) = 4.303
+    diff, method = difference_ci({1: 10.0, 2: 12.0, 3: 14.0}, {4: 8.0, 5: 9.0})
+    assert method == "welch" and diff.mean == pytest.approx(3.5)
+    assert diff.half_width == pytest.approx(4.303 * math.sqrt(4 / 3 + 0.25), rel=1e-6)
+
+
+def test_t_quantiles_and_sign_agreement():
+    assert t_quantile(1) == 12.706 and t_quantile(2.9) == 4.303 and t_quantile(200) == 1.96
+    assert math.isnan(t_quantile(0.5))
+    assert sign_agrees(+0.4, +1.19) is True  # C1: both worse than base
+    assert sign_agrees(-0.2, +0.83) is False
+    assert sign_agrees(+0.5, -0.04) is None  # the paper's A3 vs base: below the 0.15 threshold
+    assert sign_agrees(+0.5, None) is None
+    assert sign_agrees(0.0, 0.5) is False
+    assert sign_agrees(-1.0, -0.4, "bleu") is True and sign_agrees(-1.0, -0.2, "bleu") is None
