@@ -14,13 +14,17 @@ from typing import Any
 
 import pandas as pd
 
+from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
+from lightning_modules.presets import load_preset
 from lightning_modules.io import atomic_write_bytes, atomic_write_text
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
 from reports.html import render
 from reports.significance import paired_bootstrap
+from reports.seeds import PAPER_THRESHOLD
 from reports.table3 import display_frame, spearman, table3_frame, to_latex, to_markdown
+from reports.verdicts import verdicts
 
 
 def caption(data: Table3Data, frame: pd.DataFrame) -> str:
@@ -32,11 +36,20 @@ def caption(data: Table3Data, frame: pd.DataFrame) -> str:
             f"shared BPE vocabulary {setup.get('vocab_size')}; dev perplexity per wordpiece and dev BLEU "
             f"(sacreBLEU, beam {setup.get('beam_size')}, alpha {setup.get('length_penalty')}); "
             f"{len(frame)} rows, seeds {', '.join(map(str, seeds))}. The configuration columns are the "
-            f"paper's; PPL/BLEU/params/time/tokens are ours (mean ± std over seeds) beside the paper's.")
+            f"paper's, shown only where a row changes base; PPL/BLEU/params/time/tokens are ours (mean ± 95% "
+            f"CI over seeds) beside the paper's.")
+
+
+def preset_note(preset: str) -> str | None:
+    """The preset's own word on what its table is (`table3: {note: ...}` in its YAML), if any."""
+    try:
+        return (load_preset(preset).get("table3") or {}).get("note")
+    except UserError:  # a preset of another installation: nothing to add
+        return None
 
 
 def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
-    out = []
+    out = [note] if (note := preset_note(data.preset)) else []
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
         out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "
@@ -47,6 +60,20 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
                    f"unlikely under resampling of the dev sentences.")
     signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
     out += [f"sacreBLEU signature: {s}" for s in signatures]
+    if "convergence" in frame and frame["convergence"].notna().any():
+        out.append(f"Convergence rule: {ConvergenceRule().describe()}. Column 'converged': the worst "
+                   "class over a row's seeds (with how many seeds had it).")
+    out.append(f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
+               f"paired by seed when the seeds match (Welch otherwise); 'beyond noise' = that interval "
+               f"excludes zero. 'sign = paper' compares our ΔPPL's sign with the paper's where the "
+               f"paper's |ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within "
+               f"what a second single run could change).")
+    converged = frame[frame["convergence"] == "converged"] if "convergence" in frame else frame.iloc[:0]
+    if len(converged) >= 3:
+        rho, n = spearman(converged, "ppl", "paper_ppl")
+        out.append(f"Spearman rank correlation of dev PPL over the {n} converged rows only: "
+                   + ("n/a" if math.isnan(rho) else f"{rho:+.3f}"))
+    out += [f"Verdict, {sentence}" for sentence in verdicts(frame).values() if sentence]
     devices = sorted(set(data.runs["device"].dropna()))
     out.append(f"Device: {', '.join(devices) or 'unknown'}; storage {data.storage}")
     if data.overrides:
@@ -76,7 +103,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     title = f"Table 3 replica: {data.study}"
     cap = caption(data, frame)
     note_lines = notes(data, frame, bootstrap)
-    pictures = figs.render_all(frame)
+    pictures = figs.render_all(frame, data.curves)
 
     written: list[Path] = []
 

@@ -18,7 +18,8 @@ from lightning_modules.errors import UserError
 from sweeps.study import make_storage, safe_url, sqlite_path, unpack_lines
 from sweeps.table3 import KIND
 
-RUN_COLUMNS = ("ppl", "bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens")
+RUN_COLUMNS = ("ppl", "bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens",
+               "convergence", "convergence_reason", "unigram_ppl")
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Table3Data:
     setup: dict[str, Any]  # scale rule, corpus, vocabulary, beam settings of the table
     runs: pd.DataFrame  # row, group, seed, RUN_COLUMNS, model keys, sacrebleu_signature, device
     translations: dict[tuple[str, int], tuple[list[str], list[str]]] = field(default_factory=dict)
+    curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # row, seed, step, ppl, convergence
 
 
 def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
@@ -63,7 +65,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
         if key[0] is not None and (key not in latest or trial.number > latest[key].number):
             latest[key] = trial
-    records, translations = [], {}
+    records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
         a = trial.user_attrs
         record = {"row": row, "group": a.get("group", row), "seed": seed,
@@ -71,6 +73,8 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
                   "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device")}
         record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
         records.append(record)
+        curve_points += [{"row": row, "seed": seed, "step": step, "ppl": ppl,
+                          "convergence": a.get("convergence")} for step, ppl in a.get("dev_ppl_curve") or []]
         if "dev_hyp" in a and "dev_ref" in a:
             translations[(row, seed)] = (unpack_lines(a["dev_hyp"]), unpack_lines(a["dev_ref"]))
     order = {name: i for i, name in enumerate(attrs["spec"])}
@@ -81,4 +85,4 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     return Table3Data(study=study_name, storage=safe_url(storage_url), preset=attrs["preset"],
                       spec=attrs["spec"], overrides=list(attrs.get("overrides", [])),
                       setup=dict(attrs.get("setup", {})), runs=runs,
-                      translations=translations)
+                      translations=translations, curves=pd.DataFrame.from_records(curve_points))

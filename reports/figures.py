@@ -74,9 +74,46 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
     return _png(fig)
 
 
+CLASS_STYLES = {"converged": "-", "still improving": "--", "unstable": ":", "diverged": ":",
+                "unknown": "-."}
+
+
+def learning_curves(curves: pd.DataFrame, group: str, groups: dict[str, str]) -> bytes:
+    """Dev PPL against step for every row of `group` and base, one line per (row, seed).
+
+    `curves` has columns row, seed, step, ppl, convergence; `groups` maps row -> group. Line
+    style shows the run's convergence class (solid: converged, dashed: still improving,
+    dotted: unstable or diverged); the y axis is logarithmic.
+    """
+    rows = [r for r in dict.fromkeys(curves["row"]) if groups.get(r) == group or r == "base"]
+    palette = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, row in enumerate(rows):
+        color = "black" if row == "base" else palette(i % 10)
+        for j, (seed, run) in enumerate(curves[curves["row"] == row].groupby("seed", sort=True)):
+            run = run.sort_values("step")
+            label = row if j == 0 else None
+            style = CLASS_STYLES.get(str(run["convergence"].iloc[0]), "-")
+            ax.plot(run["step"], run["ppl"], style, color=color, linewidth=1.2, alpha=0.85, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("dev perplexity (log scale)")
+    ax.set_title(f"Group {group}: dev PPL while training (solid converged, dashed still improving, "
+                 "dotted unstable/diverged)", fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
 FIGURES = {"bleu_vs_params.png": bleu_vs_params, "ppl_vs_time.png": ppl_vs_time,
            "change_vs_base.png": change_vs_base}
 
 
-def render_all(frame: pd.DataFrame) -> dict[str, bytes]:
-    return {name: draw(frame) for name, draw in FIGURES.items()}
+def render_all(frame: pd.DataFrame, curves: pd.DataFrame | None = None) -> dict[str, bytes]:
+    """The summary figures, and a learning-curve figure per group when curves are given."""
+    pictures = {name: draw(frame) for name, draw in FIGURES.items()}
+    if curves is not None and not curves.empty:
+        groups = frame["group"].to_dict()
+        for group in dict.fromkeys(g for g in frame["group"] if g != "base"):
+            pictures[f"curves_{group}.png"] = learning_curves(curves, group, groups)
+    return pictures

@@ -11,7 +11,7 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; font-size: 13px; }
 th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; white-space: nowrap; }
-th { background: #f2f2f2; }
+th { background: #f2f2f2; white-space: normal; max-width: 9em; }
 td:first-child, th:first-child { text-align: left; font-weight: bold; }
 figure { display: inline-block; margin: 1em 1em 0 0; }
 .meta { color: #555; font-size: 13px; }

@@ -11,6 +11,7 @@ import pandas as pd
 
 from lightning_modules.params import paper_architecture
 from reports.collect import Table3Data
+from reports.seeds import difference_ci, mean_ci, sign_agrees
 
 
 def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> pd.DataFrame:
@@ -47,7 +48,42 @@ def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> 
             # Relative change: our scale's PPL/BLEU and the paper's differ by an order of magnitude.
             frame[f"d_{col}_pct"] = 100 * frame[f"d_{col}"] / base if base else math.nan
         frame.loc["base", "p_bleu_vs_base"] = math.nan
+        add_seed_statistics(frame, runs)
     return frame
+
+
+def convergence_summary(classes: pd.Series) -> str | None:
+    """The class when every seed has it, else the worst class and how many seeds had it."""
+    classes = classes.dropna()
+    if classes.empty:
+        return None
+    order = ["diverged", "unstable", "unknown", "still improving", "converged"]
+    worst = min(classes, key=lambda c: order.index(c) if c in order else 0)
+    if (classes == worst).all():
+        return worst
+    return f"{worst} ({int((classes == worst).sum())}/{len(classes)})"
+
+
+def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
+    """Per row: 95% CI of PPL and BLEU, the difference to base with its CI, whether it is beyond
+    seed noise, the sign agreement with the paper, and the convergence class over seeds."""
+    by_seed = {(row, metric): dict(zip(part["seed"], part[metric]))
+               for row, part in runs.groupby("row", sort=False) for metric in ("ppl", "bleu")}
+    for row in frame.index:
+        for metric in ("ppl", "bleu"):
+            values = by_seed.get((row, metric), {})
+            ci = mean_ci([v for v in values.values() if v is not None and not pd.isna(v)])
+            frame.loc[row, f"{metric}_ci"] = ci.half_width
+            diff, method = difference_ci(values, by_seed.get(("base", metric), {}))
+            frame.loc[row, f"d_{metric}_low"], frame.loc[row, f"d_{metric}_high"] = diff.low, diff.high
+            if metric == "ppl":
+                frame.loc[row, "beyond_noise"] = diff.excludes_zero if row != "base" else None
+                frame.loc[row, "ci_method"] = method if row != "base" else None
+            agrees = sign_agrees(frame.loc[row, f"d_{metric}"], frame.loc[row, f"d_paper_{metric}"], metric)
+            frame.loc[row, f"{metric}_sign_agrees"] = agrees if row != "base" else None
+        frame.loc[row, "sign_agrees"] = frame.loc[row, "ppl_sign_agrees"]
+        if "convergence" in runs:
+            frame.loc[row, "convergence"] = convergence_summary(runs.loc[runs["row"] == row, "convergence"])
 
 
 def spearman(frame: pd.DataFrame, ours: str, paper: str) -> tuple[float, int]:
@@ -74,33 +110,70 @@ def _steps(n: Any) -> str:
     return f"{n / 1000:g}K" if n >= 1000 else str(int(n))
 
 
+CONFIG_COLUMNS = {"N": "N", "d_model": "d_model", "d_ff": "d_ff", "h": "h", "d_k": "d_k", "d_v": "d_v",
+                  "P_drop": "P_drop", "eps_ls": "eps_ls", "positional": "pos", "paper_steps": "steps"}
+
+
+def _setting(col: str, value: Any) -> str:
+    if col == "positional":
+        return "sin" if value == "sinusoidal" else str(value)
+    if col == "paper_steps":
+        return _steps(value)
+    if col in ("P_drop", "eps_ls"):
+        return _num(value, 1)
+    return str(value)
+
+
+def changes(r: pd.Series, base: pd.Series | None) -> str:
+    """The paper configuration of a row as its changes from base ('N 2', 'P_drop 0.0, pos learned')."""
+    cells = [(name, _setting(col, r[col])) for col, name in CONFIG_COLUMNS.items()
+             if base is None or r.name == "base" or r[col] != base[col]]
+    if r.name == "base" or base is None:
+        return "the paper's base"
+    return ", ".join(f"{name} {value}" for name, value in cells) or "as base"
+
+
 def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
-    """The table as text cells, the paper's configuration first, ours beside the paper's numbers."""
+    """The table as text cells, narrow enough for a normal window: the paper configuration as the
+    row's changes from base, then ours with the paper's value in parentheses. ± is the 95%
+    confidence interval over seeds; Δ is against base with its interval in brackets."""
     pm = r" $\pm$ " if tex else " ± "
 
-    def mean_std(mean: Any, std: Any, digits: int) -> str:
+    def ours_paper(mean: Any, half: Any, paper: Any, digits: int, paper_digits: int) -> str:
         text = _num(mean, digits)
-        return text + (pm + _num(std, digits) if text and not pd.isna(std) else "")
+        if text and half is not None and not pd.isna(half):
+            text += pm + _num(half, digits)
+        return text + (f" ({_num(paper, paper_digits)})" if paper is not None and not pd.isna(paper) else "")
 
-    names = {"eps": r"$\epsilon_{ls}$" if tex else "ε_ls", "P": r"$P_{drop}$" if tex else "P_drop",
-             "x6": r"$\times 10^6$" if tex else "×10⁶", "d": r"$\Delta$" if tex else "Δ"}
+    def delta(r: pd.Series, metric: str, digits: int) -> str:
+        text = _signed(r.get(f"d_{metric}"), digits)
+        low, high = r.get(f"d_{metric}_low"), r.get(f"d_{metric}_high")
+        if text and low is not None and not pd.isna(low):
+            text += f" [{low:+.{digits}f}, {high:+.{digits}f}]"
+        paper = r.get(f"d_paper_{metric}")
+        return text + (f" ({paper:+.{digits}f})" if text and paper is not None and not pd.isna(paper) else "")
+
+    d = r"$\Delta$" if tex else "Δ"
+    x6 = r"$\times 10^6$" if tex else "×10⁶"
+    base = frame.loc["base"] if "base" in frame.index else None
     rows = []
     for row, r in frame.iterrows():
         rows.append({
-            "row": row, "N": r.N, "d_model": r.d_model, "d_ff": r.d_ff, "h": r.h, "d_k": r.d_k, "d_v": r.d_v,
-            names["P"]: _num(r.P_drop, 1), names["eps"]: _num(r.eps_ls, 1),
-            "pos": "sin" if r.positional == "sinusoidal" else r.positional,
-            "steps": _steps(r.paper_steps),
-            "PPL": mean_std(r.ppl, r.ppl_std, 2), "PPL paper": _num(r.paper_ppl, 2),
-            "BLEU": mean_std(r.bleu, r.bleu_std, 2), "BLEU paper": _num(r.paper_bleu, 1),
-            f"params {names['x6']}": _num(r.params_m, 2), f"params {names['x6']} paper": _num(r.paper_params_m, 0),
-            "train s": _num(r.train_time_s, 0), "tokens/s": _num(r.tokens_per_s, 0),
-            f"{names['d']}PPL": _signed(r.get("d_ppl"), 2), f"{names['d']}BLEU": _signed(r.get("d_bleu"), 2),
-            "p vs base": _num(r.p_bleu_vs_base, 3),
+            "row": row, "changes from base": changes(r, base), "seeds": str(int(r.seeds)),
+            "PPL (paper)": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
+            f"{d}PPL [95% CI] (paper)": delta(r, "ppl", 2),
+            "beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
+            "sign = paper": {True: "yes", False: "no"}.get(r.get("sign_agrees"), ""),
+            "converged": str(r.get("convergence") or ""),
+            "BLEU (paper)": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
+            f"{d}BLEU": _signed(r.get("d_bleu"), 2), "p vs base": _num(r.p_bleu_vs_base, 3),
+            f"params {x6} (paper)": ours_paper(r.params_m, None, r.paper_params_m, 2, 0),
+            "train s": _num(r.train_time_s, 0),
         })
     table = pd.DataFrame.from_records(rows)
     if tex:
         table.columns = [c.replace("_", r"\_") if "$" not in c else c for c in table.columns]
+        table["changes from base"] = table["changes from base"].str.replace("_", r"\_")
     return table
 
 

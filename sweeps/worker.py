@@ -43,7 +43,8 @@ JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
 
 RESULT_ATTRS = ("bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps",
                 "target_tokens", "seed", "model", "preset", "corpus", "device", "precision",
-                "sacrebleu_signature", "world_size", "run_dir")
+                "sacrebleu_signature", "world_size", "run_dir", "convergence", "convergence_reason",
+                "dev_ppl_curve", "unigram_ppl", "steady_tokens_per_s")
 
 
 @dataclass
@@ -161,7 +162,8 @@ class Objective:
         for key in RESULT_ATTRS:
             trial.set_user_attr(key, results.get(key))
         if self.s.queue_only:  # Table 3: one line per finished row instead of Optuna's log
-            print(f"{trial.user_attrs.get('row')} seed {results.get('seed')}: dev PPL {results['ppl']}, "
+            print(f"{trial.user_attrs.get('row')} seed {results.get('seed')}: "
+                  f"{results.get('convergence', 'unclassified')}, dev PPL {results['ppl']}, "
                   f"dev BLEU {results['bleu']}, {results['train_time_s']} s training, "
                   f"{results['params']:,} parameters", flush=True)
         if self.s.keep_translations:

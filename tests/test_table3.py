@@ -32,7 +32,8 @@ SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4"
          "train.checkpoint_every=5"]
 ROWS = ["base", "D1", "E"]
 REPORT_FILES = ["table3.md", "table3.csv", "table3.tex", "report.html", "figures/bleu_vs_params.png",
-                "figures/ppl_vs_time.png", "figures/change_vs_base.png"]
+                "figures/ppl_vs_time.png", "figures/change_vs_base.png", "figures/curves_D.png",
+                "figures/curves_E.png"]
 
 
 def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -127,7 +128,16 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     md = (report / "table3.md").read_text()
     for row in ROWS:
         assert f"| {row} " in md
-    assert "Spearman rank correlation of our dev PPL" in md and "±" in md
+    assert "Spearman rank correlation of our dev PPL" in md and "±" in md and "| E " in md
+    # seeds as noise: the difference to base with its interval (two seeds, paired by seed)
+    assert frame.loc["E", "d_ppl_low"] < frame.loc["E", "d_ppl"] < frame.loc["E", "d_ppl_high"]
+    assert frame.loc["E", "ci_method"] == "paired"
+    assert frame.loc["E", "beyond_noise"] == (frame.loc["E", "d_ppl_low"] > 0 or frame.loc["E", "d_ppl_high"] < 0)
+    # 10 steps: nothing has converged, and the report says so with the rule
+    assert set(frame["convergence"]) <= {"still improving", "unknown", "diverged", "unstable"} and \
+        frame["convergence"].notna().all()
+    assert "Convergence rule: converged = dev PPL improved by less than 1%" in md
+    assert "Verdict, D, regularisation" in md and "Verdict, E, learned" in md
     assert "\\begin{tabular}" in (report / "table3.tex").read_text()
     for name in REPORT_FILES:
         if name.endswith(".png"):
@@ -176,9 +186,16 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
     assert [c[0].text for c in cells] == ROWS
     headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
-    assert {"PPL", "PPL paper", "BLEU", "BLEU paper", "ΔBLEU", "p vs base"} <= set(headers)
+    assert {"PPL (paper)", "BLEU (paper)", "ΔBLEU", "p vs base", "ΔPPL [95% CI] (paper)",
+            "beyond noise", "sign = paper", "converged", "changes from base"} <= set(headers)
+    by_header = {h: i for i, h in enumerate(headers)}
+    changes = [c[by_header["changes from base"]].text for c in cells]
+    assert changes == ["the paper's base", "P_drop 0.0", "pos learned"]  # only what a row changes
+    assert cells[1][by_header["PPL (paper)"]].text.endswith("(5.77)")
+    table_width = browser.execute_script("return document.getElementById('table3').scrollWidth")
+    assert table_width <= 1400, f"the table needs {table_width} px"  # a normal window
     images = browser.find_elements(By.TAG_NAME, "img")
-    assert len(images) == 3
+    assert len(images) == 5  # three summary figures and a learning-curve figure per group (D, E)
     assert all(browser.execute_script("return arguments[0].naturalWidth", img) > 100 for img in images)
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

@@ -1,0 +1,60 @@
+"""One sentence per Table 3 group: which rows differ from base beyond seed noise, in which
+direction, and whether the paper saw the same. Built only from the table's columns, so the
+sentence can never say more than the numbers beside it."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+GROUP_TOPICS = {"A": "number of heads at constant compute", "B": "smaller key size d_k",
+                "C": "model size (N, d_model, d_ff)", "D": "regularisation (dropout, label smoothing)",
+                "E": "learned instead of sinusoidal positions", "big": "the big model"}
+
+
+def _row_phrase(row: str, r: pd.Series) -> str:
+    change = f"{r.d_ppl:+.2f} PPL"
+    if not math.isnan(r.get("d_ppl_low", math.nan)):
+        change += f" [{r.d_ppl_low:+.2f}, {r.d_ppl_high:+.2f}]"
+    paper = "" if pd.isna(r.get("d_paper_ppl")) else f", paper {r.d_paper_ppl:+.2f}"
+    agree = {True: "; same sign as the paper", False: "; opposite to the paper"}.get(r.get("sign_agrees"), "")
+    return f"{row} {change}{paper}{agree}"
+
+
+def group_verdict(frame: pd.DataFrame, group: str) -> str:
+    """The sentence for one group (rows of `frame` whose group is `group`)."""
+    rows = frame[frame["group"] == group]
+    if rows.empty:
+        return ""
+    topic = GROUP_TOPICS.get(group, group)
+    unconverged = [row for row, r in rows.iterrows() if r.get("convergence") not in (None, "converged")
+                   and not pd.isna(r.get("convergence"))]
+    beyond = rows[rows["beyond_noise"] == True]  # noqa: E712 (pandas: nullable booleans)
+    within = [row for row in rows.index if row not in beyond.index]
+    parts = []
+    if len(beyond):
+        better = [row for row, r in beyond.iterrows() if r.d_ppl < 0]
+        worse = [row for row, r in beyond.iterrows() if r.d_ppl > 0]
+        if better:
+            parts.append("lower PPL than base beyond seed noise: "
+                         + ", ".join(_row_phrase(row, beyond.loc[row]) for row in better))
+        if worse:
+            parts.append("higher PPL than base beyond seed noise: "
+                         + ", ".join(_row_phrase(row, beyond.loc[row]) for row in worse))
+    if within:
+        no_ci = all(math.isnan(rows.loc[row].get("d_ppl_low", math.nan)) for row in within)
+        parts.append(("no interval (one seed): " if no_ci else "within seed noise: ") + ", ".join(within))
+    comparable = rows["sign_agrees"].dropna()
+    if len(comparable):
+        parts.append(f"signs agree with the paper for {int(comparable.sum())} of {len(comparable)} rows "
+                     "where the paper's difference is large enough to compare")
+    if unconverged:
+        parts.append("not converged (read with care): " + ", ".join(
+            f"{row} ({rows.loc[row].convergence})" for row in unconverged))
+    return f"{group}, {topic}: " + "; ".join(parts) + "."
+
+
+def verdicts(frame: pd.DataFrame) -> dict[str, str]:
+    """Group -> sentence, for every group in the table but base, in table order."""
+    return {g: group_verdict(frame, g) for g in dict.fromkeys(frame["group"]) if g != "base"}
