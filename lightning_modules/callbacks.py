@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_modules.faults import inject
 
@@ -151,3 +154,42 @@ class DivergenceGuard(pl.Callback):
         if not trainer.strategy.reduce_boolean_decision(finite, all=True):
             value = "nan" if loss is None or torch.isnan(loss.detach()).any() else "infinite"
             raise NonFiniteLoss(f"the training loss became {value} (detected at step {step})")
+
+
+class PromptInterruptWhileCompiling(pl.Callback):
+    """SIGTERM during torch.compile's compilation stops the run at once.
+
+    Lightning defers SIGTERM to the end of the current batch, so that no checkpoint holds a half-
+    applied optimizer step; but the first batch of a compiled run compiles for minutes, and the
+    signal would wait for all of it. From the first batch's start until its optimizer step (no
+    weight has changed yet) this handler raises Lightning's own `SIGTERMException` at once; from
+    the optimizer step on, Lightning's deferred handler is back.
+    """
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+        self._armed = False
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self._armed or self._previous is not None or threading.current_thread() is not threading.main_thread():
+            return
+        self._armed = True  # only the first batch of this process compiles
+        self._previous = signal.signal(signal.SIGTERM, _raise_sigterm)
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: Any) -> None:
+        self._restore()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+def _raise_sigterm(signum: int, frame: Any) -> None:
+    raise SIGTERMException()

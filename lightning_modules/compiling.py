@@ -6,6 +6,8 @@
   tgt_in.size(1)`, and the next batch recompiles the whole step (1-2 minutes for the base model
   on an H100 host; seen as a third graph in benchmarks/results). Source and target lengths are
   independent, so duck sizing is switched off while the step is traced.
+- `torch._dynamo.lookup_backend("inductor")`: the default backend, wrapped so that the fault
+  point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
 """
@@ -32,7 +34,17 @@ def compile_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
         dynamo.recompile_limit = RECOMPILE_LIMIT
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
         dynamo.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=True)
+    return torch.compile(fn, dynamic=True, backend=_inductor)
+
+
+def _inductor(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Inductor, with the `compile` fault point at the start of each compilation."""
+    from torch._dynamo import lookup_backend
+
+    from lightning_modules.faults import inject
+
+    inject("compile")
+    return lookup_backend("inductor")(graph, example_inputs)
 
 
 def compiled_graphs() -> int:

@@ -5,6 +5,8 @@ default) when it reaches `point` (at global step `step`, where given). Points:
 
 - `train_step@N`: after optimizer step N (its periodic checkpoint, if one is due, is written);
 - `validation@N`: inside the validation run at step N;
+- `compile`: inside torch.compile's compilation of the training step (after tracing, before
+  code generation);
 - `decode`: in the middle of the final beam search over the dev set;
 - `checkpoint_write@N`: half of the checkpoint of step N written to its temporary file;
 - `results_write`: results.json written to its temporary file, not yet renamed;
@@ -21,7 +23,8 @@ import signal
 from torch import Tensor
 
 FAULT_ENV = "ABLATE_FAULT"
-POINTS = ("train_step", "validation", "decode", "checkpoint_write", "results_write", "nan_loss")
+POINTS = ("train_step", "validation", "compile", "decode", "checkpoint_write", "results_write",
+          "nan_loss")
 
 
 def _parse(spec: str) -> tuple[str, int | None, signal.Signals]:

@@ -22,7 +22,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_modules.callbacks import DivergenceGuard, FaultPoints, NonFiniteLoss, TrainingClock
+from lightning_modules.callbacks import (DivergenceGuard, FaultPoints, NonFiniteLoss,
+                                         PromptInterruptWhileCompiling, TrainingClock)
 from lightning_modules.compiling import compiled_graphs
 from lightning_modules.config import RunConfig
 from lightning_modules.convergence import classify_run
@@ -179,6 +180,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
                                    auto_insert_metric_name=False),
                    # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
                    OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
+                   *([PromptInterruptWhileCompiling()] if compiled else []),
                    *(callbacks or [])],
     )
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,22 @@ def test_diverging_trial_fails_with_its_reason_and_the_sweep_goes_on(tmp_path: P
     failed = [t for t in trials if t.state == TrialState.FAIL]
     assert len(failed) == 1 and "the training loss became nan" in failed[0].user_attrs["fail_reason"]
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2  # the sweep went on to finish
+
+
+def test_sigterm_while_compiling_stops_at_once_and_the_run_resumes(tmp_path: Path):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), *SMALL, "train.compile=true"]
+    start = time.monotonic()
+    first = ablate(*args, fault="compile:SIGTERM")
+    stopped_after = time.monotonic() - start
+    assert first.returncode != 0 and "Traceback" not in first.stderr, first.stderr[-2000:]
+    assert first.stderr.strip().splitlines()[-1].startswith("ablate:"), first.stderr[-500:]
+    # the signal came inside the first compilation: nothing trained, a step-0 checkpoint saved
+    assert all_checkpoints_load(out / "checkpoints") == {"interrupted.ckpt": 0}
+    assert stopped_after < 60, f"{stopped_after:.0f} s"  # start-up + a fraction of one compilation
+
+    second = ablate(*args)
+    assert second.returncode == 0, second.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete" and results["steps"] == 20 and results["compiled"]
+    assert results["compiled_graphs"] == 1
