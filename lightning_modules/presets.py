@@ -17,12 +17,13 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lightning_modules.config import RunConfig, ScaleConfig, TransformerConfig
+from lightning_modules.config import (HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig,
+                                      TransformerConfig, requested_config)
 from lightning_modules.errors import UserError
 
 WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
-DERIVED_KEYS = {"model.vocab_size", "model.pad_id"}
+TOKENIZER_PATHS = {f"model.{key}" for key in TOKENIZER_KEYS}
 
 
 def _ablations_dir() -> Path:
@@ -107,7 +108,7 @@ def _leaf_paths() -> dict[str, list[str]]:
         names = [f.name for f in fields(sub)] if hasattr(sub, "__dataclass_fields__") else [None]
         for name in names:
             full = section.name if name is None else f"{section.name}.{name}"
-            if full not in DERIVED_KEYS:
+            if full not in TOKENIZER_PATHS:
                 paths.setdefault(name or section.name, []).append(full)
     return paths
 
@@ -142,7 +143,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key = key.strip().lstrip("-")
         if not sep or not key:
             raise UserError(f"override {item!r} is not of the form key=value")
-        if key in DERIVED_KEYS:
+        if key in TOKENIZER_PATHS:
             raise UserError(f"{key} is set by the tokenizer; set data.vocab_size instead")
         if "." not in key:
             matches = leaves.get(key, [])
@@ -168,6 +169,28 @@ def _suggest(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A `--config` file: its keys as asked for.
+
+    A config.yaml written by an older version stored the tokenizer's model.vocab_size/pad_id and
+    every head size filled in; such a file is recognised by those tokenizer keys, which are
+    dropped (the tokenizer sets them), and a d_k or d_v equal to that file's d_model / h is read
+    as derived (None), as it was derived when the file was written. (A row that set it explicitly
+    to d_model / h, the A rows, then follows a changed d_model too: only for such older files.)
+    """
+    data = load_yaml(path, "config file")
+    model = data.get("model")
+    if isinstance(model, dict) and any(key in model for key in TOKENIZER_KEYS):
+        model = {k: v for k, v in model.items() if k not in TOKENIZER_KEYS}
+        d_model, heads = model.get("d_model"), model.get("n_heads")
+        if isinstance(d_model, int) and isinstance(heads, int) and heads > 0 and d_model % heads == 0:
+            for key in HEAD_SIZE_KEYS:
+                if model.get(key) == d_model // heads:
+                    model[key] = None
+        data = {**data, "model": model}
+    return data
+
+
 def _merge(base, update: dict[str, Any], source: str):
     try:
         return OmegaConf.merge(base, update)
@@ -182,17 +205,15 @@ def _merge(base, update: dict[str, Any], source: str):
 def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | None = None,
             overrides: list[str] | None = None, spec_path: str | Path | None = None) -> RunConfig:
     """The complete, validated configuration of one run."""
-    cfg = OmegaConf.structured(RunConfig)
-    # The default TransformerConfig derived d_k = d_v = d_model / h for its own d_model; those are
-    # not choices, so they must be derived again from the final d_model and h.
-    cfg.model.d_k, cfg.model.d_v = None, None
+    # The defaults as asked for: head sizes not set (they follow the final d_model and h).
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), requested_config(RunConfig()))
     cfg = _merge(cfg, {"preset": preset, "row": row}, "arguments")
     preset_data = {k: v for k, v in load_preset(preset).items() if k != "table3"}  # table3: its rows
     cfg = _merge(cfg, preset_data, f"preset {preset}")
     scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
     cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale), f"row {row}")
     if config_file:
-        cfg = _merge(cfg, load_yaml(config_file, "config file"), str(config_file))
+        cfg = _merge(cfg, load_config_file(config_file), str(config_file))
     if overrides:
         cfg = _merge(cfg, parse_overrides(overrides), "override")
     try:
@@ -202,4 +223,5 @@ def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | N
 
 
 def to_yaml(cfg: RunConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """config.yaml: the configuration as asked for (`requested_config`), no derived value."""
+    return yaml.safe_dump(requested_config(cfg), sort_keys=False)

@@ -12,7 +12,7 @@ import platform
 import shutil
 import socket
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,9 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         if created:  # a bad corpus leaves nothing behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    cfg.model.vocab_size, cfg.model.pad_id = dm.vocab_size, dm.pad_id
-    atomic_write_text(out / "config.yaml", to_yaml(cfg))
+    atomic_write_text(out / "config.yaml", to_yaml(cfg))  # as asked for: no derived value
+    # The model as built: the tokenizer decides the vocabulary (the config holds data.vocab_size).
+    cfg = replace(cfg, model=cfg.model.with_vocabulary(dm.vocab_size, dm.pad_id))
     module = TranslationModule.from_configs(cfg.model, cfg.train)
     rank_zero_info(describe(cfg, dm.stats, module.n_parameters, out))
     compiled = compile_enabled(cfg)

@@ -124,8 +124,8 @@ def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
         for seed in plan.seeds:
             overrides = [f"train.seed={seed}"]
             cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
-            cfg.model.vocab_size = cfg.data.vocab_size  # about right, for ordering by cost
-            cost = count_parameters(cfg.model) * cfg.train.max_steps
+            model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
+            cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
             jobs.append((cost, row, seed, overrides))
     study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
     check_study(study, identity(plan, spec))
