@@ -36,7 +36,7 @@ from benchmarks.common import REPO, mfu, peak_flops, train_flops
 from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data import TranslationDataModule, collate
 from lightning_modules.data.batching import TokenBucketBatchSampler
-from lightning_modules.io import atomic_write_json, atomic_write_text
+from lightning_modules.run.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
 BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
@@ -46,7 +46,7 @@ BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0
 def ablate_train(out: Path, data_dir: Path, steps: int, max_tokens: int, compile_: bool,
                  log_every: int, dims: dict[str, Any]) -> dict[str, Any]:
     """Run the real command; return its results.json plus wall time and the logged losses."""
-    args = [sys.executable, "-m", "lightning_modules.cli", "train", "--out", str(out),
+    args = [sys.executable, "-m", "ablate", "train", "--out", str(out),
             "--data", "multi30k", "--data-dir", str(data_dir), "--max-steps", str(steps), "--no-wandb",
             *[f"model.{k}={v}" for k, v in dims.items()], "data.vocab_size=8000",
             f"data.max_tokens={max_tokens}", f"train.compile={str(compile_).lower()}",

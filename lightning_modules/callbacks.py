@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 
-from lightning_modules.faults import inject
+from lightning_modules.run.faults import inject
 
 
 def process_age_s() -> float | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import yaml
+
 from lightning_modules.errors import UserError
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
@@ -266,3 +268,21 @@ def model_identity(model: dict[str, Any]) -> dict[str, Any]:
     known = {f.name for f in fields(TransformerConfig)} - set(TOKENIZER_KEYS)
     built = TransformerConfig(**{k: v for k, v in model.items() if k in known})
     return {k: v for k, v in asdict(built).items() if k not in TOKENIZER_KEYS}
+
+
+def count_parameters(c: TransformerConfig) -> int:
+    """Closed-form parameter count of `Transformer(c)` (weights + biases, tied embedding)."""
+    d, h = c.d_model, c.n_heads
+    attention = d * h * c.d_k + h * c.d_k + d * h * (c.d_k + c.d_v) + h * (c.d_k + c.d_v) \
+        + h * c.d_v * d + d
+    ffn = d * c.d_ff + c.d_ff + c.d_ff * d + d
+    norm = 2 * d
+    encoder_layer = attention + ffn + 2 * norm
+    decoder_layer = 2 * attention + ffn + 3 * norm
+    positions = 2 * c.max_len * d if c.positional == "learned" else 0
+    return c.vocab_size * d + positions + c.n_layers * (encoder_layer + decoder_layer)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    """config.yaml: the configuration as asked for (`requested_config`), no derived value."""
+    return yaml.safe_dump(requested_config(cfg), sort_keys=False)

@@ -21,7 +21,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
-from lightning_modules.presets import parse_overrides
+from ablations.resolve import parse_overrides
 from sweeps.space import SearchSpace
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"

@@ -16,15 +16,15 @@ import os
 import sys
 from typing import Any
 
-EXIT_PRUNED = 3
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, die_with_parent
 
 
 def run_trial(job: dict[str, Any]) -> int:
     """Train the trial described by `job` (storage, study, trial_id, out, overrides, ...)."""
     import optuna
 
-    from lightning_modules.presets import resolve
-    from lightning_modules.run import train
+    from ablations.resolve import resolve
+    from lightning_modules.run.train import train
     from sweeps.pruning import StepPruningCallback
     from sweeps.study import make_pruner
 
@@ -55,12 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if not is_rank_zero():
-        from sweeps.worker import die_with_parent
-
         die_with_parent()  # an extra DDP rank goes when its trial process goes
     try:
-        from sweeps.worker import JOB_ENV
-
         return run_trial(json.loads(args[0] if args else os.environ[JOB_ENV]))
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)

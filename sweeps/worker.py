@@ -18,7 +18,6 @@ child with it (parent-death signal) and leaves its trial to the heartbeat.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -34,16 +33,10 @@ from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
+from lightning_modules.run.results import RunResult, read_results
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
-from sweeps.trial_run import EXIT_PRUNED
-
-WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
-JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
-
-RESULT_ATTRS = ("bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps",
-                "target_tokens", "seed", "model", "preset", "corpus", "device", "precision",
-                "sacrebleu_signature", "world_size", "run_dir")
 
 
 @dataclass
@@ -77,25 +70,6 @@ class TrialFailed(RuntimeError):
 
 class NothingQueued(RuntimeError):
     """A queue-only worker got a fresh trial because another worker took the last queued one."""
-
-
-def die_with_parent() -> None:
-    """In the child (Linux): get SIGKILL when the worker dies, so no orphan keeps training."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
-    """A child process in its own session that dies with this process."""
-    out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
-    try:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True, preexec_fn=die_with_parent)
-    finally:
-        if out:
-            out.close()
 
 
 class Objective:
@@ -150,25 +124,24 @@ class Objective:
             raise
         if code == EXIT_PRUNED:
             raise optuna.TrialPruned()
-        results_path = Path(run_dir) / "results.json"
-        results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
-        if results.get("status") == "failed":  # e.g. a NaN loss: the reason goes with the trial
-            trial.set_user_attr("fail_reason", results.get("reason"))
-            raise TrialFailed(f"trial {trial.number} failed: {results.get('reason')}")
-        if code != 0 or results.get("status") != "complete":
+        results = read_results(Path(run_dir)) or RunResult()
+        if results.status == "failed":  # e.g. a NaN loss: the reason goes with the trial
+            trial.set_user_attr("fail_reason", results.reason)
+            raise TrialFailed(f"trial {trial.number} failed: {results.reason}")
+        if code != 0 or results.status != "complete":
             trial.set_user_attr("fail_reason", f"exit status {code}")
             raise TrialFailed(f"trial {trial.number} exited with status {code}; see {run_dir}/trial.log")
-        for key in RESULT_ATTRS:
-            trial.set_user_attr(key, results.get(key))
+        for key, value in results.select("trial").items():
+            trial.set_user_attr(key, value)
         if self.s.queue_only:  # Table 3: one line per finished row instead of Optuna's log
-            print(f"{trial.user_attrs.get('row')} seed {results.get('seed')}: dev PPL {results['ppl']}, "
-                  f"dev BLEU {results['bleu']}, {results['train_time_s']} s training, "
-                  f"{results['params']:,} parameters", flush=True)
+            print(f"{trial.user_attrs.get('row')} seed {results.seed}: dev PPL {results.ppl}, "
+                  f"dev BLEU {results.bleu}, {results.train_time_s} s training, "
+                  f"{results.params:,} parameters", flush=True)
         if self.s.keep_translations:
             for name in ("hyp", "ref"):
                 lines = (Path(run_dir) / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
                 trial.set_user_attr(f"dev_{name}", pack_lines(lines))
-        return float(results[self.s.objective])
+        return float(getattr(results, self.s.objective))
 
 
 def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:

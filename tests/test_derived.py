@@ -13,8 +13,9 @@ import pytest
 import torch
 import yaml
 
-from lightning_modules.config import TransformerConfig
-from lightning_modules.presets import load_spec, resolve, to_yaml
+from ablations.resolve import resolve
+from ablations.spec import load_spec
+from lightning_modules.config import TransformerConfig, to_yaml
 from lightning_modules.transformer import Transformer
 
 OVERRIDES = [[], ["d_model=256"], ["n_heads=4"], ["d_model=64", "n_heads=2"], ["d_model=256", "d_v=8"]]

@@ -30,7 +30,7 @@ def ablate(*args: str, fault: str | None = None, timeout: float = 300) -> subpro
     env = {k: v for k, v in os.environ.items() if k != "ABLATE_FAULT"}
     if fault:
         env["ABLATE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
 
 

@@ -17,7 +17,7 @@ import sacrebleu
 import torch
 import yaml
 
-from lightning_modules.cli import main
+from ablate.cli import main
 
 # A model small enough to train in seconds; dev/test cut to 100 pairs so decoding is quick.
 SMALL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500",
@@ -28,7 +28,7 @@ RESULT_KEYS = {"row", "params", "bleu", "ppl", "test_bleu", "sacrebleu_signature
 
 
 def ablate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -96,7 +96,7 @@ def test_run_directory_of_another_model_is_refused(finished_run: Path, capsys):
 
 def test_saved_config_trains_the_same_model_with_the_same_overrides(finished_run: Path):
     """config.yaml holds what was asked for: a width override derives d_k again (d_model / h)."""
-    from lightning_modules.presets import resolve
+    from ablations.resolve import resolve
 
     saved = yaml.safe_load((finished_run / "config.yaml").read_text())
     assert saved["model"]["d_k"] is None and "vocab_size" not in saved["model"]

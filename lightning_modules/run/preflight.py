@@ -15,9 +15,8 @@ import torch
 import yaml
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from lightning_modules.config import RunConfig, TransformerConfig, model_identity
+from lightning_modules.config import RunConfig, TransformerConfig, count_parameters, model_identity
 from lightning_modules.errors import UserError
-from lightning_modules.transformer import count_parameters
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
 # and the corpus and vocabulary.
