@@ -25,15 +25,16 @@ def run_trial(job: dict[str, Any]) -> int:
 
     from ablations.resolve import resolve
     from lightning_modules.run.train import train
+    from sweeps.optuna_api import RunningTrial
     from sweeps.pruning import StepPruningCallback
-    from sweeps.study import make_pruner
+    from sweeps.study import make_pruner, make_storage
 
     cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
     trial = None
     if is_rank_zero():
-        study = optuna.load_study(study_name=job["study"], storage=job["storage"],
-                                  pruner=make_pruner(*job["pruner"]))
-        trial = optuna.trial.Trial(study, job["trial_id"])
+        storage, pruner = make_storage(job["storage"], None), make_pruner(*job["pruner"])
+        study = optuna.load_study(study_name=job["study"], storage=storage, pruner=pruner)
+        trial = RunningTrial(study, storage, job["trial_number"], pruner)
     callback = StepPruningCallback(trial, prune=job["pruner"][0] != "none")
     callbacks = [callback] if job["report"] else []
     try:

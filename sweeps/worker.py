@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from lightning_modules.run.results import RunResult, read_results
+from sweeps.optuna_api import (fail_running_trial, fail_stale_trials, frozen_trial, queue_retry,
+                                retried_trial_number)
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
@@ -75,8 +76,8 @@ class NothingQueued(RuntimeError):
 class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
-    def __init__(self, settings: WorkerSettings, space: SearchSpace) -> None:
-        self.s, self.space = settings, space
+    def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage) -> None:
+        self.s, self.space, self.storage = settings, space, storage
         self.current: int | None = None
 
     def trial_overrides(self, trial: optuna.Trial) -> list[str]:
@@ -99,12 +100,11 @@ class Objective:
         trial.set_user_attr("overrides", overrides)
         trial.set_user_attr("run_dir", run_dir)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        frozen = trial.study._storage.get_trial(trial._trial_id)
-        retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen)
+        retried = retried_trial_number(frozen_trial(self.storage, self.s.study, trial.number))
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        job = {"storage": self.s.storage, "study": self.s.study, "trial_id": trial._trial_id,
+        job = {"storage": self.s.storage, "study": self.s.study, "trial_number": trial.number,
                "pruner": [self.s.pruner, self.s.prune_startup_trials, self.s.prune_warmup_steps],
                "report": self.s.objective == "ppl", "out": run_dir,
                "preset": self.s.preset, "row": trial.user_attrs.get("row", self.s.row),
@@ -170,7 +170,7 @@ def run_worker(settings: WorkerSettings) -> int:
     study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps))
-    objective = Objective(settings, space)
+    objective = Objective(settings, space, storage)
     stop_at_n = MaxTrialsCallback(settings.n_trials, states=FINISHED)
     try:
         while True:
@@ -212,12 +212,9 @@ def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.Base
         name, _, pid = where.rpartition(":")
         if name != host or not pid.isdigit() or _pid_alive(int(pid)):
             continue
-        try:
-            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:  # the heartbeat was quicker
+        if not fail_running_trial(storage, study.study_name, trial.number):  # the heartbeat was quicker
             continue
-        RetryHeartbeatStaleTrialCallback()(study, storage.get_trial(trial._trial_id))
+        queue_retry(study, frozen_trial(storage, study.study_name, trial.number))
         reclaimed.append(trial.number)
     return reclaimed
 
@@ -228,7 +225,7 @@ def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:
         return
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
     if trial is not None and trial.state == TrialState.FAIL:
-        RetryHeartbeatStaleTrialCallback()(study, trial)
+        queue_retry(study, trial)
 
 
 def main(argv: list[str] | None = None) -> int:
