@@ -18,7 +18,7 @@ import torch
 
 from benchmarks import end_to_end, generation, overhead, padding, scaling, train_step
 from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
-from lightning_modules.io import atomic_write_json, atomic_write_text
+from lightning_modules.run.io import atomic_write_json, atomic_write_text
 
 BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padding.run,
               "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run}

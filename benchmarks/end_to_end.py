@@ -55,7 +55,7 @@ def ablate_train(out: Path, plan: dict[str, Any], settings: Settings, compile_: 
     """Run the real command; its results.json plus wall time and the logged window losses."""
     corpus = ["--data", "multi30k", "--data-dir", str(settings.multi30k_dir)] \
         if plan["corpus"] == "multi30k" else ["data.ding_dictionary=false"]
-    args = [sys.executable, "-m", "lightning_modules.cli", "train", "--out", str(out), *corpus,
+    args = [sys.executable, "-m", "ablate", "train", "--out", str(out), *corpus,
             "--max-steps", str(steps), "--no-wandb", "--seed", str(settings.seed),
             "--accelerator", "gpu" if settings.device.type == "cuda" else "cpu",
             *[f"model.{k}={v}" for k, v in plan["dims"].items()], f"data.vocab_size={plan['vocab']}",

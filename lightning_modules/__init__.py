@@ -1,8 +1,7 @@
-"""The configurable Transformer of "Attention Is All You Need", its data and its Lightning module."""
+"""The configurable Transformer of "Attention Is All You Need", its data and its Lightning module.
 
-from lightning_modules.config import (DataConfig, EvalConfig, RunConfig, ScaleConfig, TrainConfig,
-                                      TransformerConfig)
-from lightning_modules.transformer import Transformer, count_parameters
-
-__all__ = ["DataConfig", "EvalConfig", "RunConfig", "ScaleConfig", "TrainConfig", "Transformer",
-           "TransformerConfig", "count_parameters"]
+No knowledge of Table 3, sweeps or the command line. Modules: `config` (dataclasses),
+`transformer` (the model), `search` and `evaluate` (decoding, BLEU), `translation` (the Lightning
+module), `callbacks`, `compiling`, `data/` and `run/` (one training run). Nothing is imported
+here, so `import lightning_modules.errors` does not load torch.
+"""

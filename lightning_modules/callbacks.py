@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_modules.faults import inject
+from lightning_modules.run.faults import inject
 
 
 def process_age_s() -> float | None:

@@ -41,7 +41,7 @@ def _inductor(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
     """Inductor, with the `compile` fault point at the start of each compilation."""
     from torch._dynamo import lookup_backend
 
-    from lightning_modules.faults import inject
+    from lightning_modules.run.faults import inject
 
     inject("compile")
     return lookup_backend("inductor")(graph, example_inputs)

@@ -7,7 +7,10 @@ and `EvalConfig` hold everything else a run needs; `RunConfig` groups them. Vali
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import yaml
 
 from lightning_modules.errors import UserError
 
@@ -27,16 +30,44 @@ def _unit_interval(owner: str, **values: float) -> None:
             raise UserError(f"{owner}.{name} must be in [0, 1), got {value!r}")
 
 
+class HeadSize:
+    """A per-head size (d_k or d_v): the value set explicitly, else d_model / h, computed on every
+    read and never stored.
+
+    The explicit value (None when not set) is what `requested_model` returns and what a saved
+    config.yaml holds, so changing d_model or h later derives the head size again instead of
+    keeping the one derived for the old width. (A dataclass field whose default is a descriptor:
+    `TransformerConfig.d_k` on the class is None, the field's default.)
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}_set"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> int | None:
+        if obj is None:
+            return None
+        value = obj.__dict__.get(self.slot)
+        return obj.d_model // obj.n_heads if value is None else value
+
+    def __set__(self, obj: Any, value: int | None) -> None:
+        obj.__dict__[self.slot] = value
+
+
 @dataclass
 class TransformerConfig:
-    """Architecture of the encoder-decoder Transformer (names follow the paper)."""
+    """Architecture of the encoder-decoder Transformer (names follow the paper).
+
+    `d_k` and `d_v` read as d_model / h unless set (see `HeadSize`); `vocab_size` and `pad_id`
+    belong to the tokenizer (`TOKENIZER_KEYS`): a run sets them from its BPE model
+    (`with_vocabulary`), a user sets data.vocab_size.
+    """
 
     n_layers: int = 6  # N, in both encoder and decoder
     d_model: int = 512
     d_ff: int = 2048
     n_heads: int = 8  # h
-    d_k: int | None = None  # per-head query/key size; default d_model / h
-    d_v: int | None = None  # per-head value size; default d_model / h
+    d_k: int | None = HeadSize()  # type: ignore[assignment]  # per-head query/key size; default d_model / h
+    d_v: int | None = HeadSize()  # type: ignore[assignment]  # per-head value size; default d_model / h
     dropout: float = 0.1  # P_drop
     label_smoothing: float = 0.1  # eps_ls
     positional: str = "sinusoidal"  # "sinusoidal" | "learned"
@@ -47,13 +78,10 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         _positive("model", n_layers=self.n_layers, d_model=self.d_model, d_ff=self.d_ff,
                   n_heads=self.n_heads, max_len=self.max_len, vocab_size=self.vocab_size)
-        if self.d_k is None or self.d_v is None:
-            if self.d_model % self.n_heads:
-                raise UserError(
-                    f"model.d_model={self.d_model} is not divisible by model.n_heads="
-                    f"{self.n_heads}; set model.d_k and model.d_v explicitly")
-            self.d_k = self.d_model // self.n_heads if self.d_k is None else self.d_k
-            self.d_v = self.d_model // self.n_heads if self.d_v is None else self.d_v
+        if self.derived_keys() and self.d_model % self.n_heads:
+            raise UserError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads="
+                f"{self.n_heads}; set model.d_k and model.d_v explicitly")
         _positive("model", d_k=self.d_k, d_v=self.d_v)
         _unit_interval("model", dropout=self.dropout, label_smoothing=self.label_smoothing)
         if self.positional not in POSITIONAL_KINDS:
@@ -62,6 +90,24 @@ class TransformerConfig:
         if not 0 <= self.pad_id < self.vocab_size:
             raise UserError(f"model.pad_id={self.pad_id} is outside the vocabulary "
                             f"(size {self.vocab_size})")
+
+    def derived_keys(self) -> tuple[str, ...]:
+        """The head sizes not set explicitly (they read as d_model / h)."""
+        return tuple(k for k in HEAD_SIZE_KEYS if self.__dict__.get(f"_{k}_set") is None)
+
+    def requested(self) -> dict[str, Any]:
+        """The fields as set: derived head sizes are None (`asdict` gives the values in use)."""
+        values = asdict(self)
+        values.update({key: None for key in self.derived_keys()})
+        return values
+
+    def with_vocabulary(self, vocab_size: int, pad_id: int) -> "TransformerConfig":
+        """The same architecture (explicit and derived head sizes alike) for a tokenizer's vocabulary."""
+        return TransformerConfig(**{**self.requested(), "vocab_size": vocab_size, "pad_id": pad_id})
+
+
+HEAD_SIZE_KEYS = ("d_k", "d_v")  # derived from d_model / h unless set
+TOKENIZER_KEYS = ("vocab_size", "pad_id")  # a run's tokenizer decides them, never its config
 
 
 @dataclass
@@ -193,7 +239,8 @@ class ScaleConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one training run needs; saved as `config.yaml` in the run directory."""
+    """Everything one training run needs; saved as `config.yaml` in the run directory
+    (`requested_config`: what was asked for, never a derived value)."""
 
     row: str = "base"
     preset: str = "paper"
@@ -202,3 +249,40 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+
+
+def requested_config(cfg: RunConfig) -> dict[str, Any]:
+    """The run's configuration as asked for, for config.yaml: head sizes that are derived are
+    None (they follow d_model and h when the file is loaded with other overrides), and the
+    tokenizer's keys are left out (data.vocab_size is the choice; the model gets the tokenizer's)."""
+    out = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    out = {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in out.items()}
+    out["model"] = {k: v for k, v in cfg.model.requested().items() if k not in TOKENIZER_KEYS}
+    return out
+
+
+def model_identity(model: dict[str, Any]) -> dict[str, Any]:
+    """The architecture a config.yaml's `model` section (new: derived head sizes None; older
+    versions: every value filled in) builds, without the tokenizer's keys: what makes two run
+    directories the same model."""
+    known = {f.name for f in fields(TransformerConfig)} - set(TOKENIZER_KEYS)
+    built = TransformerConfig(**{k: v for k, v in model.items() if k in known})
+    return {k: v for k, v in asdict(built).items() if k not in TOKENIZER_KEYS}
+
+
+def count_parameters(c: TransformerConfig) -> int:
+    """Closed-form parameter count of `Transformer(c)` (weights + biases, tied embedding)."""
+    d, h = c.d_model, c.n_heads
+    attention = d * h * c.d_k + h * c.d_k + d * h * (c.d_k + c.d_v) + h * (c.d_k + c.d_v) \
+        + h * c.d_v * d + d
+    ffn = d * c.d_ff + c.d_ff + c.d_ff * d + d
+    norm = 2 * d
+    encoder_layer = attention + ffn + 2 * norm
+    decoder_layer = 2 * attention + ffn + 3 * norm
+    positions = 2 * c.max_len * d if c.positional == "learned" else 0
+    return c.vocab_size * d + positions + c.n_layers * (encoder_layer + decoder_layer)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    """config.yaml: the configuration as asked for (`requested_config`), no derived value."""
+    return yaml.safe_dump(requested_config(cfg), sort_keys=False)

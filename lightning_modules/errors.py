@@ -15,3 +15,13 @@ class UserError(Exception):
 
 class RunFailed(UserError):
     """A run that failed for a recorded reason (exit status 1, not 2)."""
+
+
+EXIT_USAGE = 2  # a UserError: the input needs fixing
+EXIT_FAILED = 1  # a RunFailed: the run failed for a recorded reason
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM; the same command resumes
+
+
+def exit_status(err: UserError) -> int:
+    """The exit status a command reports for `err`."""
+    return EXIT_FAILED if isinstance(err, RunFailed) else EXIT_USAGE

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_modules.config import TransformerConfig
+from lightning_modules.config import TransformerConfig, count_parameters  # noqa: F401 (exported)
 
 # Per-layer key/value cache for incremental decoding: {"self_k", "self_v", "cross_k", "cross_v"}.
 LayerCache = dict[str, Tensor]
@@ -217,16 +217,3 @@ class Transformer(nn.Module):
         for layer, cache in zip(self.decoder, caches):
             x = layer(x, memory, src_mask, cache)
         return self.project(x[:, 0])
-
-
-def count_parameters(c: TransformerConfig) -> int:
-    """Closed-form parameter count of `Transformer(c)` (weights + biases, tied embedding)."""
-    d, h = c.d_model, c.n_heads
-    attention = d * h * c.d_k + h * c.d_k + d * h * (c.d_k + c.d_v) + h * (c.d_k + c.d_v) \
-        + h * c.d_v * d + d
-    ffn = d * c.d_ff + c.d_ff + c.d_ff * d + d
-    norm = 2 * d
-    encoder_layer = attention + ffn + 2 * norm
-    decoder_layer = 2 * attention + ffn + 3 * norm
-    positions = 2 * c.max_len * d if c.positional == "learned" else 0
-    return c.vocab_size * d + positions + c.n_layers * (encoder_layer + decoder_layer)

@@ -14,7 +14,7 @@ from torchmetrics import SumMetric
 
 from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.faults import corrupt_loss
+from lightning_modules.run.faults import corrupt_loss
 from lightning_modules.transformer import Transformer, count_parameters
 
 

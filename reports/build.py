@@ -16,8 +16,8 @@ import pandas as pd
 
 from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
-from lightning_modules.presets import load_preset
-from lightning_modules.io import atomic_write_bytes, atomic_write_text
+from ablations.spec import load_preset
+from lightning_modules.run.io import atomic_write_bytes, atomic_write_text
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
 from reports.html import render
@@ -128,7 +128,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
 
 def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str) -> None:
     """The numeric table as a `wandb.Table` and the figures as images, in one run of the project."""
-    from lightning_modules.preflight import wandb_mode
+    from lightning_modules.run.preflight import wandb_mode
 
     mode = wandb_mode(setting)
     if mode is None:

@@ -15,11 +15,11 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
+from lightning_modules.run.results import RunResult
 from sweeps.study import make_storage, safe_url, sqlite_path, unpack_lines
 from sweeps.table3 import KIND
 
-RUN_COLUMNS = ("ppl", "bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens",
-               "convergence", "convergence_reason", "unigram_ppl")
+RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
 
 
 @dataclass

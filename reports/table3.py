@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_modules.params import paper_architecture
+from ablations.params import paper_architecture
 from reports.collect import Table3Data
 from reports.seeds import difference_ci, mean_ci, sign_agrees
 

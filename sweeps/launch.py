@@ -15,8 +15,37 @@ from dataclasses import replace
 
 import optuna
 
+from lightning_modules.errors import EXIT_INTERRUPTED, UserError
+from sweeps.processes import WORKER_ENV, spawn
 from sweeps.study import counts, make_storage, safe_url
-from sweeps.worker import WORKER_ENV, WorkerSettings, settings_json, spawn
+from sweeps.worker import WorkerSettings, settings_json
+
+
+def device_groups(devices: str | None, workers: int | None, devices_per_trial: int,
+                  accelerator: str | None = None) -> tuple[list[str], list[str] | None]:
+    """Each worker's devices (None on CPU), and the `ablate train` overrides every trial needs.
+
+    `--devices 0,1,2,3 --devices-per-trial 2` makes two workers, on GPUs "0,1" and "2,3", whose
+    trials run Lightning DDP on both; without devices, D > 1 means D CPU processes (gloo).
+    """
+    per = devices_per_trial
+    if per < 1:
+        raise UserError(f"--devices-per-trial must be at least 1, got {per}")
+    listed = [d.strip() for d in devices.split(",") if d.strip()] if devices else None
+    if listed and workers:
+        raise UserError("use --workers K (CPU) or --devices 0,1,... (one worker per GPU), not both")
+    overrides: list[str] = []
+    groups = None
+    if listed:
+        if len(listed) % per:
+            raise UserError(f"--devices lists {len(listed)} devices, not a multiple of "
+                            f"--devices-per-trial {per}")
+        groups = [",".join(listed[i:i + per]) for i in range(0, len(listed), per)]
+    if per > 1:
+        overrides.append(f"train.devices={per}")
+        if not listed and accelerator is None:
+            overrides.append("train.accelerator=cpu")
+    return overrides, groups
 
 
 def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int = 1) -> list[dict[str, str]]:
@@ -59,7 +88,7 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
         print(summary(settings), flush=True)
     if interrupted:
         print(f"sweep {settings.study}: interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     if bad:
         print(f"sweep {settings.study}: {'; '.join(bad)}; run the same command again to resume",
               file=sys.stderr)

@@ -6,6 +6,8 @@ import lightning.pytorch as pl
 import optuna
 from lightning.pytorch.trainer.states import TrainerFn
 
+from sweeps.optuna_api import RunningTrial
+
 MONITOR = "val/ppl"
 
 
@@ -18,7 +20,7 @@ class StepPruningCallback(pl.Callback):
     process turns it into its "pruned" exit status.
     """
 
-    def __init__(self, trial: optuna.Trial | None, monitor: str = MONITOR, prune: bool = True) -> None:
+    def __init__(self, trial: optuna.Trial | RunningTrial | None, monitor: str = MONITOR, prune: bool = True) -> None:
         self.trial, self.monitor, self.prune = trial, monitor, prune
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

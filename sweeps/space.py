@@ -19,7 +19,8 @@ from typing import Any
 import optuna
 
 from lightning_modules.errors import UserError
-from lightning_modules.presets import load_yaml, parse_overrides
+from ablations.resolve import parse_overrides
+from ablations.spec import load_yaml
 
 TYPES = ("categorical", "int", "float")
 PARAM_FIELDS = {"categorical": {"type", "choices"},

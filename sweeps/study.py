@@ -9,7 +9,6 @@ same run directory) for the next worker.
 from __future__ import annotations
 
 import base64
-import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -17,18 +16,17 @@ from typing import Any
 import optuna
 import sqlalchemy
 from sqlalchemy.engine import make_url
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
-from lightning_modules.presets import parse_overrides
+from ablations.resolve import parse_overrides
+from sweeps.optuna_api import heartbeat_storage
 from sweeps.space import SearchSpace
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
-
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -54,12 +52,8 @@ def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
-    heartbeat: dict[str, Any] = {}
-    if heartbeat_s:
-        heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
-                     "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback()}
     try:
-        storage = RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+        storage = heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)
         if path is not None:
             _serialize_sqlite_transactions(storage.engine)
         return storage

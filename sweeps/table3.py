@@ -21,10 +21,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from lightning_modules.errors import UserError
-from lightning_modules.presets import load_preset, load_spec, resolve
-from lightning_modules.transformer import count_parameters
-from sweeps.study import enqueue, make_storage, open_study
+from ablations.resolve import resolve
+from ablations.spec import default_rows, load_spec
+from lightning_modules.config import count_parameters
+from lightning_modules.errors import EXIT_INTERRUPTED, UserError
+from sweeps.study import enqueue, make_storage, open_study, safe_url
 
 KIND = "table3"
 
@@ -42,6 +43,19 @@ class Table3Plan:
     overrides: list[str]
     spec_path: str | None = None
     config: str | None = None
+
+
+def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], rows: str | None = None,
+              seeds: str | None = None, study: str | None = None, spec_path: str | None = None,
+              config: str | None = None) -> Table3Plan:
+    """The plan of `ablate table3`: rows (`base,A,D3`; default: the preset's, else the spec's),
+    seeds (`1,2`; default: the resolved train.seed), study name (default `table3-PRESET`)."""
+    spec = load_spec(spec_path)
+    chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
+    seed_list = parse_seeds(seeds, resolve(preset, "base", config, overrides, spec_path).train.seed)
+    return Table3Plan(study=study or f"table3-{preset}", storage=storage, preset=preset, rows=chosen,
+                      seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
+                      config=config)
 
 
 def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default: list[str] | None) -> list[str]:
@@ -78,11 +92,6 @@ def parse_seeds(text: str | None, default: int) -> list[int]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds must list distinct integers like 1,2,3; got {text!r}")
     return seeds
-
-
-def default_rows(preset: str) -> list[str] | None:
-    """A preset may name the rows its table runs by default (`table3: {rows: [...]}`)."""
-    return (load_preset(preset).get("table3") or {}).get("rows")
 
 
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
@@ -124,8 +133,8 @@ def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
         for seed in plan.seeds:
             overrides = [f"train.seed={seed}"]
             cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
-            cfg.model.vocab_size = cfg.data.vocab_size  # about right, for ordering by cost
-            cost = count_parameters(cfg.model) * cfg.train.max_steps
+            model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
+            cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
             jobs.append((cost, row, seed, overrides))
     study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
     check_study(study, identity(plan, spec))
@@ -171,3 +180,47 @@ def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
         print(f"table3: not complete: {', '.join(missing)}; see each run directory's trial.log, "
               f"and run the same command again to resume", file=sys.stderr)
     return missing
+
+
+@dataclass
+class Table3Outcome:
+    """How a Table 3 run ended: the workers' exit status and the (row, seed) runs not complete."""
+
+    workers_status: int
+    missing: list[str]
+
+    @property
+    def interrupted(self) -> bool:
+        return self.workers_status == EXIT_INTERRUPTED
+
+    @property
+    def exit_status(self) -> int:
+        """0 when every planned run is complete and every worker ended cleanly, 130 interrupted, else 1."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return 1 if self.missing or self.workers_status else 0
+
+
+def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
+               devices_per_trial: int = 1, heartbeat_s: int = 60) -> Table3Outcome:
+    """Queue every planned (row, seed) not complete, run the queue-only workers until it is empty
+    (or they are interrupted), and print one line per planned run. The report is the caller's
+    (`reports.build.build_report`), from the database."""
+    from sweeps.launch import run_workers
+    from sweeps.worker import WorkerSettings
+
+    study, queued = queue(plan)
+    print(f"table3 {plan.study}: {len(plan.rows)} rows x {len(plan.seeds)} seeds; {queued} queued now, "
+          f"storage {safe_url(plan.storage)}", flush=True)
+    code = 0
+    if queued or study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+        # Every queued trial, whatever the study holds already: the workers stop when none waits.
+        n_trials = len(plan.rows) * len(plan.seeds) + len(study.get_trials(deepcopy=False))
+        settings = WorkerSettings(study=plan.study, storage=plan.storage, space=None, n_trials=n_trials,
+                                  runs_dir=plan.runs_dir, preset=plan.preset, config=plan.config,
+                                  spec=plan.spec_path, overrides=plan.overrides, pruner="none",
+                                  heartbeat_s=heartbeat_s, queue_only=True, keep_translations=True)
+        code = run_workers(settings, workers, devices, devices_per_trial, quiet=True)
+        if code == EXIT_INTERRUPTED:
+            return Table3Outcome(code, [])
+    return Table3Outcome(code, print_summary(study, plan))

@@ -16,24 +16,25 @@ import os
 import sys
 from typing import Any
 
-EXIT_PRUNED = 3
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, die_with_parent
 
 
 def run_trial(job: dict[str, Any]) -> int:
     """Train the trial described by `job` (storage, study, trial_id, out, overrides, ...)."""
     import optuna
 
-    from lightning_modules.presets import resolve
-    from lightning_modules.run import train
+    from ablations.resolve import resolve
+    from lightning_modules.run.train import train
+    from sweeps.optuna_api import RunningTrial
     from sweeps.pruning import StepPruningCallback
-    from sweeps.study import make_pruner
+    from sweeps.study import make_pruner, make_storage
 
     cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
     trial = None
     if is_rank_zero():
-        study = optuna.load_study(study_name=job["study"], storage=job["storage"],
-                                  pruner=make_pruner(*job["pruner"]))
-        trial = optuna.trial.Trial(study, job["trial_id"])
+        storage, pruner = make_storage(job["storage"], None), make_pruner(*job["pruner"])
+        study = optuna.load_study(study_name=job["study"], storage=storage, pruner=pruner)
+        trial = RunningTrial(study, storage, job["trial_number"], pruner)
     callback = StepPruningCallback(trial, prune=job["pruner"][0] != "none")
     callbacks = [callback] if job["report"] else []
     try:
@@ -55,12 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if not is_rank_zero():
-        from sweeps.worker import die_with_parent
-
         die_with_parent()  # an extra DDP rank goes when its trial process goes
     try:
-        from sweeps.worker import JOB_ENV
-
         return run_trial(json.loads(args[0] if args else os.environ[JOB_ENV]))
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)

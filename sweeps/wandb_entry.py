@@ -1,36 +1,58 @@
 """What a W&B sweep agent runs: `ablate train ARGS --out <root>/<sweep id>/<run id>`.
 
-`--out-root DIR` (first, optional; default runs/sweeps/wandb) is this shim's only option; every
-other argument goes to `ablate train` unchanged. After training, dev BLEU is written to the W&B
-run's summary so a sweep can maximise it.
+`--out-root DIR` (first, optional; default runs/sweeps/wandb) is this shim's own option; the rest
+is what `ablate sweep wandb` wrote into the sweep's command: `--preset`, `--row`, `--config`,
+`--spec` and key=value overrides (the sampled values among them). After training, the results
+that `RunResult` marks for the summary (dev BLEU, PPL, ...) go to the W&B run's summary, so a
+sweep can optimise them. Exit status as `ablate train`'s.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
-    from lightning_modules.cli import main as ablate
-
-    args = list(sys.argv[1:] if argv is None else argv)
+def parse(argv: list[str]) -> tuple[Path, argparse.Namespace]:
     root = "runs/sweeps/wandb"
-    if args[:1] == ["--out-root"]:
-        root, args = args[1], args[2:]
+    if argv[:1] == ["--out-root"]:
+        root, argv = argv[1], argv[2:]
     out = Path(root) / os.environ.get("WANDB_SWEEP_ID", "no-sweep") / os.environ.get("WANDB_RUN_ID", "local")
-    code = ablate(["train", "--out", str(out), *args])
-    results = out / "results.json"
-    if code == 0 and results.is_file():
-        import wandb
+    parser = argparse.ArgumentParser(prog="sweeps.wandb_entry")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--row", default="base")
+    parser.add_argument("--config")
+    parser.add_argument("--spec")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    return out, parser.parse_args(argv)
 
-        if wandb.run is not None:
-            data = json.loads(results.read_text(encoding="utf-8"))
-            wandb.run.summary.update({k: data.get(k) for k in ("bleu", "ppl", "test_bleu", "params")})
-            wandb.finish()
-    return code
+
+def main(argv: list[str] | None = None) -> int:
+    from ablations.resolve import resolve
+    from lightning_modules.errors import EXIT_INTERRUPTED, UserError, exit_status
+
+    out, args = parse(list(sys.argv[1:] if argv is None else argv))
+    try:
+        cfg = resolve(args.preset, args.row, args.config, args.overrides, args.spec)
+        from lightning_modules.run.train import summary_table, train  # heavy: after validation
+
+        results = train(cfg, out)
+    except UserError as err:
+        print(f"ablate: error: {err}", file=sys.stderr)
+        return exit_status(err)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    if results is None:  # another DDP rank
+        return 0
+    print("\n" + summary_table(results), flush=True)
+    import wandb
+
+    if wandb.run is not None:
+        wandb.run.summary.update(results.select("summary"))
+        wandb.finish()
+    return 0
 
 
 if __name__ == "__main__":

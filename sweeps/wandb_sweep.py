@@ -69,7 +69,7 @@ def write_config(config: dict[str, Any], path: str) -> None:
 
 def launch(config: dict[str, Any], project: str, count: int | None) -> None:
     """Register the sweep with W&B and run an agent here (needs an API key)."""
-    from lightning_modules.preflight import wandb_mode
+    from lightning_modules.run.preflight import wandb_mode
 
     if wandb_mode("auto") != "online":
         raise UserError("--launch needs a W&B API key (run `wandb login` or set WANDB_API_KEY)")

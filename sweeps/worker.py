@@ -18,7 +18,6 @@ child with it (parent-death signal) and leaves its trial to the heartbeat.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -30,21 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import RetryHeartbeatStaleTrialCallback, fail_stale_trials
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
+from lightning_modules.run.results import RunResult, read_results
+from sweeps.optuna_api import (fail_running_trial, fail_stale_trials, frozen_trial, queue_retry,
+                                retried_trial_number)
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
-from sweeps.trial_run import EXIT_PRUNED
-
-WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
-JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
-
-RESULT_ATTRS = ("bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps",
-                "target_tokens", "seed", "model", "preset", "corpus", "device", "precision",
-                "sacrebleu_signature", "world_size", "run_dir", "convergence", "convergence_reason",
-                "dev_ppl_curve", "unigram_ppl", "steady_tokens_per_s")
 
 
 @dataclass
@@ -80,30 +73,11 @@ class NothingQueued(RuntimeError):
     """A queue-only worker got a fresh trial because another worker took the last queued one."""
 
 
-def die_with_parent() -> None:
-    """In the child (Linux): get SIGKILL when the worker dies, so no orphan keeps training."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
-    """A child process in its own session that dies with this process."""
-    out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
-    try:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True, preexec_fn=die_with_parent)
-    finally:
-        if out:
-            out.close()
-
-
 class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
-    def __init__(self, settings: WorkerSettings, space: SearchSpace) -> None:
-        self.s, self.space = settings, space
+    def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage) -> None:
+        self.s, self.space, self.storage = settings, space, storage
         self.current: int | None = None
 
     def trial_overrides(self, trial: optuna.Trial) -> list[str]:
@@ -126,12 +100,11 @@ class Objective:
         trial.set_user_attr("overrides", overrides)
         trial.set_user_attr("run_dir", run_dir)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        frozen = trial.study._storage.get_trial(trial._trial_id)
-        retried = RetryHeartbeatStaleTrialCallback.retried_trial_number(frozen)
+        retried = retried_trial_number(frozen_trial(self.storage, self.s.study, trial.number))
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        job = {"storage": self.s.storage, "study": self.s.study, "trial_id": trial._trial_id,
+        job = {"storage": self.s.storage, "study": self.s.study, "trial_number": trial.number,
                "pruner": [self.s.pruner, self.s.prune_startup_trials, self.s.prune_warmup_steps],
                "report": self.s.objective == "ppl", "out": run_dir,
                "preset": self.s.preset, "row": trial.user_attrs.get("row", self.s.row),
@@ -151,26 +124,25 @@ class Objective:
             raise
         if code == EXIT_PRUNED:
             raise optuna.TrialPruned()
-        results_path = Path(run_dir) / "results.json"
-        results = json.loads(results_path.read_text(encoding="utf-8")) if results_path.is_file() else {}
-        if results.get("status") == "failed":  # e.g. a NaN loss: the reason goes with the trial
-            trial.set_user_attr("fail_reason", results.get("reason"))
-            raise TrialFailed(f"trial {trial.number} failed: {results.get('reason')}")
-        if code != 0 or results.get("status") != "complete":
+        results = read_results(Path(run_dir)) or RunResult()
+        if results.status == "failed":  # e.g. a NaN loss: the reason goes with the trial
+            trial.set_user_attr("fail_reason", results.reason)
+            raise TrialFailed(f"trial {trial.number} failed: {results.reason}")
+        if code != 0 or results.status != "complete":
             trial.set_user_attr("fail_reason", f"exit status {code}")
             raise TrialFailed(f"trial {trial.number} exited with status {code}; see {run_dir}/trial.log")
-        for key in RESULT_ATTRS:
-            trial.set_user_attr(key, results.get(key))
+        for key, value in results.select("trial").items():
+            trial.set_user_attr(key, value)
         if self.s.queue_only:  # Table 3: one line per finished row instead of Optuna's log
-            print(f"{trial.user_attrs.get('row')} seed {results.get('seed')}: "
-                  f"{results.get('convergence', 'unclassified')}, dev PPL {results['ppl']}, "
-                  f"dev BLEU {results['bleu']}, {results['train_time_s']} s training, "
-                  f"{results['params']:,} parameters", flush=True)
+            print(f"{trial.user_attrs.get('row')} seed {results.seed}: "
+                  f"{results.convergence or 'unclassified'}, dev PPL {results.ppl}, "
+                  f"dev BLEU {results.bleu}, {results.train_time_s} s training, "
+                  f"{results.params:,} parameters", flush=True)
         if self.s.keep_translations:
             for name in ("hyp", "ref"):
                 lines = (Path(run_dir) / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
                 trial.set_user_attr(f"dev_{name}", pack_lines(lines))
-        return float(results[self.s.objective])
+        return float(getattr(results, self.s.objective))
 
 
 def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
@@ -199,7 +171,7 @@ def run_worker(settings: WorkerSettings) -> int:
     study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps))
-    objective = Objective(settings, space)
+    objective = Objective(settings, space, storage)
     stop_at_n = MaxTrialsCallback(settings.n_trials, states=FINISHED)
     try:
         while True:
@@ -241,12 +213,9 @@ def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.Base
         name, _, pid = where.rpartition(":")
         if name != host or not pid.isdigit() or _pid_alive(int(pid)):
             continue
-        try:
-            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:  # the heartbeat was quicker
+        if not fail_running_trial(storage, study.study_name, trial.number):  # the heartbeat was quicker
             continue
-        RetryHeartbeatStaleTrialCallback()(study, storage.get_trial(trial._trial_id))
+        queue_retry(study, frozen_trial(storage, study.study_name, trial.number))
         reclaimed.append(trial.number)
     return reclaimed
 
@@ -257,7 +226,7 @@ def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:
         return
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
     if trial is not None and trial.state == TrialState.FAIL:
-        RetryHeartbeatStaleTrialCallback()(study, trial)
+        queue_retry(study, trial)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Bad input, one case per test: each must end in exactly one `ablate: error: ...` line naming the
 problem, exit status 2, no traceback, and nothing written (no run directory, no database, no
-report). The commands run in-process (`lightning_modules.cli.main`) in an empty working directory;
+report). The commands run in-process (`ablate.cli.main`) in an empty working directory;
 a last test runs a few of them as real processes to check for tracebacks on stderr.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_modules.cli import main
+from ablate.cli import main
 
 FAST = ["--no-wandb", "--max-steps", "2", "data.valid_size=50", "data.test_size=50", "train.progress_bar=false"]
 SPACE_OK = "params:\n  dropout: {type: float, low: 0.0, high: 0.3}\n"
@@ -140,7 +140,7 @@ def test_there_are_at_least_thirty_cases():
                                   ["sweep", "optuna", "--study", "s", "--space", "/nonexistent.yaml"],
                                   ["report", "--storage", "nonsense://", "--out", "r"]])
 def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
-    result = subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                             text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

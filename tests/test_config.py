@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_modules.cli import main
+from ablate.cli import main
 from lightning_modules.config import TransformerConfig
 from lightning_modules.errors import UserError
-from lightning_modules.presets import load_spec, parse_overrides, resolve
+from ablations.resolve import parse_overrides, resolve
+from ablations.spec import load_spec
 from lightning_modules.transformer import count_parameters
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,7 +274,7 @@ def check_params_table(table: list[dict], vocab_size: int = 37000) -> None:
 
 
 def test_params_json_subprocess():
-    proc = subprocess.run([sys.executable, "-m", "lightning_modules.cli", "params", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "ablate", "params", "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     table = json.loads(proc.stdout)
@@ -346,7 +347,7 @@ def cli_args(case: str, tmp: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def cli_results(cli_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    procs = {case: subprocess.Popen([sys.executable, "-m", "lightning_modules.cli",
+    procs = {case: subprocess.Popen([sys.executable, "-m", "ablate",
                                      *cli_args(case, cli_dir)],
                                     cwd=cli_dir, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)

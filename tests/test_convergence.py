@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_modules.cli import main
+from ablate.cli import main
 from lightning_modules.convergence import ConvergenceRule, classify
 
 UNIGRAM = 100.0

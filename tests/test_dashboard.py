@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 
 def _ablate(*args: str) -> list[str]:
-    return [sys.executable, "-m", "lightning_modules.cli", *args]
+    return [sys.executable, "-m", "ablate", *args]
 
 
 def _make_study(db: Path) -> None:

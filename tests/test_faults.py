@@ -1,5 +1,5 @@
 """Fault injection with real processes and real signals: SIGKILL/SIGTERM at named points of a run
-(`ABLATE_FAULT`, see lightning_modules/faults.py), a damaged checkpoint, a NaN loss. After each,
+(`ABLATE_FAULT`, see lightning_modules/run/faults.py), a damaged checkpoint, a NaN loss. After each,
 running the same command again finishes the work from what was saved, and no half-written file
 is ever read.
 """
@@ -31,7 +31,7 @@ def ablate(*args: str, fault: str | None = None, timeout: float = 300) -> subpro
     env = {k: v for k, v in os.environ.items() if k != "ABLATE_FAULT"}
     if fault:
         env["ABLATE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**env, "PYTHONUNBUFFERED": "1"})
 
 

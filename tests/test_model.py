@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_modules.config import ScaleConfig, TransformerConfig
-from lightning_modules.presets import load_spec, row_settings
+from ablations.spec import load_spec, row_settings
 from lightning_modules.search import greedy_search
 from lightning_modules.transformer import (MultiHeadAttention, Transformer, count_parameters,
                                            sinusoidal_table)

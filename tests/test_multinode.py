@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 def command(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "lightning_modules.cli", *ARGS, "--out", str(out), *extra]
+    return [sys.executable, "-m", "ablate", *ARGS, "--out", str(out), *extra]
 
 
 def test_two_nodes_give_the_results_of_one_node_with_two_processes(tmp_path: Path):

@@ -161,7 +161,7 @@ def test_database_password_appears_in_no_output_file_command_line_or_trial(tmp_p
     secret = "Pw-9f3k2-secret"
     url = postgres_url.replace("postgres@", f"postgres:{secret}@")
     runs = tmp_path / "runs"
-    args = [sys.executable, "-m", "lightning_modules.cli", "table3", "--preset", "tiny", "--rows", "base",
+    args = [sys.executable, "-m", "ablate", "table3", "--preset", "tiny", "--rows", "base",
             "--study", "secret-table", "--storage", url, "--runs-dir", str(runs), "--wandb", "offline",
             *[a for a in TINY if a != "--no-wandb"]]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

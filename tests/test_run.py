@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
+import yaml
 
-from lightning_modules.cli import main
+from ablate.cli import main
 
 # A model small enough to train in seconds; dev/test cut to 100 pairs so decoding is quick.
 SMALL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500",
@@ -27,7 +28,7 @@ RESULT_KEYS = {"row", "params", "bleu", "ppl", "test_bleu", "sacrebleu_signature
 
 
 def ablate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -91,6 +92,20 @@ def test_run_directory_of_another_model_is_refused(finished_run: Path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "model.d_model=32" in err[0]
 
+
+
+def test_saved_config_trains_the_same_model_with_the_same_overrides(finished_run: Path):
+    """config.yaml holds what was asked for: a width override derives d_k again (d_model / h)."""
+    from ablations.resolve import resolve
+
+    saved = yaml.safe_load((finished_run / "config.yaml").read_text())
+    assert saved["model"]["d_k"] is None and "vocab_size" not in saved["model"]
+    results = json.loads((finished_run / "results.json").read_text())
+    assert results["model"]["d_k"] == 32 // 4 and results["model"]["vocab_size"] == 500  # as built
+    again = resolve("tiny", "base", config_file=finished_run / "config.yaml", overrides=["d_model=64"])
+    fresh = resolve("tiny", "base", overrides=[*SMALL, "d_model=64"])
+    assert (again.model.d_k, again.model.d_v) == (16, 16)
+    assert again.model == fresh.model
 
 @pytest.mark.parametrize("case", ["missing", "counts", "utf8", "empty"])
 def test_bad_corpus_gives_one_line_error(tmp_path: Path, capsys, case: str):

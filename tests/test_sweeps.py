@@ -20,7 +20,7 @@ import yaml
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
-from lightning_modules.presets import resolve
+from ablations.resolve import resolve
 from sweeps.space import load_space
 from sweeps.study import enqueue, make_storage, open_study
 from sweeps.wandb_sweep import agent_args
@@ -41,7 +41,7 @@ ATTRS = {"bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "
 
 
 def ablate(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -206,7 +206,7 @@ def wait_for_running_trial(trials: Callable[[], list[optuna.trial.FrozenTrial]],
 
 def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
     args = sweep_args(tmp_path, "kill", 2)
-    proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def resumable(t: optuna.trial.FrozenTrial) -> bool:
@@ -268,7 +268,7 @@ def test_devices_must_split_into_groups_of_devices_per_trial(tmp_path):
 
 def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path):
     args = sweep_args(tmp_path, "term", 1, "--max-steps", "200", "--no-prune")
-    proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         running = wait_for_running_trial(lambda: load(tmp_path, "term").get_trials(),

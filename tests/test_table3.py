@@ -22,7 +22,7 @@ import pytest
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
-from lightning_modules.presets import load_spec
+from ablations.spec import load_spec
 from sweeps.table3 import Table3Plan, parse_seeds, queue, select_rows
 from test_sweeps import wait_for_running_trial
 
@@ -37,7 +37,7 @@ REPORT_FILES = ["table3.md", "table3.csv", "table3.tex", "report.html", "figures
 
 
 def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lightning_modules.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
@@ -228,7 +228,7 @@ def test_killed_table3_command_is_resumed_at_once_by_a_rerun(tmp_path: Path):
     """SIGKILL to `ablate table3` takes its worker and the training with it; a re-run at once
     (no waiting for the heartbeat) sees the worker's pid gone and resumes the row."""
     args = table3_args(tmp_path, "--rows", "base", "--no-report", "--max-steps", "200")
-    proc = subprocess.Popen([sys.executable, "-m", "lightning_modules.cli", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         running = wait_for_running_trial(lambda: trials(tmp_path), lambda t: 5 in t.intermediate_values)

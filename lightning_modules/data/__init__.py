@@ -1,14 +1,22 @@
-"""Data pipeline: corpora, shared BPE tokenizer, token-budget batching and the DataModule."""
+"""Data pipeline: corpora, shared BPE tokenizer, token-budget batching and the DataModule.
 
-from lightning_modules.data.batching import (TokenBucketBatchSampler, batch_shapes, collate,
-                                             padding_share)
-from lightning_modules.data.corpora import (Corpus, ParallelText, extract_ding, load_corpus,
-                                            read_parallel)
-from lightning_modules.data.datamodule import TranslationDataModule
-from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_or_load
+The names below are imported on first use (PEP 562), so importing `lightning_modules.data.X`
+does not load every module (the DataModule loads torch and Lightning).
+"""
 
-__all__ = [
-    "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Corpus", "ParallelText", "TokenBucketBatchSampler",
-    "TranslationDataModule", "batch_shapes", "collate", "extract_ding", "load_corpus", "padding_share",
-    "read_parallel", "train_or_load",
-]
+from importlib import import_module
+
+_WHERE = {
+    "TokenBucketBatchSampler": "batching", "batch_shapes": "batching", "collate": "batching",
+    "padding_share": "batching",
+    "Corpus": "corpora", "ParallelText": "corpora", "extract_ding": "corpora", "load_corpus": "corpora",
+    "read_parallel": "corpora", "TranslationDataModule": "datamodule", "BOS_ID": "tokenizer",
+    "EOS_ID": "tokenizer", "PAD_ID": "tokenizer", "UNK_ID": "tokenizer", "train_or_load": "tokenizer",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)

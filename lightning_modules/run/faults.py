@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import TYPE_CHECKING
 
-from torch import Tensor
+if TYPE_CHECKING:  # the annotation only: io and the reports import this module without torch
+    from torch import Tensor
 
 FAULT_ENV = "ABLATE_FAULT"
 POINTS = ("train_step", "validation", "compile", "decode", "checkpoint_write", "results_write",

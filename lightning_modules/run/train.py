@@ -7,12 +7,11 @@ is configured), the dev/test sources, references and translations, and `results.
 
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 import socket
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,14 @@ from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
-from lightning_modules.io import AtomicCheckpointIO, atomic_write_json, atomic_write_text, write_lines
-from lightning_modules.preflight import (check_disk_space, check_memory, check_output_dir, check_same_run,
+from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
+from lightning_modules.run.io import atomic_write_json, atomic_write_text, write_lines
+from lightning_modules.run.results import RESULTS, RunResult, read_results
+from lightning_modules.run.preflight import (check_disk_space, check_memory, check_output_dir, check_same_run,
                                         remove_stale_temporaries, resume_checkpoint, wandb_mode)
-from lightning_modules.presets import to_yaml
+from lightning_modules.config import to_yaml
 from lightning_modules.translation import TranslationModule
 
-RESULTS = "results.json"
 # train.compile=auto compiles CUDA runs of at least this many steps: compiling the base model's
 # step takes about 2.5 minutes on an H100 host (cold cache) and then saves about a third of
 # every step (benchmarks/results), which pays back after roughly 2,000 steps.
@@ -47,16 +47,6 @@ COMPILE_MIN_STEPS = 2000
 warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
 warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
 warnings.filterwarnings("ignore", message=r"`weights_only` was not set, defaulting to `False`")  # OnExceptionCheckpoint
-
-
-def read_results(out: Path) -> dict[str, Any] | None:
-    path = out / RESULTS
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
@@ -118,8 +108,9 @@ def evaluate_split(module: TranslationModule, dm: TranslationDataModule, cfg: Ru
 
 
 def train(cfg: RunConfig, out: str | Path, group: str | None = None,
-          callbacks: list[pl.Callback] | None = None) -> dict[str, Any]:
-    """Train (or resume, or reuse) the run in `out` and return its results.
+          callbacks: list[pl.Callback] | None = None) -> RunResult | None:
+    """Train (or resume, or reuse) the run in `out` and return its results (None on DDP ranks
+    other than 0, which do not evaluate).
 
     `callbacks` are added to the Trainer's (a sweep passes its pruning callback here).
     """
@@ -138,10 +129,10 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
             shutil.rmtree(out, ignore_errors=True)
         raise
     done = read_results(out)
-    if done and done.get("status") == "complete":
+    if done and done.status == "complete":
         return done
-    if done and done.get("status") == "failed":
-        raise RunFailed(f"{out} holds a failed run ({done.get('reason')}); use another --out "
+    if done and done.status == "failed":
+        raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "
                         f"(or delete {out}) to try again")
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
@@ -153,8 +144,9 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         if created:  # a bad corpus leaves nothing behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    cfg.model.vocab_size, cfg.model.pad_id = dm.vocab_size, dm.pad_id
-    atomic_write_text(out / "config.yaml", to_yaml(cfg))
+    atomic_write_text(out / "config.yaml", to_yaml(cfg))  # as asked for: no derived value
+    # The model as built: the tokenizer decides the vocabulary (the config holds data.vocab_size).
+    cfg = replace(cfg, model=cfg.model.with_vocabulary(dm.vocab_size, dm.pad_id))
     module = TranslationModule.from_configs(cfg.model, cfg.train)
     rank_zero_info(describe(cfg, dm.stats, module.n_parameters, out))
     compiled = compile_enabled(cfg)
@@ -186,10 +178,10 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
     except NonFiniteLoss as err:
-        failed = {"row": cfg.row, "preset": cfg.preset, "status": "failed", "reason": str(err),
-                  "steps": trainer.global_step, "seed": cfg.train.seed, "run_dir": str(out.resolve())}
+        failed = RunResult(row=cfg.row, preset=cfg.preset, status="failed", reason=str(err),
+                           steps=trainer.global_step, seed=cfg.train.seed, run_dir=str(out.resolve()))
         if trainer.global_rank == 0:
-            atomic_write_json(out / RESULTS, failed)
+            atomic_write_json(out / RESULTS, failed.to_json())
         raise RunFailed(f"{err}; recorded in {out / RESULTS}. Lower train.lr_scale or raise "
                         f"train.warmup_steps, and train in another --out") from None
     except SystemExit:  # Lightning's ending for Ctrl-C (exit 1) and SIGTERM (SIGTERMException)
@@ -199,7 +191,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
 
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     if trainer.global_rank != 0:
-        return {}
+        return None
     for logger in trainer.loggers:
         logger.save()  # the curves below are read back from logs/metrics.csv
     convergence = classify_run(out / "logs" / "metrics.csv", dm.stats["unigram_ppl"],
@@ -214,24 +206,24 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         if cfg.eval.decode_test and dm.corpus.test.src:
             test_bleu, _ = evaluate_split(module, dm, cfg, "test", out)
 
-    results = {
-        "row": cfg.row, "preset": cfg.preset, "corpus": cfg.data.corpus,
-        "params": module.n_parameters, "bleu": bleu, "ppl": round(metrics["val/ppl"], 3),
-        "test_bleu": test_bleu, "sacrebleu_signature": signature,
-        "train_time_s": round(clock.train_time_s, 1), "tokens_per_s": round(clock.tokens_per_s, 1),
-        "steady_tokens_per_s": _round(clock.steady_tokens_per_s, 1),
-        "startup_s": _round(clock.startup_s, 2), "first_step_s": _round(clock.first_step_s, 2),
-        "compiled": compiled, "compiled_graphs": compiled_graphs() if compiled else 0,
-        "target_tokens": clock.target_tokens, "steps": trainer.global_step, "seed": cfg.train.seed,
-        "beam_size": cfg.eval.beam_size, "length_penalty": cfg.eval.length_penalty,
-        "padding_share": round(dm.stats["train_padding_share"], 4),
-        "data": dm.stats,
-        "model": asdict(cfg.model), "precision": hardware["precision"],
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "world_size": trainer.world_size, "host": socket.gethostname(), "group": group or cfg.row,
-        "run_dir": str(out.resolve()), "status": "complete", **convergence,
-    }
-    atomic_write_json(out / RESULTS, results, fault="results_write")
+    results = RunResult(
+        row=cfg.row, preset=cfg.preset, corpus=cfg.data.corpus,
+        params=module.n_parameters, bleu=bleu, ppl=round(metrics["val/ppl"], 3),
+        test_bleu=test_bleu, sacrebleu_signature=signature,
+        train_time_s=round(clock.train_time_s, 1), tokens_per_s=round(clock.tokens_per_s, 1),
+        steady_tokens_per_s=_round(clock.steady_tokens_per_s, 1),
+        startup_s=_round(clock.startup_s, 2), first_step_s=_round(clock.first_step_s, 2),
+        compiled=compiled, compiled_graphs=compiled_graphs() if compiled else 0,
+        target_tokens=clock.target_tokens, steps=trainer.global_step, seed=cfg.train.seed,
+        beam_size=cfg.eval.beam_size, length_penalty=cfg.eval.length_penalty,
+        padding_share=round(dm.stats["train_padding_share"], 4),
+        data=dm.stats,
+        model=asdict(cfg.model), precision=hardware["precision"],
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        world_size=trainer.world_size, host=socket.gethostname(), group=group or cfg.row,
+        run_dir=str(out.resolve()), status="complete", **convergence,
+    )
+    atomic_write_json(out / RESULTS, results.to_json(), fault="results_write")
     return results
 
 
@@ -258,11 +250,11 @@ SUMMARY_KEYS = [("row", "row"), ("params", "params"), ("ppl", "dev PPL"), ("bleu
                 ("tokens_per_s", "target tokens/s")]
 
 
-def summary_table(results: dict[str, Any]) -> str:
+def summary_table(results: RunResult) -> str:
     """A short two-column table of the headline numbers."""
-    rows = [(label, results.get(key)) for key, label in SUMMARY_KEYS]
-    rows.append(("sacreBLEU", results.get("sacrebleu_signature")))
-    rows.append(("run directory", results.get("run_dir")))
+    rows = [(label, getattr(results, key)) for key, label in SUMMARY_KEYS]
+    rows.append(("sacreBLEU", results.sacrebleu_signature))
+    rows.append(("run directory", results.run_dir))
     width = max(len(label) for label, _ in rows)
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else str(v)  # noqa: E731
     return "\n".join(f"{label.ljust(width)}  {fmt(value)}" for label, value in rows)

@@ -15,12 +15,11 @@ import torch
 import yaml
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from lightning_modules.config import RunConfig, TransformerConfig
+from lightning_modules.config import RunConfig, TransformerConfig, count_parameters, model_identity
 from lightning_modules.errors import UserError
-from lightning_modules.presets import DERIVED_KEYS
-from lightning_modules.transformer import count_parameters
 
-# What makes a run directory one run: the whole model (all keys) and the corpus and vocabulary.
+# What makes a run directory one run: the whole model (all keys, as built: see model_identity)
+# and the corpus and vocabulary.
 IDENTITY_KEYS: dict[str, list[str]] = {
     "model": [],
     "data": ["corpus", "src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
@@ -60,8 +59,14 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
         raise UserError(f"{saved_path} is not valid YAML; use another --out (or delete {out})") from None
     current = asdict(cfg)
     for section, keys in IDENTITY_KEYS.items():
-        old, new = saved.get(section, {}), current[section]
-        for key in keys or [k for k in new if f"{section}.{k}" not in DERIVED_KEYS]:
+        old, new = saved.get(section) or {}, current[section]
+        if section == "model":
+            try:
+                old = model_identity(old)
+            except (TypeError, UserError):  # not a model this version can build: not this run's
+                old = {}
+            new = model_identity(new)
+        for key in keys or list(new):
             if old.get(key) != new.get(key):
                 raise UserError(
                     f"{out} holds a run with {section}.{key}={old.get(key)!r}, not {new.get(key)!r}; "
@@ -70,8 +75,7 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
 
 def _model_estimate(cfg: RunConfig) -> TransformerConfig:
     """The model with the BPE vocabulary it will get (the tokenizer decides the exact size)."""
-    fields = {**asdict(cfg.model), "vocab_size": cfg.data.vocab_size}
-    return TransformerConfig(**fields)
+    return cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)
 
 
 def estimate_memory_gb(cfg: RunConfig) -> tuple[float, float]:

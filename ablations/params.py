@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.config import ScaleConfig, TransformerConfig
-from lightning_modules.presets import load_preset, load_spec, row_settings
-from lightning_modules.transformer import count_parameters
+from lightning_modules.config import ScaleConfig, TransformerConfig, count_parameters
+from ablations.spec import load_preset, load_spec, row_settings
 
 
 def paper_architecture(row: str, spec: dict[str, dict[str, Any]], vocab_size: int = 37000) -> TransformerConfig:
@@ -29,3 +28,18 @@ def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -
                       "positional": c.positional, "params": n, "params_M": round(n / 1e6, 1),
                       "paper_params": (entry.get("paper") or {}).get("params_m")})
     return table
+
+
+def format_params(table: list[dict], vocab_size: int) -> str:
+    """Plain-text table of every row's architecture and parameter count."""
+    cols = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "positional", "params", "params_M", "paper_params"]
+    head = {"paper_params": "paper (M)", "params_M": "ours (M)"}
+    cells = [[head.get(c, c) for c in cols]]
+    for entry in table:
+        cells.append(["" if entry.get(c) is None else
+                      (f"{entry[c]:,}" if c == "params" else str(entry[c])) for c in cols])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
+    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    return f"Parameters with a shared vocabulary of {vocab_size:,} (paper: printed values)\n" + "\n".join(lines)

@@ -1,4 +1,5 @@
-"""`ablate`: the command line. Thin: it parses arguments and calls the library.
+"""`ablate`: the command line. Thin: it parses arguments and calls the library (about 300 lines,
+nearly all of them the option declarations of six commands; each handler is a few library calls).
 
     ablate train [--preset tiny] [--row base] [--config FILE] [key=value ...]
     ablate params [--vocab-size 37000] [--json]
@@ -16,12 +17,12 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from lightning_modules.config import CORPORA
-from lightning_modules.errors import RunFailed, UserError
+from lightning_modules.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
 from sweeps import PRUNERS, SAMPLERS
 
-EXIT_USAGE = 2
 # $ABLATE_STORAGE keeps a database password off the command line (and out of `ps`).
 DEFAULT_STORAGE = os.environ.get("ABLATE_STORAGE", "sqlite:///runs/sweeps.db")
 
@@ -78,10 +79,10 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from lightning_modules.presets import resolve
+    from ablations.resolve import resolve
 
     cfg = resolve(args.preset, args.row, args.config, run_overrides(args), args.spec)
-    from lightning_modules.run import summary_table, train  # heavy (Lightning): after validation
+    from lightning_modules.run.train import summary_table, train  # heavy (Lightning): after validation
 
     out = args.out or f"runs/{cfg.row}-{cfg.preset}-s{cfg.train.seed}"
     results = train(cfg, out)
@@ -91,34 +92,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
-    """The sweep's fixed `ablate train` overrides, and each worker's devices (None on CPU).
+    """The sweep's fixed `ablate train` overrides, and each worker's devices (None on CPU)."""
+    from sweeps.launch import device_groups
 
-    `--devices 0,1,2,3 --devices-per-trial 2` makes two workers, on GPUs "0,1" and "2,3", whose
-    trials run Lightning DDP on both; without --devices, D > 1 means D CPU processes (gloo).
-    """
-    per = args.devices_per_trial
-    if per < 1:
-        raise UserError(f"--devices-per-trial must be at least 1, got {per}")
-    devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else None
-    if devices and args.workers:
-        raise UserError("use --workers K (CPU) or --devices 0,1,... (one worker per GPU), not both")
+    extra, groups = device_groups(args.devices, args.workers, args.devices_per_trial, args.accelerator)
     args.devices = None  # per worker, not a Lightning device list
-    overrides = run_overrides(args)
-    groups = None
-    if devices:
-        if len(devices) % per:
-            raise UserError(f"--devices lists {len(devices)} devices, not a multiple of "
-                            f"--devices-per-trial {per}")
-        groups = [",".join(devices[i:i + per]) for i in range(0, len(devices), per)]
-    if per > 1:
-        overrides.append(f"train.devices={per}")
-        if not devices and args.accelerator is None:
-            overrides.append("train.accelerator=cpu")
-    return overrides, groups
+    return run_overrides(args) + extra, groups
 
 
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
-    from lightning_modules.presets import resolve
+    from ablations.resolve import resolve
     from sweeps.space import load_space
     from sweeps.study import make_storage, open_study
 
@@ -145,45 +128,21 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from optuna.trial import TrialState
-
-    from lightning_modules.presets import load_spec, resolve
-    from sweeps.study import safe_url
-    from sweeps.table3 import Table3Plan, default_rows, parse_seeds, print_summary, queue, select_rows
+    from sweeps.table3 import make_plan, run_table3
 
     overrides, devices = _sweep_run_args(args)
-    spec = load_spec(args.spec)
-    rows = select_rows(args.rows, spec, default_rows(args.preset) if args.spec is None else None)
-    seeds = parse_seeds(args.seeds, resolve(args.preset, "base", args.config, overrides, args.spec).train.seed)
-    plan = Table3Plan(study=args.study or f"table3-{args.preset}", storage=args.storage,
-                      preset=args.preset, rows=rows, seeds=seeds, runs_dir=args.runs_dir,
-                      overrides=overrides, spec_path=args.spec, config=args.config)
-    study, queued = queue(plan)
-    print(f"table3 {plan.study}: {len(rows)} rows x {len(seeds)} seeds; {queued} queued now, "
-          f"storage {safe_url(args.storage)}", flush=True)
-    code = 0
-    if queued or study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
-        from sweeps.launch import run_workers
-        from sweeps.worker import WorkerSettings
-
-        settings = WorkerSettings(study=plan.study, storage=args.storage, space=None,
-                                  n_trials=len(rows) * len(seeds) + len(study.trials), runs_dir=args.runs_dir,
-                                  preset=args.preset, config=args.config, spec=args.spec,
-                                  overrides=overrides, pruner="none", heartbeat_s=args.heartbeat,
-                                  queue_only=True, keep_translations=True)
-        code = run_workers(settings, args.workers or 1, devices, args.devices_per_trial, quiet=True)
-        if code == 130:
-            return code
-    missing = print_summary(study, plan)
+    plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
+                     study=args.study, spec_path=args.spec, config=args.config)
+    outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat)
+    if outcome.interrupted:
+        return outcome.exit_status
     if not args.no_report:
         from reports.build import build_report
 
         out = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
         written = build_report(args.storage, plan.study, out, wandb=args.wandb_report)
         print(f"report: {', '.join(str(p) for p in written)}", flush=True)
-    return 1 if missing or code else 0
+    return outcome.exit_status
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -195,9 +154,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep_wandb(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from lightning_modules.presets import resolve
+    from ablations.resolve import resolve
     from sweeps.space import load_space
     from sweeps.wandb_sweep import launch, sweep_config, write_config
 
@@ -224,7 +181,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_params(args: argparse.Namespace) -> int:
-    from lightning_modules.params import params_table
+    from ablations.params import format_params, params_table
 
     table = params_table(args.vocab_size, args.spec)
     if args.json:
@@ -232,21 +189,6 @@ def cmd_params(args: argparse.Namespace) -> int:
     else:
         print(format_params(table, args.vocab_size))
     return 0
-
-
-def format_params(table: list[dict], vocab_size: int) -> str:
-    """Plain-text table of every row's architecture and parameter count."""
-    cols = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "positional", "params", "params_M", "paper_params"]
-    head = {"paper_params": "paper (M)", "params_M": "ours (M)"}
-    cells = [[head.get(c, c) for c in cols]]
-    for entry in table:
-        cells.append(["" if entry.get(c) is None else
-                      (f"{entry[c]:,}" if c == "params" else str(entry[c])) for c in cols])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
-             for r in cells]
-    lines.insert(1, "-" * len(lines[0]))
-    return f"Parameters with a shared vocabulary of {vocab_size:,} (paper: printed values)\n" + "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -356,11 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
-        return 1 if isinstance(err, RunFailed) else EXIT_USAGE
+        return exit_status(err)
     except KeyboardInterrupt as err:
         detail = f" ({err})" if str(err) else ""
         print(f"ablate: interrupted{detail}; run the same command again to resume", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. `ablate params --json | head`
         sys.stderr.close()
         return 0

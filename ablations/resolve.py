@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import fields
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -17,86 +16,12 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lightning_modules.config import RunConfig, ScaleConfig, TransformerConfig
+from ablations.spec import load_preset, load_spec, load_yaml, row_settings
+from lightning_modules.config import HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
 from lightning_modules.errors import UserError
 
-WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
-DERIVED_KEYS = {"model.vocab_size", "model.pad_id"}
-
-
-def _ablations_dir() -> Path:
-    return Path(str(resources.files("ablations")))
-
-
-def load_yaml(path: str | Path, what: str = "file") -> dict[str, Any]:
-    """A YAML mapping from `path`, or a one-line UserError."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
-    return data
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in (_ablations_dir() / "presets").glob("*.yaml"))
-
-
-def load_preset(name: str) -> dict[str, Any]:
-    path = _ablations_dir() / "presets" / f"{name}.yaml"
-    if not path.is_file():
-        raise UserError(f"unknown preset {name!r}; choose from {', '.join(preset_names())}")
-    return load_yaml(path, "preset")
-
-
-def default_spec_path() -> Path:
-    return _ablations_dir() / "table3.yaml"
-
-
-def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
-    """The ablation rows: {row name: {group, model, train_steps, paper}}, base first."""
-    path = Path(path) if path else default_spec_path()
-    rows = load_yaml(path, "ablation spec")
-    if "base" not in rows:
-        raise UserError(f"{path}: an ablation spec needs a 'base' row")
-    for name, row in rows.items():
-        if not isinstance(row, dict) or not isinstance(row.get("model", {}), dict):
-            raise UserError(f"{path}: row {name!r} must be a mapping with a 'model' mapping")
-        unknown = set(row.get("model", {})) - {f.name for f in fields(TransformerConfig)}
-        if unknown:
-            raise UserError(f"{path}: row {name!r} has unknown model keys: {', '.join(sorted(unknown))}")
-    return rows
-
-
-def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig) -> dict[str, Any]:
-    """The row's model keys and training steps (base overridden by the row), scaled by `scale`."""
-    if row not in spec:
-        close = difflib.get_close_matches(row, list(spec), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UserError(f"unknown row {row!r}{hint}; rows: {', '.join(spec)}")
-    base, chosen = spec["base"], spec[row]
-    model = {**base.get("model", {}), **chosen.get("model", {})}
-    for key in WIDTH_KEYS:
-        if model.get(key) is not None:
-            model[key] = max(1, round(model[key] * scale.width))
-    if "n_layers" in model:
-        model["n_layers"] = max(1, round(model["n_layers"] * scale.depth))
-    settings: dict[str, Any] = {"model": model}
-    steps = chosen.get("train_steps", base.get("train_steps"))
-    if steps is not None:
-        settings["train"] = {"max_steps": max(1, round(steps * scale.steps))}
-    return settings
+TOKENIZER_PATHS = {f"model.{key}" for key in TOKENIZER_KEYS}
 
 
 def _leaf_paths() -> dict[str, list[str]]:
@@ -107,7 +32,7 @@ def _leaf_paths() -> dict[str, list[str]]:
         names = [f.name for f in fields(sub)] if hasattr(sub, "__dataclass_fields__") else [None]
         for name in names:
             full = section.name if name is None else f"{section.name}.{name}"
-            if full not in DERIVED_KEYS:
+            if full not in TOKENIZER_PATHS:
                 paths.setdefault(name or section.name, []).append(full)
     return paths
 
@@ -142,7 +67,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key = key.strip().lstrip("-")
         if not sep or not key:
             raise UserError(f"override {item!r} is not of the form key=value")
-        if key in DERIVED_KEYS:
+        if key in TOKENIZER_PATHS:
             raise UserError(f"{key} is set by the tokenizer; set data.vocab_size instead")
         if "." not in key:
             matches = leaves.get(key, [])
@@ -168,6 +93,28 @@ def _suggest(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A `--config` file: its keys as asked for.
+
+    A config.yaml written by an older version stored the tokenizer's model.vocab_size/pad_id and
+    every head size filled in; such a file is recognised by those tokenizer keys, which are
+    dropped (the tokenizer sets them), and a d_k or d_v equal to that file's d_model / h is read
+    as derived (None), as it was derived when the file was written. (A row that set it explicitly
+    to d_model / h, the A rows, then follows a changed d_model too: only for such older files.)
+    """
+    data = load_yaml(path, "config file")
+    model = data.get("model")
+    if isinstance(model, dict) and any(key in model for key in TOKENIZER_KEYS):
+        model = {k: v for k, v in model.items() if k not in TOKENIZER_KEYS}
+        d_model, heads = model.get("d_model"), model.get("n_heads")
+        if isinstance(d_model, int) and isinstance(heads, int) and heads > 0 and d_model % heads == 0:
+            for key in HEAD_SIZE_KEYS:
+                if model.get(key) == d_model // heads:
+                    model[key] = None
+        data = {**data, "model": model}
+    return data
+
+
 def _merge(base, update: dict[str, Any], source: str):
     try:
         return OmegaConf.merge(base, update)
@@ -182,24 +129,18 @@ def _merge(base, update: dict[str, Any], source: str):
 def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | None = None,
             overrides: list[str] | None = None, spec_path: str | Path | None = None) -> RunConfig:
     """The complete, validated configuration of one run."""
-    cfg = OmegaConf.structured(RunConfig)
-    # The default TransformerConfig derived d_k = d_v = d_model / h for its own d_model; those are
-    # not choices, so they must be derived again from the final d_model and h.
-    cfg.model.d_k, cfg.model.d_v = None, None
+    # The defaults as asked for: head sizes not set (they follow the final d_model and h).
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), requested_config(RunConfig()))
     cfg = _merge(cfg, {"preset": preset, "row": row}, "arguments")
     preset_data = {k: v for k, v in load_preset(preset).items() if k != "table3"}  # table3: its rows
     cfg = _merge(cfg, preset_data, f"preset {preset}")
     scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
     cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale), f"row {row}")
     if config_file:
-        cfg = _merge(cfg, load_yaml(config_file, "config file"), str(config_file))
+        cfg = _merge(cfg, load_config_file(config_file), str(config_file))
     if overrides:
         cfg = _merge(cfg, parse_overrides(overrides), "override")
     try:
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise UserError(str(err).splitlines()[0]) from None
-
-
-def to_yaml(cfg: RunConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

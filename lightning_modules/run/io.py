@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
-
-from lightning_modules.faults import inject
+from lightning_modules.run.faults import inject
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, fault: str | None = None,
@@ -51,13 +47,3 @@ def atomic_write_json(path: str | Path, data: Any, fault: str | None = None) -> 
 def write_lines(path: str | Path, lines: list[str]) -> None:
     """One sentence a line (newlines inside a sentence become spaces)."""
     atomic_write_text(path, "".join(" ".join(line.split("\n")) + "\n" for line in lines))
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning checkpoints written to a temporary file, fsynced, then renamed into place."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
-                        storage_options: Any | None = None) -> None:
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
-        atomic_write_bytes(path, buffer.getvalue(), "checkpoint_write", checkpoint.get("global_step"))

@@ -1,0 +1,120 @@
+"""Table 3 as data: reading the ablation spec (`ablations/table3.yaml` or your own) and the scale
+presets (`ablations/presets/`), and the scale rule that turns a row at the paper's scale into the
+row at a preset's scale.
+
+A spec is a mapping of row names to `{group, model, train_steps, paper}`; every row overrides
+`base`. A row name given twice is refused (YAML would silently keep the last one).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lightning_modules.config import ScaleConfig, TransformerConfig
+from lightning_modules.errors import UserError
+
+WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")  # what scale.width multiplies
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses a key given twice in one mapping."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def _ablations_dir() -> Path:
+    return Path(str(resources.files("ablations")))
+
+
+def load_yaml(path: str | Path, what: str = "file", unique_keys: bool = False) -> dict[str, Any]:
+    """A YAML mapping from `path`, or a one-line UserError (`unique_keys`: a key given twice too)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.load(text, Loader=_UniqueKeyLoader) if unique_keys else yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in (_ablations_dir() / "presets").glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    path = _ablations_dir() / "presets" / f"{name}.yaml"
+    if not path.is_file():
+        raise UserError(f"unknown preset {name!r}; choose from {', '.join(preset_names())}")
+    return load_yaml(path, "preset")
+
+
+def default_spec_path() -> Path:
+    return _ablations_dir() / "table3.yaml"
+
+
+def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """The ablation rows: {row name: {group, model, train_steps, paper}}, base first."""
+    path = Path(path) if path else default_spec_path()
+    rows = load_yaml(path, "ablation spec", unique_keys=True)
+    if "base" not in rows:
+        raise UserError(f"{path}: an ablation spec needs a 'base' row")
+    for name, row in rows.items():
+        if not isinstance(row, dict) or not isinstance(row.get("model", {}), dict):
+            raise UserError(f"{path}: row {name!r} must be a mapping with a 'model' mapping")
+        unknown = set(row.get("model", {})) - {f.name for f in fields(TransformerConfig)}
+        if unknown:
+            raise UserError(f"{path}: row {name!r} has unknown model keys: {', '.join(sorted(unknown))}")
+    return rows
+
+
+def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig) -> dict[str, Any]:
+    """The row's model keys and training steps (base overridden by the row), scaled by `scale`."""
+    if row not in spec:
+        close = difflib.get_close_matches(row, list(spec), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UserError(f"unknown row {row!r}{hint}; rows: {', '.join(spec)}")
+    base, chosen = spec["base"], spec[row]
+    model = {**base.get("model", {}), **chosen.get("model", {})}
+    for key in WIDTH_KEYS:
+        if model.get(key) is not None:
+            model[key] = max(1, round(model[key] * scale.width))
+    if "n_layers" in model:
+        model["n_layers"] = max(1, round(model["n_layers"] * scale.depth))
+    settings: dict[str, Any] = {"model": model}
+    steps = chosen.get("train_steps", base.get("train_steps"))
+    if steps is not None:
+        settings["train"] = {"max_steps": max(1, round(steps * scale.steps))}
+    return settings
+
+
+def default_rows(preset: str) -> list[str] | None:
+    """A preset may name the rows its table runs by default (`table3: {rows: [...]}`)."""
+    return (load_preset(preset).get("table3") or {}).get("rows")

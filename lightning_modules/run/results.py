@@ -1,0 +1,111 @@
+"""What one run reports: `RunResult`, the single schema behind results.json, a sweep trial's user
+attributes, the Table 3 report's columns and the W&B summary.
+
+Each field says where it goes (`metadata`): `trial` (stored on the Optuna trial, so a report
+needs only the database), `column` (a numeric column of the report's runs), `summary` (the W&B
+sweep run's summary). Adding a metric is one field here.
+
+Reading tolerates files from other versions: unknown keys are ignored, missing ones are None.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+RESULTS = "results.json"
+
+
+def _f(doc: str, *, trial: bool = False, column: bool = False, summary: bool = False) -> Any:
+    """A result field, None unless set."""
+    return field(default=None, metadata={"doc": doc, "trial": trial, "column": column, "summary": summary})
+
+
+@dataclass
+class RunResult:
+    """One run's results (results.json); `status` complete or failed (then `reason`)."""
+
+    row: str | None = _f("Table 3 row (or the row the run's configuration started from)")
+    preset: str | None = _f("scale preset", trial=True)
+    corpus: str | None = _f("corpus name (data.corpus)", trial=True)
+    params: int | None = _f("parameters of the model as built", trial=True, column=True, summary=True)
+    bleu: float | None = _f("dev BLEU (sacreBLEU, beam search), as in Table 3", trial=True, column=True,
+                            summary=True)
+    ppl: float | None = _f("dev perplexity per wordpiece, as in Table 3", trial=True, column=True,
+                           summary=True)
+    test_bleu: float | None = _f("test BLEU (None when the test split is not decoded)", trial=True,
+                                 summary=True)
+    sacrebleu_signature: str | None = _f("sacreBLEU's signature of the dev score", trial=True)
+    train_time_s: float | None = _f("training seconds, validation excluded", trial=True, column=True)
+    tokens_per_s: float | None = _f("target tokens per training second", trial=True, column=True)
+    steady_tokens_per_s: float | None = _f("target tokens/s after the first log window (no compile or "
+                                           "warm-up)", trial=True)
+    startup_s: float | None = _f("process start to the first training step, seconds", trial=True)
+    first_step_s: float | None = _f("the first training step (compilation included), seconds", trial=True)
+    compiled: bool | None = _f("whether the training step ran through torch.compile", trial=True)
+    compiled_graphs: int | None = _f("graphs torch.compile built (a recompilation storm shows here)",
+                                     trial=True)
+    target_tokens: int | None = _f("target tokens trained on", trial=True, column=True)
+    steps: int | None = _f("optimizer steps", trial=True, column=True)
+    seed: int | None = _f("random seed (train.seed)", trial=True)
+    beam_size: int | None = _f("beam size of the dev/test decoding")
+    length_penalty: float | None = _f("GNMT length penalty alpha of the decoding")
+    padding_share: float | None = _f("share of padding in the training batches")
+    data: dict[str, Any] | None = _f("corpus and batching statistics")
+    model: dict[str, Any] | None = _f("the architecture as built (TransformerConfig, every value)",
+                                      trial=True)
+    precision: str | None = _f("Lightning precision", trial=True)
+    device: str | None = _f("GPU name or CPU", trial=True)
+    world_size: int | None = _f("processes (DDP ranks)", trial=True)
+    host: str | None = _f("host name")
+    group: str | None = _f("group of runs (the sweep's study, else the row)")
+    run_dir: str | None = _f("the run directory", trial=True)
+    convergence: str | None = _f("converged | still improving | unstable | diverged | unknown "
+                                 "(lightning_modules/convergence.py)", trial=True, column=True, summary=True)
+    convergence_reason: str | None = _f("the numbers behind the convergence class", trial=True)
+    dev_ppl_curve: list[list[float]] | None = _f("[step, dev PPL] at every validation", trial=True)
+    unigram_ppl: float | None = _f("perplexity of the training targets' unigram distribution",
+                                   trial=True, column=True)
+    convergence_rule: dict[str, float] | None = _f("the thresholds the class was decided with")
+    status: str | None = _f("complete or failed")
+    reason: str | None = _f("why a failed run failed (e.g. a NaN loss)")
+
+    def to_json(self) -> dict[str, Any]:
+        """results.json's content; a failed run leaves out what it never measured."""
+        values = asdict(self)
+        if self.status == "failed":
+            return {k: v for k, v in values.items() if v is not None}
+        return {k: v for k, v in values.items() if k != "reason" or v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunResult":
+        """From results.json of any version: unknown keys ignored, missing ones None."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def keys(cls, where: str) -> tuple[str, ...]:
+        """The fields that go to `where`: "trial", "column" or "summary"."""
+        return tuple(f.name for f in fields(cls) if f.metadata[where])
+
+    def select(self, where: str) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in self.keys(where)}
+
+    @classmethod
+    def doc(cls, key: str) -> str:
+        return next(f.metadata["doc"] for f in fields(cls) if f.name == key)
+
+
+
+def read_results(out: Path) -> RunResult | None:
+    """The run directory's results.json, or None if there is none (or it is unreadable)."""
+    path = Path(out) / RESULTS
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return RunResult.from_json(data) if isinstance(data, dict) else None

@@ -1,0 +1,36 @@
+"""The processes of a sweep and what they hand each other: `launch` starts workers
+(`python -m sweeps.worker`, settings in $ABLATE_WORKER), a worker starts one trial process per
+trial (`python -m sweeps.trial_run`, the job in $ABLATE_TRIAL_JOB), which exits EXIT_PRUNED when
+pruned. The environment, not the command line, carries them: `ps` shows command lines to every
+user, and the storage URL may hold a database password.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+from pathlib import Path
+
+WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
+JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
+EXIT_PRUNED = 3  # a trial process's exit status when its trial was pruned
+
+
+def die_with_parent() -> None:
+    """In the child (Linux): get SIGKILL when the worker dies, so no orphan keeps training."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
+    """A child process in its own session that dies with this process."""
+    out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
+    try:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                start_new_session=True, preexec_fn=die_with_parent)
+    finally:
+        if out:
+            out.close()

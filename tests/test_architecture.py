@@ -1,0 +1,147 @@
+"""The packages' layering: imports run one way only, without cycles, and the light entry points stay
+light.
+
+    ablate -> reports -> sweeps -> ablations -> lightning_modules      (benchmarks -> lightning_modules)
+
+Every import statement of the installed packages counts, those inside functions too (a lazy import
+is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Each package may import the packages after it in this order, never one before it.
+ORDER = ("ablate", "reports", "sweeps", "ablations", "lightning_modules")
+ALLOWED = {pkg: set(ORDER[i + 1:]) for i, pkg in enumerate(ORDER)} | {"benchmarks": {"lightning_modules"}}
+PACKAGES = tuple(ALLOWED)
+
+
+def package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not an installed package"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the packages by dotted name (benchmark result scripts left out)."""
+    found = {}
+    for pkg in PACKAGES:
+        root = package_dir(pkg)
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root.parent).with_suffix("")
+            if "results" in rel.parts:
+                continue
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The first-party modules `name` imports (`from pkg import sub` counts as pkg.sub)."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t in known and t != name)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports_of(name, path, set(found)) for name, path in found.items()}
+
+
+def test_every_package_is_found():
+    names = set(modules())
+    assert {"ablate.cli", "reports.build", "sweeps.worker", "ablations.spec", "lightning_modules.config",
+            "lightning_modules.run.train"} <= names
+
+
+def test_imports_run_one_way_only():
+    wrong = sorted(f"{a} imports {b}" for a, targets in graph().items() for b in targets
+                   if b.split(".")[0] != a.split(".")[0]
+                   and b.split(".")[0] not in ALLOWED[a.split(".")[0]])
+    assert not wrong, "imports against ablate -> reports -> sweeps -> ablations -> lightning_modules:\n" \
+        + "\n".join(wrong)
+
+
+def strongly_connected(g: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components with more than one module (the import cycles)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    g = graph()
+    # A package's __init__ importing its own modules is not a cycle of the design: leave it out.
+    g = {a: {b for b in targets if not a.startswith(b + ".")} for a, targets in g.items()}
+    assert strongly_connected(g) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("module", ["ablate.cli", "ablate", "reports", "sweeps", "ablations",
+                                    "lightning_modules", "lightning_modules.data", "lightning_modules.run",
+                                    "lightning_modules.errors", "ablations.resolve", "sweeps.worker",
+                                    "sweeps.wandb_entry", "sweeps.trial_run", "reports.build"])
+def test_light_modules_load_no_torch(module):
+    code = (f"import sys, {module}; heavy = [m for m in ('torch', 'lightning') if m in sys.modules]; "
+            f"print(','.join(heavy))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"importing {module} loads {result.stdout.strip()}"
+
+
+def test_ablate_help_loads_no_torch():
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "ablate", "--help"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "usage: ablate" in result.stdout
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert not [m for m in loaded if m.split(".")[0] in ("torch", "lightning")]

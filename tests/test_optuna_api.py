@@ -1,0 +1,86 @@
+"""The Optuna API the sweeps rely on (`sweeps/optuna_api.py`), exercised call by call with Optuna's
+warnings as errors: an upgrade that removes, changes or deprecates one of them fails here, loudly,
+instead of in a sweep."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweeps import optuna_api
+from sweeps.optuna_api import (RunningTrial, fail_running_trial, fail_stale_trials, frozen_trial,
+                               queue_retry, retried_trial_number, trial_id)
+from sweeps.study import make_pruner, make_storage, open_study
+
+SWEEPS = Path(optuna_api.__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def optuna_warnings_are_errors():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        warnings.filterwarnings("error", module="optuna")
+        yield
+
+
+def test_installed_optuna_is_in_the_tested_range():
+    version = tuple(int(p) for p in optuna.__version__.split(".")[:2])
+    low, high = optuna_api.TESTED_VERSIONS
+    assert low <= version < high, (
+        f"optuna {optuna.__version__} is outside the tested range {low}..<{high}: check "
+        f"sweeps/optuna_api.py against it, then widen TESTED_VERSIONS and the pin in pyproject.toml")
+
+
+def test_no_private_optuna_names_outside_the_adapter():
+    """`study._storage`, `trial._trial_id`, `optuna.trial.Trial(...)` and the like stay out."""
+    for path in SWEEPS.parent.glob("*/*.py"):
+        if path.parts[-2] not in ("sweeps", "reports", "ablate", "ablations", "lightning_modules"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("_storage", "_trial_id", "_study_id"):
+                pytest.fail(f"{path}:{node.lineno}: private Optuna attribute {node.attr}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("optuna.trial.Trial", "Trial"):
+                pytest.fail(f"{path}:{node.lineno}: constructs optuna.trial.Trial directly")
+
+
+def test_running_trial_reports_and_prunes_from_another_process(tmp_path):
+    url = f"sqlite:///{tmp_path}/o.db"
+    study = open_study("s", make_storage(url, None), "ppl")
+    for value in (1.0, 2.0, 3.0):  # three finished trials with a curve each
+        t = study.ask()
+        for step in (1, 2):
+            t.report(value, step)
+        study.tell(t, value)
+    running = study.ask()
+    # "another process": its own storage and study objects, the trial by number only
+    storage, pruner = make_storage(url, None), make_pruner("median", 1, 0)
+    other = optuna.load_study(study_name="s", storage=storage, pruner=pruner)
+    trial = RunningTrial(other, storage, running.number, pruner)
+    trial.report(100.0, 1)
+    trial.report(5.0, 1)  # a step reported before is left as it was
+    assert frozen_trial(storage, "s", running.number).intermediate_values == {1: 100.0}
+    assert trial.should_prune()  # far worse than the median at step 1
+    assert trial_id(storage, "s", running.number) == trial_id(make_storage(url, None), "s", running.number)
+
+
+def test_failed_trial_is_retried_as_a_copy(tmp_path):
+    url = f"sqlite:///{tmp_path}/o.db"
+    assert make_storage(url, 1).get_heartbeat_interval() == 1  # the workers' storage: a heartbeat
+    storage = make_storage(url, None)  # (asking a trial outside Study.optimize: no heartbeat)
+    study = open_study("s", storage, "ppl")
+    t = study.ask()
+    study.set_user_attr("kind", "test")
+    t.set_user_attr("run_dir", "/runs/x")
+    assert fail_running_trial(storage, "s", t.number)
+    assert not fail_running_trial(storage, "s", t.number)  # finished already
+    queue_retry(study, frozen_trial(storage, "s", t.number))
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].user_attrs["run_dir"] == "/runs/x"
+    assert retried_trial_number(waiting[0]) == t.number
+    fail_stale_trials(study)  # nothing stale: a no-op, but the call must exist

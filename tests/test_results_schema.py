@@ -1,0 +1,56 @@
+"""`RunResult`: one schema for results.json, the trial's attributes, the report's columns and the
+W&B summary; files of other versions still read. And the spec refuses a row given twice."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import pytest
+
+from ablations.spec import load_spec
+from lightning_modules.errors import UserError
+from lightning_modules.run.results import RESULTS, RunResult, read_results
+from reports.collect import RUN_COLUMNS
+
+
+def test_every_field_is_documented_and_routed():
+    for f in fields(RunResult):
+        assert f.metadata["doc"], f.name
+    assert {"bleu", "ppl", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens"} == set(RUN_COLUMNS)
+    assert {"bleu", "ppl", "test_bleu", "params"} == set(RunResult.keys("summary"))
+    trial = set(RunResult.keys("trial"))
+    assert {"bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens",
+            "seed", "model", "preset", "corpus", "device", "precision", "sacrebleu_signature", "world_size",
+            "run_dir"} <= trial
+    assert {"steady_tokens_per_s", "startup_s", "first_step_s", "compiled", "compiled_graphs"} <= trial
+    assert set(RUN_COLUMNS) <= trial  # a report column the trial does not store would stay empty
+
+
+def test_results_of_another_version_still_read(tmp_path):
+    old = {"row": "base", "ppl": 12.5, "bleu": 3.1, "status": "complete", "a_key_from_the_future": 1}
+    (tmp_path / RESULTS).write_text(json.dumps(old))
+    result = read_results(tmp_path)
+    assert result is not None and result.ppl == 12.5 and result.status == "complete"
+    assert result.steady_tokens_per_s is None  # older files lack the newer keys
+    assert result.select("column")["steps"] is None
+
+
+def test_failed_results_hold_only_what_was_measured():
+    failed = RunResult(row="B1", preset="tiny", status="failed", reason="loss is NaN", steps=7, seed=1)
+    assert failed.to_json() == {"row": "B1", "preset": "tiny", "steps": 7, "seed": 1, "status": "failed",
+                                "reason": "loss is NaN"}
+    assert "reason" not in RunResult(status="complete").to_json()
+
+
+def test_unreadable_results_are_none(tmp_path):
+    assert read_results(tmp_path) is None
+    (tmp_path / RESULTS).write_text("{not json")
+    assert read_results(tmp_path) is None
+
+
+def test_spec_with_a_row_given_twice_is_refused(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {model: {d_model: 8}}\nX1: {model: {d_ff: 3}}\nX1: {model: {d_ff: 4}}\n")
+    with pytest.raises(UserError, match="'X1' is given twice"):
+        load_spec(spec)
