@@ -19,6 +19,7 @@ child with it (parent-death signal) and leaves its trial to the heartbeat.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
@@ -99,7 +101,9 @@ class Objective:
             (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
         trial.set_user_attr("overrides", overrides)
         trial.set_user_attr("run_dir", run_dir)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        # host:pid:number. A retry copy inherits its dead predecessor's value (another number), so
+        # no worker mistakes a copy that was just claimed for the dead worker's trial.
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{trial.number}")
         retried = retried_trial_number(frozen_trial(self.storage, self.s.study, trial.number))
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
@@ -147,10 +151,13 @@ class Objective:
 
 def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     """Whether another trial is needed: finished + running < n_trials, and not failing endlessly."""
-    states = [t.state for t in study.get_trials(deepcopy=False)]
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
     finished = sum(s in FINISHED for s in states)
     running = states.count(TrialState.RUNNING)
-    if states.count(TrialState.FAIL) >= max(settings.n_trials, 3):
+    # a spare worker that found the queue empty records a FAIL trial: not a failure of a run
+    failed = sum(t.state == TrialState.FAIL and not t.user_attrs.get("nothing_queued") for t in trials)
+    if failed >= max(settings.n_trials, 3):
         print(f"worker {os.getpid()}: too many failed trials, stopping", file=sys.stderr)
         return False
     return finished + running < settings.n_trials
@@ -160,9 +167,17 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+class _NoInterruptTraceback(logging.Filter):
+    """Optuna logs a trial stopped by Ctrl-C/SIGTERM with a traceback; the worker says it in a line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+
+
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    optuna.logging.get_logger("optuna").addFilter(_NoInterruptTraceback())
     if settings.queue_only:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
@@ -183,9 +198,18 @@ def run_worker(settings: WorkerSettings) -> int:
                 break
             if settings.queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                 break
-            study.optimize(objective, n_trials=1, callbacks=[stop_at_n], catch=(TrialFailed, NothingQueued))
+            try:
+                study.optimize(objective, n_trials=1, callbacks=[stop_at_n],
+                               catch=(TrialFailed, NothingQueued))
+            except (UpdateFinishedTrialError, ValueError) as err:  # another worker finished it first
+                if not isinstance(err, UpdateFinishedTrialError) and "Cannot tell" not in str(err):
+                    raise
+                print(f"worker {os.getpid()}: trial {objective.current} was finished by another "
+                      f"worker; going on", file=sys.stderr)
     except KeyboardInterrupt:
         _requeue_interrupted(study, objective.current)
+        print(f"worker {os.getpid()}: interrupted; trial {objective.current} resumes from its "
+              f"checkpoint when the same command runs again", file=sys.stderr)
         return 130
     return 0
 
@@ -200,6 +224,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _worker_of(value: str) -> tuple[str, int | None, int | None]:
+    """(host, pid, trial number) of a `worker` attribute 'host:pid:number'."""
+    parts = value.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return "", None, None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
 def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
     """Fail and re-queue RUNNING trials whose worker ran on this host and is gone.
 
@@ -209,9 +241,10 @@ def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.Base
     """
     host, reclaimed = socket.gethostname(), []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        where = str(trial.user_attrs.get("worker", ""))
-        name, _, pid = where.rpartition(":")
-        if name != host or not pid.isdigit() or _pid_alive(int(pid)):
+        name, pid, number = _worker_of(str(trial.user_attrs.get("worker", "")))
+        if number != trial.number:  # a retry copy whose new worker has not recorded itself yet
+            continue
+        if name != host or pid is None or _pid_alive(pid):
             continue
         if not fail_running_trial(storage, study.study_name, trial.number):  # the heartbeat was quicker
             continue

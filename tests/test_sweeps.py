@@ -215,7 +215,7 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
 
         victim = wait_for_running_trial(lambda: load(tmp_path, "kill").get_trials(), resumable)
         assert victim is not None, "no trial reached step 5"
-        os.kill(int(victim.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGKILL)
+        os.kill(int(victim.user_attrs["worker"].rsplit(":", 2)[1]), signal.SIGKILL)  # host:pid:number
         assert proc.wait(timeout=60) == 1
     finally:
         if proc.poll() is None:

@@ -1,0 +1,62 @@
+"""Claiming and reclaiming trials between workers, on a real SQLite study (issue: a re-run with
+many workers failed a retry copy that its new worker had just claimed, and spare workers'
+empty claims counted as failures)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeps.study import make_storage, open_study
+from sweeps.worker import WorkerSettings, reclaim_dead_local_trials, should_start
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def study(tmp_path: Path) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    storage = make_storage(f"sqlite:///{tmp_path}/s.db", None)
+    return open_study("races", storage), storage
+
+
+def test_a_claimed_retry_copy_is_not_reclaimed_for_its_dead_predecessor(tmp_path: Path):
+    s, storage = study(tmp_path)
+    host, pid = socket.gethostname(), dead_pid()
+    copy = s.ask()  # RUNNING, as a worker's claim leaves it before the worker records itself
+    copy.set_user_attr("worker", f"{host}:{pid}:{copy.number + 100}")  # inherited from the dead trial
+    assert reclaim_dead_local_trials(s, storage) == []
+    assert s.get_trials()[copy.number].state == TrialState.RUNNING
+
+    own = s.ask()
+    own.set_user_attr("worker", f"{host}:{pid}:{own.number}")  # its own dead worker
+    assert reclaim_dead_local_trials(s, storage) == [own.number]
+    states = {t.number: t.state for t in s.get_trials()}
+    assert states[own.number] == TrialState.FAIL and states[copy.number] == TrialState.RUNNING
+    retry = [t for t in s.get_trials() if t.state == TrialState.WAITING]
+    assert len(retry) == 1 and retry[0].user_attrs["worker"] == f"{host}:{pid}:{own.number}"
+
+    alive = s.ask()
+    alive.set_user_attr("worker", f"{host}:{subprocess.os.getpid()}:{alive.number}")
+    assert reclaim_dead_local_trials(s, storage) == []  # a live worker keeps its trial
+
+
+def test_empty_claims_of_spare_workers_are_not_failures(tmp_path: Path):
+    s, _ = study(tmp_path)
+    settings = WorkerSettings(study="races", storage="", space=None, n_trials=4, runs_dir=str(tmp_path))
+    for _ in range(6):  # six spare workers found nothing queued
+        trial = s.ask()
+        trial.set_user_attr("nothing_queued", True)
+        s.tell(trial, state=TrialState.FAIL)
+    assert should_start(s, settings)
+    for _ in range(4):  # four real failures stop the sweep
+        s.tell(s.ask(), state=TrialState.FAIL)
+    assert not should_start(s, settings)
