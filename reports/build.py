@@ -74,6 +74,13 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
         out.append(f"Spearman rank correlation of dev PPL over the {n} converged rows only: "
                    + ("n/a" if math.isnan(rho) else f"{rho:+.3f}"))
     out += [f"Verdict, {sentence}" for sentence in verdicts(frame).values() if sentence]
+    setups = sorted(set(data.runs["setup"].dropna())) if "setup" in data.runs else []
+    if len(setups) > 1:
+        out.append(f"The runs come from {len(setups)} different setups (the same seed on another CPU, "
+                   f"thread count or precision gives slightly different numbers, so seed intervals "
+                   f"mix in that difference): " + " | ".join(setups))
+    elif setups:
+        out.append(f"Every run on one setup: {setups[0]}")
     devices = sorted(set(data.runs["device"].dropna()))
     out.append(f"Device: {', '.join(devices) or 'unknown'}; storage {data.storage}")
     if data.overrides:

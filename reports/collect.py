@@ -37,6 +37,16 @@ class Table3Data:
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # row, seed, step, ppl, convergence
 
 
+SETUP_KEYS = ("cpu", "cpu_flags", "gpu", "torch", "torch_threads", "precision")
+
+
+def setup_key(environment: dict[str, Any] | None) -> str | None:
+    """What makes two runs of one configuration comparable bit for bit (None: not recorded)."""
+    if not environment:
+        return None
+    return "; ".join(f"{k} {environment[k]}" for k in SETUP_KEYS if environment.get(k) not in (None, []))
+
+
 def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
     return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
             if s.user_attrs.get("kind") == KIND]
@@ -70,7 +80,8 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         a = trial.user_attrs
         record = {"row": row, "group": a.get("group", row), "seed": seed,
                   **{c: a.get(c) for c in RUN_COLUMNS},
-                  "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device")}
+                  "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device"),
+                  "setup": setup_key(a.get("environment"))}
         record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
         records.append(record)
         curve_points += [{"row": row, "seed": seed, "step": step, "ppl": ppl,

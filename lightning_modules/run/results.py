@@ -58,6 +58,8 @@ class RunResult:
                                       trial=True)
     precision: str | None = _f("Lightning precision", trial=True)
     device: str | None = _f("GPU name or CPU", trial=True)
+    environment: dict[str, Any] | None = _f("versions, CPU model and vector flags, GPU, threads, precision: "
+                                            "what a rerun must match to expect the same numbers", trial=True)
     world_size: int | None = _f("processes (DDP ranks)", trial=True)
     host: str | None = _f("host name")
     group: str | None = _f("group of runs (the sweep's study, else the row)")

@@ -31,6 +31,7 @@ from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
+from lightning_modules.run.environment import environment
 from lightning_modules.run.io import atomic_write_json, atomic_write_text, write_lines
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.preflight import (check_disk_space, check_memory, check_output_dir, check_same_run,
@@ -220,6 +221,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         data=dm.stats,
         model=asdict(cfg.model), precision=hardware["precision"],
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        environment=environment(hardware["precision"], device),
         world_size=trainer.world_size, host=socket.gethostname(), group=group or cfg.row,
         run_dir=str(out.resolve()), status="complete", **convergence,
     )

@@ -1,0 +1,51 @@
+"""What a result depends on beyond its configuration: software versions, the processor and GPU,
+thread counts and precision. Recorded in results.json so that a report can tell reruns on the
+same setup (which should agree closely) from runs on another (float summation order differs
+with the CPU's vector instructions and the thread count, so results differ slightly)."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+import torch
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform's answer."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The vector-instruction families the CPU has (what changes CPU kernels' summation order)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return sorted(f for f in flags if f in ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma"))
+
+
+def environment(precision: str, device: torch.device) -> dict[str, Any]:
+    """The facts a rerun must match to expect the same numbers."""
+    import lightning
+
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0], "torch": torch.__version__, "lightning": lightning.__version__,
+        "cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(), "precision": precision,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "platform": platform.platform(),
+    }
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version())
+    return env
