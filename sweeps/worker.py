@@ -177,7 +177,8 @@ class _NoInterruptTraceback(logging.Filter):
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    optuna.logging.get_logger("optuna").addFilter(_NoInterruptTraceback())
+    for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
+        handler.addFilter(_NoInterruptTraceback())
     if settings.queue_only:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())

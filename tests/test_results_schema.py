@@ -17,13 +17,15 @@ from reports.collect import RUN_COLUMNS
 def test_every_field_is_documented_and_routed():
     for f in fields(RunResult):
         assert f.metadata["doc"], f.name
-    assert {"bleu", "ppl", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens"} == set(RUN_COLUMNS)
-    assert {"bleu", "ppl", "test_bleu", "params"} == set(RunResult.keys("summary"))
+    assert {"bleu", "ppl", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens",
+            "convergence", "unigram_ppl"} == set(RUN_COLUMNS)
+    assert {"bleu", "ppl", "test_bleu", "params", "convergence"} == set(RunResult.keys("summary"))
     trial = set(RunResult.keys("trial"))
     assert {"bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens",
             "seed", "model", "preset", "corpus", "device", "precision", "sacrebleu_signature", "world_size",
             "run_dir"} <= trial
     assert {"steady_tokens_per_s", "startup_s", "first_step_s", "compiled", "compiled_graphs"} <= trial
+    assert {"convergence", "convergence_reason", "dev_ppl_curve", "unigram_ppl", "environment"} <= trial
     assert set(RUN_COLUMNS) <= trial  # a report column the trial does not store would stay empty
 
 

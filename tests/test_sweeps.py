@@ -269,13 +269,16 @@ def test_devices_must_split_into_groups_of_devices_per_trial(tmp_path):
 def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path):
     args = sweep_args(tmp_path, "term", 1, "--max-steps", "200", "--no-prune")
     proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         running = wait_for_running_trial(lambda: load(tmp_path, "term").get_trials(),
                                          lambda t: 5 in t.intermediate_values)
         assert running is not None, "no trial reached step 5"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 130
+        stderr = proc.stderr.read()
+        assert "Traceback" not in stderr, stderr[-2000:]  # one line per worker, not Optuna's traceback
+        assert "interrupted; trial" in stderr and "resumes from its checkpoint" in stderr, stderr[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
