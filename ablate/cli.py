@@ -191,8 +191,19 @@ def cmd_params(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed distribution's version (the source tree's pyproject.toml when installed -e)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformer-ablations")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ablate", description="Transformer ablations (Vaswani et al. 2017, Table 3)")
+    parser.add_argument("--version", action="version", version=f"ablate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("train", help="train and evaluate one configuration")

@@ -145,3 +145,13 @@ def test_ablate_help_loads_no_torch():
     assert result.returncode == 0 and "usage: ablate" in result.stdout
     loaded = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
     assert not [m for m in loaded if m.split(".")[0] in ("torch", "lightning")]
+
+
+def test_ablate_version_names_the_installed_package_and_loads_no_torch():
+    from importlib.metadata import version
+
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "ablate", "--version"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == f"ablate {version('transformer-ablations')}"
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    assert not [m for m in loaded if m.split(".")[0] in ("torch", "lightning")]
