@@ -206,15 +206,16 @@ def wait_for_running_trial(trials: Callable[[], list[optuna.trial.FrozenTrial]],
 
 def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
     args = sweep_args(tmp_path, "kill", 2)
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink)
     try:
         def resumable(t: optuna.trial.FrozenTrial) -> bool:
             ckpt = Path(t.user_attrs.get("run_dir", "/nonexistent")) / "checkpoints" / "last.ckpt"
             return 5 in t.intermediate_values and ckpt.is_file()
 
         victim = wait_for_running_trial(lambda: load(tmp_path, "kill").get_trials(), resumable)
-        assert victim is not None, "no trial reached step 5"
+        assert victim is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
         os.kill(int(victim.user_attrs["worker"].rsplit(":", 2)[1]), signal.SIGKILL)  # host:pid:number
         assert proc.wait(timeout=60) == 1
     finally:
@@ -268,15 +269,16 @@ def test_devices_must_split_into_groups_of_devices_per_trial(tmp_path):
 
 def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path):
     args = sweep_args(tmp_path, "term", 1, "--max-steps", "200", "--no-prune")
-    proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = tmp_path / "stderr.txt"  # a file, not a pipe: a full pipe would block the sweep
+    with err.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink)
     try:
         running = wait_for_running_trial(lambda: load(tmp_path, "term").get_trials(),
                                          lambda t: 5 in t.intermediate_values)
-        assert running is not None, "no trial reached step 5"
+        assert running is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 130
-        stderr = proc.stderr.read()
+        stderr = err.read_text()
         assert "Traceback" not in stderr, stderr[-2000:]  # one line per worker, not Optuna's traceback
         assert "interrupted; trial" in stderr and "resumes from its checkpoint" in stderr, stderr[-2000:]
     finally:
