@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import REPO, Section, Settings, data_module, mfu, stopwatch, sync, train_flops
+from benchmarks.common import (REPO, Section, Settings, data_module, mfu, stopwatch, sync, token_batches,
+                               train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.data import TranslationDataModule, collate
-from lightning_modules.data.batching import TokenBucketBatchSampler
 from lightning_modules.translation import TranslationModule
 
 TARGET_MFU = 0.40
@@ -73,15 +72,6 @@ def ablate_train(out: Path, plan: dict[str, Any], settings: Settings, compile_: 
     with (out / "logs" / "metrics.csv").open() as f:
         losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
     return {**results, "wall_s": round(wall, 1), "losses": losses}
-
-
-def epoch_batches(dm: TranslationDataModule, max_tokens: int, seed: int) -> list[dict[str, Any]]:
-    """One shuffled epoch of the training batches `ablate train` would see."""
-    sampler = TokenBucketBatchSampler(dm.train_set.src_lengths, dm.train_set.tgt_lengths, max_tokens,
-                                      shuffle=True, seed=seed, num_replicas=1, rank=0,
-                                      pad_multiple=dm.pad_multiple)
-    return [collate([dm.train_set[i] for i in b], dm.pad_id, dm.pad_multiple)
-            for b in sampler.global_batches()]
 
 
 def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> float:
@@ -146,10 +136,10 @@ def run(settings: Settings) -> Section:
         data_kw = {"data_dir": str(settings.multi30k_dir)} if plan["corpus"] == "multi30k" else {
             "ding_dictionary": False}
         dm = data_module(settings, plan["vocab"], plan["corpus"], run_dir=Path(work) / "eager", **data_kw)
-        per_token = flops_per_token(c, epoch_batches(dm, big_tokens, settings.seed))
+        per_token = flops_per_token(c, token_batches(dm, big_tokens, None, settings.seed))
         bare: dict[tuple[bool, int], dict[str, Any]] = {}
         for tokens in (big_tokens, small_tokens):
-            batches = epoch_batches(dm, tokens, settings.seed)[:8 if settings.quick else 24]
+            batches = token_batches(dm, tokens, 8 if settings.quick else 24, settings.seed)
             for comp in (False, True):
                 bare[comp, tokens] = bare_step(c, batches, comp, reps, settings)
     for name, r in runs.items():

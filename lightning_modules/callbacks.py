@@ -172,7 +172,7 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        if self._armed or self._previous is not None or threading.current_thread() is not threading.main_thread():
+        if self._armed or threading.current_thread() is not threading.main_thread():
             return
         self._armed = True  # only the first batch of this process compiles
         self._previous = signal.signal(signal.SIGTERM, _raise_sigterm)

@@ -47,8 +47,9 @@ class TranslationModule(pl.LightningModule):
 
     The training step never waits for the GPU: loss, NLL, token counts and the gradient norm
     are summed on the device and read (one transfer) every `log_every_n_steps` steps, where they
-    are logged as window means. `compile_step()` swaps the forward + loss for a `torch.compile`d one (dynamic
-    shapes: one graph for every batch shape); validation and decoding stay eager.
+    are logged as window means. `compile_step()` swaps the forward + loss for a
+    `torch.compile`d one (dynamic shapes: one graph for every batch shape); validation and
+    decoding stay eager.
     """
 
     def __init__(self, model: dict, train: dict) -> None:
@@ -102,7 +103,7 @@ class TranslationModule(pl.LightningModule):
             return
         norm = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False).float()
         self._grad_max = norm if self._grad_max is None else torch.maximum(self._grad_max, norm)
-        self._accumulate(torch.stack([norm.new_zeros(())] * 3 + [norm.new_zeros(()), norm]))
+        self._accumulate(torch.cat([norm.new_zeros(4), norm[None]]))  # only the grad-norm slot
 
     def _accumulate(self, values: Tensor) -> None:
         """Add (loss, nll, tokens, batches, grad norm) of one batch/step to the window, on device."""

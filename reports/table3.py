@@ -83,7 +83,6 @@ def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
                 frame.loc[row, "ci_method"] = method if row != "base" else None
             agrees = sign_agrees(frame.loc[row, f"d_{metric}"], frame.loc[row, f"d_paper_{metric}"], metric)
             frame.loc[row, f"{metric}_sign_agrees"] = agrees if row != "base" else None
-        frame.loc[row, "sign_agrees"] = frame.loc[row, "ppl_sign_agrees"]
         if "convergence" in runs:
             frame.loc[row, "convergence"] = convergence_summary(runs.loc[runs["row"] == row, "convergence"])
 
@@ -128,11 +127,10 @@ def _setting(col: str, value: Any) -> str:
 
 def changes(r: pd.Series, base: pd.Series | None) -> str:
     """The paper configuration of a row as its changes from base ('N 2', 'P_drop 0.0, pos learned')."""
-    cells = [(name, _setting(col, r[col])) for col, name in CONFIG_COLUMNS.items()
-             if base is None or r.name == "base" or r[col] != base[col]]
     if r.name == "base" or base is None:
         return "the paper's base"
-    return ", ".join(f"{name} {value}" for name, value in cells) or "as base"
+    return ", ".join(f"{name} {_setting(col, r[col])}" for col, name in CONFIG_COLUMNS.items()
+                     if r[col] != base[col]) or "as base"
 
 
 def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
@@ -145,7 +143,8 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
         text = _num(mean, digits)
         if text and half is not None and not pd.isna(half):
             text += pm + _num(half, digits)
-        return text + (f" ({_num(paper, paper_digits)})" if paper is not None and not pd.isna(paper) else "")
+        paper_text = _num(paper, paper_digits)
+        return text + (f" ({paper_text})" if paper_text else "")
 
     def delta(r: pd.Series, metric: str, digits: int) -> str:
         text = _signed(r.get(f"d_{metric}"), digits)
@@ -165,7 +164,7 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
             "PPL (paper)": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
             f"{d}PPL [95% CI] (paper)": delta(r, "ppl", 2),
             "beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
-            "sign = paper": {True: "yes", False: "no"}.get(r.get("sign_agrees"), ""),
+            "sign = paper": {True: "yes", False: "no"}.get(r.get("ppl_sign_agrees"), ""),
             "converged": str(r.get("convergence") or ""),
             "BLEU (paper)": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
             f"{d}BLEU": _signed(r.get("d_bleu"), 2), "p vs base": _num(r.p_bleu_vs_base, 3),

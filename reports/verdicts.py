@@ -18,7 +18,7 @@ def _row_phrase(row: str, r: pd.Series) -> str:
     if not math.isnan(r.get("d_ppl_low", math.nan)):
         change += f" [{r.d_ppl_low:+.2f}, {r.d_ppl_high:+.2f}]"
     paper = "" if pd.isna(r.get("d_paper_ppl")) else f", paper {r.d_paper_ppl:+.2f}"
-    agree = {True: "; same sign as the paper", False: "; opposite to the paper"}.get(r.get("sign_agrees"), "")
+    agree = {True: "; same sign as the paper", False: "; opposite to the paper"}.get(r.get("ppl_sign_agrees"), "")
     return f"{row} {change}{paper}{agree}"
 
 
@@ -45,7 +45,7 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
     if within:
         no_ci = all(math.isnan(rows.loc[row].get("d_ppl_low", math.nan)) for row in within)
         parts.append(("no interval (one seed): " if no_ci else "within seed noise: ") + ", ".join(within))
-    comparable = rows["sign_agrees"].dropna()
+    comparable = rows["ppl_sign_agrees"].dropna()
     if len(comparable):
         parts.append(f"signs agree with the paper for {int(comparable.sum())} of {len(comparable)} rows "
                      "where the paper's difference is large enough to compare")

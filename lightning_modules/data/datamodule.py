@@ -132,6 +132,7 @@ class TranslationDataModule(pl.LightningDataModule):
                                                 shuffle=False, num_replicas=1, rank=0,
                                                 pad_multiple=self.pad_multiple)
         lengths = (self.train_set.src_lengths, self.train_set.tgt_lengths)
+        shapes = batch_shapes(batches, *lengths, self.pad_multiple)
         self.stats = {
             "corpus": corpus.name,
             "train_pairs": len(corpus.train),
@@ -149,8 +150,8 @@ class TranslationDataModule(pl.LightningDataModule):
             "pad_multiple": self.pad_multiple,
             "train_padding_share": padding_share(batches, *lengths, self.pad_multiple),
             # distinct (rows, source length, target length) tensor shapes in one epoch
-            "train_shapes": len(set(batch_shapes(batches, *lengths, self.pad_multiple))),
-            "train_lengths": len({s[1:] for s in batch_shapes(batches, *lengths, self.pad_multiple)}),
+            "train_shapes": len(set(shapes)),
+            "train_lengths": len({shape[1:] for shape in shapes}),
             "valid_padding_share": padding_share(valid_sampler.global_batches(),
                                                  self.valid_set.src_lengths,
                                                  self.valid_set.tgt_lengths, self.pad_multiple),

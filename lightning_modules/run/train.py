@@ -39,9 +39,10 @@ from lightning_modules.run.preflight import (check_disk_space, check_memory, che
 from lightning_modules.config import to_yaml
 from lightning_modules.translation import TranslationModule
 
-# train.compile=auto compiles CUDA runs of at least this many steps: compiling the base model's
-# step takes about 2.5 minutes on an H100 host (cold cache) and then saves about a third of
-# every step (benchmarks/results), which pays back after roughly 2,000 steps.
+# train.compile=auto compiles CUDA runs of at least this many steps. Measured on an H100
+# (benchmarks/results/gpu-h100-2026-11-22, base dims, 25K-token batches): the compiled step saves
+# ~12 ms of ~56 ms, and compilation costs ~68 s with a cold cache, ~23 s with a warm one, so it
+# pays back after ~2,000 steps with a warm cache and ~6,000 with a cold one.
 COMPILE_MIN_STEPS = 2000
 
 # A first run has nothing to resume from: Lightning says so twice; that is expected.
@@ -55,8 +56,7 @@ def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
     t = cfg.train
     precision = t.precision
     if precision == "auto":
-        gpu = torch.cuda.is_available() and t.accelerator in ("auto", "gpu", "cuda")
-        precision = "bf16-mixed" if gpu and torch.cuda.is_bf16_supported() else "32-true"
+        precision = "bf16-mixed" if uses_gpu(cfg) and torch.cuda.is_bf16_supported() else "32-true"
     devices: Any = t.devices
     if isinstance(devices, str) and devices not in ("auto", "-1"):
         try:
@@ -77,7 +77,6 @@ def compile_enabled(cfg: RunConfig) -> bool:
     if cfg.train.compile is not None:
         return cfg.train.compile
     return uses_gpu(cfg) and cfg.train.max_steps >= COMPILE_MIN_STEPS
-
 
 
 def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
