@@ -162,6 +162,7 @@ class TrainConfig:
     max_steps: int = 100_000
     warmup_steps: int = 4000
     lr_scale: float = 1.0  # multiplies the paper's lrate (1.0 = the paper)
+    lr_decay: str = "rsqrt"  # after warmup: "rsqrt" (the paper) or "cosine" (to zero at max_steps)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
@@ -194,6 +195,8 @@ class TrainConfig:
                   checkpoint_every=self.checkpoint_every,
                   log_every_n_steps=self.log_every_n_steps, num_nodes=self.num_nodes)
         _unit_interval("train", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
+        if self.lr_decay not in ("rsqrt", "cosine"):
+            raise UserError(f"train.lr_decay must be rsqrt or cosine, got {self.lr_decay!r}")
         if self.gradient_clip_val < 0:
             raise UserError(f"train.gradient_clip_val must be >= 0, got {self.gradient_clip_val}")
         if self.wandb not in ("auto", "online", "offline", "off"):

@@ -24,6 +24,20 @@ def noam_lrate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -
     return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
+def lrate(step: int, d_model: int, train: TrainConfig) -> float:
+    """The learning rate at `step` (from 1): the paper's warmup, then `train.lr_decay`.
+
+    "rsqrt" is the paper's schedule. "cosine" keeps its warmup and peak and then follows a half
+    cosine from that peak to zero at `train.max_steps`: a run that ends at a learning rate near
+    zero has settled for its budget, which the paper's slow decay does not reach in few steps.
+    """
+    if train.lr_decay == "rsqrt" or step <= train.warmup_steps:
+        return noam_lrate(step, d_model, train.warmup_steps, train.lr_scale)
+    peak = noam_lrate(train.warmup_steps, d_model, train.warmup_steps, train.lr_scale)
+    progress = min(1.0, (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps))
+    return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
                        epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
     """Summed label-smoothed loss, summed plain NLL and the number of non-pad target tokens.
@@ -158,6 +172,6 @@ class TranslationModule(pl.LightningModule):
                                      eps=t.adam_eps, fused=fused or None)
         d_model = self.model_config.d_model
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda i: noam_lrate(i + 1, d_model, t.warmup_steps, t.lr_scale))
+            optimizer, lambda i: lrate(i + 1, d_model, t))
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}

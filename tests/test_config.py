@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from lightning_modules.config import TransformerConfig
+from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides, resolve
 from ablations.spec import load_spec
@@ -63,6 +63,11 @@ def test_config_rejects_unknown_positional_kind():
     with pytest.raises(UserError, match="positional"):
         TransformerConfig(positional="rotary")
     assert TransformerConfig(positional="learned").positional == "learned"
+
+
+def test_config_rejects_unknown_learning_rate_decay():
+    with pytest.raises(UserError, match="lr_decay must be rsqrt or cosine"):
+        TrainConfig(lr_decay="linear")
 
 
 def test_config_needs_explicit_head_sizes_when_d_model_not_divisible():

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.translation import TranslationModule, label_smoothed_nll, noam_lrate
+from lightning_modules.translation import TranslationModule, label_smoothed_nll, lrate, noam_lrate
 
 # Tiny models are fastest single-threaded; the default thread pool oversubscribes a busy 2-core box.
 torch.set_num_threads(1)
@@ -45,6 +45,22 @@ def test_noam_lrate_rises_linearly_then_decays_peaking_at_warmup():
     # linear warm-up: lrate(2s) = 2 lrate(s) before the peak; inverse sqrt after
     assert noam_lrate(200, d_model, warmup) == pytest.approx(2 * noam_lrate(100, d_model, warmup))
     assert noam_lrate(4 * 8000, d_model, warmup) == pytest.approx(noam_lrate(8000, d_model, warmup) / 2)
+
+
+def test_cosine_decay_keeps_the_paper_warmup_and_peak_and_reaches_zero_at_max_steps():
+    d_model, warmup, steps = 64, 300, 6000
+    cosine = TrainConfig(warmup_steps=warmup, max_steps=steps, lr_scale=0.5, lr_decay="cosine")
+    paper = TrainConfig(warmup_steps=warmup, max_steps=steps, lr_scale=0.5)
+    peak = 0.5 * paper_lrate(warmup, d_model, warmup)
+    for step in (1, 50, warmup):  # the warmup is the paper's
+        assert lrate(step, d_model, cosine) == pytest.approx(lrate(step, d_model, paper), rel=1e-12)
+    assert lrate(warmup, d_model, cosine) == pytest.approx(peak)
+    middle = warmup + (steps - warmup) // 2
+    assert lrate(middle, d_model, cosine) == pytest.approx(peak / 2, rel=1e-3)  # half-way: half the peak
+    assert lrate(steps, d_model, cosine) == pytest.approx(0.0, abs=1e-12)
+    after = [lrate(s, d_model, cosine) for s in range(warmup, steps + 1)]
+    assert all(a >= b for a, b in zip(after, after[1:]))  # never rises after the peak
+    assert lrate(steps, d_model, paper) == pytest.approx(0.5 * paper_lrate(steps, d_model, warmup))
 
 
 def make_module(d_model: int = 32, warmup: int = 10, lr_scale: float = 1.0) -> TranslationModule:
