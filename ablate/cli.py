@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("table3", help="run Table 3 (every row x seed not yet complete), then write its report")
     p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
-    p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's train.seed)")
+    p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's table3.seeds, e.g. 1,2,3 for cpu and gpu; else train.seed)")
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
     p.add_argument("--storage", default=DEFAULT_STORAGE,
                    help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; PostgreSQL for several machines)")

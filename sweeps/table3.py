@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ablations.resolve import resolve
-from ablations.spec import default_rows, load_spec
+from ablations.spec import default_rows, default_seeds, load_spec
 from lightning_modules.config import count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from sweeps.study import enqueue, make_storage, open_study, safe_url
@@ -49,10 +49,11 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
               seeds: str | None = None, study: str | None = None, spec_path: str | None = None,
               config: str | None = None) -> Table3Plan:
     """The plan of `ablate table3`: rows (`base,A,D3`; default: the preset's, else the spec's),
-    seeds (`1,2`; default: the resolved train.seed), study name (default `table3-PRESET`)."""
+    seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed), study name (default `table3-PRESET`)."""
     spec = load_spec(spec_path)
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
-    seed_list = parse_seeds(seeds, resolve(preset, "base", config, overrides, spec_path).train.seed)
+    seed_list = parse_seeds(seeds, default_seeds(preset)
+                            or [resolve(preset, "base", config, overrides, spec_path).train.seed])
     return Table3Plan(study=study or f"table3-{preset}", storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
                       config=config)
@@ -82,9 +83,9 @@ def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default:
     return [name for name in spec if name in chosen]
 
 
-def parse_seeds(text: str | None, default: int) -> list[int]:
+def parse_seeds(text: str | None, default: list[int]) -> list[int]:
     if text is None:
-        return [default]
+        return default
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:

@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from ablations.spec import load_spec
-from sweeps.table3 import Table3Plan, parse_seeds, queue, select_rows
+from sweeps.table3 import Table3Plan, make_plan, parse_seeds, queue, select_rows
 from test_sweeps import wait_for_running_trial
 
 SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
@@ -64,7 +64,15 @@ def test_rows_expand_groups_keep_spec_order_and_always_include_base():
 @pytest.mark.parametrize("text", ["1,x", "", "2,2"])
 def test_bad_seeds_are_refused(text):
     with pytest.raises(UserError, match="--seeds"):
-        parse_seeds(text, 1)
+        parse_seeds(text, [1])
+
+
+def test_seeds_default_to_the_presets_and_the_command_line_overrides_them(tmp_path):
+    storage, runs = f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs")
+    assert make_plan("cpu", storage, runs, []).seeds == [1, 2, 3]  # cpu.yaml: table3.seeds
+    assert make_plan("demo", storage, runs, []).seeds == [1]  # no table3.seeds: train.seed
+    assert make_plan("demo", storage, runs, ["train.seed=7"]).seeds == [7]
+    assert make_plan("cpu", storage, runs, [], seeds="4,5").seeds == [4, 5]
 
 
 def test_unknown_row_is_a_one_line_error_and_nothing_is_written(tmp_path):
