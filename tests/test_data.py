@@ -176,6 +176,26 @@ def test_files_corpus_requires_keys_and_test_is_optional(tmp_path):
     assert len(corpus.train) == 2 and len(corpus.test) == 0 and corpus.extra_train is None
 
 
+def test_train_pairs_takes_the_same_random_subset_in_corpus_order_and_leaves_dev_alone(tmp_path):
+    src = write_lines(tmp_path / "t.en", [f"s{i}" for i in range(500)])
+    tgt = write_lines(tmp_path / "t.de", [f"t{i}" for i in range(500)])
+    dev = write_lines(tmp_path / "d.en", [f"d{i}" for i in range(30)])
+
+    def load(**extra):
+        return load_corpus(DataConfig(corpus="files", train_src=str(src), train_tgt=str(tgt),
+                                      valid_src=str(dev), valid_tgt=str(dev), **extra))
+
+    first, again = load(train_pairs=100), load(train_pairs=100)
+    assert len(first.train) == 100 and first.train == again.train  # the same pairs every time
+    numbers = [int(s[1:]) for s in first.train.src]
+    assert numbers == sorted(numbers) and numbers != list(range(100))  # random, kept in order
+    assert [f"t{n}" for n in numbers] == first.train.tgt  # still aligned
+    assert first.valid == load().valid and len(first.valid) == 30
+    assert len(load(train_pairs=10_000).train) == 500  # more than there is: all of it
+    with pytest.raises(UserError, match="data.train_pairs must be positive"):
+        DataConfig(train_pairs=0)
+
+
 # ----------------------------------------------------------------------------- tokenizer
 
 def test_tokenizer_trains_once_then_reuses(tmp_path):

@@ -496,11 +496,25 @@ _LOADERS = {"ding": _load_ding, "files": _load_files, "multi30k": _load_multi30k
             "wmt14": _load_wmt14}
 
 
+SUBSET_SEED = 20170612  # fixed, so every row and seed of a table trains on the same subset
+
+
+def subset(text: ParallelText, n: int | None) -> ParallelText:
+    """`n` pairs of `text` drawn at random (always the same ones), in corpus order; all if None."""
+    if n is None or n >= len(text):
+        return text
+    keep = sorted(random.Random(SUBSET_SEED).sample(range(len(text)), n))
+    return ParallelText([text.src[i] for i in keep], [text.tgt[i] for i in keep])
+
+
 def load_corpus(cfg: DataConfig) -> Corpus:
-    """The corpus named by `cfg.corpus`, oriented `cfg.src_lang -> cfg.tgt_lang`."""
+    """The corpus named by `cfg.corpus`, oriented `cfg.src_lang -> cfg.tgt_lang`, its training
+    side cut to `cfg.train_pairs` pairs."""
     try:
         loader = _LOADERS[cfg.corpus]
     except KeyError:
         raise UserError(f"unknown corpus {cfg.corpus!r}; choose one of "
                         f"{', '.join(_LOADERS)}") from None
-    return loader(cfg)
+    corpus = loader(cfg)
+    corpus.train = subset(corpus.train, cfg.train_pairs)
+    return corpus
