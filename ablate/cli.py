@@ -133,6 +133,10 @@ def cmd_table3(args: argparse.Namespace) -> int:
     overrides, devices = _sweep_run_args(args)
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
                      study=args.study, spec_path=args.spec, config=args.config)
+    if args.dry_run:
+        from sweeps.cost import describe
+        print(describe(plan))
+        return 0
     outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat)
     if outcome.interrupted:
         return outcome.exit_status
@@ -265,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between trial heartbeats; a run silent for twice that is retried")
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each row's parameters, steps, FLOPs and estimated device-hours; run nothing")
     p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
                    help="also log the report's table and figures to W&B (default off)")
     _add_run_options(p, table=True)

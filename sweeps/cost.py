@@ -1,0 +1,86 @@
+"""What a table will cost before it runs (`ablate table3 --dry-run`); nothing is written.
+
+Training FLOPs of a run ≈ 6 · parameters · target tokens (the convention behind the MFU figures
+in benchmarks/), target tokens = steps × the token budget per step (an upper bound: batches fill
+their budget to ~95%). Time = FLOPs ÷ the rate the preset's device sustained on the base row,
+plus a fixed per-run overhead (start-up, dev decoding), both measured and stated in the preset's
+`table3.cost`. Rows narrower than base run below base's FLOP rate, so they take somewhat longer
+than estimated; the estimate says which device it holds for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ablations.resolve import resolve
+from ablations.spec import load_preset
+from lightning_modules.config import RunConfig, count_parameters
+from lightning_modules.errors import UserError
+from sweeps.table3 import Table3Plan
+
+
+@dataclass(frozen=True)
+class DeviceRate:
+    """How fast the preset's device trained the base row (from `table3.cost` in the preset)."""
+
+    device: str
+    base_tokens_per_s: float  # target tokens per second on the base row, whole device
+    overhead_s: float  # per run: start-up and dev decoding
+    measured: str  # the command and date behind the figures
+
+    @classmethod
+    def of_preset(cls, preset: str) -> DeviceRate:
+        cost = (load_preset(preset).get("table3") or {}).get("cost")
+        if not cost:
+            raise UserError(f"preset {preset!r} states no table3.cost (device and measured "
+                            f"base-row throughput), so --dry-run cannot estimate its time")
+        return cls(str(cost["device"]), float(cost["base_tokens_per_s"]), float(cost["overhead_s"]),
+                   str(cost["measured"]))
+
+
+def parameters(cfg: RunConfig) -> int:
+    """The row's parameter count with the BPE vocabulary the tokenizer will have."""
+    return count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+
+
+def tokens_per_step(cfg: RunConfig) -> int:
+    devices = int(cfg.train.devices) if str(cfg.train.devices).isdigit() else 1
+    return cfg.data.max_tokens * cfg.train.accumulate_grad_batches * devices * cfg.train.num_nodes
+
+
+def training_flops(cfg: RunConfig, params: int) -> float:
+    return 6.0 * params * cfg.train.max_steps * tokens_per_step(cfg)
+
+
+def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
+    """One line per row: parameters, steps, tokens, FLOPs and device-hours for all its seeds."""
+    rate = DeviceRate.of_preset(plan.preset)
+    configs = {row: resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
+               for row in plan.rows}
+    base = configs.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    flops_per_s = 6.0 * parameters(base) * rate.base_tokens_per_s
+    lines = []
+    for row, cfg in configs.items():
+        params = parameters(cfg)
+        seconds = training_flops(cfg, params) / flops_per_s + rate.overhead_s
+        lines.append({"row": row, "params": params, "steps": cfg.train.max_steps,
+                      "tokens/step": tokens_per_step(cfg),
+                      "PFLOP": training_flops(cfg, params) / 1e15,
+                      "hours/run": seconds / 3600, "seeds": len(plan.seeds),
+                      "hours": seconds * len(plan.seeds) / 3600})
+    return pd.DataFrame(lines).set_index("row"), rate
+
+
+def describe(plan: Table3Plan) -> str:
+    """The dry-run's printout: the table, the total and what the estimate assumes."""
+    table, rate = estimate(plan)
+    total = table["hours"].sum()
+    shown = table.to_string(formatters={"params": "{:,}".format, "steps": "{:,}".format,
+                                        "tokens/step": "{:,}".format, "PFLOP": "{:.3g}".format,
+                                        "hours/run": "{:.2f}".format, "hours": "{:.2f}".format})
+    return (f"{shown}\n\n{len(table)} rows x {len(plan.seeds)} seeds: about {total:.1f} device-hours on "
+            f"{rate.device} (base row at {rate.base_tokens_per_s:,.0f} target tokens/s, "
+            f"{rate.overhead_s:.0f} s per run for start-up and decoding; measured: {rate.measured}). "
+            f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.")

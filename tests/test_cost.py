@@ -1,0 +1,78 @@
+"""`ablate table3 --dry-run`: what a table will cost, from the preset's measured throughput, with
+nothing run or written; and the `gpu` preset it is written for."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ablate.cli import main
+from ablations.resolve import resolve
+from ablations.spec import load_preset
+from lightning_modules.config import count_parameters
+from lightning_modules.data.corpora import WMT14_SPLITS
+from lightning_modules.transformer import Transformer
+
+
+def dry_run(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ablate", "table3", "--dry-run", "--storage",
+                           f"sqlite:///{tmp}/t.db", "--runs-dir", str(tmp / "runs"), *args],
+                          capture_output=True, text=True, cwd=tmp, timeout=120,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def row_line(stdout: str, row: str) -> list[str]:
+    return next(line.split() for line in stdout.splitlines() if line.split()[:1] == [row])
+
+
+@pytest.mark.parametrize("preset", ["gpu", "cpu"])
+def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_nothing(preset, tmp_path):
+    result = dry_run(tmp_path, "--preset", preset)
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == []  # no database, no run directory
+    cost = load_preset(preset)["table3"]["cost"]
+    seeds = load_preset(preset)["table3"]["seeds"]
+    totals = 0.0
+    for row in ("base", "A1", "B1", "C5", "D1", "E", "big"):
+        cfg = resolve(preset, row)
+        params = count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+        line = row_line(result.stdout, row)
+        assert int(line[1].replace(",", "")) == params
+        assert int(line[2].replace(",", "")) == cfg.train.max_steps
+        # base's FLOP rate: a row's hours scale with its parameters x steps x tokens
+        base = resolve(preset, "base")
+        base_params = count_parameters(base.model.with_vocabulary(base.data.vocab_size, base.model.pad_id))
+        seconds = (params / base_params) * cfg.train.max_steps * cfg.data.max_tokens \
+            / cost["base_tokens_per_s"] + cost["overhead_s"]
+        assert float(line[5]) == pytest.approx(seconds / 3600, abs=0.006)
+        assert float(line[7]) == pytest.approx(len(seeds) * seconds / 3600, abs=0.006)
+        totals += len(seeds) * seconds / 3600
+    assert "20 rows x 3 seeds" in result.stdout and cost["device"] in result.stdout
+    big = resolve(preset, "big")
+    assert big.train.max_steps == 3 * resolve(preset, "base").train.max_steps  # 300K vs 100K
+
+
+def test_dry_run_of_a_preset_without_a_measured_rate_is_one_line(tmp_path, capsys):
+    assert main(["table3", "--preset", "tiny", "--dry-run", "--storage", f"sqlite:///{tmp_path}/t.db",
+                 "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "states no table3.cost" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_preset_is_the_papers_architecture_on_a_wmt14_subset_with_newstest2013_dev():
+    for row in ("base", "C3", "big"):
+        ours, paper = resolve("gpu", row), resolve("paper", row)
+        assert replace(ours.model, max_len=paper.model.max_len) == paper.model  # no width or depth scaling
+    cfg = resolve("gpu", "base")
+    assert cfg.data.corpus == "wmt14" and WMT14_SPLITS["valid"] == "newstest2013"
+    assert cfg.data.train_pairs == 1_000_000 and cfg.train.lr_decay == "cosine"
+    assert cfg.eval.beam_size == 4 and cfg.eval.length_penalty == 0.6
+    model = Transformer(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(
+        cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
