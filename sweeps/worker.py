@@ -108,12 +108,15 @@ class Objective:
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
+        row = trial.user_attrs.get("row")
+        # W&B: a sweep's trials form one group; a table's rows each form one, its seeds the runs
+        group = f"{self.s.study}/{row}" if row else self.s.study
         job = {"storage": self.s.storage, "study": self.s.study, "trial_number": trial.number,
                "pruner": [self.s.pruner, self.s.prune_startup_trials, self.s.prune_warmup_steps],
                "report": self.s.objective == "ppl", "out": run_dir,
-               "preset": self.s.preset, "row": trial.user_attrs.get("row", self.s.row),
+               "preset": self.s.preset, "row": row or self.s.row,
                "config": self.s.config, "spec": self.s.spec,
-               "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={self.s.study}"]}
+               "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={group}"]}
         env = {k: v for k, v in os.environ.items() if k != WORKER_ENV}
         child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
                       log=Path(run_dir) / "trial.log")

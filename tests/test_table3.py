@@ -19,6 +19,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import yaml
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
@@ -115,6 +116,9 @@ def test_every_row_and_seed_is_complete_in_its_own_directory(table: Path):
         results = json.loads((run_dir / "results.json").read_text())
         assert results["row"] == t.user_attrs["row"] and results["seed"] == t.user_attrs["seed"]
         assert t.user_attrs["ppl"] == results["ppl"] and t.user_attrs["bleu"] == results["bleu"]
+        # W&B groups a table's runs by row (its seeds are the group's runs)
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert config["train"]["wandb_group"] == f"table3-tiny/{t.user_attrs['row']}"
     learned = [t for t in done if t.user_attrs["row"] == "E"]
     assert all(t.user_attrs["model"]["positional"] == "learned" for t in learned)
     assert all(t.user_attrs["model"]["dropout"] == 0.0 for t in done if t.user_attrs["row"] == "D1")
