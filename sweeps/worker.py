@@ -96,6 +96,12 @@ class Objective:
         if self.s.queue_only and not queued:
             trial.set_user_attr("nothing_queued", True)
             raise NothingQueued(f"trial {trial.number}: no queued configuration left")
+        twin = owner_of_run_dir(trial.study.get_trials(deepcopy=False), trial.number,
+                                trial.user_attrs.get("run_dir"))
+        if twin is not None:
+            trial.set_user_attr("nothing_queued", True)
+            trial.set_user_attr("duplicate_of", twin)
+            raise NothingQueued(f"trial {trial.number}: trial {twin} trains in its run directory")
         overrides = self.trial_overrides(trial)
         run_dir = trial.user_attrs.get("run_dir") or str(
             (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
@@ -147,6 +153,25 @@ class Objective:
                 lines = (Path(run_dir) / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
                 trial.set_user_attr(f"dev_{name}", pack_lines(lines))
         return float(getattr(results, self.s.objective))
+
+
+def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_dir: str | None) -> int | None:
+    """Another trial that owns the queued run directory of trial `number`: a complete one, or a
+    waiting or running one with a lower number (None: `number` may train there).
+
+    Two launchers queueing one table at the same moment (array tasks starting together) can both
+    queue a (row, seed). Claims are exclusive, and the lowest-numbered live copy never yields, so
+    exactly one of the copies trains in the directory; the others end as empty claims.
+    """
+    if run_dir is None:
+        return None
+    for t in trials:
+        if t.number == number or t.user_attrs.get("run_dir") != run_dir:
+            continue
+        if t.state == TrialState.COMPLETE or (t.number < number and t.state in (TrialState.WAITING,
+                                                                                TrialState.RUNNING)):
+            return t.number
+    return None
 
 
 def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
