@@ -12,8 +12,12 @@ workers from overshooting), when a grid is exhausted, or after `n_trials` failur
 
 On SIGTERM/SIGINT the running trial's child gets SIGINT (Lightning saves an interrupted
 checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy through the same
-`RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. A SIGKILLed worker takes its
-child with it (parent-death signal) and leaves its trial to the heartbeat.
+`RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. Under SLURM, SIGUSR1 (the
+pre-emption notice of `#SBATCH --signal=USR1@90`) does the same, except that the child gets
+SIGUSR1: it saves a checkpoint at the end of its step and requeues the job
+(`lightning_modules/run/slurm.py`). Once stopping, the worker ignores further SIGTERM/SIGUSR1 (a
+requeue sends SIGTERM to the whole job) until its trial is re-queued. A SIGKILLed worker takes
+its child with it (parent-death signal) and leaves its trial to the heartbeat.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from lightning_modules.run.results import RunResult, read_results
+from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
 from sweeps.optuna_api import (fail_running_trial, fail_stale_trials, frozen_trial, queue_retry,
                                 retried_trial_number)
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
@@ -73,6 +78,10 @@ class TrialFailed(RuntimeError):
 
 class NothingQueued(RuntimeError):
     """A queue-only worker got a fresh trial because another worker took the last queued one."""
+
+
+class Preempted(KeyboardInterrupt):
+    """SLURM's pre-emption notice reached the worker: stop as on SIGTERM."""
 
 
 class Objective:
@@ -125,12 +134,8 @@ class Objective:
                       log=Path(run_dir) / "trial.log")
         try:
             code = child.wait()
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        except KeyboardInterrupt as stop:
+            _stop_child(child, stop)
             raise
         if code == EXIT_PRUNED:
             raise optuna.TrialPruned()
@@ -188,8 +193,25 @@ def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     return finished + running < settings.n_trials
 
 
+def _stop_child(child: subprocess.Popen, stop: KeyboardInterrupt) -> None:
+    """Pass the stop on to the trial (SIGUSR1 for a pre-emption notice, else SIGINT) and give it
+    two minutes to save its checkpoint; further stop signals are ignored meanwhile."""
+    for sig in (signal.SIGTERM, REQUEUE_SIGNAL):
+        signal.signal(sig, signal.SIG_IGN)
+    child.send_signal(REQUEUE_SIGNAL if isinstance(stop, Preempted) else signal.SIGINT)
+    try:
+        child.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _raise_preempted(signum: int, frame: Any) -> None:
+    signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)  # once: SLURM and the launcher may both send it
+    raise Preempted
 
 
 class _NoInterruptTraceback(logging.Filter):
@@ -202,6 +224,8 @@ class _NoInterruptTraceback(logging.Filter):
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if on_slurm():
+        signal.signal(REQUEUE_SIGNAL, _raise_preempted)
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
         handler.addFilter(_NoInterruptTraceback())
     if settings.queue_only:
@@ -232,9 +256,12 @@ def run_worker(settings: WorkerSettings) -> int:
                     raise
                 print(f"worker {os.getpid()}: trial {objective.current} was finished by another "
                       f"worker; going on", file=sys.stderr)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        for sig in (signal.SIGTERM, REQUEUE_SIGNAL):  # a requeue's SIGTERM must not cut this short
+            signal.signal(sig, signal.SIG_IGN)
         _requeue_interrupted(study, objective.current)
-        print(f"worker {os.getpid()}: interrupted; trial {objective.current} resumes from its "
+        how = "pre-empted" if isinstance(stop, Preempted) else "interrupted"
+        print(f"worker {os.getpid()}: {how}; trial {objective.current} resumes from its "
               f"checkpoint when the same command runs again", file=sys.stderr)
         return 130
     return 0
