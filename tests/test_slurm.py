@@ -124,37 +124,46 @@ def test_sigusr1_saves_a_checkpoint_requeues_the_job_and_the_requeued_run_resume
     assert (tmp_path / "scontrol.log").read_text().count("requeue") == 1
 
 
-TABLE3 = ["table3", "--preset", "tiny", "--rows", "base", "--no-report", *SMALL]
+RECIPE = Path(__file__).resolve().parents[1] / "sweeps" / "slurm" / "array.sbatch"
 
 
-def test_preempted_table3_array_task_requeues_and_the_requeued_task_finishes_the_row(tmp_path: Path):
-    """An array task (`srun ablate table3 ...`): SIGUSR1 reaches the launcher, the worker and the
-    trial at once; the trial saves and requeues the array task, the worker re-queues the trial,
-    everything exits 130; the requeued task (the same command) resumes the row and completes it."""
-    storage = f"journal:///{tmp_path}/study.journal"
-    command = [sys.executable, "-m", "ablate", *TABLE3, "--storage", storage, "--runs-dir", str(tmp_path / "runs")]
-    env = slurm_env(tmp_path, SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_ID="3")
-    task = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "train_step@7:SIGSTOP"},
+@pytest.mark.slow  # two Table 3 runs: ~40 s on 2 idle cores, 75 s on busy ones
+def test_preempted_array_task_of_the_recipe_requeues_and_the_requeued_task_finishes_the_row(tmp_path: Path):
+    """`sweeps/slurm/array.sbatch table3 ...` as an array task (a fake `srun` runs the step):
+    SIGUSR1 reaches the launcher, the worker and the trial at once; the trial saves and requeues
+    the array task, the worker re-queues the trial, everything exits 130; the requeued task (the
+    script again) resumes the row from the step-7 checkpoint and completes it."""
+    env = slurm_env(tmp_path, SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_ID="3", SLURM_SUBMIT_DIR=str(tmp_path),
+                    ABLATE=str(tmp_path / "bin" / "ablate"))
+    for name, body in (("srun", 'exec "$@"'), ("ablate", f'exec {sys.executable} -m ablate "$@"')):
+        (tmp_path / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / "bin" / name).chmod(0o755)
+    env["PYTHONPATH"] = os.pathsep.join([str(RECIPE.parents[2]), env.get("PYTHONPATH", "")])
+    command = ["bash", str(RECIPE), "table3", "--preset", "tiny", "--rows", "base", *SMALL]
+    task = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "train_step@7:SIGSTOP"}, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     trainer = wait_until_stopped(task)
-    for pid in [task.pid, *descendants(task.pid)]:
+    for pid in descendants(task.pid):  # the step's processes (the batch shell: only with --signal=B:)
         os.kill(pid, signal.SIGUSR1)
     os.kill(trainer, signal.SIGCONT)
     output = task.communicate(timeout=300)[0]
     assert task.returncode == 130, output[-3000:]
     assert "pre-empted" in output and "Traceback" not in output, output[-3000:]
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242_3\n"
+    storage = f"journal:///{tmp_path}/runs/sweeps.journal"  # the recipe's default
     study = optuna.load_study(study_name="table3-tiny", storage=make_storage(storage, None))
     first, retry = study.get_trials()
     assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
     run_dir = Path(first.user_attrs["run_dir"])
+    assert run_dir == tmp_path / "runs" / "table3" / "table3-tiny" / "base-s1"
     steps = checkpoint_steps(run_dir / "checkpoints")
     assert steps["hpc_ckpt_1.ckpt"] == 7
 
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     first, retry = study.get_trials()
     assert retry.state == TrialState.COMPLETE and retry.user_attrs["run_dir"] == str(run_dir)
     resumed = (run_dir / "trial.log").read_text().split("Restored all states from the checkpoint at ")[1].split()[0]
     assert steps[Path(resumed).name] == 7
     assert json.loads((run_dir / "results.json").read_text())["steps"] == 20
+    assert not (run_dir.parent / "report").exists()  # the recipe leaves the report to `ablate report`
