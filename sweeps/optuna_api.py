@@ -31,7 +31,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import optuna
 from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
@@ -45,7 +45,8 @@ TESTED_VERSIONS = ((4, 0), (5, 1))  # [lowest, highest) major.minor, as pinned i
 
 @contextmanager
 def experimental() -> Iterator[None]:
-    """Use Optuna's experimental heartbeat API without its ExperimentalWarning (here only)."""
+    """Use Optuna's experimental API (heartbeats, the gRPC proxy) without its ExperimentalWarning
+    (here only)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         yield
@@ -73,6 +74,10 @@ class SystemAttrHeartbeat(BaseHeartbeat):
     period (NTP does)."""
 
     heartbeat_s: int = 60
+
+    def beating_every(self, heartbeat_s: int) -> Self:
+        self.heartbeat_s = heartbeat_s
+        return self
 
     def record_heartbeat(self, trial_id: int) -> None:
         try:
@@ -112,21 +117,15 @@ def journal_storage(path: str, heartbeat_s: int | None) -> JournalStorage:
     and later and on local file systems, and needs no symlinks, which some shared file systems
     lack). With a heartbeat, stale trials become FAIL and are re-queued as copies."""
     backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path))
-    if not heartbeat_s:
-        return JournalStorage(backend)
-    storage = _BeatingJournalStorage(backend)
-    storage.heartbeat_s = heartbeat_s
-    return storage
+    return _BeatingJournalStorage(backend).beating_every(heartbeat_s) if heartbeat_s else JournalStorage(backend)
 
 
 def grpc_storage(host: str, port: int, heartbeat_s: int | None, timeout_s: float) -> GrpcStorageProxy:
     """A client of `run_grpc_proxy_server` at host:port, once the server answers (ConnectionError
     after `timeout_s`). With a heartbeat, stale trials become FAIL and are re-queued as copies."""
     with experimental():
-        storage = _BeatingGrpcStorageProxy(host=host, port=port) if heartbeat_s else \
-            GrpcStorageProxy(host=host, port=port)
-    if heartbeat_s:
-        storage.heartbeat_s = heartbeat_s
+        storage = _BeatingGrpcStorageProxy(host=host, port=port).beating_every(heartbeat_s) if heartbeat_s \
+            else GrpcStorageProxy(host=host, port=port)
     storage.wait_server_ready(timeout=timeout_s)
     return storage
 
