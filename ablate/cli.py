@@ -1,5 +1,5 @@
 """`ablate`: the command line. Thin: it parses arguments and calls the library (about 300 lines,
-nearly all of them the option declarations of six commands; each handler is a few library calls).
+nearly all of them the option declarations of seven commands; each handler is a few library calls).
 
     ablate train [--preset tiny] [--row base] [--config FILE] [key=value ...]
     ablate params [--vocab-size 37000] [--json]
@@ -8,6 +8,7 @@ nearly all of them the option declarations of six commands; each handler is a fe
     ablate table3 [--preset demo] [--rows base,A,D3] [--seeds 1,2] [--workers K | --devices 0,1] ...
     ablate report [--storage URL] [--study NAME] --out DIR
     ablate dashboard [--storage URL] [--host 127.0.0.1] [--port 8080]
+    ablate storage-proxy --storage RDB-URL [--host 127.0.0.1] [--port 13000]
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from sweeps import PRUNERS, SAMPLERS
 
 # $ABLATE_STORAGE keeps a database password off the command line (and out of `ps`).
 DEFAULT_STORAGE = os.environ.get("ABLATE_STORAGE", "sqlite:///runs/sweeps.db")
+STORAGE_HELP = ("Optuna storage (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db): an RDB URL "
+                "(postgresql+psycopg2://user:pass@host/db for several machines), a journal file on a "
+                "shared file system (journal:///runs/sweeps.journal, or a path ending .journal), or "
+                "grpc://HOST:PORT (an ablate storage-proxy)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -184,6 +189,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return serve(args.storage, args.host, args.port)
 
 
+def cmd_storage_proxy(args: argparse.Namespace) -> int:
+    from sweeps.proxy import serve
+
+    return serve(args.storage, args.host, args.port)
+
+
 def cmd_params(args: argparse.Namespace) -> int:
     from ablations.params import format_params, params_table
 
@@ -219,9 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = p.add_subparsers(dest="sweeper", required=True, parser_class=_Parser)
     o = kinds.add_parser("optuna", help="run an Optuna study with parallel workers")
     o.add_argument("--study", required=True, help="study name (re-running the same command resumes it)")
-    o.add_argument("--storage", default=DEFAULT_STORAGE,
-                   help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; "
-                        "postgresql+psycopg2://user:pass@host/db for several machines)")
+    o.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     o.add_argument("--n-trials", type=int, default=20, help="finished trials the study should reach (default 20)")
     o.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
     o.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
@@ -259,8 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
     p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's table3.seeds, e.g. 1,2,3 for cpu and gpu; else train.seed)")
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
-    p.add_argument("--storage", default=DEFAULT_STORAGE,
-                   help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; PostgreSQL for several machines)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
     p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
                    help="devices each run trains on with Lightning DDP (default 1)")
@@ -277,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_table3)
 
     p = sub.add_parser("report", help="write the Table 3 report (md, csv, tex, html, figures) from a study")
-    p.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--study", help="the Table 3 study (default: the only one in the storage)")
     p.add_argument("--out", required=True, help="directory for table3.md/.csv/.tex, report.html and figures")
     p.add_argument("--bootstrap", type=int, default=1000,
@@ -287,11 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("dashboard", help="serve optuna-dashboard for a sweep storage (until Ctrl-C)")
-    p.add_argument("--storage", default=DEFAULT_STORAGE,
-                   help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.set_defaults(func=cmd_dashboard)
+
+    p = sub.add_parser("storage-proxy", help="serve an RDB storage to workers as grpc://HOST:PORT "
+                                             "(Optuna's gRPC storage proxy, until Ctrl-C)")
+    p.add_argument("--storage", default=DEFAULT_STORAGE,
+                   help="the RDB it serves (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; no authentication: trusted networks only)")
+    p.add_argument("--port", type=int, default=13000, help="port to listen on (default 13000)")
+    p.set_defaults(func=cmd_storage_proxy)
 
     p = sub.add_parser("params", help="parameter count of every Table 3 row")
     p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size (default 37000)")

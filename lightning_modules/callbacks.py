@@ -1,4 +1,5 @@
-"""Callbacks that measure a run: training wall time (validation excluded) and target tokens/s."""
+"""Callbacks of a run: what it measures (training wall time, target tokens/s), fault points, the
+divergence guard, and how signals stop it (SIGTERM while compiling, SLURM's pre-emption notice)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -14,6 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_modules.run.faults import inject
+from lightning_modules.run.slurm import REQUEUE_SIGNAL, PreemptionNotice
 
 
 def process_age_s() -> float | None:
@@ -193,3 +196,54 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
 def _raise_sigterm(signum: int, frame: Any) -> None:
     raise SIGTERMException()
+
+
+class RequeueAtStepEnd(pl.Callback):
+    """Under SLURM: Lightning's requeue handler at the end of a training step, then stop.
+
+    Lightning installs its SIGUSR1 handler (save `hpc_ckpt_N.ckpt` in the Trainer's
+    `default_root_dir`, `scontrol requeue`) just before training, and only where no handler is
+    installed; it would run inside whatever the step is doing. So: the notice's recorder is put
+    aside when fitting starts (Lightning installs its handler), Lightning's handler is put aside
+    when training starts (the recorder is back), and at the end of the step that saw the signal,
+    on every DDP rank together, Lightning's handler runs and the run stops like on SIGTERM
+    (Lightning's `SIGTERMException`). Only the newest hpc checkpoint is kept, and none once
+    training finishes (`last.ckpt` holds the end). See `lightning_modules/run/slurm.py`.
+    """
+
+    def __init__(self, notice: PreemptionNotice) -> None:
+        self.notice = notice
+        self._lightning: Any = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(REQUEUE_SIGNAL, signal.SIG_DFL)  # so that Lightning installs its own
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._lightning = signal.getsignal(REQUEUE_SIGNAL)
+            self.notice.install()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:  # not a step boundary
+            return
+        if not trainer.strategy.reduce_boolean_decision(self.notice.pending, all=False):
+            return
+        self.notice.pending = False
+        if callable(self._lightning):
+            self._lightning(REQUEUE_SIGNAL, None)  # saves hpc_ckpt_N.ckpt, scontrol requeue
+            self._remove_hpc_checkpoints(trainer, keep_newest=True)
+        raise SIGTERMException()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._remove_hpc_checkpoints(trainer, keep_newest=False)
+
+    @staticmethod
+    def _remove_hpc_checkpoints(trainer: pl.Trainer, keep_newest: bool) -> None:
+        if not trainer.is_global_zero:
+            return
+        found = sorted(Path(trainer.default_root_dir).glob("hpc_ckpt_*.ckpt"),
+                       key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+        for path in found[:-1] if keep_newest else found:
+            path.unlink(missing_ok=True)

@@ -191,6 +191,9 @@ class TrainConfig:
     wandb_on_error: str = "fail"  # online without a valid API key: "fail" or fall back to "offline"
     max_memory_gb: float | None = None  # refuse configurations whose estimated training memory exceeds this
     progress_bar: bool = True
+    # Under SLURM (SLURM_NTASKS set): SIGUSR1 (`#SBATCH --signal=USR1@90`) saves a checkpoint at
+    # the end of the step, requeues the job (`scontrol requeue`) and stops; see run/slurm.py
+    slurm_requeue: bool = True
 
     def __post_init__(self) -> None:
         _positive("train", max_steps=self.max_steps, warmup_steps=self.warmup_steps,

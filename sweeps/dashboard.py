@@ -1,20 +1,21 @@
 """`ablate dashboard`: serve optuna-dashboard for a sweep's storage until Ctrl-C.
 
 It listens on 127.0.0.1 unless `--host` says otherwise (the dashboard has no authentication and
-can edit studies). A malformed storage URL, or a SQLite file that does not exist, is a `UserError`.
+can edit studies). A malformed storage URL, or a SQLite or journal file that does not exist, is a
+`UserError`.
 """
 
 from __future__ import annotations
 
 from lightning_modules.errors import UserError
-from sweeps.study import make_storage, sqlite_path
+from sweeps.storage import make_storage, safe_url, storage_file
 
 
 def serve(storage_url: str, host: str = "127.0.0.1", port: int = 8080) -> int:
     """Open the storage, print the URL, and serve the dashboard until interrupted (exit status 0)."""
-    path = sqlite_path(storage_url)
+    path = storage_file(storage_url)
     if path is not None and not path.is_file():
-        raise UserError(f"no SQLite database at {path} (storage {storage_url}); run a sweep first")
+        raise UserError(f"no database at {path} (storage {safe_url(storage_url)}); run a sweep first")
     if not 0 < port < 65536:
         raise UserError(f"--port must be between 1 and 65535, not {port}")
     storage = make_storage(storage_url, heartbeat_s=None)
@@ -24,7 +25,7 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 8080) -> int:
         raise UserError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
 
     shown = f"[{host}]" if ":" in host else host
-    print(f"optuna-dashboard for {storage_url} at http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
+    print(f"optuna-dashboard for {safe_url(storage_url)} at http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
     try:
         run_server(storage, host=host, port=port)
     except KeyboardInterrupt:

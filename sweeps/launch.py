@@ -3,7 +3,8 @@
 `--devices 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>` (with `--devices-per-trial 2`, a
 group like "0,1"); on CPU, `--workers K` runs K
 workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting.
-Ctrl-C or SIGTERM is passed on to the workers as SIGTERM (see `sweeps.worker`).
+Ctrl-C or SIGTERM is passed on to the workers as SIGTERM (see `sweeps.worker`); under SLURM,
+SIGUSR1 (the pre-emption notice) is passed on as it is.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import replace
 import optuna
 
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.study import counts, make_storage, safe_url
 from sweeps.worker import WorkerSettings, settings_json
@@ -69,6 +71,15 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
           f"{'the queued trials' if settings.queue_only else f'{settings.n_trials} trials'}, "
           f"storage {safe_url(settings.storage)}", flush=True)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM acts like Ctrl-C
+    preempted: list[int] = []
+
+    def pass_on(signum: int, frame: object) -> None:
+        preempted.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    previous_notice = signal.signal(REQUEUE_SIGNAL, pass_on) if on_slurm() else None
     interrupted = False
     try:
         while any(p.poll() is None for p in procs):
@@ -82,12 +93,15 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
                         p.send_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_notice is not None:
+            signal.signal(REQUEUE_SIGNAL, previous_notice)
     codes = [p.returncode for p in procs]
     bad = [f"worker {i} (pid {p.pid}) exited with status {c}" for i, (p, c) in enumerate(zip(procs, codes)) if c]
     if not quiet:
         print(summary(settings), flush=True)
-    if interrupted:
-        print(f"sweep {settings.study}: interrupted; run the same command again to resume", file=sys.stderr)
+    if interrupted or preempted:
+        how = "pre-empted (SLURM)" if preempted else "interrupted"
+        print(f"sweep {settings.study}: {how}; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     if bad:
         print(f"sweep {settings.study}: {'; '.join(bad)}; run the same command again to resume",

@@ -11,7 +11,14 @@
    retry copy, same user attributes, so the same run directory) are experimental in Optuna; their
    `ExperimentalWarning` is silenced here, around those calls only, never globally, so that any
    other warning Optuna gives (a `FutureWarning` announcing a removal) reaches the user and fails
-   the tests (`pyproject.toml` turns it into an error for `sweeps`).
+   the tests (`pyproject.toml` turns it into an error for `sweeps`). The gRPC storage proxy
+   (`GrpcStorageProxy`, `run_grpc_proxy_server`) is experimental too, and handled the same way.
+3. Only `RDBStorage` implements Optuna's heartbeat (checked in Optuna 5.0: `JournalStorage` and
+   `GrpcStorageProxy` do not). `SystemAttrHeartbeat` implements Optuna's `BaseHeartbeat`
+   interface, which lives in the private module `optuna.storages._heartbeat`, for those two: the
+   beat is a trial system attribute written through the public `BaseStorage` methods, so Optuna's
+   own machinery (the heartbeat thread of `Study.optimize`, `fail_stale_trials`,
+   `RetryHeartbeatStaleTrialCallback`) treats a dead worker's trial exactly as on an RDB.
 
 pyproject.toml bounds Optuna to the versions this was tested with (`optuna>=4,<5.1`);
 `tests/test_optuna_api.py` exercises every call below, with Optuna's warnings as errors, so an
@@ -20,22 +27,26 @@ upgrade that breaks or deprecates one fails loudly there.
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Self
 
 import optuna
-from optuna.exceptions import ExperimentalWarning
-from optuna.storages import BaseStorage, RDBStorage
-from optuna.trial import FrozenTrial
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
+from optuna.storages import BaseStorage, GrpcStorageProxy, RDBStorage, run_grpc_proxy_server
+from optuna.storages._heartbeat import BaseHeartbeat  # private module: reason 3 above
+from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+from optuna.trial import FrozenTrial, TrialState
 
 TESTED_VERSIONS = ((4, 0), (5, 1))  # [lowest, highest) major.minor, as pinned in pyproject.toml
 
 
 @contextmanager
 def experimental() -> Iterator[None]:
-    """Use Optuna's experimental heartbeat API without its ExperimentalWarning (here only)."""
+    """Use Optuna's experimental API (heartbeats, the gRPC proxy) without its ExperimentalWarning
+    (here only)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         yield
@@ -49,6 +60,80 @@ def heartbeat_storage(url: str, heartbeat_s: int | None, **kwargs: Any) -> RDBSt
         return RDBStorage(url, heartbeat_interval=heartbeat_s, grace_period=2 * heartbeat_s,
                           heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(),
                           **kwargs)
+
+
+HEARTBEAT_ATTR = "heartbeat"  # the trial system attribute SystemAttrHeartbeat beats in
+
+
+class SystemAttrHeartbeat(BaseHeartbeat):
+    """Optuna's heartbeat for a storage without one: the worker's heartbeat thread writes the time
+    (this machine's clock, seconds since the epoch) to the trial's system attribute `heartbeat`;
+    a RUNNING trial is stale when neither that beat nor its start is newer than the grace period.
+    A retry copy inherits its predecessor's old beat, but a copy that was just claimed has a
+    fresh start. Clocks of the machines sharing a storage must agree to well within the grace
+    period (NTP does)."""
+
+    heartbeat_s: int = 60
+
+    def beating_every(self, heartbeat_s: int) -> Self:
+        self.heartbeat_s = heartbeat_s
+        return self
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())  # type: ignore[attr-defined]
+        except UpdateFinishedTrialError:  # finished in the meantime: nothing to keep alive
+            pass
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        storage: Any = self
+        deadline = time.time() - 2 * self.heartbeat_s
+        stale = []
+        for trial in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            beat = trial.system_attrs.get(HEARTBEAT_ATTR)
+            started = trial.datetime_start.timestamp() if trial.datetime_start else 0.0
+            if beat is not None and max(float(beat), started) < deadline:
+                stale.append(storage.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+        return stale
+
+    def get_heartbeat_interval(self) -> int | None:
+        return self.heartbeat_s
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
+        with experimental():
+            return optuna.storages.RetryHeartbeatStaleTrialCallback()
+
+
+class _BeatingJournalStorage(SystemAttrHeartbeat, JournalStorage):
+    pass
+
+
+class _BeatingGrpcStorageProxy(SystemAttrHeartbeat, GrpcStorageProxy):
+    pass
+
+
+def journal_storage(path: str, heartbeat_s: int | None) -> JournalStorage:
+    """A journal file storage; `JournalFileOpenLock` (an O_CREAT|O_EXCL lock file: atomic on NFSv3
+    and later and on local file systems, and needs no symlinks, which some shared file systems
+    lack). With a heartbeat, stale trials become FAIL and are re-queued as copies."""
+    backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path))
+    return _BeatingJournalStorage(backend).beating_every(heartbeat_s) if heartbeat_s else JournalStorage(backend)
+
+
+def grpc_storage(host: str, port: int, heartbeat_s: int | None, timeout_s: float) -> GrpcStorageProxy:
+    """A client of `run_grpc_proxy_server` at host:port, once the server answers (ConnectionError
+    after `timeout_s`). With a heartbeat, stale trials become FAIL and are re-queued as copies."""
+    with experimental():
+        storage = _BeatingGrpcStorageProxy(host=host, port=port).beating_every(heartbeat_s) if heartbeat_s \
+            else GrpcStorageProxy(host=host, port=port)
+    storage.wait_server_ready(timeout=timeout_s)
+    return storage
+
+
+def serve_grpc_proxy(storage: BaseStorage, host: str, port: int) -> None:
+    """Optuna's gRPC storage proxy in front of `storage`, until the process is stopped."""
+    with experimental():
+        run_grpc_proxy_server(storage, host=host, port=port)
 
 
 def fail_stale_trials(study: optuna.Study) -> None:

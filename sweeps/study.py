@@ -1,7 +1,7 @@
-"""The Optuna study of a sweep: storage (with heartbeat), create-or-load, sampler, pruner, queue.
+"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue.
 
-A study lives in an RDB storage (SQLite by default, PostgreSQL for several machines). The
-storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's
+A study lives in a storage (`sweeps.storage`: SQLite by default, PostgreSQL, a journal file or
+the gRPC proxy). The storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's
 `RetryHeartbeatStaleTrialCallback` queues a copy of it (same params and user attributes, so the
 same run directory) for the next worker.
 """
@@ -10,81 +10,23 @@ from __future__ import annotations
 
 import base64
 import zlib
-from pathlib import Path
 from typing import Any
 
 import optuna
-import sqlalchemy
-from sqlalchemy.engine import make_url
-from optuna.storages import RDBStorage
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides
-from sweeps.optuna_api import heartbeat_storage
 from sweeps.space import SearchSpace
+from sweeps.storage import make_storage, safe_url, sqlite_path  # noqa: F401 (this module's callers use them)
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
 
 
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a `sqlite:///` URL (None for other databases or in-memory)."""
-    if not url.startswith("sqlite:///"):
-        return None
-    path = url[len("sqlite:///"):]
-    return None if not path or path == ":memory:" else Path(path)
-
-
-def safe_url(url: str) -> str:
-    """The storage URL without its password, for printing and reports."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 (not an SQLAlchemy URL: make_storage reports it)
-        return url
-
-
-def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
-    """The RDB storage; with a heartbeat, stale trials become FAIL and are re-queued as copies."""
-    path = sqlite_path(url)
-    engine_kwargs: dict[str, Any] = {}
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
-    try:
-        storage = heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)
-        if path is not None:
-            _serialize_sqlite_transactions(storage.engine)
-        return storage
-    except ImportError as err:
-        raise UserError(f"storage {safe_url(url)}: missing database driver ({err}); for PostgreSQL "
-                        f"pip install psycopg2-binary") from None
-    except Exception as err:  # sqlalchemy: bad URL, unreachable server
-        raise UserError(f"cannot open storage {safe_url(url)}: {str(err).splitlines()[0]}") from None
-
-
-def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:
-    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
-
-    Optuna claims a queued trial by reading it as WAITING and then writing RUNNING. Python's
-    sqlite3 only opens the transaction at the write, so two workers can both read WAITING and
-    both run the trial (`SELECT ... FOR UPDATE` is a no-op on SQLite). With BEGIN IMMEDIATE the
-    read and the write are one locked step; other workers wait (up to the 60 s timeout).
-    """
-
-    @sqlalchemy.event.listens_for(engine, "connect")
-    def _no_implicit_begin(dbapi_connection: Any, record: Any) -> None:
-        dbapi_connection.isolation_level = None
-
-    @sqlalchemy.event.listens_for(engine, "begin")
-    def _begin_immediate(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # connections made before the listeners existed are not reused
-
-
-def open_study(name: str, storage: RDBStorage | str, objective: str = "ppl",
+def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl",
                sampler: optuna.samplers.BaseSampler | None = None,
                pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
     """Create the study, or load it if it exists (its direction must match `objective`)."""

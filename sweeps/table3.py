@@ -152,6 +152,8 @@ def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optun
     """The latest trial of each planned (row, seed), or None."""
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
     for trial in study.get_trials(deepcopy=False):
+        if trial.user_attrs.get("nothing_queued"):  # a duplicate copy that yielded: never ran
+            continue
         key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
         if key in latest and latest[key].state == TrialState.COMPLETE:
             continue

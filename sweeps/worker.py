@@ -12,8 +12,12 @@ workers from overshooting), when a grid is exhausted, or after `n_trials` failur
 
 On SIGTERM/SIGINT the running trial's child gets SIGINT (Lightning saves an interrupted
 checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy through the same
-`RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. A SIGKILLed worker takes its
-child with it (parent-death signal) and leaves its trial to the heartbeat.
+`RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. Under SLURM, SIGUSR1 (the
+pre-emption notice of `#SBATCH --signal=USR1@90`) does the same, except that the child gets
+SIGUSR1: it saves a checkpoint at the end of its step and requeues the job
+(`lightning_modules/run/slurm.py`). Once stopping, the worker ignores further SIGTERM/SIGUSR1 (a
+requeue sends SIGTERM to the whole job) until its trial is re-queued. A SIGKILLed worker takes
+its child with it (parent-death signal) and leaves its trial to the heartbeat.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from lightning_modules.run.results import RunResult, read_results
+from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
 from sweeps.optuna_api import (fail_running_trial, fail_stale_trials, frozen_trial, queue_retry,
                                 retried_trial_number)
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
@@ -75,6 +80,10 @@ class NothingQueued(RuntimeError):
     """A queue-only worker got a fresh trial because another worker took the last queued one."""
 
 
+class Preempted(KeyboardInterrupt):
+    """SLURM's pre-emption notice reached the worker: stop as on SIGTERM."""
+
+
 class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
@@ -96,6 +105,12 @@ class Objective:
         if self.s.queue_only and not queued:
             trial.set_user_attr("nothing_queued", True)
             raise NothingQueued(f"trial {trial.number}: no queued configuration left")
+        twin = owner_of_run_dir(trial.study.get_trials(deepcopy=False), trial.number,
+                                trial.user_attrs.get("run_dir"))
+        if twin is not None:
+            trial.set_user_attr("nothing_queued", True)
+            trial.set_user_attr("duplicate_of", twin)
+            raise NothingQueued(f"trial {trial.number}: trial {twin} trains in its run directory")
         overrides = self.trial_overrides(trial)
         run_dir = trial.user_attrs.get("run_dir") or str(
             (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
@@ -122,12 +137,8 @@ class Objective:
                       log=Path(run_dir) / "trial.log")
         try:
             code = child.wait()
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        except KeyboardInterrupt as stop:
+            _stop_child(child, stop)
             raise
         if code == EXIT_PRUNED:
             raise optuna.TrialPruned()
@@ -152,6 +163,25 @@ class Objective:
         return float(getattr(results, self.s.objective))
 
 
+def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_dir: str | None) -> int | None:
+    """Another trial that owns the queued run directory of trial `number`: a complete one, or a
+    waiting or running one with a lower number (None: `number` may train there).
+
+    Two launchers queueing one table at the same moment (array tasks starting together) can both
+    queue a (row, seed). Claims are exclusive, and the lowest-numbered live copy never yields, so
+    exactly one of the copies trains in the directory; the others end as empty claims.
+    """
+    if run_dir is None:
+        return None
+    for t in trials:
+        if t.number == number or t.user_attrs.get("run_dir") != run_dir:
+            continue
+        if t.state == TrialState.COMPLETE or (t.number < number and t.state in (TrialState.WAITING,
+                                                                                TrialState.RUNNING)):
+            return t.number
+    return None
+
+
 def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     """Whether another trial is needed: finished + running < n_trials, and not failing endlessly."""
     trials = study.get_trials(deepcopy=False)
@@ -166,8 +196,25 @@ def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     return finished + running < settings.n_trials
 
 
+def _stop_child(child: subprocess.Popen, stop: KeyboardInterrupt) -> None:
+    """Pass the stop on to the trial (SIGUSR1 for a pre-emption notice, else SIGINT) and give it
+    two minutes to save its checkpoint; further stop signals are ignored meanwhile."""
+    for sig in (signal.SIGTERM, REQUEUE_SIGNAL):
+        signal.signal(sig, signal.SIG_IGN)
+    child.send_signal(REQUEUE_SIGNAL if isinstance(stop, Preempted) else signal.SIGINT)
+    try:
+        child.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _raise_preempted(signum: int, frame: Any) -> None:
+    signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)  # once: SLURM and the launcher may both send it
+    raise Preempted
 
 
 class _NoInterruptTraceback(logging.Filter):
@@ -180,6 +227,8 @@ class _NoInterruptTraceback(logging.Filter):
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if on_slurm():
+        signal.signal(REQUEUE_SIGNAL, _raise_preempted)
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
         handler.addFilter(_NoInterruptTraceback())
     if settings.queue_only:
@@ -210,9 +259,12 @@ def run_worker(settings: WorkerSettings) -> int:
                     raise
                 print(f"worker {os.getpid()}: trial {objective.current} was finished by another "
                       f"worker; going on", file=sys.stderr)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        for sig in (signal.SIGTERM, REQUEUE_SIGNAL):  # a requeue's SIGTERM must not cut this short
+            signal.signal(sig, signal.SIG_IGN)
         _requeue_interrupted(study, objective.current)
-        print(f"worker {os.getpid()}: interrupted; trial {objective.current} resumes from its "
+        how = "pre-empted" if isinstance(stop, Preempted) else "interrupted"
+        print(f"worker {os.getpid()}: {how}; trial {objective.current} resumes from its "
               f"checkpoint when the same command runs again", file=sys.stderr)
         return 130
     return 0

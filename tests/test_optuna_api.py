@@ -5,6 +5,11 @@ instead of in a sweep."""
 from __future__ import annotations
 
 import ast
+import signal
+import socket
+import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -13,8 +18,9 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeps import optuna_api
-from sweeps.optuna_api import (RunningTrial, fail_running_trial, fail_stale_trials, frozen_trial,
-                               queue_retry, retried_trial_number, trial_id)
+from sweeps.optuna_api import (RunningTrial, SystemAttrHeartbeat, fail_running_trial, fail_stale_trials,
+                               frozen_trial, grpc_storage, journal_storage, queue_retry,
+                               retried_trial_number, trial_id)
 from sweeps.study import make_pruner, make_storage, open_study
 
 SWEEPS = Path(optuna_api.__file__).parent
@@ -84,3 +90,43 @@ def test_failed_trial_is_retried_as_a_copy(tmp_path):
     assert len(waiting) == 1 and waiting[0].user_attrs["run_dir"] == "/runs/x"
     assert retried_trial_number(waiting[0]) == t.number
     fail_stale_trials(study)  # nothing stale: a no-op, but the call must exist
+
+
+def _proxy(db: Path) -> tuple[subprocess.Popen, int]:
+    """`ablate storage-proxy` (Optuna's run_grpc_proxy_server) with FutureWarnings as errors."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-W", "error::FutureWarning", "-m", "ablate", "storage-proxy",
+                             "--storage", f"sqlite:///{db}", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, port
+
+
+@pytest.mark.parametrize("kind", ["journal", "grpc"])
+def test_storages_without_an_optuna_heartbeat_get_one(kind, tmp_path):
+    proc = None
+    if kind == "journal":
+        path = str(tmp_path / "o.journal")
+        beating, plain = journal_storage(path, 1), journal_storage(path, None)
+    else:
+        pytest.importorskip("grpc")
+        proc, port = _proxy(tmp_path / "o.db")
+        beating, plain = grpc_storage("127.0.0.1", port, 1, 60), grpc_storage("127.0.0.1", port, None, 60)
+    try:
+        assert isinstance(beating, SystemAttrHeartbeat) and not isinstance(plain, SystemAttrHeartbeat)
+        assert beating.get_heartbeat_interval() == 1
+        study = open_study("s", plain, "ppl")
+        running = study.ask()
+        beating.record_heartbeat(trial_id(plain, "s", running.number))
+        study_id = plain.get_study_id_from_name("s")
+        assert beating._get_stale_trial_ids(study_id) == []
+        time.sleep(2.5)
+        assert beating._get_stale_trial_ids(study_id) == [trial_id(plain, "s", running.number)]
+        fail_stale_trials(optuna.load_study(study_name="s", storage=beating))
+        assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.WAITING]
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            out = proc.communicate(timeout=30)[0]
+            assert proc.returncode == 0, out

@@ -1,6 +1,6 @@
 """Claiming and reclaiming trials between workers, on a real SQLite study (issue: a re-run with
 many workers failed a retry copy that its new worker had just claimed, and spare workers'
-empty claims counted as failures)."""
+empty claims counted as failures; a row queued twice by two launchers must train once)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
+from sweeps.space import SearchSpace
 from sweeps.study import make_storage, open_study
-from sweeps.worker import WorkerSettings, reclaim_dead_local_trials, should_start
+from sweeps.worker import (NothingQueued, Objective, WorkerSettings, owner_of_run_dir,
+                           reclaim_dead_local_trials, should_start)
 
 
 def dead_pid() -> int:
@@ -60,3 +63,26 @@ def test_empty_claims_of_spare_workers_are_not_failures(tmp_path: Path):
     for _ in range(4):  # four real failures stop the sweep
         s.tell(s.ask(), state=TrialState.FAIL)
     assert not should_start(s, settings)
+
+
+def test_a_row_queued_twice_trains_once(tmp_path: Path):
+    """Two launchers queueing one table at the same moment (a SLURM array starting) can queue a
+    (row, seed) twice; the copy with the higher number yields to a live or complete lower one."""
+    s, storage = study(tmp_path)
+    attrs = {"row": "base", "seed": 1, "run_dir": str(tmp_path / "base-s1")}
+    for _ in range(2):
+        s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})
+    first, second = s.ask(), s.ask()  # two workers' claims
+    settings = WorkerSettings(study="races", storage="", space=None, n_trials=2, runs_dir=str(tmp_path),
+                              queue_only=True)
+    objective = Objective(settings, SearchSpace(path="", params=()), storage)
+    with pytest.raises(NothingQueued, match=f"trial {first.number} trains in its run directory"):
+        objective(second)
+    s.tell(second, state=TrialState.FAIL)
+    assert s.get_trials()[second.number].user_attrs["duplicate_of"] == first.number
+    assert not (tmp_path / "base-s1").exists()  # the copy started nothing
+    assert should_start(s, settings)  # a yielded copy is not a failure
+    trials = s.get_trials(deepcopy=False)
+    assert owner_of_run_dir(trials, first.number, attrs["run_dir"]) is None  # the lower copy trains
+    s.tell(first, 1.0)
+    assert owner_of_run_dir(s.get_trials(deepcopy=False), 99, attrs["run_dir"]) == first.number

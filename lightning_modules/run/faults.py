@@ -12,7 +12,9 @@ default) when it reaches `point` (at global step `step`, where given). Points:
 - `results_write`: results.json written to its temporary file, not yet renamed;
 - `nan_loss@N`: not a signal: the training loss of step N becomes NaN (a numerical fault).
 
-Unset (the normal case) this is one dictionary lookup per call.
+With `:SIGSTOP` the process holds itself at the point until a test has sent it another signal
+(SLURM's pre-emption notice, `tests/test_slurm.py`) and SIGCONT. Unset (the normal case) this is
+one dictionary lookup per call.
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_modules.callbacks import (DivergenceGuard, FaultPoints, NonFiniteLoss,
-                                         PromptInterruptWhileCompiling, TrainingClock)
+                                         PromptInterruptWhileCompiling, RequeueAtStepEnd, TrainingClock)
 from lightning_modules.compiling import compiled_graphs
 from lightning_modules.config import RunConfig
 from lightning_modules.convergence import classify_run
@@ -34,6 +35,7 @@ from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
 from lightning_modules.run.io import atomic_write_json, atomic_write_text, write_lines
 from lightning_modules.run.results import RESULTS, RunResult, read_results
+from lightning_modules.run.slurm import PreemptionNotice, on_slurm
 from lightning_modules.run.preflight import (check_disk_space, check_memory, check_output_dir, check_same_run,
                                         remove_stale_temporaries, resume_checkpoint, wandb_mode)
 from lightning_modules.config import to_yaml
@@ -65,6 +67,17 @@ def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
             raise UserError(f"train.devices must be auto, a count or a list like 0,1; got {devices!r}") from None
     return {"accelerator": t.accelerator, "devices": devices, "strategy": t.strategy,
             "precision": precision, "num_nodes": t.num_nodes}
+
+
+def slurm_requeue(cfg: RunConfig) -> tuple[list[SLURMEnvironment], PreemptionNotice | None]:
+    """Under SLURM: Lightning's SLURMEnvironment (auto-requeue as train.slurm_requeue says) and,
+    with auto-requeue, the notice that records SIGUSR1 from now on (run/slurm.py)."""
+    if not on_slurm():
+        return [], None
+    notice = PreemptionNotice() if cfg.train.slurm_requeue else None
+    if notice:
+        notice.install()
+    return [SLURMEnvironment(auto_requeue=cfg.train.slurm_requeue)], notice
 
 
 def uses_gpu(cfg: RunConfig) -> bool:
@@ -134,6 +147,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     if done and done.status == "failed":
         raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "
                         f"(or delete {out}) to try again")
+    slurm, notice = slurm_requeue(cfg)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len,
@@ -164,8 +178,9 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         gradient_clip_val=cfg.train.gradient_clip_val or None,
         log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
         enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
-        logger=make_loggers(cfg, out, wandb), default_root_dir=out,
-        plugins=[AtomicCheckpointIO()],
+        logger=make_loggers(cfg, out, wandb),
+        default_root_dir=ckpt_dir,  # where Lightning's SLURM requeue saves hpc_ckpt_N.ckpt
+        plugins=[AtomicCheckpointIO(), *slurm],
         callbacks=[clock, FaultPoints(), DivergenceGuard(cfg.train.log_every_n_steps),
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
                                    every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
@@ -173,6 +188,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
                    # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
                    OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
                    *([PromptInterruptWhileCompiling()] if compiled else []),
+                   *([RequeueAtStepEnd(notice)] if notice else []),
                    *(callbacks or [])],
     )
     try:
@@ -188,6 +204,8 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         raise KeyboardInterrupt(f"stopped at step {trainer.global_step}; the checkpoint is saved") from None
     if trainer.interrupted:
         raise UserError("training was interrupted; run the same command again to resume")
+    if notice:
+        notice.install()  # a notice during the evaluation lets it finish
 
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     if trainer.global_rank != 0:

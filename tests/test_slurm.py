@@ -1,0 +1,169 @@
+"""SLURM pre-emption, with SLURM simulated: the environment variables a SLURM task has, a fake
+`scontrol` on PATH that records its arguments (the one SLURM program Lightning calls), and a real
+SIGUSR1 sent from outside to real processes, as `#SBATCH --signal=USR1@90` does.
+
+To signal at a known step the run stops itself there with SIGSTOP (`ABLATE_FAULT=train_step@7:
+SIGSTOP`); the test sends SIGUSR1 to the stopped process (and, for a sweep, to every process of
+the job, as SLURM does) and then SIGCONT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from optuna.trial import TrialState
+
+from lightning_modules.run.slurm import on_slurm
+from sweeps.storage import make_storage
+from test_faults import SMALL
+
+JOB = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+       "SLURM_NODEID": "0", "SLURM_JOB_NAME": "table3"}
+
+
+def slurm_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """This environment as a SLURM task's, with a fake `scontrol` that appends its arguments to
+    tmp/scontrol.log."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp / "scontrol.log"}\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "ABLATE_FAULT"}
+    return {**env, **JOB, **extra, "PATH": f"{bin_dir}:{env['PATH']}", "PYTHONUNBUFFERED": "1"}
+
+
+def state(pid: int) -> str:
+    """The process's state letter from /proc (T = stopped), '' once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid`, from /proc (parents before children)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def wait_until_stopped(root: subprocess.Popen, timeout: float = 300) -> int:
+    """The pid of the process (root or below) that stopped itself; fails if none does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and root.poll() is None:
+        stopped = [p for p in [root.pid, *descendants(root.pid)] if state(p) == "T"]
+        if stopped:
+            return stopped[0]
+        time.sleep(0.1)
+    root.kill()
+    pytest.fail(f"no process stopped at the fault point; output: {root.communicate()[0][-3000:]}")
+
+
+def checkpoint_steps(folder: Path) -> dict[str, int]:
+    return {p.name: torch.load(p, weights_only=True)["global_step"] for p in folder.glob("*.ckpt")}
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, False), ({"SLURM_JOB_ID": "1"}, False), ({"SLURM_NTASKS": "1"}, True),
+    ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}, False),
+    ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "interactive"}, False),
+    ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "table3"}, True)])
+def test_slurm_is_detected_by_lightnings_rule(monkeypatch, env: dict[str, str], expected: bool):
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert on_slurm() == SLURMEnvironment.detect() == expected
+
+
+def test_sigusr1_saves_a_checkpoint_requeues_the_job_and_the_requeued_run_resumes(tmp_path: Path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "ablate", "train", "--out", str(out), *SMALL]
+    env = slurm_env(tmp_path)
+    run = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "train_step@7:SIGSTOP"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid = wait_until_stopped(run)
+    os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signal.SIGCONT)
+    output = run.communicate(timeout=300)[0]
+    assert run.returncode == 130, output[-3000:]  # stopped, as on SIGTERM: "run the same command again"
+    assert "Traceback" not in output and output.strip().splitlines()[-1].startswith("ablate: interrupted")
+    assert (tmp_path / "scontrol.log").read_text().split("\n") == ["requeue 4242", ""]
+    steps = checkpoint_steps(out / "checkpoints")
+    assert steps["hpc_ckpt_1.ckpt"] == 7  # at the end of the step that got the signal
+    assert not (out / "results.json").exists()
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = again.stderr.split("Restored all states from the checkpoint at ")[1].split()[0]
+    assert steps[Path(resumed).name] == 7  # the newest checkpoint: hpc_ckpt_1 or the same step's interrupted
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete" and results["steps"] == 20
+    assert not list((out / "checkpoints").glob("hpc_ckpt_*")), "finished: last.ckpt holds the end"
+    assert (tmp_path / "scontrol.log").read_text().count("requeue") == 1
+
+
+RECIPE = Path(__file__).resolve().parents[1] / "sweeps" / "slurm" / "array.sbatch"
+
+
+@pytest.mark.slow  # two Table 3 runs: ~40 s on 2 idle cores, 75 s on busy ones
+def test_preempted_array_task_of_the_recipe_requeues_and_the_requeued_task_finishes_the_row(tmp_path: Path):
+    """`sweeps/slurm/array.sbatch table3 ...` as an array task (a fake `srun` runs the step):
+    SIGUSR1 reaches the launcher, the worker and the trial at once; the trial saves and requeues
+    the array task, the worker re-queues the trial, everything exits 130; the requeued task (the
+    script again) resumes the row from the step-7 checkpoint and completes it."""
+    env = slurm_env(tmp_path, SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_ID="3", SLURM_SUBMIT_DIR=str(tmp_path),
+                    ABLATE=str(tmp_path / "bin" / "ablate"))
+    for name, body in (("srun", 'exec "$@"'), ("ablate", f'exec {sys.executable} -m ablate "$@"')):
+        (tmp_path / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / "bin" / name).chmod(0o755)
+    env["PYTHONPATH"] = os.pathsep.join([str(RECIPE.parents[2]), env.get("PYTHONPATH", "")])
+    command = ["bash", str(RECIPE), "table3", "--preset", "tiny", "--rows", "base", *SMALL]
+    task = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "train_step@7:SIGSTOP"}, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trainer = wait_until_stopped(task)
+    for pid in descendants(task.pid):  # the step's processes (the batch shell: only with --signal=B:)
+        os.kill(pid, signal.SIGUSR1)
+    os.kill(trainer, signal.SIGCONT)
+    output = task.communicate(timeout=300)[0]
+    assert task.returncode == 130, output[-3000:]
+    assert "pre-empted" in output and "Traceback" not in output, output[-3000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242_3\n"
+    storage = f"journal:///{tmp_path}/runs/sweeps.journal"  # the recipe's default
+    study = optuna.load_study(study_name="table3-tiny", storage=make_storage(storage, None))
+    first, retry = study.get_trials()
+    assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
+    run_dir = Path(first.user_attrs["run_dir"])
+    assert run_dir == tmp_path / "runs" / "table3" / "table3-tiny" / "base-s1"
+    steps = checkpoint_steps(run_dir / "checkpoints")
+    assert steps["hpc_ckpt_1.ckpt"] == 7
+
+    again = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    first, retry = study.get_trials()
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["run_dir"] == str(run_dir)
+    resumed = (run_dir / "trial.log").read_text().split("Restored all states from the checkpoint at ")[1].split()[0]
+    assert steps[Path(resumed).name] == 7
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == 20
+    assert not (run_dir.parent / "report").exists()  # the recipe leaves the report to `ablate report`

@@ -1,0 +1,170 @@
+"""The storages a sweep scales out on (`sweeps/storage.py`): a journal file (Optuna's JournalStorage,
+the NFS choice) and the gRPC proxy (`ablate storage-proxy` in front of SQLite), beside SQLite.
+
+No mocks: real worker processes on one journal file, a real proxy process on 127.0.0.1, SIGKILLed
+processes whose heartbeat stops, real `ablate table3`, `ablate report`, `ablate dashboard` and
+`ablate sweep optuna` runs on tiny models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from sweeps.optuna_api import fail_stale_trials
+from sweeps.storage import grpc_address, journal_path, make_storage, safe_url
+from sweeps.study import open_study
+from test_sweeps import EXPECTED_KEYS, SPACE, TINY, ablate, take_queued_trials_concurrently, write
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"{proc.args} did not start listening: {proc.communicate()[0]}")
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def proxy(tmp_path: Path) -> Iterator[str]:
+    """`ablate storage-proxy` in front of a SQLite file, on a free port; yields its grpc:// URL and
+    checks that SIGTERM stops it cleanly."""
+    pytest.importorskip("grpc", reason="grpcio is not installed (pip install 'transformer-ablations[grpc]')")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "storage-proxy", "--storage",
+                             f"sqlite:///{tmp_path}/proxied.db", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_port(port, proc)
+    try:
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert f"grpc://127.0.0.1:{port}" in out
+
+
+@pytest.fixture(params=["sqlite", "journal", "grpc"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "grpc":
+        return request.getfixturevalue("proxy")
+    return {"sqlite": f"sqlite:///{tmp_path}/s.db", "journal": f"journal:///{tmp_path}/s.journal"}[request.param]
+
+
+def test_urls_name_their_storage(tmp_path: Path):
+    assert journal_path("journal:///runs/s.journal") == Path("runs/s.journal")  # relative, as sqlite:///
+    assert journal_path("journal:////nfs/s.journal") == Path("/nfs/s.journal")
+    assert journal_path("/nfs/me/study.log") == Path("/nfs/me/study.log")
+    assert journal_path("sqlite:///runs/s.db") is None and journal_path("runs/s.db") is None
+    assert grpc_address("grpc://10.0.0.5:13001") == ("10.0.0.5", 13001)
+    assert grpc_address("grpc://[::1]") == ("::1", 13000)
+    assert safe_url("postgresql+psycopg2://u:hunter2@h/db") == "postgresql+psycopg2://u:***@h/db"
+    storage = make_storage(f"journal:///{tmp_path}/new/s.journal", None)
+    assert isinstance(storage, optuna.storages.journal.JournalStorage)
+    assert (tmp_path / "new" / "s.journal").is_file()
+
+
+@pytest.mark.parametrize("kind", ["journal", "grpc"])
+def test_four_workers_queueing_and_taking_never_run_a_trial_twice(kind: str, tmp_path: Path,
+                                                                  request: pytest.FixtureRequest):
+    url = request.getfixturevalue("proxy") if kind == "grpc" else f"journal:///{tmp_path}/race.journal"
+    assert sorted(take_queued_trials_concurrently(url)) == EXPECTED_KEYS
+
+
+BEATING = """
+import sys, time, optuna
+from sweeps.storage import make_storage
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+study = optuna.load_study(study_name="hb", storage=make_storage(sys.argv[1], 1))
+def objective(trial):
+    print(trial.number, flush=True)
+    time.sleep(600)
+study.optimize(objective, n_trials=1)
+"""
+
+
+def test_a_killed_workers_trial_is_failed_and_retried_by_the_heartbeat(url: str):
+    """The same on every storage: a beating trial is left alone past the grace period; once its
+    process is SIGKILLed, two missed beats make it FAIL and a WAITING copy takes its place."""
+    study = open_study("hb", make_storage(url, 1))
+    study.enqueue_trial({}, user_attrs={"run_dir": "/runs/hb/trial-0"})
+    proc = subprocess.Popen([sys.executable, "-c", BEATING, url], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "0"
+        time.sleep(3)  # past the 2 s grace period, but beating
+        fail_stale_trials(study)
+        assert [t.state for t in study.get_trials()] == [TrialState.RUNNING]
+        proc.kill()
+        proc.wait()
+        time.sleep(3)
+        fail_stale_trials(study)
+    finally:
+        proc.kill()
+    dead, copy = study.get_trials()
+    assert dead.state == TrialState.FAIL and copy.state == TrialState.WAITING
+    assert copy.system_attrs["failed_trial"] == 0 and copy.user_attrs == {"run_dir": "/runs/hb/trial-0"}
+    fail_stale_trials(study)  # once only
+    assert len(study.get_trials()) == 2
+
+
+def test_table3_report_and_dashboard_on_a_journal_file(tmp_path: Path):
+    storage = f"journal:///{tmp_path}/nfs/table3.journal"
+    runs = tmp_path / "runs"
+    result = ablate("table3", "--preset", "tiny", "--rows", "base", "--seeds", "1,2", "--workers", "2",
+                    "--storage", storage, "--runs-dir", str(runs), *TINY, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = optuna.load_study(study_name="table3-tiny", storage=make_storage(storage, None)).get_trials()
+    assert sorted((t.user_attrs["row"], t.user_attrs["seed"], t.state) for t in trials) == \
+        [("base", 1, TrialState.COMPLETE), ("base", 2, TrialState.COMPLETE)]
+    assert (runs / "table3-tiny" / "report" / "report.html").is_file()
+
+    again = ablate("report", "--storage", storage, "--out", str(tmp_path / "again"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp_path / "again" / "table3.md").read_text() == (runs / "table3-tiny" / "report" / "table3.md").read_text()
+
+    port = free_port()
+    dash = subprocess.Popen([sys.executable, "-m", "ablate", "dashboard", "--storage", storage, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_port(port, dash)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=30) as response:
+            studies = json.load(response)["study_summaries"]
+        assert [s["study_name"] for s in studies] == ["table3-tiny"]
+    finally:
+        dash.send_signal(signal.SIGINT)
+        dash.communicate(timeout=30)
+    assert dash.returncode == 0
+
+
+def test_sweep_through_the_grpc_proxy(proxy: str, tmp_path: Path):
+    result = ablate("sweep", "optuna", "--study", "via-proxy", "--storage", proxy,
+                    "--space", str(write(tmp_path / "space.yaml", SPACE)), "--n-trials", "2", "--workers", "2",
+                    "--heartbeat", "5", "--runs-dir", str(tmp_path / "runs"), *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = optuna.load_study(study_name="via-proxy", storage=make_storage(proxy, None)).get_trials()
+    assert len(trials) == 2 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert {t.user_attrs["run_dir"] for t in trials} == {
+        str((tmp_path / "runs" / "via-proxy" / f"trial-{t.number}").resolve()) for t in trials}
+    assert all("heartbeat" in t.system_attrs for t in trials)  # beaten through the proxy
