@@ -31,7 +31,22 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but errors are one line: `ablate: error: ...`."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"ablate: error: {message} (see {self.prog} --help)\n")
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum`, else a one-line error naming the option."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return whole_number
 
 
 def _add_run_options(p: argparse.ArgumentParser, table: bool = False) -> None:
@@ -102,14 +117,13 @@ def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | No
 
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from ablations.resolve import resolve
+    from lightning_modules.run.preflight import check_hardware
     from sweeps.space import load_space
     from sweeps.study import make_storage, open_study
 
     space = load_space(args.space)
     overrides, devices = _sweep_run_args(args)
-    if args.n_trials < 1:
-        raise UserError("--n-trials must be at least 1")
-    resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
+    check_hardware(resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec))
     pruner = "none" if args.no_prune else args.pruner
     if args.sampler == "grid":
         space.grid()
@@ -218,8 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--storage", default=DEFAULT_STORAGE,
                    help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; "
                         "postgresql+psycopg2://user:pass@host/db for several machines)")
-    o.add_argument("--n-trials", type=int, default=20, help="finished trials the study should reach (default 20)")
-    o.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
+    o.add_argument("--n-trials", type=at_least(1), default=20, help="finished trials the study should reach (default 20)")
+    o.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
     o.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
                    help="devices each trial trains on with Lightning DDP (GPUs from --devices, "
                         "else CPU processes; default 1)")
@@ -229,11 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--pruner", choices=PRUNERS, default="median",
                    help="prune on dev perplexity by step (objective ppl only; default median)")
     o.add_argument("--no-prune", action="store_true", help="same as --pruner none")
-    o.add_argument("--prune-startup-trials", type=int, default=5, metavar="N",
+    o.add_argument("--prune-startup-trials", type=at_least(0), default=5, metavar="N",
                    help="trials that finish before any is pruned (default 5)")
-    o.add_argument("--prune-warmup-steps", type=int, default=0, metavar="S",
+    o.add_argument("--prune-warmup-steps", type=at_least(0), default=0, metavar="S",
                    help="training steps before a trial can be pruned (default 0)")
-    o.add_argument("--heartbeat", type=int, default=60,
+    o.add_argument("--heartbeat", type=at_least(1), default=60,
                    help="seconds between trial heartbeats; a trial silent for twice that is retried")
     for q in (o, kinds.add_parser("wandb", help="write (and optionally launch) a W&B sweep")):
         q.add_argument("--space", required=True, help="search space YAML (see sweeps/example.yaml)")
@@ -248,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--objective", choices=["ppl", "bleu"], default="ppl")
     w.add_argument("--launch", action="store_true", help="register the sweep and run an agent here")
     w.add_argument("--project", default="transformer-ablations", help="W&B project for --launch")
-    w.add_argument("--count", type=int, help="runs for this agent (--launch; default: until the sweep ends)")
+    w.add_argument("--count", type=at_least(1), help="runs for this agent (--launch; default: until the sweep ends)")
     w.set_defaults(func=cmd_sweep_wandb)
 
     p = sub.add_parser("table3", help="run Table 3 (every row x seed not yet complete), then write its report")
@@ -257,11 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
     p.add_argument("--storage", default=DEFAULT_STORAGE,
                    help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; PostgreSQL for several machines)")
-    p.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
+    p.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
     p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
                    help="devices each run trains on with Lightning DDP (default 1)")
     p.add_argument("--runs-dir", default="runs/table3", help="parent of the run directories (default runs/table3)")
-    p.add_argument("--heartbeat", type=int, default=60,
+    p.add_argument("--heartbeat", type=at_least(1), default=60,
                    help="seconds between trial heartbeats; a run silent for twice that is retried")
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
@@ -295,8 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may come before or after options: collect the ones argparse left over.
     if hasattr(args, "overrides"):
@@ -304,6 +317,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = [r for r in rest if r not in args.overrides]
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(build_parser(), argv)
+    except SystemExit as done:  # --help, --version, or a usage error (its one line is printed)
+        return int(done.code or 0)
     handler: Callable[[argparse.Namespace], int] = args.func
     try:
         return handler(args)

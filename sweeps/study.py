@@ -45,8 +45,21 @@ def safe_url(url: str) -> str:
         return url
 
 
+def in_memory_sqlite(url: str) -> bool:
+    """An SQLite URL without a file (`sqlite://`, `sqlite:///:memory:`): each process has its own."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 (not an SQLAlchemy URL: make_storage reports it)
+        return False
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+
+
 def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
     """The RDB storage; with a heartbeat, stale trials become FAIL and are re-queued as copies."""
+    if in_memory_sqlite(url):
+        raise UserError(f"storage {url} is an in-memory SQLite database: the worker processes cannot "
+                        f"share it and it is gone when the command ends; give a file, e.g. "
+                        f"sqlite:///runs/sweeps.db")
     path = sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
     if path is not None:

@@ -107,12 +107,52 @@ CASES: list[Case] = [
      "no database", {}),
     ("report-negative-bootstrap", lambda t: ["report", "--out", str(t / "r"), "--bootstrap", "-1"], "--bootstrap", {}),
     ("params-bad-vocab", lambda t: ["params", "--vocab-size", "0"], "vocab", {}),
+    # Settings that only Lightning or a worker used to check, after the data was loaded or the table queued
+    ("devices-minus-one", lambda t: ["train", "--devices", "-1", *FAST], "train.devices must be auto", {}),
+    ("devices-zero", lambda t: ["train", "--devices", "0", *FAST], "train.devices must be auto", {}),
+    ("device-ids-on-cpu", lambda t: ["train", "--devices", "0,1", "--accelerator", "cpu", *FAST],
+     "lists GPU ids, but this run trains on the CPU", {}),
+    ("accelerator-gpu-without-gpu", lambda t: ["train", "--accelerator", "gpu", *FAST], "no CUDA GPU", {}),
+    ("accelerator-unknown", lambda t: ["train", "--accelerator", "quantum", *FAST], "train.accelerator", {}),
+    ("precision-fp8", lambda t: ["train", "--precision", "fp8", *FAST], "train.precision must be one of", {}),
+    ("strategy-unknown", lambda t: ["train", "train.strategy=warp", *FAST], "train.strategy", {}),
+    ("seed-negative", lambda t: ["train", "--seed", "-1", *FAST], "train.seed must be between 0", {}),
+    ("seed-too-large", lambda t: ["train", "--seed", str(2 ** 32), *FAST], "train.seed must be between 0", {}),
+    ("table3-seed-negative", lambda t: ["table3", "--rows", "base", "--seeds", "1,-1", *FAST], "train.seed", {}),
+    ("bleu-tokenizer-unknown", lambda t: ["train", "eval.bleu_tokenize=klingon", *FAST], "eval.bleu_tokenize", {}),
+    ("sweep-heartbeat-negative", lambda t: sweep(t, SPACE_OK, "--heartbeat", "-5"), "--heartbeat", {}),
+    ("table3-heartbeat-zero", lambda t: ["table3", "--heartbeat", "0", *FAST], "--heartbeat", {}),
+    ("prune-startup-trials-negative", lambda t: sweep(t, SPACE_OK, "--prune-startup-trials", "-1"),
+     "--prune-startup-trials", {}),
+    ("prune-warmup-steps-negative", lambda t: sweep(t, SPACE_OK, "--prune-warmup-steps", "-3"),
+     "--prune-warmup-steps", {}),
+    ("sweep-workers-negative", lambda t: sweep(t, SPACE_OK, "--workers", "-2"), "--workers", {}),
+    ("table3-workers-zero", lambda t: ["table3", "--workers", "0", *FAST], "--workers", {}),
+    ("table3-in-memory-storage", lambda t: ["table3", "--rows", "base", "--storage", "sqlite://", *FAST],
+     "in-memory SQLite", {}),
+    ("sweep-in-memory-storage", lambda t: [*sweep(t, SPACE_OK), "--storage", "sqlite:///:memory:"],
+     "in-memory SQLite", {}),
+    ("table3-device-id-negative", lambda t: ["table3", "--devices", "-1", *FAST], "distinct GPU ids", {}),
+    ("table3-device-ids-without-gpu", lambda t: ["table3", "--devices", "0", *FAST], "no CUDA GPU", {}),
+    ("sweep-accelerator-gpu-without-gpu", lambda t: sweep(t, SPACE_OK, "--accelerator", "gpu"), "no CUDA GPU", {}),
+    ("table3-strategy-unknown", lambda t: ["table3", "--rows", "base", "train.strategy=warp", *FAST],
+     "train.strategy", {}),
 ]
+# Valid on a machine with a GPU: skipped there.
+NEED_NO_GPU = {"accelerator-gpu-without-gpu", "table3-device-ids-without-gpu", "sweep-accelerator-gpu-without-gpu"}
+
+
+def gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: Path, monkeypatch, capsys):
     name, build, expected, env = case
+    if name in NEED_NO_GPU and gpu_visible():
+        pytest.skip("valid on this machine: it has a GPU")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from lightning_modules.config import TransformerConfig
+from lightning_modules.config import ACCELERATORS, PRECISIONS, TransformerConfig
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides, resolve
 from ablations.spec import load_spec
@@ -208,6 +208,18 @@ def test_wrong_type_is_a_user_error(override, key):
 def test_invalid_values_are_user_errors(override):
     with pytest.raises(UserError):
         resolve("tiny", "base", overrides=[override])
+
+
+def test_precision_and_accelerator_names_are_lightnings():
+    """The names train.precision and train.accelerator accept are the ones Lightning takes."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    lightning_precisions = {str(v) for part in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(part)}
+    assert set(PRECISIONS) - {"auto"} == lightning_precisions
+    assert set(AcceleratorRegistry.available_accelerators()) | {"auto", "gpu"} == set(ACCELERATORS)
 
 
 def test_malformed_override_is_a_user_error():
