@@ -85,6 +85,18 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return nested
 
 
+def check_override_types(items: list[str], source: str) -> None:
+    """Parse key=value overrides and check each value, one by one, against its config field's type,
+    naming `source` (a value's range is checked where a run's whole configuration is resolved)."""
+    schema = OmegaConf.structured(RunConfig)
+    for item in items:
+        try:
+            nested = parse_overrides([item])
+        except UserError as err:
+            raise UserError(f"{source}: {err}") from None
+        _merge(schema, nested, source)
+
+
 def _suggest(key: str) -> str:
     """' (did you mean ...?)' for the settable key closest to `key`, or ''."""
     every_path = sorted(p for group in _leaf_paths().values() for p in group)

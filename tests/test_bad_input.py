@@ -42,6 +42,11 @@ def sweep(tmp: Path, space: str, *extra: str) -> list[str]:
             *extra, *FAST]
 
 
+def spec(tmp: Path, base: str) -> str:
+    """An ablation spec whose base row is `base` (YAML flow text; more rows may follow)."""
+    return files(tmp, rows_yaml=f"base: {base}\n")["rows_yaml"]
+
+
 # (case id, argument builder given the tmp dir, text the one error line must contain, environment)
 Case = tuple[str, Callable[[Path], list[str]], str, dict[str, str]]
 CASES: list[Case] = [
@@ -137,6 +142,32 @@ CASES: list[Case] = [
     ("sweep-accelerator-gpu-without-gpu", lambda t: sweep(t, SPACE_OK, "--accelerator", "gpu"), "no CUDA GPU", {}),
     ("table3-strategy-unknown", lambda t: ["table3", "--rows", "base", "train.strategy=warp", *FAST],
      "train.strategy", {}),
+    # Spec and search-space values of the wrong type (they failed inside a worker, or after the whole table)
+    ("spec-model-value-wrong-type", lambda t: ["table3", "--spec", spec(t, "{model: {d_model: wide}}"), *FAST],
+     "row 'base': model.d_model: Value 'wide'", {}),
+    ("spec-train-steps-not-a-number", lambda t: ["table3", "--spec", spec(t, "{model: {}, train_steps: lots}"),
+                                                 *FAST], "train_steps must be a whole number", {}),
+    ("spec-paper-not-a-mapping", lambda t: ["table3", "--spec", spec(t, "{model: {}, paper: 65}"), *FAST],
+     "paper must be a mapping", {}),
+    ("spec-paper-value-text", lambda t: ["params", "--spec", spec(t, "{model: {}, paper: {ppl: low}}")],
+     "paper.ppl must be a number", {}),
+    ("spec-unknown-row-key", lambda t: ["train", "--spec", spec(t, "{model: {}, train_step: 10}")],
+     "unknown keys: train_step", {}),
+    ("spec-row-dropout-text", lambda t: ["train", "--row", "X", "--spec",
+                                         spec(t, "{model: {}}\nX: {model: {dropout: none}}")],
+     "row 'X': model.dropout", {}),
+    ("space-categorical-wrong-type", lambda t: sweep(t, "params:\n  d_model: {type: categorical, choices: [wide, narrow]}\n"),
+     "params.d_model: model.d_model: Value 'wide'", {}),
+    ("space-float-range-for-int-key", lambda t: sweep(t, "params:\n  d_model: {type: float, low: 32, high: 64}\n"),
+     "params.d_model: model.d_model: Value '32.0'", {}),
+    ("space-bool-choice", lambda t: sweep(t, "params:\n  data.ding_dictionary: {type: categorical, choices: [true, maybe]}\n"),
+     "not a valid bool", {}),
+    ("space-grid-value-for-int-key", lambda t: sweep(t, "params:\n  n_layers: {type: int, low: 1, high: 3, grid: [1, 1.5]}\n"),
+     "Value '1.5'", {}),
+    ("space-fixed-wrong-type", lambda t: sweep(t, SPACE_OK + "fixed: {n_heads: many}\n"), "fixed.n_heads", {}),
+    ("wandb-space-wrong-type", lambda t: ["sweep", "wandb", "--out", str(t / "sweep.yaml"), "--space",
+                                         files(t, space_yaml="params:\n  d_ff: {type: categorical, choices: [big]}\n")["space_yaml"]],
+     "model.d_ff", {}),
 ]
 # Valid on a machine with a GPU: skipped there.
 NEED_NO_GPU = {"accelerator-gpu-without-gpu", "table3-device-ids-without-gpu", "sweep-accelerator-gpu-without-gpu"}
