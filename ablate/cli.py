@@ -117,6 +117,7 @@ def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | No
 
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from ablations.resolve import resolve
+    from lightning_modules.run.io import check_writable_dir
     from lightning_modules.run.preflight import check_hardware
     from sweeps.space import load_space
     from sweeps.study import make_storage, open_study
@@ -130,6 +131,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
+    check_writable_dir(args.runs_dir, "the trials' run directories (--runs-dir)")
     open_study(args.study, make_storage(args.storage, None), args.objective)
     settings = WorkerSettings(study=args.study, storage=args.storage, space=str(args.space),
                               n_trials=args.n_trials, runs_dir=args.runs_dir, preset=args.preset,
@@ -142,19 +144,22 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
+    from lightning_modules.run.io import check_writable_dir
     from sweeps.table3 import make_plan, run_table3
 
     overrides, devices = _sweep_run_args(args)
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
                      study=args.study, spec_path=args.spec, config=args.config)
+    report_dir = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
+    if not args.no_report:  # before the table runs, not after
+        check_writable_dir(report_dir, "the report (--report-dir)")
     outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat)
     if outcome.interrupted:
         return outcome.exit_status
     if not args.no_report:
         from reports.build import build_report
 
-        out = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
-        written = build_report(args.storage, plan.study, out, wandb=args.wandb_report)
+        written = build_report(args.storage, plan.study, report_dir, wandb=args.wandb_report)
         print(f"report: {', '.join(str(p) for p in written)}", flush=True)
     return outcome.exit_status
 

@@ -17,7 +17,7 @@ import pandas as pd
 from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import load_preset
-from lightning_modules.run.io import atomic_write_bytes, atomic_write_text
+from lightning_modules.run.io import atomic_write_bytes, atomic_write_text, check_writable_dir
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
 from reports.html import render
@@ -101,6 +101,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     """Write the report files into `out` and return their paths."""
     if bootstrap < 0:
         raise UserError(f"--bootstrap must be 0 or more, got {bootstrap}")
+    check_writable_dir(out, "the report")
     data = load_table3(storage, study)
     if data.runs.empty:
         raise UserError(f"study {data.study!r} has no complete runs yet: nothing to report")

@@ -20,6 +20,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
+from lightning_modules.run.io import check_writable_dir
 from ablations.resolve import parse_overrides
 from sweeps.optuna_api import heartbeat_storage
 from sweeps.space import SearchSpace
@@ -63,6 +64,7 @@ def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
     path = sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
     if path is not None:
+        check_writable_dir(path.parent, f"the database {path.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
     try:

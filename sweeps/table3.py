@@ -25,6 +25,7 @@ from ablations.resolve import resolve
 from ablations.spec import default_rows, load_spec
 from lightning_modules.config import count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.run.io import check_writable_dir
 from sweeps.study import enqueue, make_storage, open_study, safe_url
 
 KIND = "table3"
@@ -56,6 +57,7 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
     base = resolve(preset, "base", config, overrides, spec_path)
     check_hardware(base)
+    check_writable_dir(runs_dir, "the run directories (--runs-dir)")
     seed_list = parse_seeds(seeds, base.train.seed)
     return Table3Plan(study=study or f"table3-{preset}", storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,

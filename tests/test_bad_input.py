@@ -47,6 +47,21 @@ def spec(tmp: Path, base: str) -> str:
     return files(tmp, rows_yaml=f"base: {base}\n")["rows_yaml"]
 
 
+def a_file(tmp: Path) -> Path:
+    return Path(files(tmp, a_txt="not a directory")["a_txt"])
+
+
+def read_only_dir(tmp: Path) -> Path:
+    """A directory this process cannot write into: mode 0o555; as root, whom modes do not stop,
+    a path under a file instead."""
+    if os.geteuid() == 0:
+        return a_file(tmp) / "read-only"
+    folder = tmp / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
 # (case id, argument builder given the tmp dir, text the one error line must contain, environment)
 Case = tuple[str, Callable[[Path], list[str]], str, dict[str, str]]
 CASES: list[Case] = [
@@ -168,6 +183,24 @@ CASES: list[Case] = [
     ("wandb-space-wrong-type", lambda t: ["sweep", "wandb", "--out", str(t / "sweep.yaml"), "--space",
                                          files(t, space_yaml="params:\n  d_ff: {type: categorical, choices: [big]}\n")["space_yaml"]],
      "model.d_ff", {}),
+    # Output paths that were found unwritable only when written (the report: after the whole table)
+    ("report-out-under-a-file", lambda t: ["report", "--out", str(a_file(t) / "rep")],
+     "cannot write the report to", {}),
+    ("report-out-is-a-file", lambda t: ["report", "--out", str(a_file(t))], "is not a directory", {}),
+    ("table3-report-dir-a-file", lambda t: ["table3", "--rows", "base", "--report-dir", str(a_file(t)), *FAST],
+     "cannot write the report (--report-dir)", {}),
+    ("table3-runs-dir-read-only", lambda t: ["table3", "--rows", "base", "--runs-dir", str(read_only_dir(t)), *FAST],
+     "cannot write the run directories (--runs-dir)", {}),
+    ("sweep-runs-dir-read-only", lambda t: sweep(t, SPACE_OK, "--runs-dir", str(read_only_dir(t) / "runs")),
+     "cannot write the trials' run directories", {}),
+    ("train-out-read-only", lambda t: ["train", "--out", str(read_only_dir(t) / "run"), *FAST],
+     "cannot write to output directory", {}),
+    ("wandb-out-a-directory", lambda t: ["sweep", "wandb", "--space", files(t, space_yaml=SPACE_OK)["space_yaml"],
+                                         "--out", str(t)], "is a directory", {}),
+    ("wandb-out-missing-parent", lambda t: ["sweep", "wandb", "--space", files(t, space_yaml=SPACE_OK)["space_yaml"],
+                                            "--out", str(t / "nope" / "sweep.yaml")], "does not exist", {}),
+    ("storage-under-a-file", lambda t: ["table3", "--rows", "base", "--storage", f"sqlite:///{a_file(t)}/s.db", *FAST],
+     "cannot write the database s.db", {}),
 ]
 # Valid on a machine with a GPU: skipped there.
 NEED_NO_GPU = {"accelerator-gpu-without-gpu", "table3-device-ids-without-gpu", "sweep-accelerator-gpu-without-gpu"}

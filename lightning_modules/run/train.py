@@ -32,7 +32,7 @@ from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
-from lightning_modules.run.io import atomic_write_json, atomic_write_text, write_lines
+from lightning_modules.run.io import atomic_write_json, atomic_write_text, first_missing, write_lines
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_run, remove_stale_temporaries, resume_checkpoint,
@@ -109,7 +109,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     hardware = resolve_hardware(cfg)  # bad or missing hardware fails before any work
     check_memory(cfg)
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
-    created = not out.exists()
+    created = first_missing(out)  # the outermost directory this run creates: removed if a check fails
     check_output_dir(out)
     remove_stale_temporaries(out)
     try:
@@ -117,7 +117,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         check_disk_space(out, cfg)
     except UserError:
         if created:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(created, ignore_errors=True)
         raise
     done = read_results(out)
     if done and done.status == "complete":
@@ -133,7 +133,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         dm.setup("fit")
     except UserError:
         if created:  # a bad corpus leaves nothing behind
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(created, ignore_errors=True)
         raise
     atomic_write_text(out / "config.yaml", to_yaml(cfg))  # as asked for: no derived value
     # The model as built: the tokenizer decides the vocabulary (the config holds data.vocab_size).
