@@ -21,6 +21,10 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
 # keeps this list in step with it), and "auto". FP8 is "transformer-engine".
 PRECISIONS = ("auto", "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed",
               "bf16-true", "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16")
+# Positions a run's model needs at least: BOS or EOS plus a sentence's wordpieces. Below this the
+# length filter leaves (nearly) no sentence of any corpus, and decoding has no room for a
+# translation. (A model alone may be smaller: the unit tests build some.)
+MIN_MAX_LEN = 16
 MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes: 0 .. 2**32 - 1
 
 
@@ -291,6 +295,11 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+
+    def __post_init__(self) -> None:
+        if self.model.max_len < MIN_MAX_LEN:
+            raise UserError(f"model.max_len={self.model.max_len} is too short for a run: it needs at least "
+                            f"{MIN_MAX_LEN} positions (a sentence's wordpieces plus BOS/EOS)")
 
 
 def requested_config(cfg: RunConfig) -> dict[str, Any]:

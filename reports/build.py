@@ -17,7 +17,8 @@ import pandas as pd
 from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import load_preset
-from lightning_modules.run.io import atomic_write_bytes, atomic_write_text, check_writable_dir
+from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, check_writable_dir,
+                                     disk_full_ends_the_run)
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
 from reports.html import render
@@ -123,12 +124,13 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
             atomic_write_text(path, content)
         written.append(path)
 
-    for name, png in pictures.items():
-        put(f"figures/{name}", png)
-    put("table3.csv", frame.to_csv(float_format="%.6g"))
-    put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures)))
-    put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
-    put("report.html", render(title, cap, display_frame(frame), note_lines, pictures))
+    with disk_full_ends_the_run(out):
+        for name, png in pictures.items():
+            put(f"figures/{name}", png)
+        put("table3.csv", frame.to_csv(float_format="%.6g"))
+        put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures)))
+        put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
+        put("report.html", render(title, cap, display_frame(frame), note_lines, pictures))
     if wandb != "off":
         log_to_wandb(data, frame, out, wandb)
     return written

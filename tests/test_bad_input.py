@@ -6,8 +6,13 @@ a last test runs a few of them as real processes to check for tracebacks on stde
 
 from __future__ import annotations
 
+import gzip
+import io
+import json
 import os
+import shutil
 import subprocess
+import tarfile
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,9 +35,34 @@ def files(tmp: Path, **contents: str | bytes) -> dict[str, str]:
     return out
 
 
-def corpus(tmp: Path, tgt: str | bytes = "x y\nz w\n", src: str = "a b\nc d\n") -> list[str]:
-    f = files(tmp, train_en=src, train_de=tgt, valid_en="a b\n", valid_de="x y\n")
+def corpus(tmp: Path, tgt: str | bytes = "x y\nz w\n", src: str = "a b\nc d\n", valid_src: str = "a b\n") -> list[str]:
+    f = files(tmp, train_en=src, train_de=tgt, valid_en=valid_src, valid_de="x y\n")
     return ["--train-src", f["train_en"], "--train-tgt", f["train_de"],
+            "--valid-src", f["valid_en"], "--valid-tgt", f["valid_de"]]
+
+
+LETTERS = ["data.vocab_size=20"]  # a BPE vocabulary the two-line corpus allows
+LONG = "a b c d e f g h i j k l m n o p q r s t\n"  # 20 words: 20 or more wordpieces
+
+
+def damaged_gzip(data: bytes, damage: str) -> bytes:
+    """`data` gzipped, then damaged: bad deflate data (zlib.error), cut short (EOFError), or a
+    wrong CRC (gzip.BadGzipFile)."""
+    packed = gzip.compress(data, mtime=0)
+    if damage == "deflate":
+        return packed[:10] + bytes([packed[10] ^ 0xFF]) + packed[11:]
+    if damage == "truncated":
+        return packed[:len(packed) // 2]
+    return packed[:-8] + bytes(4) + packed[-4:]
+
+
+GZIP_DAMAGE = ("deflate", "truncated", "crc")
+TEXT = "".join(f"line {i} of a corpus\n" for i in range(300)).encode()
+
+
+def gzip_corpus(tmp: Path, damage: str) -> list[str]:
+    f = files(tmp, train_en_gz=damaged_gzip(TEXT, damage), train_de=TEXT, valid_en="a b\n", valid_de="x y\n")
+    return ["--train-src", f["train_en_gz"], "--train-tgt", f["train_de"],
             "--valid-src", f["valid_en"], "--valid-tgt", f["valid_de"]]
 
 
@@ -201,6 +231,23 @@ CASES: list[Case] = [
                                             "--out", str(t / "nope" / "sweep.yaml")], "does not exist", {}),
     ("storage-under-a-file", lambda t: ["table3", "--rows", "base", "--storage", f"sqlite:///{a_file(t)}/s.db", *FAST],
      "cannot write the database s.db", {}),
+    # Runs that would do nothing but report success, or train something other than they say
+    ("max-train-len-one", lambda t: ["train", "--out", str(t / "run"), *corpus(t), *LETTERS, "data.max_train_len=1",
+                                     *FAST], "no training pairs left: all 2 are longer than 1 wordpieces", {}),
+    ("corpus-every-line-too-long", lambda t: ["train", "--out", str(t / "run"), *corpus(t, src=LONG + LONG),
+                                              "data.vocab_size=40", "data.max_train_len=6", *FAST],
+     "no training pairs left: all 2 are longer than 6 wordpieces on a side; raise data.max_train_len", {}),
+    ("dev-lines-too-long", lambda t: ["train", "--out", str(t / "run"), *corpus(t, valid_src=LONG), *LETTERS,
+                                      "model.max_len=16", *FAST], "no dev pairs left: all 1", {}),
+    ("max-len-tiny", lambda t: ["train", "model.max_len=2", *FAST], "model.max_len=2 is too short", {}),
+    ("row-as-override", lambda t: ["train", "row=Z9", *FAST], "choose the row with --row", {}),
+    ("preset-as-override", lambda t: ["table3", "preset=paper", *FAST], "choose the preset with --preset", {}),
+    ("space-samples-the-row", lambda t: sweep(t, "params:\n  row: {type: categorical, choices: [base, A1]}\n"),
+     "choose the row with --row", {}),
+    # Damaged or odd input that crashed
+    *[(f"gzip-corpus-{damage}", lambda t, damage=damage: ["train", "--out", str(t / "run"), *gzip_corpus(t, damage),
+                                                           *FAST], "train.en.gz: damaged gzip file", {})
+      for damage in GZIP_DAMAGE],
 ]
 # Valid on a machine with a GPU: skipped there.
 NEED_NO_GPU = {"accelerator-gpu-without-gpu", "table3-device-ids-without-gpu", "sweep-accelerator-gpu-without-gpu"}
@@ -248,3 +295,86 @@ def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
                             text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("damage", ["deflate", "truncated"])  # (tar stops before gzip checks its CRC)
+def test_damaged_corpus_archive_is_one_line_naming_it(damage: str, tmp_path: Path):
+    """A downloaded .tgz that is damaged (cached from an interrupted copy, say) is a UserError
+    naming it, whichever way gzip fails."""
+    from lightning_modules.data.corpora import fetch_wmt14_train
+    from lightning_modules.errors import UserError
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for lang in ("en", "de"):
+            info = tarfile.TarInfo(f"corpus.de-en.{lang}")
+            info.size = len(TEXT)
+            tar.addfile(info, io.BytesIO(TEXT))
+    cache = tmp_path / "wmt14"
+    cache.mkdir()
+    (cache / "corpus.tgz").write_bytes(damaged_gzip(buffer.getvalue(), damage))
+    with pytest.raises(UserError, match="corpus.tgz: not a valid archive") as err:
+        fetch_wmt14_train(cache, [("http://127.0.0.1:9/corpus.tgz", "corpus.de-en")])  # cached: not fetched
+    assert "\n" not in str(err.value) and not (cache / "train.en").exists()
+
+
+# Run inside a private mount namespace (`unshare -Urm`): mount a small tmpfs, train into it, stop
+# the run at step 2 (step 1's checkpoint written, step 2's not yet), fill the tmpfs, let the run go
+# on into a full disk.
+DISK_FULL_DRIVER = r"""
+import json, os, signal, subprocess, sys, zipfile
+from pathlib import Path
+
+mount, args = Path(sys.argv[1]), sys.argv[2:]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(mount)], check=True)
+env = {**os.environ, "ABLATE_FAULT": "train_step@2:SIGSTOP"}
+run = subprocess.Popen([sys.executable, "-m", "ablate", "train", "--out", str(mount / "run"), *args],
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+_, status = os.waitpid(run.pid, os.WUNTRACED)
+stopped = os.WIFSTOPPED(status)
+if stopped:
+    try:
+        with open(mount / "filler", "wb") as filler:
+            while True:
+                filler.write(bytes(1 << 20))
+                filler.flush()
+    except OSError:
+        pass
+    os.kill(run.pid, signal.SIGCONT)
+stderr = run.stderr.read()
+code = run.wait() if stopped else os.waitstatus_to_exitcode(status)
+out = mount / "run"
+checkpoints = {p.name: zipfile.ZipFile(p).testzip() is None for p in (out / "checkpoints").glob("*.ckpt")}
+print(json.dumps({"stopped": stopped, "code": code, "stderr": stderr, "checkpoints": checkpoints,
+                  "files": sorted(str(p.relative_to(out)) for p in out.rglob("*"))}))
+"""
+
+
+def mount_namespace_available() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-Urm", "true"], capture_output=True, timeout=30).returncode == 0
+
+
+def test_disk_full_mid_run_is_one_line_and_leaves_no_half_written_file(tmp_path: Path):
+    """A real ENOSPC (a full tmpfs) while training: exit status 1, one `ablate: error:` line and no
+    traceback; results.json is not written, no temporary file is left, the checkpoint written before
+    the disk filled is whole (the same command resumes from it once there is space)."""
+    if not mount_namespace_available():
+        pytest.skip("cannot mount a tmpfs here: `unshare -Urm` (an unprivileged mount namespace) is refused")
+    mount = tmp_path / "tiny-disk"
+    mount.mkdir()
+    args = [*corpus(tmp_path), *LETTERS, "--max-steps", "4", "--no-wandb", "train.progress_bar=false",
+            "train.checkpoint_every=1", "d_model=16", "d_ff=32", "n_heads=2", "n_layers=1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(["unshare", "-Urm", sys.executable, "-c", DISK_FULL_DRIVER, str(mount), *args],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["stopped"], report["stderr"][-3000:]
+    errors = [line for line in report["stderr"].splitlines() if line.startswith("ablate: error:")]
+    assert report["code"] == 1 and "Traceback" not in report["stderr"], report["stderr"][-3000:]
+    assert len(errors) == 1 and "the disk is full" in errors[0], report["stderr"][-3000:]
+    assert report["stderr"].strip().splitlines()[-1] == errors[0]
+    assert "results.json" not in report["files"] and not [f for f in report["files"] if f.endswith(".tmp")]
+    assert report["checkpoints"] and all(report["checkpoints"].values()), report["files"]

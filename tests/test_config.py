@@ -173,6 +173,22 @@ def test_overrides_flat_and_dotted_win_over_row_and_preset():
         "model": {"d_model": 64}, "train": {"compile": True}, "data": {"data_dir": "/x"}}
 
 
+def test_a_scale_given_by_an_override_or_config_file_scales_the_row(tmp_path):
+    """scale.* after the preset is the rule the row is scaled by (it was recorded, but did nothing)."""
+    cfg = resolve("tiny", "C4", overrides=["scale.width=0.5"])
+    assert (cfg.scale.width, cfg.model.d_model, cfg.model.d_k) == (0.5, 128, 16)  # C4: 256, 32 in the paper
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("scale: {width: 1.0, steps: 0.001}\n")
+    cfg = resolve("tiny", "C4", config_file=wide, overrides=["d_ff=100"])
+    assert (cfg.model.d_model, cfg.model.d_ff, cfg.train.max_steps) == (256, 100, 100)
+
+
+@pytest.mark.parametrize("override", ["row=A1", "preset=paper"])
+def test_row_and_preset_are_options_not_overrides(override):
+    with pytest.raises(UserError, match="--row|--preset"):
+        resolve("tiny", "base", overrides=[override])
+
+
 def test_config_file_between_row_and_overrides(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("model: {d_ff: 77, dropout: 0.05}\ntrain: {warmup_steps: 5}\n")

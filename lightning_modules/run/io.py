@@ -3,13 +3,16 @@ the checks, made before any work, that an output directory or file can be writte
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.errors import UserError
+from lightning_modules.errors import DiskFull, UserError
 from lightning_modules.run.faults import inject
 
 
@@ -58,6 +61,29 @@ def _unwritable(folder: Path) -> str | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{folder} is not writable"
     return None
+
+
+def _no_space(err: BaseException | None) -> OSError | None:
+    """The out-of-space error (ENOSPC, or a full quota) in `err` or what it happened while handling."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return err
+        err = err.__context__
+    return None
+
+
+@contextmanager
+def disk_full_ends_the_run(where: str | Path) -> Iterator[None]:
+    """Writes under `where` that run out of space end in one `DiskFull` line (exit status 1), not
+    a traceback from whichever library was writing; the files written so far stay whole."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 (re-raised unless the disk is full)
+        full = _no_space(err)
+        if full is None:
+            raise
+        raise DiskFull(f"{where}: the disk is full ({full.strerror}); free some space and run the same "
+                       f"command again") from None
 
 
 def first_missing(path: str | Path) -> Path | None:

@@ -32,7 +32,8 @@ from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
-from lightning_modules.run.io import atomic_write_json, atomic_write_text, first_missing, write_lines
+from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
+                                     write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_run, remove_stale_temporaries, resume_checkpoint,
@@ -125,6 +126,15 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     if done and done.status == "failed":
         raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "
                         f"(or delete {out}) to try again")
+    with disk_full_ends_the_run(out):
+        return _train_and_evaluate(cfg, out, hardware, wandb, created, group, callbacks)
+
+
+def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
+                        created: Path | None, group: str | None,
+                        callbacks: list[pl.Callback] | None) -> RunResult | None:
+    """`train`'s work once every check has passed: data, fit, validation, beam search, results.json
+    (`created`: the directory the run made, removed if the corpus turns out unusable)."""
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len,
