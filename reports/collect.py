@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from lightning_modules.run.results import RunResult
-from sweeps.study import make_storage, safe_url, sqlite_path, unpack_lines
+from sweeps.study import make_storage, safe_url, unpack_lines
 from sweeps.table3 import KIND
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
@@ -54,10 +54,7 @@ def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
 
 def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     """The study's runs as a DataFrame (latest complete trial of each row and seed)."""
-    path = sqlite_path(storage_url)
-    if path is not None and not path.is_file():  # reading must not create an empty database
-        raise UserError(f"no database {path}: give the --storage of a Table 3 run")
-    storage = make_storage(storage_url, None)
+    storage = make_storage(storage_url, None, existing=True)  # reading creates or changes no database
     names = table3_studies(storage)
     if study_name is None:
         if len(names) != 1:

@@ -9,7 +9,9 @@ same run directory) for the next worker.
 from __future__ import annotations
 
 import base64
+import sqlite3
 import zlib
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from sweeps.optuna_api import heartbeat_storage
 from sweeps.space import SearchSpace
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
+OPTUNA_TABLES = {"studies", "version_info"}  # what makes an SQLite file an Optuna database
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
 
@@ -55,8 +58,36 @@ def in_memory_sqlite(url: str) -> bool:
     return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
 
 
-def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
-    """The RDB storage; with a heartbeat, stale trials become FAIL and are re-queued as copies."""
+def _sqlite_tables(path: Path) -> set[str]:
+    """The table names of an SQLite file, read without writing to it (opened read-only)."""
+    try:
+        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=60)) as db:
+            return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as err:
+        raise UserError(f"{path} is not an SQLite database ({err})") from None
+
+
+def check_sqlite_file(path: Path, existing: bool) -> None:
+    """An SQLite file a storage may open: an Optuna database, or (unless `existing` is asked for) no
+    file yet or an empty one. Optuna would add its tables to any other database."""
+    if not path.exists():
+        if existing:
+            raise UserError(f"no database {path}: give the --storage of a sweep or Table 3 run")
+        return
+    tables = _sqlite_tables(path)
+    if OPTUNA_TABLES <= tables or not (tables or existing):
+        return
+    held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
+    raise UserError(f"{path} is not an Optuna database ({held}); give the --storage of a sweep or "
+                    f"Table 3 run")
+
+
+def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False) -> RDBStorage:
+    """The RDB storage; with a heartbeat, stale trials become FAIL and are re-queued as copies.
+
+    `existing`: the storage must already be an Optuna database (the report and the dashboard:
+    reading one must not create one, nor add Optuna's tables to another SQLite file).
+    """
     if in_memory_sqlite(url):
         raise UserError(f"storage {url} is an in-memory SQLite database: the worker processes cannot "
                         f"share it and it is gone when the command ends; give a file, e.g. "
@@ -64,6 +95,7 @@ def make_storage(url: str, heartbeat_s: int | None = 60) -> RDBStorage:
     path = sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
     if path is not None:
+        check_sqlite_file(path, existing)
         check_writable_dir(path.parent, f"the database {path.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file

@@ -11,12 +11,16 @@ import io
 import json
 import os
 import shutil
+import socket
+import sqlite3
 import subprocess
 import tarfile
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
+import optuna
 import pytest
 
 from ablate.cli import main
@@ -378,3 +382,75 @@ def test_disk_full_mid_run_is_one_line_and_leaves_no_half_written_file(tmp_path:
     assert report["stderr"].strip().splitlines()[-1] == errors[0]
     assert "results.json" not in report["files"] and not [f for f in report["files"] if f.endswith(".tmp")]
     assert report["checkpoints"] and all(report["checkpoints"].values()), report["files"]
+
+
+def measurements_db(tmp: Path) -> Path:
+    """An SQLite database of someone else's (not Optuna's)."""
+    path = tmp / "measurements.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE measurements (t REAL, value REAL)")
+        db.execute("INSERT INTO measurements VALUES (0.5, 42.0)")
+        db.commit()
+    return path
+
+
+DATABASE_FILES: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "other-sqlite": (measurements_db, "is not an Optuna database (its tables: measurements)"),
+    "empty-file": (lambda t: Path(files(t, empty_db=b"")["empty_db"]), "is not an Optuna database (it has no tables)"),
+    "text-file": (lambda t: Path(files(t, notes_db="results: fine\n")["notes_db"]), "is not an SQLite database"),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "dashboard", "sweep"])
+@pytest.mark.parametrize("kind", list(DATABASE_FILES))
+def test_a_database_that_is_not_optunas_is_refused_and_left_byte_for_byte(command: str, kind: str,
+                                                                         tmp_path: Path, capsys):
+    """report and dashboard only read: they never create a database or add Optuna's tables to
+    another; a sweep refuses to add them to a database that is not empty and not Optuna's."""
+    if kind == "empty-file" and command == "sweep":
+        pytest.skip("an empty file is a new SQLite database: a sweep may create its tables there")
+    make, expected = DATABASE_FILES[kind]
+    path = make(tmp_path)
+    before = path.read_bytes()
+    storage = f"sqlite:///{path}"
+    with socket.socket() as taken:  # were the storage accepted, the dashboard would fail here, not serve
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = {"report": ["report", "--storage", storage, "--out", str(tmp_path / "r")],
+                "dashboard": ["dashboard", "--storage", storage, "--port", str(taken.getsockname()[1])],
+                "sweep": [*sweep(tmp_path, SPACE_OK), "--storage", storage, "--runs-dir", str(tmp_path / "runs")]}
+        code = main(args[command])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("ablate: error: ") and err.count("\n") == 1, err
+    assert expected in err and not out, err
+    assert path.read_bytes() == before
+    assert {p.name for p in tmp_path.iterdir()} <= {path.name, "space.yaml"}  # no journal, report, runs
+
+
+def test_report_reads_an_optuna_database_without_writing_to_it(tmp_path: Path, capsys):
+    path = tmp_path / "sweeps.db"
+    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    before = path.read_bytes()
+    assert main(["report", "--storage", f"sqlite:///{path}", "--out", str(tmp_path / "r")]) == 2
+    assert "holds 0 Table 3 studies" in capsys.readouterr().err
+    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_dashboard_on_a_busy_port_says_so_before_printing_anything(tmp_path: Path, capsys):
+    path = tmp_path / "sweeps.db"
+    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["dashboard", "--storage", f"sqlite:///{path}", "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out  # no "optuna-dashboard for ..." nor "Listening on" first
+    assert err == f"ablate: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_dashboard_banner_masks_the_database_password():
+    from sweeps.dashboard import banner
+
+    line = banner("postgresql+psycopg2://ablate:hunter2@db.example:5432/optuna", "::1", 8080)
+    assert "hunter2" not in line and "ablate:***@db.example:5432/optuna" in line and "http://[::1]:8080/" in line
