@@ -49,9 +49,18 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return whole_number
 
 
-def _add_run_options(p: argparse.ArgumentParser, table: bool = False) -> None:
-    """Options shared by every command that trains: preset, row, corpus, overrides."""
-    p.add_argument("--preset", default="tiny", help="scale preset from ablations/presets (default: tiny)")
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, details: str) -> argparse.ArgumentParser:
+    """A subcommand: `summary` is its line in the parent's --help, `details` follow it in its own."""
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {details}")
+
+
+def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: bool = False) -> None:
+    """Options shared by every command that trains: preset, row, corpus, overrides (`workers`: the
+    command runs one worker per GPU id of --devices)."""
+    from ablations.spec import preset_names
+
+    p.add_argument("--preset", default="tiny",
+                   help=f"scale preset: {', '.join(preset_names())} (ablations/presets/NAME.yaml; default: tiny)")
     if not table:
         p.add_argument("--row", default="base",
                        help="Table 3 row (base, A1..A4, B1, B2, C1..C7, D1..D4, E, big)")
@@ -67,7 +76,12 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False) -> None:
     p.add_argument("--max-steps", type=int, help="training steps (shortcut for train.max_steps)")
     if not table:
         p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
-    p.add_argument("--devices", help="Lightning devices: auto, a count, or a list like 0,1")
+    if workers:
+        p.add_argument("--devices", metavar="IDS",
+                       help="GPU ids, one worker per id (or per --devices-per-trial ids), e.g. 0,1 "
+                            "(default: --workers K on this machine's CPU)")
+    else:
+        p.add_argument("--devices", help="Lightning devices of the run: auto, a count, or GPU ids like 0,1")
     p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
     p.add_argument("--precision", help="Lightning precision: auto, 32-true, bf16-mixed, 16-mixed")
     p.add_argument("--wandb", choices=["auto", "online", "offline", "off"],
@@ -225,14 +239,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ablate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("train", help="train and evaluate one configuration")
+    p = _command(sub, "train", "train and evaluate one configuration",
+                 "A Table 3 row at a preset's scale, changed by --config and key=value overrides, trains "
+                 "in its own run directory, then its dev (and test) set is translated with beam search and "
+                 "scored; the numbers go to results.json. The same command resumes an interrupted run.")
     _add_run_options(p)
     p.add_argument("--out", help="run directory (default: runs/ROW-PRESET-sSEED)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sweep", help="hyperparameter sweeps (Optuna, Weights & Biases)")
+    p = _command(sub, "sweep", "hyperparameter sweeps (Optuna, Weights & Biases)",
+                 "Both read one search-space YAML (see sweeps/example.yaml): `sweep optuna` runs a study "
+                 "with parallel workers here, `sweep wandb` writes a W&B sweep (and can run an agent).")
     kinds = p.add_subparsers(dest="sweeper", required=True, parser_class=_Parser)
-    o = kinds.add_parser("optuna", help="run an Optuna study with parallel workers")
+    o = _command(kinds, "optuna", "run an Optuna study with parallel workers",
+                 "Each trial trains one sampled configuration of --space in its own process, reports dev "
+                 "perplexity by step (for pruning) and stores its results on the trial. The study lives in "
+                 "--storage: re-running the same command resumes it, and workers on other machines can "
+                 "join it through PostgreSQL.")
     o.add_argument("--study", required=True, help="study name (re-running the same command resumes it)")
     o.add_argument("--storage", default=DEFAULT_STORAGE,
                    help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db; "
@@ -254,12 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training steps before a trial can be pruned (default 0)")
     o.add_argument("--heartbeat", type=at_least(1), default=60,
                    help="seconds between trial heartbeats; a trial silent for twice that is retried")
-    for q in (o, kinds.add_parser("wandb", help="write (and optionally launch) a W&B sweep")):
+    w = _command(kinds, "wandb", "write (and optionally launch) a W&B sweep",
+                 "The same search space as a W&B sweep YAML whose runs are `ablate train` with the sampled "
+                 "key=value overrides; --launch registers it and runs an agent here.")
+    for q in (o, w):
         q.add_argument("--space", required=True, help="search space YAML (see sweeps/example.yaml)")
         q.add_argument("--runs-dir", default="runs/sweeps", help="parent of the trial run directories")
-        _add_run_options(q)
+        _add_run_options(q, workers=q is o)
     o.set_defaults(func=cmd_sweep_optuna)
-    w = kinds.choices["wandb"]
     w.add_argument("--out", default="sweep.yaml", help="where to write the W&B sweep YAML")
     w.add_argument("--name", help="sweep name (default: the space file's name)")
     w.add_argument("--sampler", choices=SAMPLERS, default="tpe",
@@ -270,7 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--count", type=at_least(1), help="runs for this agent (--launch; default: until the sweep ends)")
     w.set_defaults(func=cmd_sweep_wandb)
 
-    p = sub.add_parser("table3", help="run Table 3 (every row x seed not yet complete), then write its report")
+    p = _command(sub, "table3", "run Table 3 (every row x seed not yet complete), then write its report",
+                 "Every (row, seed) becomes a queued trial of one Optuna study, trained by the sweep "
+                 "workers (--workers K on the CPU, one per GPU id with --devices) in "
+                 "RUNS_DIR/STUDY/ROW-sSEED; re-running the same command trains only what is not complete.")
     p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
     p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's train.seed)")
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
@@ -286,10 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
                    help="also log the report's table and figures to W&B (default off)")
-    _add_run_options(p, table=True)
+    _add_run_options(p, table=True, workers=True)
     p.set_defaults(func=cmd_table3)
 
-    p = sub.add_parser("report", help="write the Table 3 report (md, csv, tex, html, figures) from a study")
+    p = _command(sub, "report", "write the Table 3 report (md, csv, tex, html, figures) from a study",
+                 "Reads the Optuna database only (never writes to it): every complete run of the study, "
+                 "the paper's numbers beside ours, seed intervals, changes against base and verdicts.")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
     p.add_argument("--study", help="the Table 3 study (default: the only one in the storage)")
     p.add_argument("--out", required=True, help="directory for table3.md/.csv/.tex, report.html and figures")
@@ -299,14 +329,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also log the table and figures to W&B (default off)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("dashboard", help="serve optuna-dashboard for a sweep storage (until Ctrl-C)")
+    p = _command(sub, "dashboard", "serve optuna-dashboard for a sweep storage (until Ctrl-C)",
+                 "The studies, trials, their learning curves and user attributes in a browser. It has no "
+                 "authentication and can edit studies: it listens on this machine only unless --host says "
+                 "otherwise.")
     p.add_argument("--storage", default=DEFAULT_STORAGE,
                    help="Optuna RDB storage URL (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.set_defaults(func=cmd_dashboard)
 
-    p = sub.add_parser("params", help="parameter count of every Table 3 row")
+    p = _command(sub, "params", "parameter count of every Table 3 row",
+                 "The closed-form count of each row's model at the paper's scale, beside the paper's "
+                 "printed value (no model is built).")
     p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size (default 37000)")
     p.add_argument("--spec", help="ablation spec YAML (default: ablations/table3.yaml)")
     p.add_argument("--json", action="store_true", help="print JSON")

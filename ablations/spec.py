@@ -12,14 +12,15 @@ import difflib
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from lightning_modules.config import ScaleConfig, TransformerConfig
 from lightning_modules.errors import UserError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")  # what scale.width multiplies
 
@@ -89,6 +90,8 @@ def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
     rows = load_yaml(path, "ablation spec", unique_keys=True)
     if "base" not in rows:
         raise UserError(f"{path}: an ablation spec needs a 'base' row")
+    from omegaconf import OmegaConf  # ~50 ms: not for `ablate --help`, which lists the presets
+
     schema = OmegaConf.structured(TransformerConfig)
     return {name: _checked_row(f"{path}: row {name!r}", name, row, schema) for name, row in rows.items()}
 
@@ -137,6 +140,9 @@ def _typed_model(where: str, model: dict[str, Any], schema: DictConfig) -> dict[
     unknown = set(model) - {f.name for f in fields(TransformerConfig)}
     if unknown:
         raise UserError(f"{where} has unknown model keys: {', '.join(sorted(map(str, unknown)))}")
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         typed = OmegaConf.merge(schema, model)
     except OmegaConfBaseException as err:

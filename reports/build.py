@@ -9,6 +9,7 @@ and images too.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,19 @@ def preset_note(preset: str) -> str | None:
         return None
 
 
+def missing_base(data: Table3Data) -> str | None:
+    """What a report lacks without a complete base run (None when it has one)."""
+    if "base" in set(data.runs["row"]):
+        return None
+    return (f"study {data.study!r} has no complete base run, so the report has each row's PPL and BLEU "
+            f"beside the paper's but no change against base (Δ, its interval, sign, p-value, verdicts); "
+            f"run base to complete it")
+
+
 def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     out = [note] if (note := preset_note(data.preset)) else []
+    if gap := missing_base(data):
+        out.insert(0, f"Incomplete: the {gap}.")
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
         out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "
@@ -106,6 +118,8 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     data = load_table3(storage, study)
     if data.runs.empty:
         raise UserError(f"study {data.study!r} has no complete runs yet: nothing to report")
+    if gap := missing_base(data):  # the rows there are can still be read
+        print(f"ablate: warning: {gap}", file=sys.stderr, flush=True)
     out = Path(out)
     p_values = paired_bootstrap(data, bootstrap) if bootstrap else {}
     frame = table3_frame(data, p_values)

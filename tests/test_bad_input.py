@@ -6,6 +6,7 @@ a last test runs a few of them as real processes to check for tracebacks on stde
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import io
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from ablate.cli import main
+from ablate.cli import build_parser, main
 
 FAST = ["--no-wandb", "--max-steps", "2", "data.valid_size=50", "data.test_size=50", "train.progress_bar=false"]
 SPACE_OK = "params:\n  dropout: {type: float, low: 0.0, high: 0.3}\n"
@@ -454,3 +455,86 @@ def test_dashboard_banner_masks_the_database_password():
 
     line = banner("postgresql+psycopg2://ablate:hunter2@db.example:5432/optuna", "::1", 8080)
     assert "hunter2" not in line and "ablate:***@db.example:5432/optuna" in line and "http://[::1]:8080/" in line
+
+
+def fake_table3_study(path: Path, rows: list[str]) -> None:
+    """A Table 3 study as `ablate table3` leaves it, with one complete run of each of `rows` (and
+    the numbers a report reads; no translations, so no bootstrap)."""
+    from ablations.spec import load_spec
+
+    spec = load_spec()
+    study = optuna.create_study(study_name="table3-tiny", storage=f"sqlite:///{path}")
+    for key, value in {"kind": "table3", "preset": "tiny", "spec": spec, "overrides": [], "config": None,
+                       "setup": {"scale": {"width": 0.25, "depth": 0.5, "steps": 0.02}}}.items():
+        study.set_user_attr(key, value)
+    for i, row in enumerate(rows):
+        trial = study.ask()
+        for key, value in {"row": row, "seed": 1, "group": spec[row].get("group", row), "ppl": 10.0 + i,
+                           "bleu": 5.0 - i, "params": 1000, "steps": 10, "train_time_s": 1.0,
+                           "tokens_per_s": 100.0}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, 10.0 + i)
+
+
+def test_report_without_a_base_run_warns_in_one_line_and_reports_the_other_rows(tmp_path: Path, capsys):
+    """Without base there is no change against base, but the rows' own PPL and BLEU beside the
+    paper's are still worth reading (a table whose base is still training): a warning, not silence."""
+    fake_table3_study(tmp_path / "t.db", ["A1", "B1"])
+    assert main(["report", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ablate: warning: study 'table3-tiny' has no complete base run")
+    table = (tmp_path / "r" / "table3.md").read_text()
+    assert "Incomplete: the study 'table3-tiny' has no complete base run" in table
+    assert "| A1    | h 1, d_k 512, d_v 512 |" in table and "| B1    |" in table  # changes from the spec's base
+
+
+def test_report_of_a_table_with_no_complete_run_is_an_error(tmp_path: Path, capsys):
+    fake_table3_study(tmp_path / "t.db", [])
+    assert main(["report", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == "ablate: error: study 'table3-tiny' has no complete runs yet: nothing to report\n"
+    assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------- the command line's help
+
+def commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, tuple[argparse.ArgumentParser, str]]:
+    """Every (sub)command: its parser and its one-line summary in its parent's --help."""
+    found = {}
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        summaries = {a.dest: a.help for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            found[f"{prefix}{name}"] = (sub, summaries.get(name) or "")
+            found.update(commands(sub, f"{prefix}{name} "))
+    return found
+
+
+COMMANDS = sorted(commands(build_parser()))
+
+
+def test_every_command_is_listed_with_a_summary_and_described_in_its_own_help():
+    assert {"train", "sweep", "sweep optuna", "sweep wandb", "table3", "report", "dashboard",
+            "params"} == set(COMMANDS)
+    for name, (parser, summary) in commands(build_parser()).items():
+        assert summary and "\n" not in summary, name
+        assert parser.description and len(parser.description) > len(summary) + 20, name
+        assert parser.description.lower().startswith(summary.lower()), name
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_command_help_prints_its_description(name: str, capsys):
+    assert main([*name.split(), "--help"]) == 0
+    out = capsys.readouterr().out
+    parser, _ = commands(build_parser())[name]
+    assert " ".join(parser.description.split()[:6]) in " ".join(out.split())
+
+
+def test_preset_help_lists_the_presets_and_devices_help_says_what_it_means(capsys):
+    from ablations.spec import preset_names
+
+    for name in ("train", "table3", "sweep optuna", "sweep wandb"):
+        main([*name.split(), "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert all(preset in out.split("--preset PRESET", 2)[-1][:200] for preset in preset_names()), name
+        one_worker_per_gpu = "--devices IDS GPU ids, one worker per id" in out
+        assert one_worker_per_gpu == (name in ("table3", "sweep optuna")), name
+        assert ("Lightning devices of the run" in out) == (not one_worker_per_gpu), name
