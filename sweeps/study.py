@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import sqlite3
+import time
 import zlib
 from contextlib import closing
 from pathlib import Path
@@ -29,6 +30,7 @@ from sweeps.space import SearchSpace
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 OPTUNA_TABLES = {"studies", "version_info"}  # what makes an SQLite file an Optuna database
+SQLITE_OPEN_ATTEMPTS = 5  # see _open_rdb
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
 
@@ -69,13 +71,14 @@ def _sqlite_tables(path: Path) -> set[str]:
 
 def check_sqlite_file(path: Path, existing: bool) -> None:
     """An SQLite file a storage may open: an Optuna database, or (unless `existing` is asked for) no
-    file yet or an empty one. Optuna would add its tables to any other database."""
+    file yet, an empty one, or one whose tables another process is creating right now (Optuna
+    creates `studies` first). Optuna would add its tables to any other database."""
     if not path.exists():
         if existing:
             raise UserError(f"no database {path}: give the --storage of a sweep or Table 3 run")
         return
     tables = _sqlite_tables(path)
-    if OPTUNA_TABLES <= tables or not (tables or existing):
+    if OPTUNA_TABLES <= tables or not existing and (not tables or "studies" in tables):
         return
     held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
     raise UserError(f"{path} is not an Optuna database ({held}); give the --storage of a sweep or "
@@ -100,7 +103,7 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False)
         path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
     try:
-        storage = heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)
+        storage = _open_rdb(url, heartbeat_s, engine_kwargs, attempts=1 if path is None else SQLITE_OPEN_ATTEMPTS)
         if path is not None:
             _serialize_sqlite_transactions(storage.engine)
         return storage
@@ -109,6 +112,20 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False)
                         f"pip install psycopg2-binary") from None
     except Exception as err:  # sqlalchemy: bad URL, unreachable server
         raise UserError(f"cannot open storage {safe_url(url)}: {str(err).splitlines()[0]}") from None
+
+
+def _open_rdb(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any], attempts: int) -> RDBStorage:
+    """Optuna's RDB storage, tried `attempts` times. Processes that open a new SQLite file at once
+    (the workers of two commands, a test watching a sweep start) all create Optuna's tables and
+    version row; Python's sqlite3 commits each CREATE TABLE on its own, so all but one fail ("table
+    ... already exists", "UNIQUE constraint failed"). Opened again once the winner is done, the
+    database is complete."""
+    for attempt in range(1, attempts):
+        try:
+            return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)
+        except (sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
+            time.sleep(0.5 * attempt)
+    return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)  # its error is the caller's
 
 
 def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:
