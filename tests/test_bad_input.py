@@ -1,7 +1,11 @@
 """Bad input, one case per test: each must end in exactly one `ablate: error: ...` line naming the
 problem, exit status 2, no traceback, and nothing written (no run directory, no database, no
-report). The commands run in-process (`ablate.cli.main`) in an empty working directory;
-a last test runs a few of them as real processes to check for tracebacks on stderr.
+report). The commands run in-process (`ablate.cli.main`) in an empty working directory; a few
+run as real processes to check for tracebacks on stderr.
+
+After the cases: input that needs more than one line to set up or to check (damaged archives, a
+disk that fills up mid-run, databases that are not Optuna's and must stay byte for byte, the
+dashboard's port and password, a report without a base run) and the command line's help.
 """
 
 from __future__ import annotations
@@ -293,6 +297,7 @@ def test_there_are_at_least_thirty_cases():
 
 
 @pytest.mark.parametrize("args", [["train", "d_model=abc"], ["train", "--preset", "huge"],
+                                  ["train", "--seed", "-1"], ["table3", "--workers", "0"],
                                   ["sweep", "optuna", "--study", "s", "--space", "/nonexistent.yaml"],
                                   ["report", "--storage", "nonsense://", "--out", "r"]])
 def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
