@@ -36,12 +36,36 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but errors are one line: `ablate: error: ...`."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"ablate: error: {message} (see {self.prog} --help)\n")
 
 
-def _add_run_options(p: argparse.ArgumentParser, table: bool = False) -> None:
-    """Options shared by every command that trains: preset, row, corpus, overrides."""
-    p.add_argument("--preset", default="tiny", help="scale preset from ablations/presets (default: tiny)")
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= `minimum`, else a one-line error naming the option."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return whole_number
+
+
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, details: str) -> argparse.ArgumentParser:
+    """A subcommand: `summary` is its line in the parent's --help, `details` follow it in its own."""
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {details}")
+
+
+def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: bool = False) -> None:
+    """Options shared by every command that trains: preset, row, corpus, overrides (`workers`: the
+    command runs one worker per GPU id of --devices)."""
+    from ablations.spec import preset_names
+
+    p.add_argument("--preset", default="tiny",
+                   help=f"scale preset: {', '.join(preset_names())} (ablations/presets/NAME.yaml; default: tiny)")
     if not table:
         p.add_argument("--row", default="base",
                        help="Table 3 row (base, A1..A4, B1, B2, C1..C7, D1..D4, E, big)")
@@ -57,7 +81,12 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False) -> None:
     p.add_argument("--max-steps", type=int, help="training steps (shortcut for train.max_steps)")
     if not table:
         p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
-    p.add_argument("--devices", help="Lightning devices: auto, a count, or a list like 0,1")
+    if workers:
+        p.add_argument("--devices", metavar="IDS",
+                       help="GPU ids, one worker per id (or per --devices-per-trial ids), e.g. 0,1 "
+                            "(default: --workers K on this machine's CPU)")
+    else:
+        p.add_argument("--devices", help="Lightning devices of the run: auto, a count, or GPU ids like 0,1")
     p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
     p.add_argument("--precision", help="Lightning precision: auto, 32-true, bf16-mixed, 16-mixed")
     p.add_argument("--wandb", choices=["auto", "online", "offline", "off"],
@@ -107,20 +136,21 @@ def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | No
 
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from ablations.resolve import resolve
+    from lightning_modules.run.io import check_writable_dir
+    from lightning_modules.run.preflight import check_hardware
     from sweeps.space import load_space
     from sweeps.study import make_storage, open_study
 
     space = load_space(args.space)
     overrides, devices = _sweep_run_args(args)
-    if args.n_trials < 1:
-        raise UserError("--n-trials must be at least 1")
-    resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
+    check_hardware(resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec))
     pruner = "none" if args.no_prune else args.pruner
     if args.sampler == "grid":
         space.grid()
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
+    check_writable_dir(args.runs_dir, "the trials' run directories (--runs-dir)")
     open_study(args.study, make_storage(args.storage, None), args.objective)
     settings = WorkerSettings(study=args.study, storage=args.storage, space=str(args.space),
                               n_trials=args.n_trials, runs_dir=args.runs_dir, preset=args.preset,
@@ -133,6 +163,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
+    from lightning_modules.run.io import check_writable_dir
     from sweeps.table3 import make_plan, run_table3
 
     overrides, devices = _sweep_run_args(args)
@@ -142,14 +173,16 @@ def cmd_table3(args: argparse.Namespace) -> int:
         from sweeps.cost import describe
         print(describe(plan))
         return 0
+    report_dir = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
+    if not args.no_report:  # before the table runs, not after
+        check_writable_dir(report_dir, "the report (--report-dir)")
     outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat)
     if outcome.interrupted:
         return outcome.exit_status
     if not args.no_report:
         from reports.build import build_report
 
-        out = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
-        written = build_report(args.storage, plan.study, out, wandb=args.wandb_report)
+        written = build_report(args.storage, plan.study, report_dir, wandb=args.wandb_report)
         print(f"report: {', '.join(str(p) for p in written)}", flush=True)
     return outcome.exit_status
 
@@ -221,18 +254,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ablate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("train", help="train and evaluate one configuration")
+    p = _command(sub, "train", "train and evaluate one configuration",
+                 "A Table 3 row at a preset's scale, changed by --config and key=value overrides, trains "
+                 "in its own run directory, then its dev (and test) set is translated with beam search and "
+                 "scored; the numbers go to results.json. The same command resumes an interrupted run.")
     _add_run_options(p)
     p.add_argument("--out", help="run directory (default: runs/ROW-PRESET-sSEED)")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sweep", help="hyperparameter sweeps (Optuna, Weights & Biases)")
+    p = _command(sub, "sweep", "hyperparameter sweeps (Optuna, Weights & Biases)",
+                 "Both read one search-space YAML (see sweeps/example.yaml): `sweep optuna` runs a study "
+                 "with parallel workers here, `sweep wandb` writes a W&B sweep (and can run an agent).")
     kinds = p.add_subparsers(dest="sweeper", required=True, parser_class=_Parser)
-    o = kinds.add_parser("optuna", help="run an Optuna study with parallel workers")
+    o = _command(kinds, "optuna", "run an Optuna study with parallel workers",
+                 "Each trial trains one sampled configuration of --space in its own process, reports dev "
+                 "perplexity by step (for pruning) and stores its results on the trial. The study lives in "
+                 "--storage: re-running the same command resumes it, and workers on other machines can "
+                 "join it through PostgreSQL.")
     o.add_argument("--study", required=True, help="study name (re-running the same command resumes it)")
     o.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
-    o.add_argument("--n-trials", type=int, default=20, help="finished trials the study should reach (default 20)")
-    o.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
+    o.add_argument("--n-trials", type=at_least(1), default=20, help="finished trials the study should reach (default 20)")
+    o.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
     o.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
                    help="devices each trial trains on with Lightning DDP (GPUs from --devices, "
                         "else CPU processes; default 1)")
@@ -242,18 +284,20 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--pruner", choices=PRUNERS, default="median",
                    help="prune on dev perplexity by step (objective ppl only; default median)")
     o.add_argument("--no-prune", action="store_true", help="same as --pruner none")
-    o.add_argument("--prune-startup-trials", type=int, default=5, metavar="N",
+    o.add_argument("--prune-startup-trials", type=at_least(0), default=5, metavar="N",
                    help="trials that finish before any is pruned (default 5)")
-    o.add_argument("--prune-warmup-steps", type=int, default=0, metavar="S",
+    o.add_argument("--prune-warmup-steps", type=at_least(0), default=0, metavar="S",
                    help="training steps before a trial can be pruned (default 0)")
-    o.add_argument("--heartbeat", type=int, default=60,
+    o.add_argument("--heartbeat", type=at_least(1), default=60,
                    help="seconds between trial heartbeats; a trial silent for twice that is retried")
-    for q in (o, kinds.add_parser("wandb", help="write (and optionally launch) a W&B sweep")):
+    w = _command(kinds, "wandb", "write (and optionally launch) a W&B sweep",
+                 "The same search space as a W&B sweep YAML whose runs are `ablate train` with the sampled "
+                 "key=value overrides; --launch registers it and runs an agent here.")
+    for q in (o, w):
         q.add_argument("--space", required=True, help="search space YAML (see sweeps/example.yaml)")
         q.add_argument("--runs-dir", default="runs/sweeps", help="parent of the trial run directories")
-        _add_run_options(q)
+        _add_run_options(q, workers=q is o)
     o.set_defaults(func=cmd_sweep_optuna)
-    w = kinds.choices["wandb"]
     w.add_argument("--out", default="sweep.yaml", help="where to write the W&B sweep YAML")
     w.add_argument("--name", help="sweep name (default: the space file's name)")
     w.add_argument("--sampler", choices=SAMPLERS, default="tpe",
@@ -261,19 +305,22 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--objective", choices=["ppl", "bleu"], default="ppl")
     w.add_argument("--launch", action="store_true", help="register the sweep and run an agent here")
     w.add_argument("--project", default="transformer-ablations", help="W&B project for --launch")
-    w.add_argument("--count", type=int, help="runs for this agent (--launch; default: until the sweep ends)")
+    w.add_argument("--count", type=at_least(1), help="runs for this agent (--launch; default: until the sweep ends)")
     w.set_defaults(func=cmd_sweep_wandb)
 
-    p = sub.add_parser("table3", help="run Table 3 (every row x seed not yet complete), then write its report")
+    p = _command(sub, "table3", "run Table 3 (every row x seed not yet complete), then write its report",
+                 "Every (row, seed) becomes a queued trial of one Optuna study, trained by the sweep "
+                 "workers (--workers K on the CPU, one per GPU id with --devices) in "
+                 "RUNS_DIR/STUDY/ROW-sSEED; re-running the same command trains only what is not complete.")
     p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
     p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's table3.seeds, e.g. 1,2,3 for cpu and gpu; else train.seed)")
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
-    p.add_argument("--workers", type=int, help="worker processes on this machine (default 1)")
+    p.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
     p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
                    help="devices each run trains on with Lightning DDP (default 1)")
     p.add_argument("--runs-dir", default="runs/table3", help="parent of the run directories (default runs/table3)")
-    p.add_argument("--heartbeat", type=int, default=60,
+    p.add_argument("--heartbeat", type=at_least(1), default=60,
                    help="seconds between trial heartbeats; a run silent for twice that is retried")
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
@@ -281,10 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print each row's parameters, steps, FLOPs and estimated device-hours; run nothing")
     p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
                    help="also log the report's table and figures to W&B (default off)")
-    _add_run_options(p, table=True)
+    _add_run_options(p, table=True, workers=True)
     p.set_defaults(func=cmd_table3)
 
-    p = sub.add_parser("report", help="write the Table 3 report (md, csv, tex, html, figures) from a study")
+    p = _command(sub, "report", "write the Table 3 report (md, csv, tex, html, figures) from a study",
+                 "Reads the Optuna database only (never writes to it): every complete run of the study, "
+                 "the paper's numbers beside ours, seed intervals, changes against base and verdicts.")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--study", help="the Table 3 study (default: the only one in the storage)")
     p.add_argument("--out", required=True, help="directory for table3.md/.csv/.tex, report.html and figures")
@@ -294,14 +343,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also log the table and figures to W&B (default off)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("dashboard", help="serve optuna-dashboard for a sweep storage (until Ctrl-C)")
+    p = _command(sub, "dashboard", "serve optuna-dashboard for a sweep storage (until Ctrl-C)",
+                 "The studies, trials, their learning curves and user attributes in a browser. It has no "
+                 "authentication and can edit studies: it listens on this machine only unless --host says "
+                 "otherwise.")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.set_defaults(func=cmd_dashboard)
 
-    p = sub.add_parser("storage-proxy", help="serve an RDB storage to workers as grpc://HOST:PORT "
-                                             "(Optuna's gRPC storage proxy, until Ctrl-C)")
+    p = _command(sub, "storage-proxy", "serve an RDB storage to workers as grpc://HOST:PORT "
+                                       "(Optuna's gRPC storage proxy, until Ctrl-C)",
+                 "Hundreds of workers then hold one proxy connection each instead of one database "
+                 "connection each. It has no authentication: it listens on this machine only unless "
+                 "--host says otherwise.")
     p.add_argument("--storage", default=DEFAULT_STORAGE,
                    help="the RDB it serves (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
     p.add_argument("--host", default="127.0.0.1",
@@ -309,7 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=13000, help="port to listen on (default 13000)")
     p.set_defaults(func=cmd_storage_proxy)
 
-    p = sub.add_parser("params", help="parameter count of every Table 3 row")
+    p = _command(sub, "params", "parameter count of every Table 3 row",
+                 "The closed-form count of each row's model at the paper's scale, beside the paper's "
+                 "printed value (no model is built).")
     p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size (default 37000)")
     p.add_argument("--spec", help="ablation spec YAML (default: ablations/table3.yaml)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -317,8 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     args, rest = parser.parse_known_args(argv)
     # key=value overrides may come before or after options: collect the ones argparse left over.
     if hasattr(args, "overrides"):
@@ -326,6 +382,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = [r for r in rest if r not in args.overrides]
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(build_parser(), argv)
+    except SystemExit as done:  # --help, --version, or a usage error (its one line is printed)
+        return int(done.code or 0)
     handler: Callable[[argparse.Namespace], int] = args.func
     try:
         return handler(args)

@@ -2,7 +2,9 @@
 
 Order, later wins: `RunConfig` defaults < preset (`ablations/presets/NAME.yaml`) < the row of the
 ablation spec (`ablations/table3.yaml`), scaled by the preset's rule < `--config FILE` <
-`key=value` overrides. OmegaConf checks every key and type against the dataclasses.
+`key=value` overrides. The scale rule itself is the preset's unless the file or an override sets
+`scale.*` (then that scale applies to the row). OmegaConf checks every key and type against the
+dataclasses; `row` and `preset` are chosen by their options, not by overrides.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from lightning_modules.errors import UserError
 
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
 TOKENIZER_PATHS = {f"model.{key}" for key in TOKENIZER_KEYS}
+# Labels of config.yaml that an option chooses (with what it brings: the row's model, the preset's
+# scale); as a key=value override they would only relabel the run.
+CHOSEN_BY_OPTION = {"row": "--row", "preset": "--preset"}
 
 
 def _leaf_paths() -> dict[str, list[str]]:
@@ -29,11 +34,12 @@ def _leaf_paths() -> dict[str, list[str]]:
     paths: dict[str, list[str]] = {}
     for section in fields(RunConfig):
         sub = getattr(RunConfig(), section.name)
-        names = [f.name for f in fields(sub)] if hasattr(sub, "__dataclass_fields__") else [None]
-        for name in names:
-            full = section.name if name is None else f"{section.name}.{name}"
+        if not hasattr(sub, "__dataclass_fields__"):  # row, preset: chosen by their options
+            continue
+        for name in (f.name for f in fields(sub)):
+            full = f"{section.name}.{name}"
             if full not in TOKENIZER_PATHS:
-                paths.setdefault(name or section.name, []).append(full)
+                paths.setdefault(name, []).append(full)
     return paths
 
 
@@ -69,6 +75,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             raise UserError(f"override {item!r} is not of the form key=value")
         if key in TOKENIZER_PATHS:
             raise UserError(f"{key} is set by the tokenizer; set data.vocab_size instead")
+        if key in CHOSEN_BY_OPTION:
+            raise UserError(f"{key} is not a config key to override (it would only relabel the run); "
+                            f"choose the {key} with {CHOSEN_BY_OPTION[key]}")
         if "." not in key:
             matches = leaves.get(key, [])
             if len(matches) > 1:
@@ -83,6 +92,18 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[last] = value
     return nested
+
+
+def check_override_types(items: list[str], source: str) -> None:
+    """Parse key=value overrides and check each value, one by one, against its config field's type,
+    naming `source` (a value's range is checked where a run's whole configuration is resolved)."""
+    schema = OmegaConf.structured(RunConfig)
+    for item in items:
+        try:
+            nested = parse_overrides([item])
+        except UserError as err:
+            raise UserError(f"{source}: {err}") from None
+        _merge(schema, nested, source)
 
 
 def _suggest(key: str) -> str:
@@ -134,12 +155,14 @@ def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | N
     cfg = _merge(cfg, {"preset": preset, "row": row}, "arguments")
     preset_data = {k: v for k, v in load_preset(preset).items() if k != "table3"}  # table3: its rows
     cfg = _merge(cfg, preset_data, f"preset {preset}")
+    later = [(str(config_file), load_config_file(config_file))] if config_file else []
+    later += [("override", parse_overrides(overrides))] if overrides else []
+    for source, values in later:  # a scale given there scales the row too (it would do nothing after it)
+        cfg = _merge(cfg, {"scale": values.get("scale") or {}}, source)
     scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
     cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale), f"row {row}")
-    if config_file:
-        cfg = _merge(cfg, load_config_file(config_file), str(config_file))
-    if overrides:
-        cfg = _merge(cfg, parse_overrides(overrides), "override")
+    for source, values in later:
+        cfg = _merge(cfg, values, source)
     try:
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:

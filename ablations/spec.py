@@ -12,12 +12,15 @@ import difflib
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from lightning_modules.config import ScaleConfig, TransformerConfig
 from lightning_modules.errors import UserError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")  # what scale.width multiplies
 
@@ -81,18 +84,70 @@ def default_spec_path() -> Path:
 
 
 def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
-    """The ablation rows: {row name: {group, model, train_steps, paper}}, base first."""
+    """The ablation rows: {row name: {group, model, train_steps, paper}}, base first, each value
+    checked against its type (model keys: TransformerConfig's, converted like '64' -> 64)."""
     path = Path(path) if path else default_spec_path()
     rows = load_yaml(path, "ablation spec", unique_keys=True)
     if "base" not in rows:
         raise UserError(f"{path}: an ablation spec needs a 'base' row")
-    for name, row in rows.items():
-        if not isinstance(row, dict) or not isinstance(row.get("model", {}), dict):
-            raise UserError(f"{path}: row {name!r} must be a mapping with a 'model' mapping")
-        unknown = set(row.get("model", {})) - {f.name for f in fields(TransformerConfig)}
-        if unknown:
-            raise UserError(f"{path}: row {name!r} has unknown model keys: {', '.join(sorted(unknown))}")
-    return rows
+    from omegaconf import OmegaConf  # ~50 ms: not for `ablate --help`, which lists the presets
+
+    schema = OmegaConf.structured(TransformerConfig)
+    return {name: _checked_row(f"{path}: row {name!r}", name, row, schema) for name, row in rows.items()}
+
+
+ROW_KEYS = ("group", "model", "train_steps", "paper")
+PAPER_KEYS = ("ppl", "bleu", "params_m")  # the paper's dev PPL, dev BLEU, parameters in millions
+
+
+def _checked_row(where: str, name: Any, row: Any, schema: DictConfig) -> dict[str, Any]:
+    """One row of a spec, or a one-line UserError naming the row and key."""
+    if not isinstance(name, str):
+        raise UserError(f"{where}: a row name must be text (quote it: '{name}')")
+    if not isinstance(row, dict) or not isinstance(row.get("model", {}), dict):
+        raise UserError(f"{where} must be a mapping with a 'model' mapping")
+    unknown = set(row) - set(ROW_KEYS)
+    if unknown:
+        raise UserError(f"{where} has unknown keys: {', '.join(sorted(map(str, unknown)))}; "
+                        f"a row has {', '.join(ROW_KEYS)}")
+    steps = row.get("train_steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UserError(f"{where}: train_steps must be a whole number of steps >= 1, got {steps!r}")
+    if not isinstance(row.get("group", ""), str):
+        raise UserError(f"{where}: group must be text, got {row['group']!r}")
+    _check_paper(where, row.get("paper"))
+    return {**row, "model": _typed_model(where, row.get("model", {}), schema)}
+
+
+def _check_paper(where: str, paper: Any) -> None:
+    """`paper`: a mapping of the paper's printed numbers (null where it prints none)."""
+    if paper is None:
+        return
+    if not isinstance(paper, dict):
+        raise UserError(f"{where}: paper must be a mapping like {{ppl: 4.92, bleu: 25.8, params_m: 65}}, "
+                        f"got {paper!r}")
+    unknown = set(paper) - set(PAPER_KEYS)
+    if unknown:
+        raise UserError(f"{where}: paper has unknown keys: {', '.join(sorted(map(str, unknown)))}; "
+                        f"use {', '.join(PAPER_KEYS)}")
+    for key, value in paper.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise UserError(f"{where}: paper.{key} must be a number or null, got {value!r}")
+
+
+def _typed_model(where: str, model: dict[str, Any], schema: DictConfig) -> dict[str, Any]:
+    """The row's model keys, known to TransformerConfig (`schema`) and of its field types."""
+    unknown = set(model) - {f.name for f in fields(TransformerConfig)}
+    if unknown:
+        raise UserError(f"{where} has unknown model keys: {', '.join(sorted(map(str, unknown)))}")
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        typed = OmegaConf.merge(schema, model)
+    except OmegaConfBaseException as err:
+        raise UserError(f"{where}: model.{err.full_key}: {str(err).splitlines()[0]}") from None
+    return {key: typed[key] for key in model}
 
 
 def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig) -> dict[str, Any]:

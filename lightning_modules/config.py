@@ -16,12 +16,45 @@ from lightning_modules.errors import UserError
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 CORPORA = ("ding", "files", "multi30k", "wmt14")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
+# Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT; tests/test_config.py
+# keeps this list in step with it), and "auto". FP8 is "transformer-engine".
+PRECISIONS = ("auto", "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed",
+              "bf16-true", "bf16-mixed", "32-true", "64-true", "64", "32", "16", "bf16")
+# Positions a run's model needs at least: BOS or EOS plus a sentence's wordpieces. Below this the
+# length filter leaves (nearly) no sentence of any corpus, and decoding has no room for a
+# translation. (A model alone may be smaller: the unit tests build some.)
+MIN_MAX_LEN = 16
+MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes: 0 .. 2**32 - 1
 
 
 def _positive(owner: str, **values: int | float) -> None:
     for name, value in values.items():
         if value is None or value <= 0:
             raise UserError(f"{owner}.{name} must be positive, got {value!r}")
+
+
+def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def parse_devices(text: str) -> str | int | list[int]:
+    """`train.devices` as Lightning takes it: "auto", a count >= 1, or a list of device ids ("0,1")."""
+    text = str(text).strip()
+    if text == "auto":
+        return text
+    try:
+        if "," in text:
+            ids = [int(d) for d in text.split(",") if d.strip()]
+            if ids and min(ids) >= 0 and len(set(ids)) == len(ids):
+                return ids
+        elif int(text) >= 1:
+            return int(text)
+    except ValueError:
+        pass
+    raise UserError(f"train.devices must be auto (every device), a count of at least 1, or a list of "
+                    f"distinct device ids like 0,1; got {text!r}")
 
 
 def _unit_interval(owner: str, **values: float) -> None:
@@ -213,6 +246,11 @@ class TrainConfig:
             raise UserError(f"train.wandb_on_error must be fail or offline, got {self.wandb_on_error!r}")
         if self.max_memory_gb is not None:
             _positive("train", max_memory_gb=self.max_memory_gb)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise UserError(f"train.seed must be between 0 and {MAX_SEED}, got {self.seed}")
+        _one_of("train.accelerator", self.accelerator, ACCELERATORS)
+        _one_of("train.precision", self.precision, PRECISIONS)
+        parse_devices(self.devices)
 
 
 @dataclass
@@ -230,6 +268,14 @@ class EvalConfig:
         _positive("eval", beam_size=self.beam_size, batch_tokens=self.batch_tokens)
         if self.length_penalty < 0 or self.max_len_offset < 0:
             raise UserError("eval.length_penalty and eval.max_len_offset must be >= 0")
+        _one_of("eval.bleu_tokenize", self.bleu_tokenize, bleu_tokenizers())
+
+
+def bleu_tokenizers() -> tuple[str, ...]:
+    """sacreBLEU's tokenizer names (its BLEU metric fails on any other only when scoring)."""
+    from sacrebleu.metrics.bleu import BLEU  # ~0.1 s, once: not on `ablate --help`
+
+    return tuple(BLEU.TOKENIZERS)
 
 
 @dataclass
@@ -260,6 +306,11 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+
+    def __post_init__(self) -> None:
+        if self.model.max_len < MIN_MAX_LEN:
+            raise UserError(f"model.max_len={self.model.max_len} is too short for a run: it needs at least "
+                            f"{MIN_MAX_LEN} positions (a sentence's wordpieces plus BOS/EOS)")
 
 
 def requested_config(cfg: RunConfig) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 `UserError` (exit status 2): a mistake the user can fix (bad config, bad corpus, bad path).
 `RunFailed` (exit status 1): the input was fine but the run could not succeed (its loss became
-NaN or infinite); the reason is recorded in the run's results.json. Anything else is a bug.
+NaN or infinite: the reason is recorded in the run's results.json; or the disk filled up:
+`DiskFull`). Anything else is a bug.
 """
 
 
@@ -15,6 +16,11 @@ class UserError(Exception):
 
 class RunFailed(UserError):
     """A run that failed for a recorded reason (exit status 1, not 2)."""
+
+
+class DiskFull(RunFailed):
+    """The disk filled up while writing (ENOSPC): what was written before stays whole (every
+    result file is written atomically), and the same command resumes once there is space."""
 
 
 EXIT_USAGE = 2  # a UserError: the input needs fixing

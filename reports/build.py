@@ -9,6 +9,7 @@ and images too.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ import pandas as pd
 from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import load_preset
-from lightning_modules.run.io import atomic_write_bytes, atomic_write_text
+from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, check_writable_dir,
+                                     disk_full_ends_the_run)
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
 from reports.html import render
@@ -48,8 +50,19 @@ def preset_note(preset: str) -> str | None:
         return None
 
 
+def missing_base(data: Table3Data) -> str | None:
+    """What a report lacks without a complete base run (None when it has one)."""
+    if "base" in set(data.runs["row"]):
+        return None
+    return (f"study {data.study!r} has no complete base run, so the report has each row's PPL and BLEU "
+            f"beside the paper's but no change against base (Δ, its interval, sign, p-value, verdicts); "
+            f"run base to complete it")
+
+
 def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     out = [note] if (note := preset_note(data.preset)) else []
+    if gap := missing_base(data):
+        out.insert(0, f"Incomplete: the {gap}.")
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
         out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "
@@ -101,9 +114,12 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     """Write the report files into `out` and return their paths."""
     if bootstrap < 0:
         raise UserError(f"--bootstrap must be 0 or more, got {bootstrap}")
+    check_writable_dir(out, "the report")
     data = load_table3(storage, study)
     if data.runs.empty:
         raise UserError(f"study {data.study!r} has no complete runs yet: nothing to report")
+    if gap := missing_base(data):  # the rows there are can still be read
+        print(f"ablate: warning: {gap}", file=sys.stderr, flush=True)
     out = Path(out)
     p_values = paired_bootstrap(data, bootstrap) if bootstrap else {}
     frame = table3_frame(data, p_values)
@@ -122,12 +138,13 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
             atomic_write_text(path, content)
         written.append(path)
 
-    for name, png in pictures.items():
-        put(f"figures/{name}", png)
-    put("table3.csv", frame.to_csv(float_format="%.6g"))
-    put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures)))
-    put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
-    put("report.html", render(title, cap, display_frame(frame), note_lines, pictures))
+    with disk_full_ends_the_run(out):
+        for name, png in pictures.items():
+            put(f"figures/{name}", png)
+        put("table3.csv", frame.to_csv(float_format="%.6g"))
+        put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures)))
+        put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
+        put("report.html", render(title, cap, display_frame(frame), note_lines, pictures))
     if wandb != "off":
         log_to_wandb(data, frame, out, wandb)
     return written

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from lightning_modules.run.results import RunResult
-from sweeps.storage import make_storage, safe_url, storage_file
+from sweeps.storage import make_storage, safe_url
 from sweeps.study import unpack_lines
 from sweeps.table3 import KIND
 
@@ -55,10 +55,7 @@ def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
 
 def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     """The study's runs as a DataFrame (latest complete trial of each row and seed)."""
-    path = storage_file(storage_url)
-    if path is not None and not path.is_file():  # reading must not create an empty database or journal
-        raise UserError(f"no database {path}: give the --storage of a Table 3 run")
-    storage = make_storage(storage_url, None)
+    storage = make_storage(storage_url, None, existing=True)  # reading creates or changes no database
     names = table3_studies(storage)
     if study_name is None:
         if len(names) != 1:

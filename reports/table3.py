@@ -5,6 +5,7 @@ parameters, time and throughput beside the paper's values, and each row's change
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -24,22 +25,20 @@ def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> 
         seeds=("seed", "count"), ppl=("ppl", "mean"), ppl_std=("ppl", "std"), bleu=("bleu", "mean"),
         bleu_std=("bleu", "std"), params=("params", "first"), train_time_s=("train_time_s", "mean"),
         tokens_per_s=("tokens_per_s", "mean"), steps=("steps", "first"))
-    base_steps = data.spec["base"].get("train_steps")
     records = []
     for row in (r for r in data.spec if r in agg.index):
-        entry, c, ours = data.spec[row], paper_architecture(row, data.spec), agg.loc[row]
+        entry, ours = data.spec[row], agg.loc[row]
         paper = entry.get("paper") or {}
         records.append({
-            "row": row, "group": entry.get("group", row),
-            "N": c.n_layers, "d_model": c.d_model, "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k,
-            "d_v": c.d_v, "P_drop": c.dropout, "eps_ls": c.label_smoothing, "positional": c.positional,
-            "paper_steps": entry.get("train_steps", base_steps), "steps": int(ours.steps),
+            "row": row, "group": entry.get("group", row), **paper_configuration(row, data.spec),
+            "steps": int(ours.steps),
             "seeds": int(ours.seeds), "ppl": ours.ppl, "ppl_std": ours.ppl_std,
             "paper_ppl": paper.get("ppl"), "bleu": ours.bleu, "bleu_std": ours.bleu_std,
             "paper_bleu": paper.get("bleu"), "params_m": ours.params / 1e6,
             "paper_params_m": paper.get("params_m"), "train_time_s": ours.train_time_s,
             "tokens_per_s": ours.tokens_per_s, "p_bleu_vs_base": p_values.get(row)})
     frame = pd.DataFrame.from_records(records).set_index("row")
+    frame.attrs["base_configuration"] = paper_configuration("base", data.spec)  # also when base has no run
     frame = frame.astype({c: float for c in ("paper_ppl", "paper_bleu", "paper_params_m", "p_bleu_vs_base")})
     if "base" in frame.index:
         for col in ("ppl", "bleu", "paper_ppl", "paper_bleu"):
@@ -50,6 +49,14 @@ def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> 
         frame.loc["base", "p_bleu_vs_base"] = math.nan
         add_seed_statistics(frame, runs)
     return frame
+
+
+def paper_configuration(row: str, spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The row's configuration columns at the paper's scale (N, d_model, ..., its training steps)."""
+    c = paper_architecture(row, spec)
+    return {"N": c.n_layers, "d_model": c.d_model, "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k,
+            "d_v": c.d_v, "P_drop": c.dropout, "eps_ls": c.label_smoothing, "positional": c.positional,
+            "paper_steps": spec[row].get("train_steps", spec["base"].get("train_steps"))}
 
 
 def convergence_summary(classes: pd.Series) -> str | None:
@@ -125,12 +132,12 @@ def _setting(col: str, value: Any) -> str:
     return str(value)
 
 
-def changes(r: pd.Series, base: pd.Series | None) -> str:
+def changes(r: pd.Series, base: Mapping[str, Any]) -> str:
     """The paper configuration of a row as its changes from base ('N 2', 'P_drop 0.0, pos learned')."""
-    if r.name == "base" or base is None:
+    if r.name == "base":
         return "the paper's base"
     return ", ".join(f"{name} {_setting(col, r[col])}" for col, name in CONFIG_COLUMNS.items()
-                     if r[col] != base[col]) or "as base"
+                     if r[col] != base.get(col)) or "as base"
 
 
 def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
@@ -156,7 +163,7 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
 
     d = r"$\Delta$" if tex else "Δ"
     x6 = r"$\times 10^6$" if tex else "×10⁶"
-    base = frame.loc["base"] if "base" in frame.index else None
+    base = frame.attrs.get("base_configuration", {})
     rows = []
     for row, r in frame.iterrows():
         rows.append({

@@ -56,5 +56,8 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
 
 
 def verdicts(frame: pd.DataFrame) -> dict[str, str]:
-    """Group -> sentence, for every group in the table but base, in table order."""
+    """Group -> sentence, for every group in the table but base, in table order (none without a
+    complete base run: every verdict compares with it)."""
+    if "beyond_noise" not in frame:
+        return {}
     return {g: group_verdict(frame, g) for g in dict.fromkeys(frame["group"]) if g != "base"}

@@ -33,21 +33,33 @@ def device_groups(devices: str | None, workers: int | None, devices_per_trial: i
     per = devices_per_trial
     if per < 1:
         raise UserError(f"--devices-per-trial must be at least 1, got {per}")
-    listed = [d.strip() for d in devices.split(",") if d.strip()] if devices else None
-    if listed and workers:
+    if devices and workers:
         raise UserError("use --workers K (CPU) or --devices 0,1,... (one worker per GPU), not both")
+    listed = gpu_ids(devices) if devices else None
     overrides: list[str] = []
     groups = None
     if listed:
         if len(listed) % per:
             raise UserError(f"--devices lists {len(listed)} devices, not a multiple of "
                             f"--devices-per-trial {per}")
+        from lightning_modules.run.preflight import check_gpu_ids  # loads torch: only when GPUs are named
+
+        check_gpu_ids([int(d) for d in listed], f"--devices {devices}")
         groups = [",".join(listed[i:i + per]) for i in range(0, len(listed), per)]
     if per > 1:
         overrides.append(f"train.devices={per}")
         if not listed and accelerator is None:
             overrides.append("train.accelerator=cpu")
     return overrides, groups
+
+
+def gpu_ids(devices: str) -> list[str]:
+    """The GPU ids of `--devices 0,1` (one worker per id, or per --devices-per-trial ids)."""
+    listed = [d.strip() for d in devices.split(",") if d.strip()]
+    if not listed or not all(d.isdigit() for d in listed) or len(set(listed)) != len(listed):
+        raise UserError(f"--devices takes distinct GPU ids like 0,1 (one worker per id; --workers K on "
+                        f"the CPU); got {devices!r}")
+    return listed
 
 
 def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int = 1) -> list[dict[str, str]]:

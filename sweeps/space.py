@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from lightning_modules.errors import UserError
-from ablations.resolve import parse_overrides
+from ablations.resolve import check_override_types, parse_overrides
 from ablations.spec import load_yaml
 
 TYPES = ("categorical", "int", "float")
@@ -110,16 +110,32 @@ def _number(where: str, spec: dict[str, Any], name: str, required: bool = True) 
     return value
 
 
-def _check_key(where: str, key: str, value: Any = 0) -> None:
+def _check_key(where: str, key: str) -> None:
     try:
-        parse_overrides([override(key, value)])
+        parse_overrides([f"{key}=0"])
     except UserError as err:
         raise UserError(f"{where}: {err}") from None
 
 
+def _check_values(where: str, key: str, values: list[Any]) -> None:
+    """Every value a trial can get must be of the key's type (else every trial fails)."""
+    check_override_types([override(key, value) for value in values], where)
+
+
 def parse_param(path: str, key: str, spec: Any) -> Param:
     """One `params` entry, validated; errors name the file and the key."""
-    where = f"{path}: params.{key}"
+    param = _parse_param(f"{path}: params.{key}", key, spec)
+    _check_values(f"{path}: params.{key}", key, list(param.choices) or _range_values(param))
+    return param
+
+
+def _range_values(p: Param) -> list[Any]:
+    """A range's ends, in the type the trials sample (an int range gives ints), and its grid."""
+    cast = int if p.type == "int" else float
+    return [cast(p.low), cast(p.high), *p.grid_values]
+
+
+def _parse_param(where: str, key: str, spec: Any) -> Param:
     _check_key(where, key)
     if not isinstance(spec, dict):
         raise UserError(f"{where}: expected a mapping like {{type: float, low: 0.0, high: 1.0}}")
@@ -167,7 +183,7 @@ def load_space(path: str | Path) -> SearchSpace:
     if not isinstance(fixed, dict):
         raise UserError(f"{path}: 'fixed' must be a mapping of keys to values")
     for key, value in fixed.items():
-        _check_key(f"{path}: fixed.{key}", str(key), value)
+        _check_values(f"{path}: fixed.{key}", str(key), [value])
     clash = set(map(str, params)) & set(map(str, fixed))
     if clash:
         raise UserError(f"{path}: {', '.join(sorted(clash))} is both sampled and fixed")

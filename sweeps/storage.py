@@ -15,21 +15,28 @@ becomes FAIL and is queued again as a copy (`sweeps.optuna_api`).
 
 from __future__ import annotations
 
+import sqlite3
+import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import optuna
 import sqlalchemy
 from optuna.storages import BaseStorage
 from sqlalchemy.engine import make_url
 
 from lightning_modules.errors import UserError
+from lightning_modules.run.io import check_writable_dir
 from sweeps.optuna_api import grpc_storage, heartbeat_storage, journal_storage
 
 JOURNAL_SCHEME, GRPC_SCHEME = "journal:///", "grpc://"
 JOURNAL_SUFFIXES = (".journal", ".log")
 GRPC_DEFAULT_PORT = 13000  # Optuna's default for the proxy
 GRPC_CONNECT_S = 10.0  # how long a client waits for the proxy to answer
+OPTUNA_TABLES = {"studies", "version_info"}  # what makes an SQLite file an Optuna database
+SQLITE_OPEN_ATTEMPTS = 5  # see _open_rdb
 GRPC_HINT = "the gRPC storage proxy needs grpcio: pip install 'transformer-ablations[grpc]'"
 
 
@@ -79,14 +86,58 @@ def safe_url(url: str) -> str:
         return url
 
 
-def make_storage(url: str, heartbeat_s: int | None = 60) -> BaseStorage:
-    """The storage of `url`; with a heartbeat, stale trials become FAIL and are re-queued as copies."""
+def in_memory_sqlite(url: str) -> bool:
+    """An SQLite URL without a file (`sqlite://`, `sqlite:///:memory:`): each process has its own."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 (not an SQLAlchemy URL: make_storage reports it)
+        return False
+    return parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+
+
+def _sqlite_tables(path: Path) -> set[str]:
+    """The table names of an SQLite file, read without writing to it (opened read-only)."""
+    try:
+        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=60)) as db:
+            return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as err:
+        raise UserError(f"{path} is not an SQLite database ({err})") from None
+
+
+def check_sqlite_file(path: Path, existing: bool) -> None:
+    """An SQLite file a storage may open: an Optuna database, or (unless `existing` is asked for) no
+    file yet, an empty one, or one whose tables another process is creating right now (Optuna
+    creates `studies` first). Optuna would add its tables to any other database."""
+    if not path.exists():
+        if existing:
+            raise UserError(f"no database {path}: give the --storage of a sweep or Table 3 run")
+        return
+    tables = _sqlite_tables(path)
+    if OPTUNA_TABLES <= tables or not existing and (not tables or "studies" in tables):
+        return
+    held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
+    raise UserError(f"{path} is not an Optuna database ({held}); give the --storage of a sweep or "
+                    f"Table 3 run")
+
+
+def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False) -> BaseStorage:
+    """The storage of `url`; with a heartbeat, stale trials become FAIL and are re-queued as copies.
+
+    `existing`: the storage must already hold Optuna's data (the report and the dashboard: reading
+    one must not create one, nor add Optuna's tables to another SQLite file).
+    """
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:
+        if existing and not journal.is_file():
+            raise UserError(f"no journal file {journal}: give the --storage of a sweep or Table 3 run")
         return _open_journal(journal, heartbeat_s)
     if proxy is not None:
         return _open_grpc(*proxy, heartbeat_s)
-    return _open_rdb(url, heartbeat_s)
+    if in_memory_sqlite(url):
+        raise UserError(f"storage {url} is an in-memory SQLite database: the worker processes cannot "
+                        f"share it and it is gone when the command ends; give a file, e.g. "
+                        f"sqlite:///runs/sweeps.db")
+    return _open_rdb(url, heartbeat_s, existing)
 
 
 def _open_journal(path: Path, heartbeat_s: int | None) -> BaseStorage:
@@ -107,14 +158,16 @@ def _open_grpc(host: str, port: int, heartbeat_s: int | None) -> BaseStorage:
                         f"start it with: ablate storage-proxy --storage URL --host HOST --port {port}") from None
 
 
-def _open_rdb(url: str, heartbeat_s: int | None) -> BaseStorage:
+def _open_rdb(url: str, heartbeat_s: int | None, existing: bool) -> BaseStorage:
     path = sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
     if path is not None:
+        check_sqlite_file(path, existing)
+        check_writable_dir(path.parent, f"the database {path.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
     try:
-        storage = heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)
+        storage = _retry_open(url, heartbeat_s, engine_kwargs, 1 if path is None else SQLITE_OPEN_ATTEMPTS)
         if path is not None:
             _serialize_sqlite_transactions(storage.engine)
         return storage
@@ -123,6 +176,20 @@ def _open_rdb(url: str, heartbeat_s: int | None) -> BaseStorage:
                         f"pip install psycopg2-binary") from None
     except Exception as err:  # sqlalchemy: bad URL, unreachable server
         raise UserError(f"cannot open storage {safe_url(url)}: {str(err).splitlines()[0]}") from None
+
+
+def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any], attempts: int) -> BaseStorage:
+    """Optuna's RDB storage, tried `attempts` times. Processes that open a new SQLite file at once
+    (the workers of two commands, a test watching a sweep start) all create Optuna's tables and
+    version row; Python's sqlite3 commits each CREATE TABLE on its own, so all but one fail ("table
+    ... already exists", "UNIQUE constraint failed"). Opened again once the winner is done, the
+    database is complete."""
+    for attempt in range(1, attempts):
+        try:
+            return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)
+        except (sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
+            time.sleep(0.5 * attempt)
+    return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)  # its error is the caller's
 
 
 def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:

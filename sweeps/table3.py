@@ -25,6 +25,7 @@ from ablations.resolve import resolve
 from ablations.spec import default_rows, default_seeds, load_spec
 from lightning_modules.config import count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.run.io import check_writable_dir
 from sweeps.study import enqueue, make_storage, open_study, safe_url
 
 KIND = "table3"
@@ -50,10 +51,14 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
               config: str | None = None) -> Table3Plan:
     """The plan of `ablate table3`: rows (`base,A,D3`; default: the preset's, else the spec's),
     seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed), study name (default `table3-PRESET`)."""
+    from lightning_modules.run.preflight import check_hardware  # loads torch: not for the report's imports
+
     spec = load_spec(spec_path)
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
-    seed_list = parse_seeds(seeds, default_seeds(preset)
-                            or [resolve(preset, "base", config, overrides, spec_path).train.seed])
+    base = resolve(preset, "base", config, overrides, spec_path)
+    check_hardware(base)
+    check_writable_dir(runs_dir, "the run directories (--runs-dir)")
+    seed_list = parse_seeds(seeds, default_seeds(preset) or [base.train.seed])
     return Table3Plan(study=study or f"table3-{preset}", storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
                       config=config)

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from lightning_modules.errors import UserError
+from lightning_modules.run.io import atomic_write_text, check_writable_file, disk_full_ends_the_run
 from sweeps.space import Param, SearchSpace
 
 METHODS = {"tpe": "bayes", "random": "random", "grid": "grid"}
@@ -63,8 +64,9 @@ def agent_args(config: dict[str, Any], values: dict[str, Any]) -> list[str]:
 
 
 def write_config(config: dict[str, Any], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config, f, sort_keys=False)
+    check_writable_file(path, "the W&B sweep YAML")
+    with disk_full_ends_the_run(path):
+        atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
 
 
 def launch(config: dict[str, Any], project: str, count: int | None) -> None:

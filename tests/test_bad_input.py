@@ -1,20 +1,34 @@
 """Bad input, one case per test: each must end in exactly one `ablate: error: ...` line naming the
 problem, exit status 2, no traceback, and nothing written (no run directory, no database, no
-report). The commands run in-process (`ablate.cli.main`) in an empty working directory;
-a last test runs a few of them as real processes to check for tracebacks on stderr.
+report). The commands run in-process (`ablate.cli.main`) in an empty working directory; a few
+run as real processes to check for tracebacks on stderr.
+
+After the cases: input that needs more than one line to set up or to check (damaged archives, a
+disk that fills up mid-run, databases that are not Optuna's and must stay byte for byte, the
+dashboard's port and password, a report without a base run) and the command line's help.
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
+import io
+import json
 import os
+import shutil
+import socket
+import sqlite3
 import subprocess
+import tarfile
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
+import optuna
 import pytest
 
-from ablate.cli import main
+from ablate.cli import build_parser, main
 
 FAST = ["--no-wandb", "--max-steps", "2", "data.valid_size=50", "data.test_size=50", "train.progress_bar=false"]
 SPACE_OK = "params:\n  dropout: {type: float, low: 0.0, high: 0.3}\n"
@@ -30,9 +44,34 @@ def files(tmp: Path, **contents: str | bytes) -> dict[str, str]:
     return out
 
 
-def corpus(tmp: Path, tgt: str | bytes = "x y\nz w\n", src: str = "a b\nc d\n") -> list[str]:
-    f = files(tmp, train_en=src, train_de=tgt, valid_en="a b\n", valid_de="x y\n")
+def corpus(tmp: Path, tgt: str | bytes = "x y\nz w\n", src: str = "a b\nc d\n", valid_src: str = "a b\n") -> list[str]:
+    f = files(tmp, train_en=src, train_de=tgt, valid_en=valid_src, valid_de="x y\n")
     return ["--train-src", f["train_en"], "--train-tgt", f["train_de"],
+            "--valid-src", f["valid_en"], "--valid-tgt", f["valid_de"]]
+
+
+LETTERS = ["data.vocab_size=20"]  # a BPE vocabulary the two-line corpus allows
+LONG = "a b c d e f g h i j k l m n o p q r s t\n"  # 20 words: 20 or more wordpieces
+
+
+def damaged_gzip(data: bytes, damage: str) -> bytes:
+    """`data` gzipped, then damaged: bad deflate data (zlib.error), cut short (EOFError), or a
+    wrong CRC (gzip.BadGzipFile)."""
+    packed = gzip.compress(data, mtime=0)
+    if damage == "deflate":
+        return packed[:10] + bytes([packed[10] ^ 0xFF]) + packed[11:]
+    if damage == "truncated":
+        return packed[:len(packed) // 2]
+    return packed[:-8] + bytes(4) + packed[-4:]
+
+
+GZIP_DAMAGE = ("deflate", "truncated", "crc")
+TEXT = "".join(f"line {i} of a corpus\n" for i in range(300)).encode()
+
+
+def gzip_corpus(tmp: Path, damage: str) -> list[str]:
+    f = files(tmp, train_en_gz=damaged_gzip(TEXT, damage), train_de=TEXT, valid_en="a b\n", valid_de="x y\n")
+    return ["--train-src", f["train_en_gz"], "--train-tgt", f["train_de"],
             "--valid-src", f["valid_en"], "--valid-tgt", f["valid_de"]]
 
 
@@ -40,6 +79,26 @@ def sweep(tmp: Path, space: str, *extra: str) -> list[str]:
     path = files(tmp, space_yaml=space)["space_yaml"]
     return ["sweep", "optuna", "--study", "s", "--storage", f"sqlite:///{tmp}/s.db", "--space", path,
             *extra, *FAST]
+
+
+def spec(tmp: Path, base: str) -> str:
+    """An ablation spec whose base row is `base` (YAML flow text; more rows may follow)."""
+    return files(tmp, rows_yaml=f"base: {base}\n")["rows_yaml"]
+
+
+def a_file(tmp: Path) -> Path:
+    return Path(files(tmp, a_txt="not a directory")["a_txt"])
+
+
+def read_only_dir(tmp: Path) -> Path:
+    """A directory this process cannot write into: mode 0o555; as root, whom modes do not stop,
+    a path under a file instead."""
+    if os.geteuid() == 0:
+        return a_file(tmp) / "read-only"
+    folder = tmp / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
 
 
 # (case id, argument builder given the tmp dir, text the one error line must contain, environment)
@@ -116,12 +175,113 @@ CASES: list[Case] = [
     ("storage-proxy-of-a-journal", lambda t: ["storage-proxy", "--storage", "journal:///s.journal"], "serves an RDB", {}),
     ("report-negative-bootstrap", lambda t: ["report", "--out", str(t / "r"), "--bootstrap", "-1"], "--bootstrap", {}),
     ("params-bad-vocab", lambda t: ["params", "--vocab-size", "0"], "vocab", {}),
+    # Settings that only Lightning or a worker used to check, after the data was loaded or the table queued
+    ("devices-minus-one", lambda t: ["train", "--devices", "-1", *FAST], "train.devices must be auto", {}),
+    ("devices-zero", lambda t: ["train", "--devices", "0", *FAST], "train.devices must be auto", {}),
+    ("device-ids-on-cpu", lambda t: ["train", "--devices", "0,1", "--accelerator", "cpu", *FAST],
+     "lists GPU ids, but this run trains on the CPU", {}),
+    ("accelerator-gpu-without-gpu", lambda t: ["train", "--accelerator", "gpu", *FAST], "no CUDA GPU", {}),
+    ("accelerator-unknown", lambda t: ["train", "--accelerator", "quantum", *FAST], "train.accelerator", {}),
+    ("precision-fp8", lambda t: ["train", "--precision", "fp8", *FAST], "train.precision must be one of", {}),
+    ("strategy-unknown", lambda t: ["train", "train.strategy=warp", *FAST], "train.strategy", {}),
+    ("seed-negative", lambda t: ["train", "--seed", "-1", *FAST], "train.seed must be between 0", {}),
+    ("seed-too-large", lambda t: ["train", "--seed", str(2 ** 32), *FAST], "train.seed must be between 0", {}),
+    ("table3-seed-negative", lambda t: ["table3", "--rows", "base", "--seeds", "1,-1", *FAST], "train.seed", {}),
+    ("bleu-tokenizer-unknown", lambda t: ["train", "eval.bleu_tokenize=klingon", *FAST], "eval.bleu_tokenize", {}),
+    ("sweep-heartbeat-negative", lambda t: sweep(t, SPACE_OK, "--heartbeat", "-5"), "--heartbeat", {}),
+    ("table3-heartbeat-zero", lambda t: ["table3", "--heartbeat", "0", *FAST], "--heartbeat", {}),
+    ("prune-startup-trials-negative", lambda t: sweep(t, SPACE_OK, "--prune-startup-trials", "-1"),
+     "--prune-startup-trials", {}),
+    ("prune-warmup-steps-negative", lambda t: sweep(t, SPACE_OK, "--prune-warmup-steps", "-3"),
+     "--prune-warmup-steps", {}),
+    ("sweep-workers-negative", lambda t: sweep(t, SPACE_OK, "--workers", "-2"), "--workers", {}),
+    ("table3-workers-zero", lambda t: ["table3", "--workers", "0", *FAST], "--workers", {}),
+    ("table3-in-memory-storage", lambda t: ["table3", "--rows", "base", "--storage", "sqlite://", *FAST],
+     "in-memory SQLite", {}),
+    ("sweep-in-memory-storage", lambda t: [*sweep(t, SPACE_OK), "--storage", "sqlite:///:memory:"],
+     "in-memory SQLite", {}),
+    ("table3-device-id-negative", lambda t: ["table3", "--devices", "-1", *FAST], "distinct GPU ids", {}),
+    ("table3-device-ids-without-gpu", lambda t: ["table3", "--devices", "0", *FAST], "no CUDA GPU", {}),
+    ("sweep-accelerator-gpu-without-gpu", lambda t: sweep(t, SPACE_OK, "--accelerator", "gpu"), "no CUDA GPU", {}),
+    ("table3-strategy-unknown", lambda t: ["table3", "--rows", "base", "train.strategy=warp", *FAST],
+     "train.strategy", {}),
+    # Spec and search-space values of the wrong type (they failed inside a worker, or after the whole table)
+    ("spec-model-value-wrong-type", lambda t: ["table3", "--spec", spec(t, "{model: {d_model: wide}}"), *FAST],
+     "row 'base': model.d_model: Value 'wide'", {}),
+    ("spec-train-steps-not-a-number", lambda t: ["table3", "--spec", spec(t, "{model: {}, train_steps: lots}"),
+                                                 *FAST], "train_steps must be a whole number", {}),
+    ("spec-paper-not-a-mapping", lambda t: ["table3", "--spec", spec(t, "{model: {}, paper: 65}"), *FAST],
+     "paper must be a mapping", {}),
+    ("spec-paper-value-text", lambda t: ["params", "--spec", spec(t, "{model: {}, paper: {ppl: low}}")],
+     "paper.ppl must be a number", {}),
+    ("spec-unknown-row-key", lambda t: ["train", "--spec", spec(t, "{model: {}, train_step: 10}")],
+     "unknown keys: train_step", {}),
+    ("spec-row-dropout-text", lambda t: ["train", "--row", "X", "--spec",
+                                         spec(t, "{model: {}}\nX: {model: {dropout: none}}")],
+     "row 'X': model.dropout", {}),
+    ("space-categorical-wrong-type", lambda t: sweep(t, "params:\n  d_model: {type: categorical, choices: [wide, narrow]}\n"),
+     "params.d_model: model.d_model: Value 'wide'", {}),
+    ("space-float-range-for-int-key", lambda t: sweep(t, "params:\n  d_model: {type: float, low: 32, high: 64}\n"),
+     "params.d_model: model.d_model: Value '32.0'", {}),
+    ("space-bool-choice", lambda t: sweep(t, "params:\n  data.ding_dictionary: {type: categorical, choices: [true, maybe]}\n"),
+     "not a valid bool", {}),
+    ("space-grid-value-for-int-key", lambda t: sweep(t, "params:\n  n_layers: {type: int, low: 1, high: 3, grid: [1, 1.5]}\n"),
+     "Value '1.5'", {}),
+    ("space-fixed-wrong-type", lambda t: sweep(t, SPACE_OK + "fixed: {n_heads: many}\n"), "fixed.n_heads", {}),
+    ("wandb-space-wrong-type", lambda t: ["sweep", "wandb", "--out", str(t / "sweep.yaml"), "--space",
+                                         files(t, space_yaml="params:\n  d_ff: {type: categorical, choices: [big]}\n")["space_yaml"]],
+     "model.d_ff", {}),
+    # Output paths that were found unwritable only when written (the report: after the whole table)
+    ("report-out-under-a-file", lambda t: ["report", "--out", str(a_file(t) / "rep")],
+     "cannot write the report to", {}),
+    ("report-out-is-a-file", lambda t: ["report", "--out", str(a_file(t))], "is not a directory", {}),
+    ("table3-report-dir-a-file", lambda t: ["table3", "--rows", "base", "--report-dir", str(a_file(t)), *FAST],
+     "cannot write the report (--report-dir)", {}),
+    ("table3-runs-dir-read-only", lambda t: ["table3", "--rows", "base", "--runs-dir", str(read_only_dir(t)), *FAST],
+     "cannot write the run directories (--runs-dir)", {}),
+    ("sweep-runs-dir-read-only", lambda t: sweep(t, SPACE_OK, "--runs-dir", str(read_only_dir(t) / "runs")),
+     "cannot write the trials' run directories", {}),
+    ("train-out-read-only", lambda t: ["train", "--out", str(read_only_dir(t) / "run"), *FAST],
+     "cannot write to output directory", {}),
+    ("wandb-out-a-directory", lambda t: ["sweep", "wandb", "--space", files(t, space_yaml=SPACE_OK)["space_yaml"],
+                                         "--out", str(t)], "is a directory", {}),
+    ("wandb-out-missing-parent", lambda t: ["sweep", "wandb", "--space", files(t, space_yaml=SPACE_OK)["space_yaml"],
+                                            "--out", str(t / "nope" / "sweep.yaml")], "does not exist", {}),
+    ("storage-under-a-file", lambda t: ["table3", "--rows", "base", "--storage", f"sqlite:///{a_file(t)}/s.db", *FAST],
+     "cannot write the database s.db", {}),
+    # Runs that would do nothing but report success, or train something other than they say
+    ("max-train-len-one", lambda t: ["train", "--out", str(t / "run"), *corpus(t), *LETTERS, "data.max_train_len=1",
+                                     *FAST], "no training pairs left: all 2 are longer than 1 wordpieces", {}),
+    ("corpus-every-line-too-long", lambda t: ["train", "--out", str(t / "run"), *corpus(t, src=LONG + LONG),
+                                              "data.vocab_size=40", "data.max_train_len=6", *FAST],
+     "no training pairs left: all 2 are longer than 6 wordpieces on a side; raise data.max_train_len", {}),
+    ("dev-lines-too-long", lambda t: ["train", "--out", str(t / "run"), *corpus(t, valid_src=LONG), *LETTERS,
+                                      "model.max_len=16", *FAST], "no dev pairs left: all 1", {}),
+    ("max-len-tiny", lambda t: ["train", "model.max_len=2", *FAST], "model.max_len=2 is too short", {}),
+    ("row-as-override", lambda t: ["train", "row=Z9", *FAST], "choose the row with --row", {}),
+    ("preset-as-override", lambda t: ["table3", "preset=paper", *FAST], "choose the preset with --preset", {}),
+    ("space-samples-the-row", lambda t: sweep(t, "params:\n  row: {type: categorical, choices: [base, A1]}\n"),
+     "choose the row with --row", {}),
+    # Damaged or odd input that crashed
+    *[(f"gzip-corpus-{damage}", lambda t, damage=damage: ["train", "--out", str(t / "run"), *gzip_corpus(t, damage),
+                                                           *FAST], "train.en.gz: damaged gzip file", {})
+      for damage in GZIP_DAMAGE],
 ]
+# Valid on a machine with a GPU: skipped there.
+NEED_NO_GPU = {"accelerator-gpu-without-gpu", "table3-device-ids-without-gpu", "sweep-accelerator-gpu-without-gpu"}
+
+
+def gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: Path, monkeypatch, capsys):
     name, build, expected, env = case
+    if name in NEED_NO_GPU and gpu_visible():
+        pytest.skip("valid on this machine: it has a GPU")
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -146,6 +306,7 @@ def test_there_are_at_least_thirty_cases():
 
 
 @pytest.mark.parametrize("args", [["train", "d_model=abc"], ["train", "--preset", "huge"],
+                                  ["train", "--seed", "-1"], ["table3", "--workers", "0"],
                                   ["sweep", "optuna", "--study", "s", "--space", "/nonexistent.yaml"],
                                   ["report", "--storage", "nonsense://", "--out", "r"]])
 def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
@@ -153,3 +314,241 @@ def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
                             text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("damage", ["deflate", "truncated"])  # (tar stops before gzip checks its CRC)
+def test_damaged_corpus_archive_is_one_line_naming_it(damage: str, tmp_path: Path):
+    """A downloaded .tgz that is damaged (cached from an interrupted copy, say) is a UserError
+    naming it, whichever way gzip fails."""
+    from lightning_modules.data.corpora import fetch_wmt14_train
+    from lightning_modules.errors import UserError
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for lang in ("en", "de"):
+            info = tarfile.TarInfo(f"corpus.de-en.{lang}")
+            info.size = len(TEXT)
+            tar.addfile(info, io.BytesIO(TEXT))
+    cache = tmp_path / "wmt14"
+    cache.mkdir()
+    (cache / "corpus.tgz").write_bytes(damaged_gzip(buffer.getvalue(), damage))
+    with pytest.raises(UserError, match="corpus.tgz: not a valid archive") as err:
+        fetch_wmt14_train(cache, [("http://127.0.0.1:9/corpus.tgz", "corpus.de-en")])  # cached: not fetched
+    assert "\n" not in str(err.value) and not (cache / "train.en").exists()
+
+
+# Run inside a private mount namespace (`unshare -Urm`): mount a small tmpfs, train into it, stop
+# the run at step 2 (step 1's checkpoint written, step 2's not yet), fill the tmpfs, let the run go
+# on into a full disk.
+DISK_FULL_DRIVER = r"""
+import json, os, signal, subprocess, sys, zipfile
+from pathlib import Path
+
+mount, args = Path(sys.argv[1]), sys.argv[2:]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(mount)], check=True)
+env = {**os.environ, "ABLATE_FAULT": "train_step@2:SIGSTOP"}
+run = subprocess.Popen([sys.executable, "-m", "ablate", "train", "--out", str(mount / "run"), *args],
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+_, status = os.waitpid(run.pid, os.WUNTRACED)
+stopped = os.WIFSTOPPED(status)
+if stopped:
+    try:
+        with open(mount / "filler", "wb") as filler:
+            while True:
+                filler.write(bytes(1 << 20))
+                filler.flush()
+    except OSError:
+        pass
+    os.kill(run.pid, signal.SIGCONT)
+stderr = run.stderr.read()
+code = run.wait() if stopped else os.waitstatus_to_exitcode(status)
+out = mount / "run"
+checkpoints = {p.name: zipfile.ZipFile(p).testzip() is None for p in (out / "checkpoints").glob("*.ckpt")}
+print(json.dumps({"stopped": stopped, "code": code, "stderr": stderr, "checkpoints": checkpoints,
+                  "files": sorted(str(p.relative_to(out)) for p in out.rglob("*"))}))
+"""
+
+
+def mount_namespace_available() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-Urm", "true"], capture_output=True, timeout=30).returncode == 0
+
+
+def test_disk_full_mid_run_is_one_line_and_leaves_no_half_written_file(tmp_path: Path):
+    """A real ENOSPC (a full tmpfs) while training: exit status 1, one `ablate: error:` line and no
+    traceback; results.json is not written, no temporary file is left, the checkpoint written before
+    the disk filled is whole (the same command resumes from it once there is space)."""
+    if not mount_namespace_available():
+        pytest.skip("cannot mount a tmpfs here: `unshare -Urm` (an unprivileged mount namespace) is refused")
+    mount = tmp_path / "tiny-disk"
+    mount.mkdir()
+    args = [*corpus(tmp_path), *LETTERS, "--max-steps", "4", "--no-wandb", "train.progress_bar=false",
+            "train.checkpoint_every=1", "d_model=16", "d_ff=32", "n_heads=2", "n_layers=1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(["unshare", "-Urm", sys.executable, "-c", DISK_FULL_DRIVER, str(mount), *args],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["stopped"], report["stderr"][-3000:]
+    errors = [line for line in report["stderr"].splitlines() if line.startswith("ablate: error:")]
+    assert report["code"] == 1 and "Traceback" not in report["stderr"], report["stderr"][-3000:]
+    assert len(errors) == 1 and "the disk is full" in errors[0], report["stderr"][-3000:]
+    assert report["stderr"].strip().splitlines()[-1] == errors[0]
+    assert "results.json" not in report["files"] and not [f for f in report["files"] if f.endswith(".tmp")]
+    assert report["checkpoints"] and all(report["checkpoints"].values()), report["files"]
+
+
+def measurements_db(tmp: Path) -> Path:
+    """An SQLite database of someone else's (not Optuna's)."""
+    path = tmp / "measurements.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE measurements (t REAL, value REAL)")
+        db.execute("INSERT INTO measurements VALUES (0.5, 42.0)")
+        db.commit()
+    return path
+
+
+DATABASE_FILES: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "other-sqlite": (measurements_db, "is not an Optuna database (its tables: measurements)"),
+    "empty-file": (lambda t: Path(files(t, empty_db=b"")["empty_db"]), "is not an Optuna database (it has no tables)"),
+    "text-file": (lambda t: Path(files(t, notes_db="results: fine\n")["notes_db"]), "is not an SQLite database"),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "dashboard", "sweep"])
+@pytest.mark.parametrize("kind", list(DATABASE_FILES))
+def test_a_database_that_is_not_optunas_is_refused_and_left_byte_for_byte(command: str, kind: str,
+                                                                         tmp_path: Path, capsys):
+    """report and dashboard only read: they never create a database or add Optuna's tables to
+    another; a sweep refuses to add them to a database that is not empty and not Optuna's."""
+    if kind == "empty-file" and command == "sweep":
+        pytest.skip("an empty file is a new SQLite database: a sweep may create its tables there")
+    make, expected = DATABASE_FILES[kind]
+    path = make(tmp_path)
+    before = path.read_bytes()
+    storage = f"sqlite:///{path}"
+    with socket.socket() as taken:  # were the storage accepted, the dashboard would fail here, not serve
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = {"report": ["report", "--storage", storage, "--out", str(tmp_path / "r")],
+                "dashboard": ["dashboard", "--storage", storage, "--port", str(taken.getsockname()[1])],
+                "sweep": [*sweep(tmp_path, SPACE_OK), "--storage", storage, "--runs-dir", str(tmp_path / "runs")]}
+        code = main(args[command])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("ablate: error: ") and err.count("\n") == 1, err
+    assert expected in err and not out, err
+    assert path.read_bytes() == before
+    assert {p.name for p in tmp_path.iterdir()} <= {path.name, "space.yaml"}  # no journal, report, runs
+
+
+def test_report_reads_an_optuna_database_without_writing_to_it(tmp_path: Path, capsys):
+    path = tmp_path / "sweeps.db"
+    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    before = path.read_bytes()
+    assert main(["report", "--storage", f"sqlite:///{path}", "--out", str(tmp_path / "r")]) == 2
+    assert "holds 0 Table 3 studies" in capsys.readouterr().err
+    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
+
+
+def test_dashboard_on_a_busy_port_says_so_before_printing_anything(tmp_path: Path, capsys):
+    path = tmp_path / "sweeps.db"
+    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["dashboard", "--storage", f"sqlite:///{path}", "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out  # no "optuna-dashboard for ..." nor "Listening on" first
+    assert err == f"ablate: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_dashboard_banner_masks_the_database_password():
+    from sweeps.dashboard import banner
+
+    line = banner("postgresql+psycopg2://ablate:hunter2@db.example:5432/optuna", "::1", 8080)
+    assert "hunter2" not in line and "ablate:***@db.example:5432/optuna" in line and "http://[::1]:8080/" in line
+
+
+def fake_table3_study(path: Path, rows: list[str]) -> None:
+    """A Table 3 study as `ablate table3` leaves it, with one complete run of each of `rows` (and
+    the numbers a report reads; no translations, so no bootstrap)."""
+    from ablations.spec import load_spec
+
+    spec = load_spec()
+    study = optuna.create_study(study_name="table3-tiny", storage=f"sqlite:///{path}")
+    for key, value in {"kind": "table3", "preset": "tiny", "spec": spec, "overrides": [], "config": None,
+                       "setup": {"scale": {"width": 0.25, "depth": 0.5, "steps": 0.02}}}.items():
+        study.set_user_attr(key, value)
+    for i, row in enumerate(rows):
+        trial = study.ask()
+        for key, value in {"row": row, "seed": 1, "group": spec[row].get("group", row), "ppl": 10.0 + i,
+                           "bleu": 5.0 - i, "params": 1000, "steps": 10, "train_time_s": 1.0,
+                           "tokens_per_s": 100.0}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, 10.0 + i)
+
+
+def test_report_without_a_base_run_warns_in_one_line_and_reports_the_other_rows(tmp_path: Path, capsys):
+    """Without base there is no change against base, but the rows' own PPL and BLEU beside the
+    paper's are still worth reading (a table whose base is still training): a warning, not silence."""
+    fake_table3_study(tmp_path / "t.db", ["A1", "B1"])
+    assert main(["report", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ablate: warning: study 'table3-tiny' has no complete base run")
+    table = (tmp_path / "r" / "table3.md").read_text()
+    assert "Incomplete: the study 'table3-tiny' has no complete base run" in table
+    assert "| A1    | h 1, d_k 512, d_v 512 |" in table and "| B1    |" in table  # changes from the spec's base
+
+
+def test_report_of_a_table_with_no_complete_run_is_an_error(tmp_path: Path, capsys):
+    fake_table3_study(tmp_path / "t.db", [])
+    assert main(["report", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == "ablate: error: study 'table3-tiny' has no complete runs yet: nothing to report\n"
+    assert not (tmp_path / "r").exists()
+
+
+# --------------------------------------------------------------------------- the command line's help
+
+def commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, tuple[argparse.ArgumentParser, str]]:
+    """Every (sub)command: its parser and its one-line summary in its parent's --help."""
+    found = {}
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        summaries = {a.dest: a.help for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            found[f"{prefix}{name}"] = (sub, summaries.get(name) or "")
+            found.update(commands(sub, f"{prefix}{name} "))
+    return found
+
+
+COMMANDS = sorted(commands(build_parser()))
+
+
+def test_every_command_is_listed_with_a_summary_and_described_in_its_own_help():
+    assert {"train", "sweep", "sweep optuna", "sweep wandb", "table3", "report", "dashboard",
+            "params"} == set(COMMANDS)
+    for name, (parser, summary) in commands(build_parser()).items():
+        assert summary and "\n" not in summary, name
+        assert parser.description and len(parser.description) > len(summary) + 20, name
+        assert parser.description.lower().startswith(summary.lower()), name
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_command_help_prints_its_description(name: str, capsys):
+    assert main([*name.split(), "--help"]) == 0
+    out = capsys.readouterr().out
+    parser, _ = commands(build_parser())[name]
+    assert " ".join(parser.description.split()[:6]) in " ".join(out.split())
+
+
+def test_preset_help_lists_the_presets_and_devices_help_says_what_it_means(capsys):
+    from ablations.spec import preset_names
+
+    for name in ("train", "table3", "sweep optuna", "sweep wandb"):
+        main([*name.split(), "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert all(preset in out.split("--preset PRESET", 2)[-1][:200] for preset in preset_names()), name
+        one_worker_per_gpu = "--devices IDS GPU ids, one worker per id" in out
+        assert one_worker_per_gpu == (name in ("table3", "sweep optuna")), name
+        assert ("Lightning devices of the run" in out) == (not one_worker_per_gpu), name

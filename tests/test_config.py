@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.config import ACCELERATORS, PRECISIONS, TrainConfig, TransformerConfig
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides, resolve
 from ablations.spec import load_spec
@@ -178,6 +178,22 @@ def test_overrides_flat_and_dotted_win_over_row_and_preset():
         "model": {"d_model": 64}, "train": {"compile": True}, "data": {"data_dir": "/x"}}
 
 
+def test_a_scale_given_by_an_override_or_config_file_scales_the_row(tmp_path):
+    """scale.* after the preset is the rule the row is scaled by (it was recorded, but did nothing)."""
+    cfg = resolve("tiny", "C4", overrides=["scale.width=0.5"])
+    assert (cfg.scale.width, cfg.model.d_model, cfg.model.d_k) == (0.5, 128, 16)  # C4: 256, 32 in the paper
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("scale: {width: 1.0, steps: 0.001}\n")
+    cfg = resolve("tiny", "C4", config_file=wide, overrides=["d_ff=100"])
+    assert (cfg.model.d_model, cfg.model.d_ff, cfg.train.max_steps) == (256, 100, 100)
+
+
+@pytest.mark.parametrize("override", ["row=A1", "preset=paper"])
+def test_row_and_preset_are_options_not_overrides(override):
+    with pytest.raises(UserError, match="--row|--preset"):
+        resolve("tiny", "base", overrides=[override])
+
+
 def test_config_file_between_row_and_overrides(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text("model: {d_ff: 77, dropout: 0.05}\ntrain: {warmup_steps: 5}\n")
@@ -213,6 +229,18 @@ def test_wrong_type_is_a_user_error(override, key):
 def test_invalid_values_are_user_errors(override):
     with pytest.raises(UserError):
         resolve("tiny", "base", overrides=[override])
+
+
+def test_precision_and_accelerator_names_are_lightnings():
+    """The names train.precision and train.accelerator accept are the ones Lightning takes."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    lightning_precisions = {str(v) for part in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(part)}
+    assert set(PRECISIONS) - {"auto"} == lightning_precisions
+    assert set(AcceleratorRegistry.available_accelerators()) | {"auto", "gpu"} == set(ACCELERATORS)
 
 
 def test_malformed_override_is_a_user_error():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -179,3 +180,20 @@ def test_database_password_appears_in_no_output_file_command_line_or_trial(tmp_p
     study = optuna.load_study(study_name="secret-table", storage=postgres_url)
     stored = repr(study.user_attrs) + "".join(repr(t.user_attrs) + repr(t.system_attrs) for t in study.trials)
     assert secret not in stored
+
+
+def test_dashboard_prints_the_storage_url_without_its_password(postgres_url):
+    secret = "Pw-dash-secret"
+    optuna.create_study(study_name="dash", storage=postgres_url, load_if_exists=True)
+    url = postgres_url.replace("postgres@", f"postgres:{secret}@")
+    proc = subprocess.Popen([sys.executable, "-m", "ablate", "dashboard", "--storage", url,
+                             "--port", str(_free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = proc.stdout.readline()  # the banner, printed once the storage opened
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out = first + proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    assert first.startswith("optuna-dashboard for postgresql+psycopg2://postgres:***@127.0.0.1:"), out
+    assert secret not in out

@@ -86,3 +86,28 @@ def test_a_row_queued_twice_trains_once(tmp_path: Path):
     assert owner_of_run_dir(trials, first.number, attrs["run_dir"]) is None  # the lower copy trains
     s.tell(first, 1.0)
     assert owner_of_run_dir(s.get_trials(deepcopy=False), 99, attrs["run_dir"]) == first.number
+
+
+OPEN_AT = """
+import sys, time
+from sweeps.study import make_storage
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+make_storage(sys.argv[1], None)
+"""
+
+
+def test_processes_opening_a_new_sqlite_database_at_once_all_get_it(tmp_path: Path):
+    """Each creates Optuna's tables and version row; Python's sqlite3 commits every CREATE TABLE on
+    its own, so all but one failed ("table ... already exists", "UNIQUE constraint failed") until a
+    failed open is tried again (a test watching a sweep start hit it, and so do two commands
+    started together)."""
+    import time
+
+    url = f"sqlite:///{tmp_path}/db/new.db"
+    start = time.time() + 3  # after every process has imported Optuna
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, url, str(start)], stderr=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parents[1]) for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/db/new.db") == []

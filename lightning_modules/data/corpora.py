@@ -20,6 +20,7 @@ import tempfile
 import unicodedata
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,15 +92,17 @@ def _read_bytes(path: Path) -> bytes:
     """Whole file content, gunzipped when it starts with the gzip magic bytes."""
     if not path.is_file():
         raise UserError(f"{path}: file not found")
-    with open(path, "rb") as handle:
-        magic = handle.read(2)
+    gzipped = False
     try:
-        if magic == b"\x1f\x8b":
+        with open(path, "rb") as handle:
+            gzipped = handle.read(2) == b"\x1f\x8b"
+        if gzipped:
             with gzip.open(path, "rb") as handle:
                 return handle.read()
         return path.read_bytes()
-    except (OSError, EOFError) as err:
-        raise UserError(f"{path}: cannot read ({err})") from err
+    except (OSError, EOFError, zlib.error) as err:  # gzip: BadGzipFile (an OSError), truncated, bad deflate data
+        what = "damaged gzip file" if gzipped else "cannot read"
+        raise UserError(f"{path}: {what} ({err})") from None
 
 
 def read_lines(path: str | Path) -> list[str]:
@@ -434,9 +437,9 @@ def fetch_wmt14_train(cache: Path, archives: Sequence[tuple[str, str]] = WMT14_T
                                 source = tar.extractfile(member)
                                 assert source is not None
                                 _append_lines(source.read(), outs[lang])
-                except tarfile.TarError as err:
+                except (tarfile.TarError, zlib.error, EOFError, gzip.BadGzipFile) as err:  # damaged
                     raise UserError(f"{archive}: not a valid archive ({err}); delete it and "
-                                    f"retry") from err
+                                    f"retry") from None
                 if wanted:
                     raise UserError(f"{archive} lacks {', '.join(sorted(wanted))}")
         finally:

@@ -21,6 +21,7 @@ from lightning_modules.data.batching import (TokenBucketBatchSampler, batch_shap
                                              padding_share)
 from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
+from lightning_modules.errors import UserError
 
 
 def unigram_perplexity(target_ids: np.ndarray, sentences: int, vocab_size: int) -> float:
@@ -121,8 +122,11 @@ class TranslationDataModule(pl.LightningDataModule):
             extra = self._encode_split(corpus.extra_train)
         src_ids, tgt_ids = train[0] + extra[0], train[1] + extra[1]
         self.train_set, train_dropped = self._filter(src_ids, tgt_ids, train_limit)
+        self._check_left("training", self.train_set, train_dropped, train_limit,
+                         f"data.max_train_len ({self.cfg.max_train_len}) or model.max_len ({self.max_len})")
         valid_ids = self._encode_split(corpus.valid)
         self.valid_set, valid_dropped = self._filter(*valid_ids, self.max_len - 1)
+        self._check_left("dev", self.valid_set, valid_dropped, self.max_len - 1, f"model.max_len ({self.max_len})")
         sampler = TokenBucketBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
                                           self.cfg.max_tokens, shuffle=True, seed=self.seed,
                                           num_replicas=1, rank=0, pad_multiple=self.pad_multiple)
@@ -191,6 +195,13 @@ class TranslationDataModule(pl.LightningDataModule):
                 ) -> tuple[EncodedPairs, int]:
         keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
         return EncodedPairs([src[i] for i in keep], [tgt[i] for i in keep]), len(src) - len(keep)
+
+    @staticmethod
+    def _check_left(split: str, kept: EncodedPairs, dropped: int, limit: int, limited_by: str) -> None:
+        """A split that the length filter emptied would train or validate on nothing: refuse it."""
+        if not len(kept):
+            raise UserError(f"no {split} pairs left: all {dropped:,} are longer than {limit} wordpieces "
+                            f"on a side; raise {limited_by}")
 
     # ----------------------------------------------------------------- loaders
 

@@ -1,13 +1,18 @@
-"""Atomic file writes: a reader sees the old file or the complete new one, never half of it."""
+"""Atomic file writes: a reader sees the old file or the complete new one, never half of it; and
+the checks, made before any work, that an output directory or file can be written at all."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lightning_modules.errors import DiskFull, UserError
 from lightning_modules.run.faults import inject
 
 
@@ -47,3 +52,66 @@ def atomic_write_json(path: str | Path, data: Any, fault: str | None = None) -> 
 def write_lines(path: str | Path, lines: list[str]) -> None:
     """One sentence a line (newlines inside a sentence become spaces)."""
     atomic_write_text(path, "".join(" ".join(line.split("\n")) + "\n" for line in lines))
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why files cannot be created in the existing path `folder`, or None."""
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable"
+    return None
+
+
+def _no_space(err: BaseException | None) -> OSError | None:
+    """The out-of-space error (ENOSPC, or a full quota) in `err` or what it happened while handling."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return err
+        err = err.__context__
+    return None
+
+
+@contextmanager
+def disk_full_ends_the_run(where: str | Path) -> Iterator[None]:
+    """Writes under `where` that run out of space end in one `DiskFull` line (exit status 1), not
+    a traceback from whichever library was writing; the files written so far stay whole."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 (re-raised unless the disk is full)
+        full = _no_space(err)
+        if full is None:
+            raise
+        raise DiskFull(f"{where}: the disk is full ({full.strerror}); free some space and run the same "
+                       f"command again") from None
+
+
+def first_missing(path: str | Path) -> Path | None:
+    """The outermost directory on the way to `path` that does not exist yet (None: `path` exists)."""
+    path = Path(path).absolute()
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    return missing[-1] if missing else None
+
+
+def check_writable_dir(path: str | Path, what: str) -> None:
+    """Fail unless `path` is a directory this process can write into, or one it could create
+    (its nearest existing ancestor is a writable directory). Creates nothing."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    problem = _unwritable(existing)
+    if problem:
+        raise UserError(f"cannot write {what} to {path}: {problem}")
+
+
+def check_writable_file(path: str | Path, what: str) -> None:
+    """Fail unless the file `path` can be written: not a directory, in an existing writable
+    directory. Creates nothing."""
+    path = Path(path).absolute()
+    if path.is_dir():
+        problem: str | None = f"{path} is a directory"
+    elif not path.parent.exists():
+        problem = f"the directory {path.parent} does not exist"
+    else:
+        problem = _unwritable(path.parent)
+    if problem:
+        raise UserError(f"cannot write {what} to {path}: {problem}")

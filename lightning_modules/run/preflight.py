@@ -1,5 +1,5 @@
-"""Checks before a run does any work: the output directory, its identity, memory, disk, W&B, and
-the checkpoints it would resume from. Each failure is one `UserError` line.
+"""Checks before a run does any work: the hardware it asks for, the output directory, its identity,
+memory, disk, W&B, and the checkpoints it would resume from. Each failure is one `UserError` line.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from pathlib import Path
 
 import torch
 import yaml
+from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
-from lightning_modules.config import RunConfig, TransformerConfig, count_parameters, model_identity
+from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
+                                      parse_devices)
 from lightning_modules.errors import UserError
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
@@ -26,6 +28,42 @@ IDENTITY_KEYS: dict[str, list[str]] = {
              "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "vocab_size"],
 }
 GB = 1024 ** 3
+
+
+def uses_gpu(cfg: RunConfig) -> bool:
+    """Whether this run will train on CUDA devices."""
+    return torch.cuda.is_available() and cfg.train.accelerator in ("auto", "gpu", "cuda")
+
+
+def check_gpu_ids(ids: list[int], what: str) -> None:
+    """Fail unless every id names a CUDA GPU visible here (`what`: the setting, for the message)."""
+    visible = torch.cuda.device_count()
+    if not visible:
+        raise UserError(f"{what} names GPU ids, but no CUDA GPU is visible on this machine")
+    missing = [i for i in ids if i >= visible]
+    if missing:
+        raise UserError(f"{what}: no GPU {missing[0]} here ({visible} visible: ids 0 to {visible - 1})")
+
+
+def check_hardware(cfg: RunConfig) -> None:
+    """Fail before any work if the accelerator, devices or strategy cannot be had on this machine
+    (Lightning itself would say so only once the data is loaded and the run directory written)."""
+    t = cfg.train
+    if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(f"train.accelerator={t.accelerator}, but no CUDA GPU is visible on this machine; "
+                        f"use --accelerator cpu (or auto)")
+    devices = parse_devices(t.devices)
+    if isinstance(devices, list):
+        if not uses_gpu(cfg):
+            raise UserError(f"train.devices={t.devices} lists GPU ids, but this run trains on the CPU; "
+                            f"give a count of processes instead (e.g. train.devices=2)")
+        check_gpu_ids(devices, f"train.devices={t.devices}")
+    elif isinstance(devices, int) and uses_gpu(cfg) and devices > torch.cuda.device_count():
+        raise UserError(f"train.devices={devices}, but only {torch.cuda.device_count()} GPU(s) are visible")
+    strategies = ("auto", *StrategyRegistry.available_strategies())
+    if t.strategy not in strategies:
+        raise UserError(f"train.strategy must be auto or one of Lightning's strategies "
+                        f"({', '.join(strategies[1:])}); got {t.strategy!r}")
 
 
 def check_output_dir(out: Path) -> None:

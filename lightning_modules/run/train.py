@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_modules.callbacks import (DivergenceGuard, FaultPoints, NonFiniteLoss,
                                          PromptInterruptWhileCompiling, RequeueAtStepEnd, TrainingClock)
 from lightning_modules.compiling import compiled_graphs
-from lightning_modules.config import RunConfig
+from lightning_modules.config import RunConfig, parse_devices
 from lightning_modules.convergence import classify_run
 from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
@@ -33,11 +33,13 @@ from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
-from lightning_modules.run.io import atomic_write_json, atomic_write_text, write_lines
+from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
+                                     write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.slurm import PreemptionNotice, on_slurm
-from lightning_modules.run.preflight import (check_disk_space, check_memory, check_output_dir, check_same_run,
-                                        remove_stale_temporaries, resume_checkpoint, wandb_mode)
+from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
+                                        check_same_run, remove_stale_temporaries, resume_checkpoint,
+                                        uses_gpu, wandb_mode)
 from lightning_modules.config import to_yaml
 from lightning_modules.translation import TranslationModule
 
@@ -55,17 +57,12 @@ warnings.filterwarnings("ignore", message=r"`weights_only` was not set, defaulti
 
 def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
     """Trainer device settings; 'auto' precision is bf16-mixed on a GPU that has it, else fp32."""
+    check_hardware(cfg)
     t = cfg.train
     precision = t.precision
     if precision == "auto":
         precision = "bf16-mixed" if uses_gpu(cfg) and torch.cuda.is_bf16_supported() else "32-true"
-    devices: Any = t.devices
-    if isinstance(devices, str) and devices not in ("auto", "-1"):
-        try:
-            devices = [int(d) for d in devices.split(",") if d] if "," in devices else int(devices)
-        except ValueError:
-            raise UserError(f"train.devices must be auto, a count or a list like 0,1; got {devices!r}") from None
-    return {"accelerator": t.accelerator, "devices": devices, "strategy": t.strategy,
+    return {"accelerator": t.accelerator, "devices": parse_devices(t.devices), "strategy": t.strategy,
             "precision": precision, "num_nodes": t.num_nodes}
 
 
@@ -78,11 +75,6 @@ def slurm_requeue(cfg: RunConfig) -> tuple[list[SLURMEnvironment], PreemptionNot
     if notice:
         notice.install()
     return [SLURMEnvironment(auto_requeue=cfg.train.slurm_requeue)], notice
-
-
-def uses_gpu(cfg: RunConfig) -> bool:
-    """Whether this run will train on CUDA devices."""
-    return torch.cuda.is_available() and cfg.train.accelerator in ("auto", "gpu", "cuda")
 
 
 def compile_enabled(cfg: RunConfig) -> bool:
@@ -128,10 +120,10 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     `callbacks` are added to the Trainer's (a sweep passes its pruning callback here).
     """
     out = Path(out)
-    hardware = resolve_hardware(cfg)  # bad device settings fail before any work
+    hardware = resolve_hardware(cfg)  # bad or missing hardware fails before any work
     check_memory(cfg)
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
-    created = not out.exists()
+    created = first_missing(out)  # the outermost directory this run creates: removed if a check fails
     check_output_dir(out)
     remove_stale_temporaries(out)
     try:
@@ -139,7 +131,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         check_disk_space(out, cfg)
     except UserError:
         if created:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(created, ignore_errors=True)
         raise
     done = read_results(out)
     if done and done.status == "complete":
@@ -147,6 +139,15 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     if done and done.status == "failed":
         raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "
                         f"(or delete {out}) to try again")
+    with disk_full_ends_the_run(out):
+        return _train_and_evaluate(cfg, out, hardware, wandb, created, group, callbacks)
+
+
+def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
+                        created: Path | None, group: str | None,
+                        callbacks: list[pl.Callback] | None) -> RunResult | None:
+    """`train`'s work once every check has passed: data, fit, validation, beam search, results.json
+    (`created`: the directory the run made, removed if the corpus turns out unusable)."""
     slurm, notice = slurm_requeue(cfg)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
@@ -156,7 +157,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         dm.setup("fit")
     except UserError:
         if created:  # a bad corpus leaves nothing behind
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(created, ignore_errors=True)
         raise
     atomic_write_text(out / "config.yaml", to_yaml(cfg))  # as asked for: no derived value
     # The model as built: the tokenizer decides the vocabulary (the config holds data.vocab_size).
