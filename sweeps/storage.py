@@ -129,7 +129,7 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False)
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:
         if existing and not journal.is_file():
-            raise UserError(f"no journal file {journal}: give the --storage of a sweep or Table 3 run")
+            raise UserError(f"no database {journal} (a journal file): give the --storage of a sweep or Table 3 run")
         return _open_journal(journal, heartbeat_s)
     if proxy is not None:
         return _open_grpc(*proxy, heartbeat_s)
