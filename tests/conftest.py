@@ -112,3 +112,21 @@ def postgres_url():
         if started:
             run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop", check=False)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """A 3,000-pair slice of Ding's train split and 100 dev pairs as files, and the `ablate`
+    options that train on them (`--data files` skips extracting the whole dictionary per run)."""
+    from lightning_modules.config import DataConfig
+    from lightning_modules.data.corpora import extract_ding, split_ding
+
+    sentences, _ = extract_ding(DataConfig().ding_path)
+    train, valid, _ = split_ding(sentences, 100, 100)
+    out, args = tmp_path_factory.mktemp("corpus"), []
+    for split, pairs in (("train", train[:3000]), ("valid", valid)):
+        for side, (lang, flag) in enumerate((("en", "src"), ("de", "tgt"))):
+            path = out / f"{split}.{lang}"
+            path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+            args += [f"--{split}-{flag}", str(path)]
+    return args

@@ -26,9 +26,9 @@ from optuna.trial import TrialState
 from sweeps.worker import counted_failures
 
 KILL_SEED = int(os.environ.get("ABLATE_KILL_SEED", "12"))
-CYCLES, WORKERS, MAX_STEPS = 5, 8, 20
-ROWS, SEEDS = ["base", "D1", "E"], [1, 2]
-KILL_WINDOW_S = (2.0, 40.0)  # a moment after the start of each run: start-up, claims, training, evaluation
+CYCLES, WORKERS, MAX_STEPS = 5, 8, 30
+ROWS, SEEDS = ["base", "D1", "E"], [1, 2, 3]  # 9 runs: one waits for a free worker
+KILL_WINDOW_S = (2.0, 50.0)  # a moment after the start of each run: start-up, claims, training, evaluation
 TERM_GRACE_S = 90  # `timeout -k`: SIGKILL when SIGTERM has not stopped the run by then
 SETTINGS = ["--preset", "tiny", "--rows", ",".join(ROWS), "--seeds", ",".join(map(str, SEEDS)),
             "--workers", str(WORKERS), "--no-report", "--no-wandb",
@@ -36,23 +36,6 @@ SETTINGS = ["--preset", "tiny", "--rows", ",".join(ROWS), "--seeds", ",".join(ma
             "data.vocab_size=500", "data.max_tokens=1000", "eval.max_len_offset=10",
             "eval.decode_test=false", "train.progress_bar=false", "train.val_check_interval=10",
             "train.checkpoint_every=5", "train.log_every_n_steps=5"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """A 3,000-pair slice of Ding as files (a run then skips extracting the whole dictionary)."""
-    from lightning_modules.config import DataConfig
-    from lightning_modules.data.corpora import extract_ding, split_ding
-
-    sentences, _ = extract_ding(DataConfig().ding_path)
-    train, valid, _ = split_ding(sentences, 100, 100)
-    out, args = tmp_path_factory.mktemp("corpus"), []
-    for split, pairs in (("train", train[:3000]), ("valid", valid)):
-        for side, lang in ((0, "en"), (1, "de")):
-            path = out / f"{split}.{lang}"
-            path.write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-            args += [f"--{split}-{'src' if lang == 'en' else 'tgt'}", str(path)]
-    return args
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
@@ -101,10 +84,10 @@ def storage_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) ->
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_eight_workers_killed_five_times_leave_every_row_complete_once(backend, corpus, tmp_path, request):
+def test_eight_workers_killed_five_times_leave_every_row_complete_once(backend, small_corpus, tmp_path, request):
     storage, runs = storage_url(backend, tmp_path, request), tmp_path / "runs"
     study = f"kill-{backend}"
-    args = ["table3", "--storage", storage, "--study", study, "--runs-dir", str(runs), *corpus, *SETTINGS]
+    args = ["table3", "--storage", storage, "--study", study, "--runs-dir", str(runs), *small_corpus, *SETTINGS]
     rng = random.Random(KILL_SEED)
     signals = rng.sample([signal.SIGKILL, signal.SIGTERM] * 3, CYCLES)  # both kinds, in random order
     kill_log = tmp_path / "kills.log"
@@ -113,12 +96,12 @@ def test_eight_workers_killed_five_times_leave_every_row_complete_once(backend, 
         delay = round(rng.uniform(*KILL_WINDOW_S), 2)
         started = time.monotonic()
         code, what = stop_at(start(args, tmp_path / f"run{cycle}"), delay, sig)
+        now = completed_results(runs)
         line = (f"seed {KILL_SEED} cycle {cycle}: {sig.name} at {delay} s: {what}, exit {code} "
-                f"after {time.monotonic() - started:.1f} s")
+                f"after {time.monotonic() - started:.1f} s; {len(now)} of {len(ROWS) * len(SEEDS)} runs complete")
         print(line)
         with kill_log.open("a") as f:
             f.write(line + "\n")
-        now = completed_results(runs)
         assert {p: now.get(p) for p in seen} == seen, f"a complete run was written again ({line})"
         seen = now
     final = start(args, tmp_path / "final")
