@@ -179,6 +179,14 @@ class TrainConfig:
     # torch.compile the training step (model + loss): None = auto, on for CUDA runs of at least
     # COMPILE_MIN_STEPS steps (compiling costs minutes once; short runs stay eager)
     compile: bool | None = None
+    # torch.use_deterministic_algorithms (warn-only: an op without a deterministic kernel warns).
+    # Off by default: on a CPU it changed no result bit and cost training speed (it fills every new
+    # tensor's memory), benchmarks/results/reproducibility-cpu-2026-11-22; on GPUs, where atomics
+    # make some kernels nondeterministic, it is the switch to turn on (not measured here).
+    deterministic: bool = False
+    # torch's intra-op threads; None = torch's default (the cores, or $OMP_NUM_THREADS). The order
+    # in which matmuls and reductions add up depends on it: pin it to reproduce a run bit for bit.
+    threads: int | None = None
     wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | off
     wandb_project: str = "transformer-ablations"
     wandb_group: str | None = None
@@ -202,6 +210,8 @@ class TrainConfig:
             raise UserError(f"train.wandb_on_error must be fail or offline, got {self.wandb_on_error!r}")
         if self.max_memory_gb is not None:
             _positive("train", max_memory_gb=self.max_memory_gb)
+        if self.threads is not None:
+            _positive("train", threads=self.threads)
 
 
 @dataclass

@@ -134,6 +134,8 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     if done and done.status == "failed":
         raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "
                         f"(or delete {out}) to try again")
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len,
@@ -161,6 +163,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         max_steps=cfg.train.max_steps, max_epochs=-1,
         val_check_interval=cfg.train.val_check_interval, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, accumulate_grad_batches=cfg.train.accumulate_grad_batches,
+        deterministic="warn" if cfg.train.deterministic else False,  # warn: an op without such a kernel
         gradient_clip_val=cfg.train.gradient_clip_val or None,
         log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
         enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
