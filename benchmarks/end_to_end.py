@@ -16,7 +16,6 @@ including the vocabulary projection (`common.train_flops`) against the device's 
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -28,8 +27,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import (REPO, Section, Settings, data_module, mfu, stopwatch, sync, token_batches,
-                               train_flops)
+from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, mfu, stopwatch, sync,
+                               token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.translation import TranslationModule
 
@@ -69,9 +68,7 @@ def ablate_train(out: Path, plan: dict[str, Any], settings: Settings, compile_: 
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:], "wall_s": wall}
     results = json.loads((out / "results.json").read_text())
-    with (out / "logs" / "metrics.csv").open() as f:
-        losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
-    return {**results, "wall_s": round(wall, 1), "losses": losses}
+    return {**results, "wall_s": round(wall, 1), "losses": logged_values(out, "train/loss")}
 
 
 def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> float:
