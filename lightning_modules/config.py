@@ -180,10 +180,10 @@ class TrainConfig:
     # COMPILE_MIN_STEPS steps (compiling costs minutes once; short runs stay eager)
     compile: bool | None = None
     # torch.use_deterministic_algorithms (warn-only: an op without a deterministic kernel warns).
-    # Off by default: on a CPU it changed no result bit and cost training speed (it fills every new
-    # tensor's memory), benchmarks/results/reproducibility-cpu-2026-11-22; on GPUs, where atomics
-    # make some kernels nondeterministic, it is the switch to turn on (not measured here).
-    deterministic: bool = False
+    # None = auto: on for CPU runs, where it costs ~2% of a step's CPU time (and no CPU op of a
+    # step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs, where
+    # deterministic kernels can cost more (not measured yet): turn it on there to compare runs.
+    deterministic: bool | None = None
     # torch's intra-op threads; None = torch's default (the cores, or $OMP_NUM_THREADS). The order
     # in which matmuls and reductions add up depends on it: pin it to reproduce a run bit for bit.
     threads: int | None = None

@@ -30,10 +30,10 @@ def losses(run_dir: Path) -> list[tuple[int, str]]:
 
 def test_the_same_command_and_seed_give_bitwise_identical_losses_and_record_the_setup(tmp_path, small_corpus):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
-    runs = {"a": [], "b": [], "deterministic": ["train.deterministic=true"]}
+    runs = ("a", "b")
     procs = [subprocess.Popen([sys.executable, "-m", "ablate", "train", "--out", str(tmp_path / name),
-                               *small_corpus, *TINY, *extra], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for name, extra in runs.items()]
+                               *small_corpus, *TINY], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for name in runs]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]
@@ -45,5 +45,13 @@ def test_the_same_command_and_seed_give_bitwise_identical_losses_and_record_the_
     assert environment["cpu_capability"] == CAPABILITY
     assert environment["variables"]["ATEN_CPU_CAPABILITY"] == CAPABILITY.lower()
     assert environment["torch_threads"] == 1  # train.threads pins it
-    assert environment["deterministic_algorithms"] is False  # train.deterministic: off by default
-    assert results["deterministic"]["environment"]["deterministic_algorithms"] is True
+    assert environment["deterministic_algorithms"] is True  # train.deterministic: auto = on for CPU runs
+
+
+def test_deterministic_algorithms_are_on_for_cpu_runs_unless_turned_off():
+    from ablations.resolve import resolve
+    from lightning_modules.run.train import deterministic
+
+    assert deterministic(resolve("tiny", "base", None, ["train.accelerator=cpu"], None))
+    assert not deterministic(resolve("tiny", "base", None, ["train.deterministic=false"], None))
+    assert deterministic(resolve("tiny", "base", None, ["train.deterministic=true"], None))

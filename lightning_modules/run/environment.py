@@ -39,7 +39,7 @@ def cpu_flags() -> list[str]:
 
 # Environment variables that choose kernels or thread counts, recorded when set.
 KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
-                    "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "CUBLAS_WORKSPACE_CONFIG")
+                    "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def environment(precision: str, device: torch.device) -> dict[str, Any]:

@@ -79,6 +79,13 @@ def compile_enabled(cfg: RunConfig) -> bool:
     return uses_gpu(cfg) and cfg.train.max_steps >= COMPILE_MIN_STEPS
 
 
+def deterministic(cfg: RunConfig) -> bool:
+    """train.deterministic, with auto (None) = on for CPU runs."""
+    if cfg.train.deterministic is not None:
+        return cfg.train.deterministic
+    return not uses_gpu(cfg)
+
+
 def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
     """CSV always; W&B in `mode` ('online' or 'offline'; None: off)."""
     loggers: list[Logger] = [CSVLogger(out, name="logs", version="")]
@@ -163,7 +170,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         max_steps=cfg.train.max_steps, max_epochs=-1,
         val_check_interval=cfg.train.val_check_interval, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, accumulate_grad_batches=cfg.train.accumulate_grad_batches,
-        deterministic="warn" if cfg.train.deterministic else False,  # warn: an op without such a kernel
+        deterministic="warn" if deterministic(cfg) else False,  # warn: an op without such a kernel
         gradient_clip_val=cfg.train.gradient_clip_val or None,
         log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
         enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
