@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,9 @@ def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> floa
     return sum(train_flops(c, b) for b in batches) / sum(b["n_tokens"] for b in batches)
 
 
-def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
-              settings: Settings) -> dict[str, Any]:
-    """tokens/s of forward_loss + backward + Adam on batches already on the device."""
+def train_step(c: TransformerConfig, compile_: bool, settings: Settings) -> Callable[[dict[str, Any]], None]:
+    """One bare training step (forward_loss, backward, Adam) of a fresh model, as a function of a
+    batch already on the device."""
     device = settings.device
     torch.manual_seed(settings.seed)
     module = TranslationModule.from_configs(c, TrainConfig()).to(device)
@@ -85,15 +86,27 @@ def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: boo
         module.compile_step()
     opt = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                            fused=True if device.type == "cuda" else None)
+
+    def step(b: dict[str, Any]) -> None:
+        with settings.autocast():
+            loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], c.label_smoothing)
+        (loss / n.clamp(min=1)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
+              settings: Settings) -> dict[str, Any]:
+    """tokens/s of forward_loss + backward + Adam on batches already on the device."""
+    device = settings.device
+    step = train_step(c, compile_, settings)
     on_device = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in batches]
 
     def epoch() -> None:
         for b in on_device:
-            with settings.autocast():
-                loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], c.label_smoothing)
-            (loss / n.clamp(min=1)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            step(b)
 
     start = time.perf_counter()
     epoch()  # warm-up: compilation, cuDNN plans, allocator

@@ -11,8 +11,8 @@ decides how sums are split. Each is simulated here on one machine, one fresh pro
 2. Training: `ablate train --preset demo --row base` for N steps (one BPE model shared by all
    runs, so only the arithmetic differs), loss and gradient norm logged at every step: the first
    step whose loss differs in any bit from the reference's, the loss at step N, the dev perplexity.
-3. The cost of `torch.use_deterministic_algorithms`: the bare training step at demo dims with it
-   on and off, alternated (median tokens/s).
+3. The cost of `torch.use_deterministic_algorithms`: CPU time of the bare training step at demo
+   dims with it off, on, and on without filling new tensors' memory, alternated.
 
     python -m benchmarks --only reproducibility --out benchmarks/results/reproducibility-cpu-DATE
     python -m benchmarks.reproducibility probe OUT.pt   # one setting's operations (internal)
@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,20 +204,30 @@ def set_deterministic(mode: str) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-def deterministic_cost(settings: Settings, bpe_dir: Path, rounds: int) -> dict[str, float]:
-    """Median bare-step tokens/s at demo dims in each of DETERMINISTIC_MODES, alternated."""
-    from benchmarks.end_to_end import bare_step
+def deterministic_cost(settings: Settings, bpe_dir: Path, blocks: int) -> dict[str, dict[str, float]]:
+    """CPU seconds per bare training step at demo dims (one thread) in each of DETERMINISTIC_MODES:
+    one model, the modes alternated every 4 steps, `blocks` blocks each; the median and the least.
 
+    CPU time of one thread, not wall time: on a machine shared with other jobs, wall time measured
+    the other jobs (two full runs of this benchmark gave -38% and +76% for the same change)."""
+    from benchmarks.end_to_end import train_step
+
+    torch.set_num_threads(1)
     dm = data_module(settings, DEMO_VOCAB, run_dir=bpe_dir, ding_dictionary=False)
-    model = TransformerConfig(**DEMO_DIMS, vocab_size=dm.vocab_size, pad_id=dm.pad_id)
-    batches = token_batches(dm, DEMO_TOKENS, 4 if settings.quick else 16, settings.seed)
-    speeds: dict[str, list[float]] = {mode: [] for mode in DETERMINISTIC_MODES}
-    for i in range(rounds):
-        for mode in list(speeds) if i % 2 == 0 else list(speeds)[::-1]:
+    step = train_step(TransformerConfig(**DEMO_DIMS, vocab_size=dm.vocab_size, pad_id=dm.pad_id), False, settings)
+    batches = token_batches(dm, DEMO_TOKENS, 16, settings.seed)
+    for b in batches:  # warm-up
+        step(b)
+    seconds: dict[str, list[float]] = {mode: [] for mode in DETERMINISTIC_MODES}
+    for i in range(blocks):
+        for mode in list(seconds) if i % 2 == 0 else list(seconds)[::-1]:
             set_deterministic(mode)
-            speeds[mode].append(bare_step(model, batches, False, 2, settings)["tokens_per_s"])
+            start = time.process_time()
+            for b in batches[(4 * i) % 16:(4 * i) % 16 + 4]:
+                step(b)
+            seconds[mode].append((time.process_time() - start) / 4)
     set_deterministic("off")
-    return {mode: median(values) for mode, values in speeds.items()}
+    return {mode: {"median": median(s), "least": min(s)} for mode, s in seconds.items()}
 
 
 def run(settings: Settings) -> Section:
@@ -231,7 +242,7 @@ def run(settings: Settings) -> Section:
         runs: dict[str, dict[str, Any]] = {}
         for name in TRAINED[:2] if settings.quick else TRAINED:
             runs[name] = train(setting(name), work, steps, settings.quick, runs["reference"]["bpe"] if runs else None)
-        cost = deterministic_cost(settings, work / "reference", 2 if settings.quick else 6)
+        cost = deterministic_cost(settings, work / "reference", 4 if settings.quick else 40)
     section.rows = compare_training(runs)
     section.more.append(Section("reproducibility_operations", "7b. Operations of a training step, bit for bit",
                                 ["setting", "compared with", "as", "ATen capability",
@@ -239,11 +250,14 @@ def run(settings: Settings) -> Section:
                                 rows=compare_operations(ops)))
     section.data = {"losses": {n: r["loss"] for n, r in runs.items()},
                     "environments": {n: r["environment"] for n, r in runs.items()},
-                    "deterministic_tokens_per_s": cost}
-    section.notes.append(f"bare training step at demo dims, median of {2 if settings.quick else 6} alternated "
-                         "rounds, deterministic algorithms " + ", ".join(
-                             f"{mode}: {speed:,.0f} tokens/s ({speed / cost['off'] - 1:+.1%})"
-                             for mode, speed in cost.items()))
+                    "deterministic_cpu_s_per_step": cost}
+    off = cost["off"]["median"]
+    section.notes.append("tokens/s: wall-clock speed of each run, on a machine shared with other jobs (noise, "
+                         "not a property of the setting)")
+    section.notes.append("bare training step at demo dims, CPU ms per step (one thread; median, least), "
+                         "deterministic algorithms " + "; ".join(
+                             f"{mode}: {1000 * c['median']:.1f}, {1000 * c['least']:.1f} ({c['median'] / off - 1:+.1%})"
+                             for mode, c in cost.items()))
     return section
 
 
