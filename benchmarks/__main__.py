@@ -4,6 +4,7 @@
     python -m benchmarks --quick               # tiny sizes: a smoke check in about a minute
     python -m benchmarks --only train,padding  # a subset
     python -m benchmarks --device cuda         # on a GPU (bf16 autocast by default there, MFU)
+    python -m benchmarks --only reproducibility  # what changes a run's numbers (opt-in experiment)
 """
 
 from __future__ import annotations
@@ -16,19 +17,22 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import end_to_end, generation, overhead, padding, scaling, train_step
+from benchmarks import end_to_end, generation, overhead, padding, reproducibility, scaling, train_step
 from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 
 BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padding.run,
-              "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run}
+              "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run,
+              "reproducibility": reproducibility.run}
+OPT_IN = ("reproducibility",)  # an experiment (~15 minutes on 2 cores): run only when named in --only
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default=",".join(BENCHMARKS),
-                        help=f"comma-separated subset of {','.join(BENCHMARKS)} (default: all)")
+    parser.add_argument("--only", default=",".join(n for n in BENCHMARKS if n not in OPT_IN),
+                        help=f"comma-separated subset of {','.join(BENCHMARKS)} (default: all but "
+                             f"{', '.join(OPT_IN)})")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke checks")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
                         help="output directory for results.json and results.md")

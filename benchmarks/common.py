@@ -10,6 +10,7 @@ shared sentencepiece BPE trained once into the benchmark cache, and `TokenBucket
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime as dt
 import math
 import os
@@ -203,6 +204,12 @@ def batch_stats(batches: list[Batch], pad_id: int = 0) -> dict[str, float]:
             "shapes": [[list(b["src"].shape), list(b["tgt_out"].shape)] for b in batches]}
 
 
+def logged_values(run_dir: Path, column: str) -> dict[int, float]:
+    """A run's logged values of `column` (e.g. train/loss) by step, from its logs/metrics.csv."""
+    with (run_dir / "logs" / "metrics.csv").open() as f:
+        return {int(r["step"]): float(r[column]) for r in csv.DictReader(f) if r.get(column)}
+
+
 # ----------------------------------------------------------------------------------- FLOPs
 
 def forward_flops(c: TransformerConfig, batch: Batch) -> dict[str, float]:
@@ -313,6 +320,7 @@ class Section:
     data: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     formats: dict[str, str] = field(default_factory=dict)  # column -> format spec, e.g. "{:.1%}"
+    more: list["Section"] = field(default_factory=list)  # further tables, rendered after this one
 
     def target(self, name: str, value: float | None, goal: str, met: bool | None) -> None:
         """Record a target: `goal` in words (e.g. '≥ 1.3'), `met` None when not measurable."""
@@ -322,7 +330,7 @@ class Section:
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "columns": self.columns, "rows": self.rows,
                 "targets": self.targets, "notes": self.notes, "data": self.data,
-                "seconds": round(self.seconds, 1)}
+                "seconds": round(self.seconds, 1), "more": [s.to_json() for s in self.more]}
 
 
 def fmt(value: Any) -> str:
@@ -378,7 +386,9 @@ def render_section(section: Section) -> str:
                                        "goal": t["goal"], "met": t["met"]}
                                       for t in section.targets])]
     parts += [""] + [f"- {note}" for note in section.notes]
-    parts.append(f"\n({section.seconds:.1f} s)")
+    parts += ["\n" + render_section(more) for more in section.more]
+    if section.seconds:
+        parts.append(f"\n({section.seconds:.1f} s)")
     return "\n".join(parts)
 
 

@@ -16,20 +16,20 @@ including the vocabulary projection (`common.train_flops`) against the device's 
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import (REPO, Section, Settings, data_module, mfu, stopwatch, sync, token_batches,
-                               train_flops)
+from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, mfu, stopwatch, sync,
+                               token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.translation import TranslationModule
 
@@ -69,18 +69,16 @@ def ablate_train(out: Path, plan: dict[str, Any], settings: Settings, compile_: 
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:], "wall_s": wall}
     results = json.loads((out / "results.json").read_text())
-    with (out / "logs" / "metrics.csv").open() as f:
-        losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")}
-    return {**results, "wall_s": round(wall, 1), "losses": losses}
+    return {**results, "wall_s": round(wall, 1), "losses": logged_values(out, "train/loss")}
 
 
 def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> float:
     return sum(train_flops(c, b) for b in batches) / sum(b["n_tokens"] for b in batches)
 
 
-def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
-              settings: Settings) -> dict[str, Any]:
-    """tokens/s of forward_loss + backward + Adam on batches already on the device."""
+def train_step(c: TransformerConfig, compile_: bool, settings: Settings) -> Callable[[dict[str, Any]], None]:
+    """One bare training step (forward_loss, backward, Adam) of a fresh model, as a function of a
+    batch already on the device."""
     device = settings.device
     torch.manual_seed(settings.seed)
     module = TranslationModule.from_configs(c, TrainConfig()).to(device)
@@ -88,15 +86,27 @@ def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: boo
         module.compile_step()
     opt = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                            fused=True if device.type == "cuda" else None)
+
+    def step(b: dict[str, Any]) -> None:
+        with settings.autocast():
+            loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], c.label_smoothing)
+        (loss / n.clamp(min=1)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
+              settings: Settings) -> dict[str, Any]:
+    """tokens/s of forward_loss + backward + Adam on batches already on the device."""
+    device = settings.device
+    step = train_step(c, compile_, settings)
     on_device = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in batches]
 
     def epoch() -> None:
         for b in on_device:
-            with settings.autocast():
-                loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], c.label_smoothing)
-            (loss / n.clamp(min=1)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            step(b)
 
     start = time.perf_counter()
     epoch()  # warm-up: compilation, cuDNN plans, allocator

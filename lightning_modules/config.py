@@ -218,6 +218,14 @@ class TrainConfig:
     # torch.compile the training step (model + loss): None = auto, on for CUDA runs of at least
     # COMPILE_MIN_STEPS steps (compiling costs minutes once; short runs stay eager)
     compile: bool | None = None
+    # torch.use_deterministic_algorithms (warn-only: an op without a deterministic kernel warns).
+    # None = auto: on for CPU runs, where it costs ~2% of a step's CPU time (and no CPU op of a
+    # step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs, where
+    # deterministic kernels can cost more (not measured yet): turn it on there to compare runs.
+    deterministic: bool | None = None
+    # torch's intra-op threads; None = torch's default (the cores, or $OMP_NUM_THREADS). The order
+    # in which matmuls and reductions add up depends on it: pin it to reproduce a run bit for bit.
+    threads: int | None = None
     wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | off
     wandb_project: str = "transformer-ablations"
     wandb_group: str | None = None
@@ -251,6 +259,8 @@ class TrainConfig:
         _one_of("train.accelerator", self.accelerator, ACCELERATORS)
         _one_of("train.precision", self.precision, PRECISIONS)
         parse_devices(self.devices)
+        if self.threads is not None:
+            _positive("train", threads=self.threads)
 
 
 @dataclass

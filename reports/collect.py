@@ -38,14 +38,15 @@ class Table3Data:
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # row, seed, step, ppl, convergence
 
 
-SETUP_KEYS = ("cpu", "cpu_flags", "gpu", "torch", "torch_threads", "precision")
+SETUP_KEYS = ("cpu", "cpu_flags", "cpu_capability", "variables", "gpu", "torch", "torch_threads", "precision",
+              "deterministic_algorithms")
 
 
 def setup_key(environment: dict[str, Any] | None) -> str | None:
     """What makes two runs of one configuration comparable bit for bit (None: not recorded)."""
     if not environment:
         return None
-    return "; ".join(f"{k} {environment[k]}" for k in SETUP_KEYS if environment.get(k) not in (None, []))
+    return "; ".join(f"{k} {environment[k]}" for k in SETUP_KEYS if environment.get(k) not in (None, [], {}))
 
 
 def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:

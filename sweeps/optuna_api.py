@@ -154,6 +154,12 @@ def retried_trial_number(trial: FrozenTrial) -> int | None:
         return optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
 
 
+def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
+    """The numbers of the trials that have a retry copy (an interrupted run, not a failed one)."""
+    with experimental():
+        return {n for t in trials for n in optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(t)}
+
+
 def trial_id(storage: BaseStorage, study_name: str, number: int) -> int:
     """The storage's id of the study's trial `number`."""
     study_id = storage.get_study_id_from_name(study_name)

@@ -16,8 +16,11 @@ checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy t
 pre-emption notice of `#SBATCH --signal=USR1@90`) does the same, except that the child gets
 SIGUSR1: it saves a checkpoint at the end of its step and requeues the job
 (`lightning_modules/run/slurm.py`). Once stopping, the worker ignores further SIGTERM/SIGUSR1 (a
-requeue sends SIGTERM to the whole job) until its trial is re-queued. A SIGKILLed worker takes
-its child with it (parent-death signal) and leaves its trial to the heartbeat.
+requeue sends SIGTERM to the whole job) until its trial is re-queued. An interrupt or a
+pre-emption notice is held back while the worker claims a trial and records itself on it. A
+SIGKILLed worker takes its child with it (parent-death signal); `sweeps.claims` says who takes its
+trial back, and when. Killed, interrupted or pre-empted trials (they have a retry copy) and empty
+claims (a spare worker's, or a copy of a row queued twice) are not failures.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -40,8 +43,8 @@ from optuna.trial import TrialState
 
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
-from sweeps.optuna_api import (fail_running_trial, fail_stale_trials, frozen_trial, queue_retry,
-                                retried_trial_number)
+from sweeps.claims import Interrupts, Preempted, UnrecordedClaims, reclaim_dead_local_trials, worker_record
+from sweeps.optuna_api import fail_stale_trials, frozen_trial, queue_retry, retried_numbers, retried_trial_number
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
@@ -72,24 +75,31 @@ class WorkerSettings:
     keep_translations: bool = False  # store dev hypotheses/references in the trial (for reports)
 
 
+CLAIM_POLL_S = 2.0  # how often a queue-only worker looks again at a claim without its worker
+
+
 class TrialFailed(RuntimeError):
     """A trial's training process failed (its output is in the trial's run directory log)."""
 
 
 class NothingQueued(RuntimeError):
-    """A queue-only worker got a fresh trial because another worker took the last queued one."""
+    """An empty claim: a queue-only worker got a fresh trial because another worker took the last
+    queued one, or a copy of a (row, seed) queued twice yields to the trial `duplicate_of`."""
 
-
-class Preempted(KeyboardInterrupt):
-    """SLURM's pre-emption notice reached the worker: stop as on SIGTERM."""
+    def __init__(self, number: int, duplicate_of: int | None = None) -> None:
+        super().__init__(f"trial {number}: " + ("no queued configuration left" if duplicate_of is None
+                                                 else f"trial {duplicate_of} trains in its run directory"))
+        self.number, self.duplicate_of = number, duplicate_of
 
 
 class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
-    def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage) -> None:
-        self.s, self.space, self.storage = settings, space, storage
-        self.current: int | None = None
+    def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage,
+                 claimed: Callable[[], None] = lambda: None) -> None:
+        self.s, self.space, self.storage, self.claimed = settings, space, storage, claimed
+        self.current: int | None = None  # the trial being run now (an interrupt queues its retry)
+        self.last: int | None = None  # the trial run last
 
     def trial_overrides(self, trial: optuna.Trial) -> list[str]:
         attrs = trial.user_attrs
@@ -100,25 +110,43 @@ class Objective:
         return self.space.fixed_overrides() + self.space.sample(trial)
 
     def __call__(self, trial: optuna.Trial) -> float:
-        self.current = trial.number
+        self.current = self.last = trial.number
+        try:
+            value = self.run(trial)
+        except KeyboardInterrupt:
+            raise  # still current: the worker queues its retry
+        except BaseException:
+            self.current = None
+            raise
+        self.current = None
+        return value
+
+    def run(self, trial: optuna.Trial) -> float:
         queued = "overrides" in trial.user_attrs or "enqueued_overrides" in trial.user_attrs
         if self.s.queue_only and not queued:
             trial.set_user_attr("nothing_queued", True)
-            raise NothingQueued(f"trial {trial.number}: no queued configuration left")
+            self.current = None  # an empty claim is never queued again
+            self.claimed()
+            raise NothingQueued(trial.number)
+        # First of all, so that no claim stays without its worker (see sweeps.claims).
+        trial.set_user_attr("worker", worker_record(trial.number))
+        # Still holding interrupts back: a copy of a row queued twice ends as an empty claim.
         twin = owner_of_run_dir(trial.study.get_trials(deepcopy=False), trial.number,
                                 trial.user_attrs.get("run_dir"))
         if twin is not None:
             trial.set_user_attr("nothing_queued", True)
             trial.set_user_attr("duplicate_of", twin)
-            raise NothingQueued(f"trial {trial.number}: trial {twin} trains in its run directory")
+            self.current = None  # like any empty claim, never queued again
+            self.claimed()
+            raise NothingQueued(trial.number, duplicate_of=twin)
+        if trial.user_attrs.get("nothing_queued"):  # a retry copy of an empty claim that trains
+            trial.set_user_attr("nothing_queued", False)
+        self.claimed()
         overrides = self.trial_overrides(trial)
         run_dir = trial.user_attrs.get("run_dir") or str(
             (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
         trial.set_user_attr("overrides", overrides)
         trial.set_user_attr("run_dir", run_dir)
-        # host:pid:number. A retry copy inherits its dead predecessor's value (another number), so
-        # no worker mistakes a copy that was just claimed for the dead worker's trial.
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}:{trial.number}")
         retried = retried_trial_number(frozen_trial(self.storage, self.s.study, trial.number))
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
@@ -182,15 +210,25 @@ def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_di
     return None
 
 
+def counted_failures(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The FAIL trials that count towards the "too many failed trials" stop: failed runs.
+
+    Not failures of a run: an empty claim (a spare worker's, the queue being empty, or a copy of a
+    row queued twice that yielded), and a trial whose worker was killed, interrupted or pre-empted,
+    which has a retry copy that resumes it.
+    """
+    retried = retried_numbers(trials)
+    return [t for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("nothing_queued")
+            and t.number not in retried]
+
+
 def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     """Whether another trial is needed: finished + running < n_trials, and not failing endlessly."""
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]
     finished = sum(s in FINISHED for s in states)
     running = states.count(TrialState.RUNNING)
-    # a spare worker that found the queue empty records a FAIL trial: not a failure of a run
-    failed = sum(t.state == TrialState.FAIL and not t.user_attrs.get("nothing_queued") for t in trials)
-    if failed >= max(settings.n_trials, 3):
+    if len(counted_failures(trials)) >= max(settings.n_trials, 3):
         print(f"worker {os.getpid()}: too many failed trials, stopping", file=sys.stderr)
         return False
     return finished + running < settings.n_trials
@@ -208,29 +246,35 @@ def _stop_child(child: subprocess.Popen, stop: KeyboardInterrupt) -> None:
         child.kill()
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+class _NoTrialTracebacks(logging.Filter):
+    """Optuna logs every trial its objective raised in with a traceback. None is a bug here: a trial
+    stopped by Ctrl-C/SIGTERM/pre-emption (the worker says it in a line: dropped), an empty claim,
+    a spare worker's or a duplicate copy's (not news: dropped, with Optuna's "Trial N failed" line
+    after it), a failed run (the reason in one line; the details are in its trial.log)."""
 
-
-def _raise_preempted(signum: int, frame: Any) -> None:
-    signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)  # once: SLURM and the launcher may both send it
-    raise Preempted
-
-
-class _NoInterruptTraceback(logging.Filter):
-    """Optuna logs a trial stopped by Ctrl-C/SIGTERM with a traceback; the worker says it in a line."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.empty_claims: set[int] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, KeyboardInterrupt):
+            return False
+        if isinstance(error, NothingQueued):
+            self.empty_claims.add(error.number)
+            return False
+        if isinstance(error, TrialFailed):
+            record.exc_info = record.exc_text = None
+        return not any(record.getMessage().startswith(f"Trial {n} ") for n in self.empty_claims)
 
 
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    if on_slurm():
-        signal.signal(REQUEUE_SIGNAL, _raise_preempted)
+    interrupts = Interrupts()
+    for signum in (signal.SIGTERM, signal.SIGINT, *([REQUEUE_SIGNAL] if on_slurm() else [])):
+        signal.signal(signum, interrupts.handler)  # REQUEUE_SIGNAL raises Preempted
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
-        handler.addFilter(_NoInterruptTraceback())
+        handler.addFilter(_NoTrialTracebacks())
     if settings.queue_only:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
@@ -239,74 +283,58 @@ def run_worker(settings: WorkerSettings) -> int:
     study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps))
-    objective = Objective(settings, space, storage)
-    stop_at_n = MaxTrialsCallback(settings.n_trials, states=FINISHED)
+    objective = Objective(settings, space, storage, claimed=interrupts.release)
+    unrecorded = UnrecordedClaims(2 * settings.heartbeat_s if settings.heartbeat_s else None)
     try:
-        while True:
-            fail_stale_trials(study)  # before counting: a dead worker's trial is not "running"
-            reclaim_dead_local_trials(study, storage)
-            if not should_start(study, settings):
-                break
-            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
-                break
-            if settings.queue_only and not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                break
+        while next_trial_needed(study, storage, settings, sampler, unrecorded):
+            interrupts.hold()  # until the objective has recorded this worker on its trial
             try:
-                study.optimize(objective, n_trials=1, callbacks=[stop_at_n],
-                               catch=(TrialFailed, NothingQueued))
-            except (UpdateFinishedTrialError, ValueError) as err:  # another worker finished it first
-                if not isinstance(err, UpdateFinishedTrialError) and "Cannot tell" not in str(err):
-                    raise
-                print(f"worker {os.getpid()}: trial {objective.current} was finished by another "
-                      f"worker; going on", file=sys.stderr)
+                run_one_trial(study, objective, settings)
+            finally:
+                interrupts.release()
     except KeyboardInterrupt as stop:
         for sig in (signal.SIGTERM, REQUEUE_SIGNAL):  # a requeue's SIGTERM must not cut this short
             signal.signal(sig, signal.SIG_IGN)
         _requeue_interrupted(study, objective.current)
         how = "pre-empted" if isinstance(stop, Preempted) else "interrupted"
-        print(f"worker {os.getpid()}: {how}; trial {objective.current} resumes from its "
-              f"checkpoint when the same command runs again", file=sys.stderr)
+        resumes = f"; trial {objective.current} resumes from its checkpoint when the same command runs " \
+                  f"again" if objective.current is not None else ""
+        print(f"worker {os.getpid()}: {how}{resumes}", file=sys.stderr)
         return 130
     return 0
 
 
-def _pid_alive(pid: int) -> bool:
+def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage, settings: WorkerSettings,
+                      sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims) -> bool:
+    """Take back dead workers' trials, then say whether to run another; a queue-only worker waits
+    while a claim without its worker may still be queued again."""
+    while True:
+        fail_stale_trials(study)  # before counting: a dead worker's trial is not "running"
+        reclaim_dead_local_trials(study, storage)
+        for number in unrecorded.reclaim(study, storage):
+            print(f"worker {os.getpid()}: trial {number} was claimed by a worker that died before "
+                  f"recording itself; queued again", file=sys.stderr)
+        if not should_start(study, settings):
+            return False
+        if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
+            return False
+        if not settings.queue_only or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return True
+        if not unrecorded.pending:
+            return False
+        time.sleep(CLAIM_POLL_S)
+
+
+def run_one_trial(study: optuna.Study, objective: Objective, settings: WorkerSettings) -> None:
+    """`study.optimize` for one trial; a trial another worker finished first is one line."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-def _worker_of(value: str) -> tuple[str, int | None, int | None]:
-    """(host, pid, trial number) of a `worker` attribute 'host:pid:number'."""
-    parts = value.rsplit(":", 2)
-    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-        return "", None, None
-    return parts[0], int(parts[1]), int(parts[2])
-
-
-def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
-    """Fail and re-queue RUNNING trials whose worker ran on this host and is gone.
-
-    The heartbeat finds every dead worker's trial, but only after its grace period; a worker on
-    this machine can tell at once (its pid is gone), so a re-run right after a kill resumes the
-    trial instead of waiting. Returns the numbers of the trials reclaimed.
-    """
-    host, reclaimed = socket.gethostname(), []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        name, pid, number = _worker_of(str(trial.user_attrs.get("worker", "")))
-        if number != trial.number:  # a retry copy whose new worker has not recorded itself yet
-            continue
-        if name != host or pid is None or _pid_alive(pid):
-            continue
-        if not fail_running_trial(storage, study.study_name, trial.number):  # the heartbeat was quicker
-            continue
-        queue_retry(study, frozen_trial(storage, study.study_name, trial.number))
-        reclaimed.append(trial.number)
-    return reclaimed
+        study.optimize(objective, n_trials=1, callbacks=[MaxTrialsCallback(settings.n_trials, states=FINISHED)],
+                       catch=(TrialFailed, NothingQueued))
+    except (UpdateFinishedTrialError, ValueError) as err:  # another worker finished it first
+        if not isinstance(err, UpdateFinishedTrialError) and "Cannot tell" not in str(err):
+            raise
+        print(f"worker {os.getpid()}: trial {objective.last} was finished by another worker; going on",
+              file=sys.stderr)
 
 
 def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:

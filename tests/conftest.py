@@ -1,8 +1,14 @@
-"""Shared fixtures: a headless Debian Chromium for the pages the project serves or writes."""
+"""Shared fixtures: a headless Debian Chromium for the pages the project serves or writes, and a
+throwaway PostgreSQL server for the tests that need a database server."""
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import socket
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,3 +38,95 @@ def browser(tmp_path: Path) -> Iterator[object]:
         yield driver
     finally:
         driver.quit()
+
+
+SKIP = "PostgreSQL server not installed (apt-get install postgresql)"
+
+
+def _pg_bindir() -> Path | None:
+    """The newest Debian PostgreSQL bin directory holding initdb and pg_ctl, else one on PATH."""
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(Path(d).parent.name)
+                  if Path(d).parent.name.isdigit() else 0)
+    for d in reversed(dirs):
+        if os.access(Path(d) / "initdb", os.X_OK) and os.access(Path(d) / "pg_ctl", os.X_OK):
+            return Path(d)
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if initdb and pg_ctl and Path(initdb).resolve().parent == Path(pg_ctl).resolve().parent:
+        return Path(initdb).resolve().parent
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A PostgreSQL server for this test session: yields its SQLAlchemy URL; stopped and removed after."""
+    bindir = _pg_bindir()
+    if bindir is None:
+        pytest.skip(SKIP)
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg2 not importable (pip install psycopg2-binary)")
+
+    base = Path(tempfile.mkdtemp(prefix="ablate-pg-"))
+    as_root = os.geteuid() == 0
+    prefix: list[str] = []
+    if as_root:  # PostgreSQL refuses to run as root: the Debian package's `postgres` user runs it
+        shutil.chown(base, "postgres", "postgres")
+        prefix = ["runuser", "-u", "postgres", "--"]
+    data, log = base / "data", base / "server.log"
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+
+    def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        # cwd=base: the postgres user may not be allowed into the test's working directory
+        result = subprocess.run([*prefix, *cmd], cwd=base, env=env, capture_output=True, text=True,
+                                timeout=120)
+        if check and result.returncode != 0:
+            server_log = log.read_text() if log.exists() else "(no server log)"
+            pytest.fail(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}\n"
+                        f"--- server log ---\n{server_log}", pytrace=False)
+        return result
+
+    started = False
+    try:
+        run(str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
+            "--no-locale", "--no-sync")
+        for attempt in range(3):  # the free port may be taken between probing and binding
+            port = _free_port()
+            result = run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
+                         "-o", f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off", "start", check=False)
+            if result.returncode == 0:
+                break
+            if attempt == 2 or not log.exists() or "already in use" not in log.read_text():
+                pytest.fail(f"pg_ctl start failed ({result.returncode}):\n{result.stdout}\n{result.stderr}\n"
+                            f"--- server log ---\n{log.read_text() if log.exists() else '(none)'}",
+                            pytrace=False)
+        started = True
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        if started:
+            run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop", check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """A 3,000-pair slice of Ding's train split and 100 dev pairs as files, and the `ablate`
+    options that train on them (`--data files` skips extracting the whole dictionary per run)."""
+    from lightning_modules.config import DataConfig
+    from lightning_modules.data.corpora import extract_ding, split_ding
+
+    sentences, _ = extract_ding(DataConfig().ding_path)
+    train, valid, _ = split_ding(sentences, 100, 100)
+    out, args = tmp_path_factory.mktemp("corpus"), []
+    for split, pairs in (("train", train[:3000]), ("valid", valid)):
+        for side, (lang, flag) in enumerate((("en", "src"), ("de", "tgt"))):
+            path = out / f"{split}.{lang}"
+            path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+            args += [f"--{split}-{flag}", str(path)]
+    return args

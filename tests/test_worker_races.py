@@ -1,22 +1,33 @@
 """Claiming and reclaiming trials between workers, on a real SQLite study (issue: a re-run with
 many workers failed a retry copy that its new worker had just claimed, and spare workers'
-empty claims counted as failures; a row queued twice by two launchers must train once)."""
+empty claims counted as failures; a row queued twice by two launchers must train once; issue 12:
+killed trials counted as failures, a claim whose worker died before recording itself stayed
+RUNNING, empty claims printed tracebacks)."""
 
 from __future__ import annotations
 
+import io
+import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from lightning_modules.run.slurm import REQUEUE_SIGNAL
+from sweeps.claims import (Interrupts, Preempted, UnrecordedClaims, pid_alive, reclaim_dead_local_trials,
+                           worker_record)
+from sweeps.optuna_api import frozen_trial, queue_retry
 from sweeps.space import SearchSpace
 from sweeps.study import make_storage, open_study
-from sweeps.worker import (NothingQueued, Objective, WorkerSettings, owner_of_run_dir,
-                           reclaim_dead_local_trials, should_start)
+from sweeps.worker import (NothingQueued, Objective, TrialFailed, WorkerSettings, _NoTrialTracebacks,
+                           counted_failures, owner_of_run_dir, should_start)
 
 
 def dead_pid() -> int:
@@ -111,3 +122,189 @@ def test_processes_opening_a_new_sqlite_database_at_once_all_get_it(tmp_path: Pa
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
     assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/db/new.db") == []
+
+
+def test_killed_and_interrupted_trials_are_not_failed_runs(tmp_path: Path):
+    """A trial with a retry copy was interrupted, not failed: a sweep whose workers were killed
+    more often than --n-trials goes on (it stopped with "too many failed trials")."""
+    s, storage = study(tmp_path)
+    settings = WorkerSettings(study="races", storage="", space=None, n_trials=3, runs_dir=str(tmp_path))
+    for _ in range(4):  # four kills, each trial retried
+        killed = s.ask()
+        s.tell(killed, state=TrialState.FAIL)
+        queue_retry(s, frozen_trial(storage, "races", killed.number))
+    assert counted_failures(s.get_trials()) == [] and should_start(s, settings)
+    failed = s.ask()  # a run that failed (NaN loss, crash): no retry copy
+    s.tell(failed, state=TrialState.FAIL)
+    assert [t.number for t in counted_failures(s.get_trials())] == [failed.number]
+
+
+def test_a_claim_whose_worker_died_before_recording_itself_is_queued_again(tmp_path: Path):
+    """SIGKILL between Optuna's claim (RUNNING) and the worker's record: nothing says whose the
+    trial is and Optuna's heartbeat never sees it; after the grace period it is queued again."""
+    s, storage = study(tmp_path)
+    now = [0.0]
+    watch = UnrecordedClaims(grace_s=10, clock=lambda: now[0])
+    orphan = s.ask()  # claimed, never recorded
+    orphan.set_user_attr("run_dir", "/runs/x")
+    copy = s.ask()  # a retry copy, its inherited record names another trial
+    copy.set_user_attr("worker", f"{socket.gethostname()}:{dead_pid()}:{copy.number + 100}")
+    live = s.ask()
+    assert watch.reclaim(s, storage) == [] and watch.pending
+    now[0] = 5.0
+    live.set_user_attr("worker", worker_record(live.number))  # its worker recorded itself in time
+    assert watch.reclaim(s, storage) == []
+    now[0] = 10.0
+    assert sorted(watch.reclaim(s, storage)) == [orphan.number, copy.number] and not watch.pending
+    trials = s.get_trials()
+    assert trials[live.number].state == TrialState.RUNNING
+    retries = [t for t in trials if t.state == TrialState.WAITING]
+    assert sorted(t.system_attrs["failed_trial"] for t in retries) == [orphan.number, copy.number]
+    assert {t.user_attrs.get("run_dir") for t in retries} == {"/runs/x", None}
+    assert UnrecordedClaims(grace_s=None).reclaim(s, storage) == []  # no heartbeat: never
+
+
+def test_an_interrupt_is_held_back_while_a_trial_is_claimed(tmp_path: Path):
+    interrupts = Interrupts()
+    previous = signal.signal(signal.SIGTERM, interrupts.handler)
+    try:
+        interrupts.hold()
+        os.kill(os.getpid(), signal.SIGTERM)  # between the claim and the record: nothing happens
+        time.sleep(0.1)
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.release()  # the worker has recorded itself: now it stops
+        interrupts.release()  # once
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_empty_claim_is_not_the_trial_an_interrupt_queues_again(tmp_path: Path):
+    s, storage = study(tmp_path)
+    released = []
+    settings = WorkerSettings(study="races", storage="", space=None, n_trials=4, runs_dir=str(tmp_path),
+                              queue_only=True)
+    objective = Objective(settings, SearchSpace(path="", params=()), storage, claimed=lambda: released.append(1))
+    trial = s.ask()
+    with pytest.raises(NothingQueued):
+        objective(trial)
+    assert objective.current is None and objective.last == trial.number and released == [1]
+
+
+def test_a_killed_but_unreaped_worker_is_dead():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert pid_alive(child.pid)
+        child.kill()
+        time.sleep(0.5)  # a zombie until waited for
+        assert not pid_alive(child.pid)
+    finally:
+        child.wait()
+
+
+def test_empty_claims_and_interrupts_print_no_traceback_and_failed_runs_one_line(tmp_path: Path):
+    s, _ = study(tmp_path)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(_NoTrialTracebacks())
+    logger = optuna.logging.get_logger("optuna")
+    logger.addHandler(handler)
+
+    def objective(trial: optuna.Trial) -> float:
+        if trial.number == 0:
+            raise NothingQueued(trial.number)
+        raise TrialFailed(f"trial {trial.number} failed: loss is nan")
+
+    try:
+        s.optimize(objective, n_trials=2, catch=(NothingQueued, TrialFailed))
+    finally:
+        logger.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert "Traceback" not in out.getvalue() and not any(line.startswith("Trial 0 ") for line in lines)
+    assert any("trial 1 failed: loss is nan" in line for line in lines), lines
+
+
+def test_a_duplicate_copy_records_its_worker_and_ends_as_an_empty_claim(tmp_path: Path):
+    """The copy that yields is recorded first (no claim stays without its worker), holds interrupts
+    back until then, is never queued again by an interrupt, is no failure, prints no traceback."""
+    s, storage = study(tmp_path)
+    attrs = {"row": "base", "seed": 1, "run_dir": str(tmp_path / "base-s1")}
+    for _ in range(2):
+        s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})
+    first = s.ask()  # another worker's claim: it trains
+    settings = WorkerSettings(study="races", storage="", space=None, n_trials=2, runs_dir=str(tmp_path),
+                              queue_only=True)
+    interrupts = Interrupts()
+    seen = []
+
+    def claimed() -> None:  # the worker's record is there before interrupts are let through
+        seen.append(frozen_trial(storage, "races", first.number + 1).user_attrs.get("worker"))
+        interrupts.release()
+
+    objective = Objective(settings, SearchSpace(path="", params=()), storage, claimed=claimed)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(_NoTrialTracebacks())
+    logger = optuna.logging.get_logger("optuna")
+    logger.addHandler(handler)
+    previous = signal.signal(signal.SIGTERM, interrupts.handler)
+    try:
+        interrupts.hold()
+        os.kill(os.getpid(), signal.SIGTERM)  # held back while the copy is claimed
+        time.sleep(0.1)
+        with pytest.raises(KeyboardInterrupt):  # raised once the copy has ended its claim
+            s.optimize(objective, n_trials=1, catch=(NothingQueued, TrialFailed))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        logger.removeHandler(handler)
+    copy = s.get_trials()[first.number + 1]
+    assert seen == [worker_record(copy.number)] and copy.user_attrs["worker"] == worker_record(copy.number)
+    assert copy.user_attrs["nothing_queued"] and copy.user_attrs["duplicate_of"] == first.number
+    assert objective.current is None  # an interrupt does not queue the empty claim again
+    assert copy.state == TrialState.FAIL and counted_failures(s.get_trials()) == []
+    assert not (tmp_path / "base-s1").exists()
+
+    s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})  # a third copy
+    logger.addHandler(handler)
+    try:
+        s.optimize(Objective(settings, SearchSpace(path="", params=()), storage),
+                   n_trials=1, catch=(NothingQueued, TrialFailed))
+    finally:
+        logger.removeHandler(handler)
+    third = s.get_trials()[-1]
+    assert third.state == TrialState.FAIL and third.user_attrs["duplicate_of"] == first.number
+    assert counted_failures(s.get_trials()) == []
+    lines = out.getvalue().splitlines()  # the interrupted copy's "failed" line: the worker says why
+    assert "Traceback" not in out.getvalue() and not any(line.startswith(f"Trial {third.number} ") for line in lines)
+
+
+def test_a_preemption_is_held_back_while_a_trial_is_claimed_and_raised_once(tmp_path: Path):
+    """Under SLURM, SIGUSR1 (the pre-emption notice) is held back like SIGTERM and raised as
+    Preempted at the release; it wins over a SIGTERM held back with it; a second notice (SLURM and
+    the launcher both send one) is ignored."""
+    interrupts = Interrupts()
+    previous = {sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGTERM, REQUEUE_SIGNAL)}
+    try:
+        interrupts.hold()
+        os.kill(os.getpid(), REQUEUE_SIGNAL)
+        os.kill(os.getpid(), signal.SIGTERM)  # the requeue's SIGTERM after the notice
+        time.sleep(0.1)
+        with pytest.raises(Preempted):
+            interrupts.release()
+        assert signal.getsignal(REQUEUE_SIGNAL) == signal.SIG_IGN
+        os.kill(os.getpid(), REQUEUE_SIGNAL)  # ignored
+        time.sleep(0.1)
+        interrupts.release()
+        with pytest.raises(KeyboardInterrupt) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert not isinstance(stop.value, Preempted)
+        signal.signal(REQUEUE_SIGNAL, interrupts.handler)
+        with pytest.raises(Preempted):  # not held back: at once
+            os.kill(os.getpid(), REQUEUE_SIGNAL)
+            time.sleep(1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

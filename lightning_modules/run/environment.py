@@ -1,10 +1,13 @@
 """What a result depends on beyond its configuration: software versions, the processor and GPU,
-thread counts and precision. Recorded in results.json so that a report can tell reruns on the
-same setup (which should agree closely) from runs on another (float summation order differs
-with the CPU's vector instructions and the thread count, so results differ slightly)."""
+the vector kernels in use, thread counts, precision and deterministic algorithms. Recorded in
+results.json so that a report can tell reruns on the same setup (bitwise identical on a CPU) from
+runs on another: float sums come out in another order with another thread count (matmuls,
+reductions) or other vector kernels (ATen's CPU capability, MKL's code path), and the results
+differ slightly (benchmarks/results/reproducibility-cpu-2026-11-22)."""
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from typing import Any
@@ -34,15 +37,23 @@ def cpu_flags() -> list[str]:
     return sorted(f for f in flags if f in ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma"))
 
 
+# Environment variables that choose kernels or thread counts, recorded when set.
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR",
+                    "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def environment(precision: str, device: torch.device) -> dict[str, Any]:
     """The facts a rerun must match to expect the same numbers."""
     import lightning
 
     env: dict[str, Any] = {
         "python": sys.version.split()[0], "torch": torch.__version__, "lightning": lightning.__version__,
-        "cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch_threads": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(), "precision": precision,
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cpu": cpu_model(), "cpu_flags": cpu_flags(),
+        # the vector kernels ATen dispatches to (ATEN_CPU_CAPABILITY can lower it)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
+        "precision": precision, "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "variables": {k: os.environ[k] for k in KERNEL_VARIABLES if k in os.environ},
         "platform": platform.platform(),
     }
     if device.type == "cuda":

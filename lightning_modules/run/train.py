@@ -84,6 +84,13 @@ def compile_enabled(cfg: RunConfig) -> bool:
     return uses_gpu(cfg) and cfg.train.max_steps >= COMPILE_MIN_STEPS
 
 
+def deterministic(cfg: RunConfig) -> bool:
+    """train.deterministic, with auto (None) = on for CPU runs."""
+    if cfg.train.deterministic is not None:
+        return cfg.train.deterministic
+    return not uses_gpu(cfg)
+
+
 def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
     """CSV always; W&B in `mode` ('online' or 'offline'; None: off)."""
     loggers: list[Logger] = [CSVLogger(out, name="logs", version="")]
@@ -148,6 +155,8 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
                         callbacks: list[pl.Callback] | None) -> RunResult | None:
     """`train`'s work once every check has passed: data, fit, validation, beam search, results.json
     (`created`: the directory the run made, removed if the corpus turns out unusable)."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     slurm, notice = slurm_requeue(cfg)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
@@ -176,6 +185,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         max_steps=cfg.train.max_steps, max_epochs=-1,
         val_check_interval=cfg.train.val_check_interval, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, accumulate_grad_batches=cfg.train.accumulate_grad_batches,
+        deterministic="warn" if deterministic(cfg) else False,  # warn: an op without such a kernel
         gradient_clip_val=cfg.train.gradient_clip_val or None,
         log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
         enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,

@@ -1,0 +1,160 @@
+"""Which worker holds which trial, and taking back the trials of workers that died.
+
+A worker claims a queued trial (Optuna sets it RUNNING) and then records itself on it as the
+user attribute `worker` = host:pid:trial-number. A retry copy inherits its dead predecessor's
+record (another number), so a record counts only when its number is the trial's own.
+
+Three ways a RUNNING trial's worker can be gone, and who takes the trial back:
+
+- the worker ran on this host and its pid is gone: `reclaim_dead_local_trials`, at once;
+- the worker ran elsewhere: Optuna's heartbeat, after its grace period;
+- the worker died between claiming and recording itself (SIGKILL in those milliseconds): nothing
+  says whose the trial is, and Optuna's heartbeat never sees a trial that has not beaten yet.
+  `UnrecordedClaims` fails it once it has stayed unrecorded for the heartbeat's grace period (a
+  live worker records itself at once), measured on the watching worker's own clock.
+
+SIGTERM/SIGINT, and under SLURM the pre-emption notice (SIGUSR1), are held back while a worker
+claims and records (`Interrupts`), so an interrupt or a pre-emption never leaves a claim without
+its record.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from lightning_modules.run.slurm import REQUEUE_SIGNAL
+from sweeps.optuna_api import fail_running_trial, frozen_trial, queue_retry
+
+
+def worker_record(number: int) -> str:
+    """The `worker` attribute this process records on trial `number`."""
+    return f"{socket.gethostname()}:{os.getpid()}:{number}"
+
+
+def worker_of(value: str) -> tuple[str, int | None, int | None]:
+    """(host, pid, trial number) of a `worker` attribute 'host:pid:number'."""
+    parts = value.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return "", None, None
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def recorded(trial: FrozenTrial) -> bool:
+    """Whether the trial's worker has recorded itself on it (not just inherited a record)."""
+    return worker_of(str(trial.user_attrs.get("worker", "")))[2] == trial.number
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def take_back(study: optuna.Study, storage: optuna.storages.BaseStorage, number: int) -> bool:
+    """Fail RUNNING trial `number` and queue its retry copy; False if it had finished already."""
+    if not fail_running_trial(storage, study.study_name, number):  # another process was quicker
+        return False
+    queue_retry(study, frozen_trial(storage, study.study_name, number))
+    return True
+
+
+def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
+    """Fail and re-queue RUNNING trials whose worker ran on this host and is gone.
+
+    The heartbeat finds every dead worker's trial, but only after its grace period; a worker on
+    this machine can tell at once (its pid is gone), so a re-run right after a kill resumes the
+    trial instead of waiting. Returns the numbers of the trials reclaimed.
+    """
+    host, reclaimed = socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not recorded(trial):  # not yet recorded: UnrecordedClaims watches it
+            continue
+        name, pid, _ = worker_of(str(trial.user_attrs["worker"]))
+        if name == host and pid is not None and not pid_alive(pid) and take_back(study, storage, trial.number):
+            reclaimed.append(trial.number)
+    return reclaimed
+
+
+class UnrecordedClaims:
+    """RUNNING trials no worker has recorded itself on, and since when this process has seen them."""
+
+    def __init__(self, grace_s: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s, self.clock = grace_s, clock
+        self.first_seen: dict[int, float] = {}
+
+    def reclaim(self, study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
+        """Fail and re-queue the claims unrecorded for `grace_s`; returns their numbers."""
+        now = self.clock()
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        unrecorded = {t.number for t in running if not recorded(t)}
+        self.first_seen = {n: self.first_seen.get(n, now) for n in unrecorded}
+        if self.grace_s is None:
+            return []
+        stale = [n for n, seen in self.first_seen.items() if now - seen >= self.grace_s]
+        reclaimed = [n for n in stale if take_back(study, storage, n)]
+        for n in stale:
+            del self.first_seen[n]
+        return reclaimed
+
+    @property
+    def pending(self) -> bool:
+        """Whether some claim may still turn out to be a dead worker's (then it is queued again)."""
+        return self.grace_s is not None and bool(self.first_seen)
+
+
+class Preempted(KeyboardInterrupt):
+    """SLURM's pre-emption notice (REQUEUE_SIGNAL) reached the worker: stop as on SIGTERM, except
+    that the trial's child gets the notice too (it saves a checkpoint and requeues the job)."""
+
+
+class Interrupts:
+    """SIGTERM/SIGINT as KeyboardInterrupt, and REQUEUE_SIGNAL (installed under SLURM only) as
+    Preempted, held back while the worker claims a trial and records itself on it (`hold` ...
+    `release`), and raised at the release. A pre-emption held back with an interrupt wins (the
+    trial must still requeue the job), and is raised once: SLURM and the launcher may both send it,
+    so REQUEUE_SIGNAL is ignored from then on."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self.pending: type[KeyboardInterrupt] | None = None
+
+    def handler(self, signum: int, frame: Any) -> None:
+        stop = Preempted if signum == REQUEUE_SIGNAL else KeyboardInterrupt
+        if self.held:
+            if self.pending is not Preempted:
+                self.pending = stop
+            return
+        self._raise(stop)
+
+    def hold(self) -> None:
+        self.held = True
+
+    def release(self) -> None:
+        self.held = False
+        if self.pending is not None:
+            stop, self.pending = self.pending, None
+            self._raise(stop)
+
+    @staticmethod
+    def _raise(stop: type[KeyboardInterrupt]) -> None:
+        if stop is Preempted and threading.current_thread() is threading.main_thread():
+            signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)
+        raise stop

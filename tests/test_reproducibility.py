@@ -1,0 +1,57 @@
+"""Same command, same seed, same setup: the same losses bit for bit, and results.json records
+what the numbers depend on (issue 12: one seed gave dev PPL 116.43 on one CPU, 120.72 on another;
+what differs between CPUs is measured in benchmarks/results/reproducibility-cpu-2026-11-22)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+STEPS = 8
+# the machine's own ATen kernels, named: the numbers do not change, the record shows the variable
+CAPABILITY = torch.backends.cpu.get_cpu_capability()
+TINY = ["--max-steps", str(STEPS), "--seed", "3", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4",
+        "n_layers=1", "data.vocab_size=500", "data.max_tokens=1000", "eval.max_len_offset=10",
+        "eval.beam_size=1", "eval.decode_test=false", "train.progress_bar=false", "train.log_every_n_steps=1",
+        "train.val_check_interval=100000", "train.checkpoint_every=100000", "train.threads=1"]
+
+
+def losses(run_dir: Path) -> list[tuple[int, str]]:
+    """Every step's logged loss, as the CSV holds it (the float's repr: exact)."""
+    with (run_dir / "logs" / "metrics.csv").open() as f:
+        return [(int(r["step"]), r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+
+
+def test_the_same_command_and_seed_give_bitwise_identical_losses_and_record_the_setup(tmp_path, small_corpus):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
+    runs = ("a", "b")
+    procs = [subprocess.Popen([sys.executable, "-m", "ablate", "train", "--out", str(tmp_path / name),
+                               *small_corpus, *TINY], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for name in runs]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    first, second = losses(tmp_path / "a"), losses(tmp_path / "b")
+    assert len(first) == STEPS and first == second
+    results = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in runs}
+    assert results["a"]["ppl"] == results["b"]["ppl"]
+    environment = results["a"]["environment"]
+    assert environment["cpu_capability"] == CAPABILITY
+    assert environment["variables"]["ATEN_CPU_CAPABILITY"] == CAPABILITY.lower()
+    assert environment["torch_threads"] == 1  # train.threads pins it
+    assert environment["deterministic_algorithms"] is True  # train.deterministic: auto = on for CPU runs
+
+
+def test_deterministic_algorithms_are_on_for_cpu_runs_unless_turned_off():
+    from ablations.resolve import resolve
+    from lightning_modules.run.train import deterministic
+
+    assert deterministic(resolve("tiny", "base", None, ["train.accelerator=cpu"], None))
+    assert not deterministic(resolve("tiny", "base", None, ["train.deterministic=false"], None))
+    assert deterministic(resolve("tiny", "base", None, ["train.deterministic=true"], None))
