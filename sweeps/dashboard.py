@@ -46,11 +46,13 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 8080) -> int:
     except ImportError:
         raise UserError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
     check_port_free(host, port)
-    print(banner(storage_url, host, port), flush=True)
     try:
-        run_server(storage, host=host, port=port)
+        # Inside: a Ctrl-C sent on seeing the banner can land before print() has returned.
+        print(banner(storage_url, host, port), flush=True)
+        try:
+            run_server(storage, host=host, port=port)
+        except OSError as err:  # taken between the check and the server's own bind
+            raise _cannot_listen(host, port, err) from None
     except KeyboardInterrupt:
         pass
-    except OSError as err:  # taken between the check and the server's own bind
-        raise _cannot_listen(host, port, err) from None
     return 0
