@@ -13,8 +13,8 @@ Three ways a RUNNING trial's worker can be gone, and who takes the trial back:
   `UnrecordedClaims` fails it once it has stayed unrecorded for the heartbeat's grace period (a
   live worker records itself at once), measured on the watching worker's own clock.
 
-SIGTERM/SIGINT are held back while a worker claims and records (`Interrupts`), so an interrupt
-never leaves a claim without its record.
+SIGTERM/SIGINT are held back (`Interrupts`) except while a trial trains or the worker waits, so
+an interrupt never leaves a claim without its record, or a trial failed without its retry copy.
 """
 
 from __future__ import annotations
@@ -137,3 +137,9 @@ class Interrupts:
         if self.pending:
             self.pending = False
             raise KeyboardInterrupt
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep with interrupts let through, then hold them again."""
+        self.release()
+        time.sleep(seconds)
+        self.hold()

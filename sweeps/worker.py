@@ -13,7 +13,7 @@ workers from overshooting), when a grid is exhausted, or after `n_trials` failur
 On SIGTERM/SIGINT the running trial's child gets SIGINT (Lightning saves an interrupted
 checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy through the same
 `RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. An interrupt is held back
-while the worker claims a trial and records itself on it. A SIGKILLed worker takes its child with
+except while a trial trains or the worker waits, so it never cuts a storage update in two. A SIGKILLed worker takes its child with
 it (parent-death signal); `sweeps.claims` says who takes its trial back, and when. Killed or
 interrupted trials (they have a retry copy) and spare workers' empty claims are not failures.
 """
@@ -26,20 +26,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
+from lightning_modules.errors import UserError, exit_status
 from lightning_modules.run.results import RunResult, read_results
 from sweeps.claims import Interrupts, UnrecordedClaims, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import fail_stale_trials, frozen_trial, queue_retry, retried_numbers, retried_trial_number
-from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, accept_interrupts, ignore_interrupts, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
 
@@ -88,8 +88,9 @@ class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
     def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage,
-                 claimed: Callable[[], None] = lambda: None) -> None:
-        self.s, self.space, self.storage, self.claimed = settings, space, storage, claimed
+                 interrupts: Interrupts | None = None) -> None:
+        self.s, self.space, self.storage = settings, space, storage
+        self.interrupts = interrupts or Interrupts()  # held by the worker while it claims a trial
         self.current: int | None = None  # the trial being run now (an interrupt queues its retry)
         self.last: int | None = None  # the trial run last
 
@@ -117,12 +118,9 @@ class Objective:
         queued = "overrides" in trial.user_attrs or "enqueued_overrides" in trial.user_attrs
         if self.s.queue_only and not queued:
             trial.set_user_attr("nothing_queued", True)
-            self.current = None  # an empty claim is never queued again
-            self.claimed()
             raise NothingQueued(trial.number)
         # First of all, so that no claim stays without its worker (see sweeps.claims).
         trial.set_user_attr("worker", worker_record(trial.number))
-        self.claimed()
         overrides = self.trial_overrides(trial)
         run_dir = trial.user_attrs.get("run_dir") or str(
             (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
@@ -138,21 +136,31 @@ class Objective:
                "preset": self.s.preset, "row": trial.user_attrs.get("row", self.s.row),
                "config": self.s.config, "spec": self.s.spec,
                "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={self.s.study}"]}
+        code = self.train(job, Path(run_dir))
+        return self.collect(trial, Path(run_dir), code)
+
+    def train(self, job: dict[str, Any], run_dir: Path) -> int:
+        """The trial process's exit status. Only while it runs can an interrupt stop the worker:
+        the child then gets SIGINT and saves an interrupted checkpoint."""
         env = {k: v for k, v in os.environ.items() if k != WORKER_ENV}
-        child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
-                      log=Path(run_dir) / "trial.log")
+        child = None
         try:
-            code = child.wait()
+            self.interrupts.release()
+            child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
+                          log=run_dir / "trial.log")
+            return child.wait()
         except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            try:
-                child.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                child.kill()
+            if child is not None:
+                _stop(child)
             raise
+        finally:
+            self.interrupts.hold()
+
+    def collect(self, trial: optuna.Trial, run_dir: Path, code: int) -> float:
+        """The trial's objective value from its results.json, its results as user attributes."""
         if code == EXIT_PRUNED:
             raise optuna.TrialPruned()
-        results = read_results(Path(run_dir)) or RunResult()
+        results = read_results(run_dir) or RunResult()
         if results.status == "failed":  # e.g. a NaN loss: the reason goes with the trial
             trial.set_user_attr("fail_reason", results.reason)
             raise TrialFailed(f"trial {trial.number} failed: {results.reason}")
@@ -168,9 +176,18 @@ class Objective:
                   f"{results.params:,} parameters", flush=True)
         if self.s.keep_translations:
             for name in ("hyp", "ref"):
-                lines = (Path(run_dir) / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
+                lines = (run_dir / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
                 trial.set_user_attr(f"dev_{name}", pack_lines(lines))
         return float(getattr(results, self.s.objective))
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """SIGINT to a trial process (it saves an interrupted checkpoint); SIGKILL after 2 minutes."""
+    child.send_signal(signal.SIGINT)
+    try:
+        child.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.kill()
 
 
 def counted_failures(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
@@ -221,8 +238,14 @@ class _NoTrialTracebacks(logging.Filter):
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     interrupts = Interrupts()
+    # Interrupts are held except while a trial trains (Objective.train) and while the worker waits:
+    # an interrupt inside a claim, in Optuna's record of a trial's end, or between failing a dead
+    # worker's trial and queueing its retry left trials nothing took back, or crashed Optuna 5.0
+    # (UnboundLocalError); one that comes while the worker opens its study stops it in the loop.
+    interrupts.hold()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, interrupts.handler)
+    accept_interrupts()  # held since the process started (sweeps.processes.spawn)
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
         handler.addFilter(_NoTrialTracebacks())
     if settings.queue_only:
@@ -233,16 +256,14 @@ def run_worker(settings: WorkerSettings) -> int:
     study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps))
-    objective = Objective(settings, space, storage, claimed=interrupts.release)
+    objective = Objective(settings, space, storage, interrupts)
     unrecorded = UnrecordedClaims(2 * settings.heartbeat_s if settings.heartbeat_s else None)
     try:
-        while next_trial_needed(study, storage, settings, sampler, unrecorded):
-            interrupts.hold()  # until the objective has recorded this worker on its trial
-            try:
-                run_one_trial(study, objective, settings)
-            finally:
-                interrupts.release()
+        while next_trial_needed(study, storage, settings, sampler, unrecorded, interrupts):
+            run_one_trial(study, objective, settings)
+        interrupts.release()  # one that came while nothing could be stopped
     except KeyboardInterrupt:
+        interrupts.hold()  # a second signal does not interrupt the clean-up
         _requeue_interrupted(study, objective.current)
         resumes = f"; trial {objective.current} resumes from its checkpoint when the same command runs " \
                   f"again" if objective.current is not None else ""
@@ -252,7 +273,8 @@ def run_worker(settings: WorkerSettings) -> int:
 
 
 def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage, settings: WorkerSettings,
-                      sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims) -> bool:
+                      sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims,
+                      interrupts: Interrupts) -> bool:
     """Take back dead workers' trials, then say whether to run another; a queue-only worker waits
     while a claim without its worker may still be queued again."""
     while True:
@@ -269,7 +291,7 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
             return True
         if not unrecorded.pending:
             return False
-        time.sleep(CLAIM_POLL_S)
+        interrupts.sleep(CLAIM_POLL_S)
 
 
 def run_one_trial(study: optuna.Study, objective: Objective, settings: WorkerSettings) -> None:
@@ -295,7 +317,13 @@ def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    return run_worker(WorkerSettings(**json.loads(args[0] if args else os.environ[WORKER_ENV])))
+    try:
+        return run_worker(WorkerSettings(**json.loads(args[0] if args else os.environ[WORKER_ENV])))
+    except UserError as err:  # e.g. the database went away
+        print(f"worker {os.getpid()}: error: {err}", file=sys.stderr)
+        return exit_status(err)
+    finally:
+        ignore_interrupts()
 
 
 def settings_json(settings: WorkerSettings) -> str:

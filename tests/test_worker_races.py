@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from sweeps.claims import Interrupts, UnrecordedClaims, pid_alive, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import frozen_trial, queue_retry
+from sweeps.processes import spawn
 from sweeps.space import SearchSpace
 from sweeps.study import make_storage, open_study
 from sweeps.worker import (NothingQueued, Objective, TrialFailed, WorkerSettings, _NoTrialTracebacks,
@@ -132,14 +133,19 @@ def test_an_interrupt_is_held_back_while_a_trial_is_claimed(tmp_path: Path):
 
 def test_an_empty_claim_is_not_the_trial_an_interrupt_queues_again(tmp_path: Path):
     s, storage = study(tmp_path)
-    released = []
     settings = WorkerSettings(study="races", storage="", space=None, n_trials=4, runs_dir=str(tmp_path),
                               queue_only=True)
-    objective = Objective(settings, SearchSpace(path="", params=()), storage, claimed=lambda: released.append(1))
+    interrupts = Interrupts()
+    interrupts.hold()  # as the worker claims
+    objective = Objective(settings, SearchSpace(path="", params=()), storage, interrupts)
     trial = s.ask()
+    interrupts.handler(signal.SIGTERM, None)  # SIGTERM during the claim
     with pytest.raises(NothingQueued):
         objective(trial)
-    assert objective.current is None and objective.last == trial.number and released == [1]
+    assert objective.current is None and objective.last == trial.number
+    assert interrupts.held and interrupts.pending  # until Optuna has recorded the trial's end
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.release()
 
 
 def test_a_killed_but_unreaped_worker_is_dead():
@@ -173,3 +179,16 @@ def test_empty_claims_and_interrupts_print_no_traceback_and_failed_runs_one_line
     lines = out.getvalue().splitlines()
     assert "Traceback" not in out.getvalue() and not any(line.startswith("Trial 0 ") for line in lines)
     assert any("trial 1 failed: loss is nan" in line for line in lines), lines
+
+
+def test_an_interrupt_while_a_child_starts_waits_until_it_can_be_handled(tmp_path: Path):
+    """A worker or trial process signalled while Python starts (or while it exits) printed a
+    KeyboardInterrupt traceback; a spawned child holds interrupts until it accepts them."""
+    code = ("import sys, time\ntime.sleep(1)\nfrom sweeps.processes import accept_interrupts\n"
+            "try:\n    accept_interrupts()\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    sys.exit(130)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    child = spawn([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}, log=tmp_path / "log")
+    time.sleep(0.3)
+    child.send_signal(signal.SIGINT)  # before the child handles interrupts: held, then delivered
+    assert child.wait(timeout=30) == 130
+    assert "Traceback" not in (tmp_path / "log").read_text()
