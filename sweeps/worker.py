@@ -13,9 +13,10 @@ workers from overshooting), when a grid is exhausted, or after `n_trials` failur
 On SIGTERM/SIGINT the running trial's child gets SIGINT (Lightning saves an interrupted
 checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy through the same
 `RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. An interrupt is held back
-except while a trial trains or the worker waits, so it never cuts a storage update in two. A SIGKILLed worker takes its child with
-it (parent-death signal); `sweeps.claims` says who takes its trial back, and when. Killed or
-interrupted trials (they have a retry copy) and spare workers' empty claims are not failures.
+except while a trial trains or the worker waits, so it never cuts a storage update in two. A
+SIGKILLed worker takes its child with it (parent-death signal); `sweeps.claims` says who takes its
+trial back, and when. Killed or interrupted trials (they have a retry copy) and spare workers'
+empty claims are not failures.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class Objective:
     def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage,
                  interrupts: Interrupts | None = None) -> None:
         self.s, self.space, self.storage = settings, space, storage
-        self.interrupts = interrupts or Interrupts()  # held by the worker while it claims a trial
+        self.interrupts = interrupts or Interrupts()  # let through only while a trial trains
         self.current: int | None = None  # the trial being run now (an interrupt queues its retry)
         self.last: int | None = None  # the trial run last
 
@@ -150,6 +151,7 @@ class Objective:
                           log=run_dir / "trial.log")
             return child.wait()
         except KeyboardInterrupt:
+            self.interrupts.hold()  # a second signal does not cut the child's clean stop short
             if child is not None:
                 _stop(child)
             raise
