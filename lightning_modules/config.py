@@ -219,9 +219,9 @@ class TrainConfig:
     # COMPILE_MIN_STEPS steps (compiling costs minutes once; short runs stay eager)
     compile: bool | None = None
     # torch.use_deterministic_algorithms (warn-only: an op without a deterministic kernel warns).
-    # None = auto: on for CPU runs, where it costs ~2% of a step's CPU time (and no CPU op of a
-    # step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs, where
-    # deterministic kernels can cost more (not measured yet): turn it on there to compare runs.
+    # None = auto: on for CPU runs, where its cost was within ±2% of a step's CPU time (and no CPU
+    # op of a step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs,
+    # where deterministic kernels can cost more (not measured yet): turn it on there to compare runs.
     deterministic: bool | None = None
     # torch's intra-op threads; None = torch's default (the cores, or $OMP_NUM_THREADS). The order
     # in which matmuls and reductions add up depends on it: pin it to reproduce a run bit for bit.

@@ -13,9 +13,9 @@ Three ways a RUNNING trial's worker can be gone, and who takes the trial back:
   `UnrecordedClaims` fails it once it has stayed unrecorded for the heartbeat's grace period (a
   live worker records itself at once), measured on the watching worker's own clock.
 
-SIGTERM/SIGINT, and under SLURM the pre-emption notice (SIGUSR1), are held back while a worker
-claims and records (`Interrupts`), so an interrupt or a pre-emption never leaves a claim without
-its record.
+SIGTERM/SIGINT, and under SLURM the pre-emption notice (SIGUSR1), are held back (`Interrupts`)
+except while a trial trains or the worker waits, so an interrupt or a pre-emption never leaves a
+claim without its record, or a trial failed without its retry copy.
 """
 
 from __future__ import annotations
@@ -127,10 +127,10 @@ class Preempted(KeyboardInterrupt):
 
 class Interrupts:
     """SIGTERM/SIGINT as KeyboardInterrupt, and REQUEUE_SIGNAL (installed under SLURM only) as
-    Preempted, held back while the worker claims a trial and records itself on it (`hold` ...
-    `release`), and raised at the release. A pre-emption held back with an interrupt wins (the
-    trial must still requeue the job), and is raised once: SLURM and the launcher may both send it,
-    so REQUEUE_SIGNAL is ignored from then on."""
+    Preempted, held back between `hold` and `release` (the worker holds them except while a trial
+    trains or the worker waits), and raised at the release. A pre-emption held back with an
+    interrupt wins (the trial must still requeue the job), and is raised once: SLURM and the
+    launcher may both send it, so REQUEUE_SIGNAL is ignored from then on."""
 
     def __init__(self) -> None:
         self.held = False
@@ -152,6 +152,12 @@ class Interrupts:
         if self.pending is not None:
             stop, self.pending = self.pending, None
             self._raise(stop)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep with interrupts let through, then hold them again."""
+        self.release()
+        time.sleep(seconds)
+        self.hold()
 
     @staticmethod
     def _raise(stop: type[KeyboardInterrupt]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
 JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
 EXIT_PRUNED = 3  # a trial process's exit status when its trial was pruned
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
 
 
 def die_with_parent() -> None:
@@ -25,12 +26,31 @@ def die_with_parent() -> None:
         pass
 
 
+def _start_child() -> None:
+    """In the child, before it runs: it dies with its parent, and interrupts wait (blocked, not
+    lost) until it can handle them: an interrupt while Python starts would be a traceback."""
+    die_with_parent()
+    signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+
+
+def accept_interrupts() -> None:
+    """Deliver the interrupts held since the process started, to the handlers it has by now."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
+
+
+def ignore_interrupts() -> None:
+    """The process is done: an interrupt during its exit would only print a traceback."""
+    for signum in INTERRUPTS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
-    """A child process in its own session that dies with this process."""
+    """A child process in its own session that dies with this process; it must call
+    `accept_interrupts` once it handles SIGINT/SIGTERM."""
     out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
     try:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True, preexec_fn=_start_child)
     finally:
         if out:
             out.close()

@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from sweeps.processes import EXIT_PRUNED, JOB_ENV, die_with_parent
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, accept_interrupts, die_with_parent, ignore_interrupts
 
 
 def run_trial(job: dict[str, Any]) -> int:
@@ -58,12 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     if not is_rank_zero():
         die_with_parent()  # an extra DDP rank goes when its trial process goes
     try:
+        accept_interrupts()  # held since the process started (sweeps.processes.spawn)
         return run_trial(json.loads(args[0] if args else os.environ[JOB_ENV]))
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        ignore_interrupts()
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@ checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy t
 `RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. Under SLURM, SIGUSR1 (the
 pre-emption notice of `#SBATCH --signal=USR1@90`) does the same, except that the child gets
 SIGUSR1: it saves a checkpoint at the end of its step and requeues the job
-(`lightning_modules/run/slurm.py`). Once stopping, the worker ignores further SIGTERM/SIGUSR1 (a
-requeue sends SIGTERM to the whole job) until its trial is re-queued. An interrupt or a
-pre-emption notice is held back while the worker claims a trial and records itself on it. A
-SIGKILLed worker takes its child with it (parent-death signal); `sweeps.claims` says who takes its
-trial back, and when. Killed, interrupted or pre-empted trials (they have a retry copy) and empty
-claims (a spare worker's, or a copy of a row queued twice) are not failures.
+(`lightning_modules/run/slurm.py`). Interrupts and pre-emption notices are held back except while
+a trial trains or the worker waits, so they never cut a claim or a storage update in two; once
+stopping, the worker holds back (and ignores) further SIGTERM/SIGUSR1 (a requeue sends SIGTERM to
+the whole job) until its trial is re-queued. A SIGKILLed worker takes its child with it
+(parent-death signal); `sweeps.claims` says who takes its trial back, and when. Killed,
+interrupted or pre-empted trials (they have a retry copy) and empty claims (a spare worker's, or a
+copy of a row queued twice) are not failures.
 """
 
 from __future__ import annotations
@@ -31,21 +32,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
+from lightning_modules.errors import UserError, exit_status
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
 from sweeps.claims import Interrupts, Preempted, UnrecordedClaims, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import fail_stale_trials, frozen_trial, queue_retry, retried_numbers, retried_trial_number
-from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, accept_interrupts, ignore_interrupts, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
 
@@ -96,8 +97,9 @@ class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
     def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage,
-                 claimed: Callable[[], None] = lambda: None) -> None:
-        self.s, self.space, self.storage, self.claimed = settings, space, storage, claimed
+                 interrupts: Interrupts | None = None) -> None:
+        self.s, self.space, self.storage = settings, space, storage
+        self.interrupts = interrupts or Interrupts()  # let through only while a trial trains
         self.current: int | None = None  # the trial being run now (an interrupt queues its retry)
         self.last: int | None = None  # the trial run last
 
@@ -125,23 +127,18 @@ class Objective:
         queued = "overrides" in trial.user_attrs or "enqueued_overrides" in trial.user_attrs
         if self.s.queue_only and not queued:
             trial.set_user_attr("nothing_queued", True)
-            self.current = None  # an empty claim is never queued again
-            self.claimed()
             raise NothingQueued(trial.number)
         # First of all, so that no claim stays without its worker (see sweeps.claims).
         trial.set_user_attr("worker", worker_record(trial.number))
-        # Still holding interrupts back: a copy of a row queued twice ends as an empty claim.
+        # Interrupts are held: a copy of a row queued twice ends as an empty claim, with its worker.
         twin = owner_of_run_dir(trial.study.get_trials(deepcopy=False), trial.number,
                                 trial.user_attrs.get("run_dir"))
         if twin is not None:
             trial.set_user_attr("nothing_queued", True)
             trial.set_user_attr("duplicate_of", twin)
-            self.current = None  # like any empty claim, never queued again
-            self.claimed()
-            raise NothingQueued(trial.number, duplicate_of=twin)
+            raise NothingQueued(trial.number, duplicate_of=twin)  # like any empty claim: not current
         if trial.user_attrs.get("nothing_queued"):  # a retry copy of an empty claim that trains
             trial.set_user_attr("nothing_queued", False)
-        self.claimed()
         overrides = self.trial_overrides(trial)
         run_dir = trial.user_attrs.get("run_dir") or str(
             (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
@@ -160,17 +157,32 @@ class Objective:
                "preset": self.s.preset, "row": row or self.s.row,
                "config": self.s.config, "spec": self.s.spec,
                "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={group}"]}
+        code = self.train(job, Path(run_dir))
+        return self.collect(trial, Path(run_dir), code)
+
+    def train(self, job: dict[str, Any], run_dir: Path) -> int:
+        """The trial process's exit status. Only while it runs can an interrupt stop the worker:
+        the child then gets SIGINT (SIGUSR1 for a pre-emption) and saves a checkpoint."""
         env = {k: v for k, v in os.environ.items() if k != WORKER_ENV}
-        child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
-                      log=Path(run_dir) / "trial.log")
+        child = None
         try:
-            code = child.wait()
+            self.interrupts.release()
+            child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
+                          log=run_dir / "trial.log")
+            return child.wait()
         except KeyboardInterrupt as stop:
-            _stop_child(child, stop)
+            self.interrupts.hold()  # a second signal does not cut the child's clean stop short
+            if child is not None:
+                _stop_child(child, stop)
             raise
+        finally:
+            self.interrupts.hold()
+
+    def collect(self, trial: optuna.Trial, run_dir: Path, code: int) -> float:
+        """The trial's objective value from its results.json, its results as user attributes."""
         if code == EXIT_PRUNED:
             raise optuna.TrialPruned()
-        results = read_results(Path(run_dir)) or RunResult()
+        results = read_results(run_dir) or RunResult()
         if results.status == "failed":  # e.g. a NaN loss: the reason goes with the trial
             trial.set_user_attr("fail_reason", results.reason)
             raise TrialFailed(f"trial {trial.number} failed: {results.reason}")
@@ -186,7 +198,7 @@ class Objective:
                   f"{results.params:,} parameters", flush=True)
         if self.s.keep_translations:
             for name in ("hyp", "ref"):
-                lines = (Path(run_dir) / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
+                lines = (run_dir / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
                 trial.set_user_attr(f"dev_{name}", pack_lines(lines))
         return float(getattr(results, self.s.objective))
 
@@ -271,8 +283,15 @@ class _NoTrialTracebacks(logging.Filter):
 def run_worker(settings: WorkerSettings) -> int:
     """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
     interrupts = Interrupts()
+    # Interrupts are held except while a trial trains (Objective.train) and while the worker waits:
+    # an interrupt inside a claim, in Optuna's record of a trial's end, or between failing a dead
+    # worker's trial and queueing its retry left trials nothing took back, or crashed Optuna 5.0
+    # (UnboundLocalError); one that comes while the worker opens its study stops it in the loop.
+    # Under SLURM the pre-emption notice is one of them (raised as Preempted).
+    interrupts.hold()
     for signum in (signal.SIGTERM, signal.SIGINT, *([REQUEUE_SIGNAL] if on_slurm() else [])):
-        signal.signal(signum, interrupts.handler)  # REQUEUE_SIGNAL raises Preempted
+        signal.signal(signum, interrupts.handler)
+    accept_interrupts()  # held since the process started (sweeps.processes.spawn)
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
         handler.addFilter(_NoTrialTracebacks())
     if settings.queue_only:
@@ -283,16 +302,14 @@ def run_worker(settings: WorkerSettings) -> int:
     study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps))
-    objective = Objective(settings, space, storage, claimed=interrupts.release)
+    objective = Objective(settings, space, storage, interrupts)
     unrecorded = UnrecordedClaims(2 * settings.heartbeat_s if settings.heartbeat_s else None)
     try:
-        while next_trial_needed(study, storage, settings, sampler, unrecorded):
-            interrupts.hold()  # until the objective has recorded this worker on its trial
-            try:
-                run_one_trial(study, objective, settings)
-            finally:
-                interrupts.release()
+        while next_trial_needed(study, storage, settings, sampler, unrecorded, interrupts):
+            run_one_trial(study, objective, settings)
+        interrupts.release()  # one that came while nothing could be stopped
     except KeyboardInterrupt as stop:
+        interrupts.hold()  # a second signal does not interrupt the clean-up
         for sig in (signal.SIGTERM, REQUEUE_SIGNAL):  # a requeue's SIGTERM must not cut this short
             signal.signal(sig, signal.SIG_IGN)
         _requeue_interrupted(study, objective.current)
@@ -305,7 +322,8 @@ def run_worker(settings: WorkerSettings) -> int:
 
 
 def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage, settings: WorkerSettings,
-                      sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims) -> bool:
+                      sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims,
+                      interrupts: Interrupts) -> bool:
     """Take back dead workers' trials, then say whether to run another; a queue-only worker waits
     while a claim without its worker may still be queued again."""
     while True:
@@ -322,7 +340,7 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
             return True
         if not unrecorded.pending:
             return False
-        time.sleep(CLAIM_POLL_S)
+        interrupts.sleep(CLAIM_POLL_S)
 
 
 def run_one_trial(study: optuna.Study, objective: Objective, settings: WorkerSettings) -> None:
@@ -348,7 +366,13 @@ def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    return run_worker(WorkerSettings(**json.loads(args[0] if args else os.environ[WORKER_ENV])))
+    try:
+        return run_worker(WorkerSettings(**json.loads(args[0] if args else os.environ[WORKER_ENV])))
+    except UserError as err:  # e.g. the database went away
+        print(f"worker {os.getpid()}: error: {err}", file=sys.stderr)
+        return exit_status(err)
+    finally:
+        ignore_interrupts()
 
 
 def settings_json(settings: WorkerSettings) -> str:

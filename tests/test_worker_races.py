@@ -24,6 +24,7 @@ from lightning_modules.run.slurm import REQUEUE_SIGNAL
 from sweeps.claims import (Interrupts, Preempted, UnrecordedClaims, pid_alive, reclaim_dead_local_trials,
                            worker_record)
 from sweeps.optuna_api import frozen_trial, queue_retry
+from sweeps.processes import spawn
 from sweeps.space import SearchSpace
 from sweeps.study import make_storage, open_study
 from sweeps.worker import (NothingQueued, Objective, TrialFailed, WorkerSettings, _NoTrialTracebacks,
@@ -183,14 +184,19 @@ def test_an_interrupt_is_held_back_while_a_trial_is_claimed(tmp_path: Path):
 
 def test_an_empty_claim_is_not_the_trial_an_interrupt_queues_again(tmp_path: Path):
     s, storage = study(tmp_path)
-    released = []
     settings = WorkerSettings(study="races", storage="", space=None, n_trials=4, runs_dir=str(tmp_path),
                               queue_only=True)
-    objective = Objective(settings, SearchSpace(path="", params=()), storage, claimed=lambda: released.append(1))
+    interrupts = Interrupts()
+    interrupts.hold()  # as the worker claims
+    objective = Objective(settings, SearchSpace(path="", params=()), storage, interrupts)
     trial = s.ask()
+    interrupts.handler(signal.SIGTERM, None)  # SIGTERM during the claim
     with pytest.raises(NothingQueued):
         objective(trial)
-    assert objective.current is None and objective.last == trial.number and released == [1]
+    assert objective.current is None and objective.last == trial.number
+    assert interrupts.held and interrupts.pending  # until Optuna has recorded the trial's end
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.release()
 
 
 def test_a_killed_but_unreaped_worker_is_dead():
@@ -227,57 +233,42 @@ def test_empty_claims_and_interrupts_print_no_traceback_and_failed_runs_one_line
 
 
 def test_a_duplicate_copy_records_its_worker_and_ends_as_an_empty_claim(tmp_path: Path):
-    """The copy that yields is recorded first (no claim stays without its worker), holds interrupts
-    back until then, is never queued again by an interrupt, is no failure, prints no traceback."""
+    """The copy that yields records its worker first (no claim stays without its worker), with
+    interrupts held back; an interrupt then does not queue it again; it is no failure and prints no
+    traceback."""
     s, storage = study(tmp_path)
     attrs = {"row": "base", "seed": 1, "run_dir": str(tmp_path / "base-s1")}
-    for _ in range(2):
+    for _ in range(3):
         s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})
     first = s.ask()  # another worker's claim: it trains
     settings = WorkerSettings(study="races", storage="", space=None, n_trials=2, runs_dir=str(tmp_path),
                               queue_only=True)
     interrupts = Interrupts()
-    seen = []
-
-    def claimed() -> None:  # the worker's record is there before interrupts are let through
-        seen.append(frozen_trial(storage, "races", first.number + 1).user_attrs.get("worker"))
-        interrupts.release()
-
-    objective = Objective(settings, SearchSpace(path="", params=()), storage, claimed=claimed)
+    interrupts.hold()  # as the worker claims
+    objective = Objective(settings, SearchSpace(path="", params=()), storage, interrupts)
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.addFilter(_NoTrialTracebacks())
     logger = optuna.logging.get_logger("optuna")
     logger.addHandler(handler)
-    previous = signal.signal(signal.SIGTERM, interrupts.handler)
     try:
-        interrupts.hold()
-        os.kill(os.getpid(), signal.SIGTERM)  # held back while the copy is claimed
-        time.sleep(0.1)
-        with pytest.raises(KeyboardInterrupt):  # raised once the copy has ended its claim
-            s.optimize(objective, n_trials=1, catch=(NothingQueued, TrialFailed))
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        logger.removeHandler(handler)
-    copy = s.get_trials()[first.number + 1]
-    assert seen == [worker_record(copy.number)] and copy.user_attrs["worker"] == worker_record(copy.number)
-    assert copy.user_attrs["nothing_queued"] and copy.user_attrs["duplicate_of"] == first.number
-    assert objective.current is None  # an interrupt does not queue the empty claim again
-    assert copy.state == TrialState.FAIL and counted_failures(s.get_trials()) == []
-    assert not (tmp_path / "base-s1").exists()
-
-    s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})  # a third copy
-    logger.addHandler(handler)
-    try:
-        s.optimize(Objective(settings, SearchSpace(path="", params=()), storage),
-                   n_trials=1, catch=(NothingQueued, TrialFailed))
+        interrupts.handler(signal.SIGTERM, None)  # SIGTERM during the claim
+        s.optimize(objective, n_trials=2, catch=(NothingQueued, TrialFailed))  # the two other copies
     finally:
         logger.removeHandler(handler)
-    third = s.get_trials()[-1]
-    assert third.state == TrialState.FAIL and third.user_attrs["duplicate_of"] == first.number
-    assert counted_failures(s.get_trials()) == []
-    lines = out.getvalue().splitlines()  # the interrupted copy's "failed" line: the worker says why
-    assert "Traceback" not in out.getvalue() and not any(line.startswith(f"Trial {third.number} ") for line in lines)
+    copies = s.get_trials()[first.number + 1:]
+    assert [t.state for t in copies] == [TrialState.FAIL] * 2
+    for copy in copies:
+        assert copy.user_attrs["worker"] == worker_record(copy.number)
+        assert copy.user_attrs["nothing_queued"] and copy.user_attrs["duplicate_of"] == first.number
+    assert objective.current is None  # an interrupt does not queue an empty claim again
+    assert interrupts.held and interrupts.pending  # until the worker lets interrupts through
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.release()
+    assert counted_failures(s.get_trials()) == [] and not (tmp_path / "base-s1").exists()
+    lines = out.getvalue().splitlines()
+    assert "Traceback" not in out.getvalue(), lines
+    assert not any(line.startswith(tuple(f"Trial {t.number} " for t in copies)) for line in lines), lines
 
 
 def test_a_preemption_is_held_back_while_a_trial_is_claimed_and_raised_once(tmp_path: Path):
@@ -308,3 +299,16 @@ def test_a_preemption_is_held_back_while_a_trial_is_claimed_and_raised_once(tmp_
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_an_interrupt_while_a_child_starts_waits_until_it_can_be_handled(tmp_path: Path):
+    """A worker or trial process signalled while Python starts (or while it exits) printed a
+    KeyboardInterrupt traceback; a spawned child holds interrupts until it accepts them."""
+    code = ("import sys, time\ntime.sleep(1)\nfrom sweeps.processes import accept_interrupts\n"
+            "try:\n    accept_interrupts()\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    sys.exit(130)\n")
+    root = str(Path(__file__).resolve().parents[1])
+    child = spawn([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}, log=tmp_path / "log")
+    time.sleep(0.3)
+    child.send_signal(signal.SIGINT)  # before the child handles interrupts: held, then delivered
+    assert child.wait(timeout=30) == 130
+    assert "Traceback" not in (tmp_path / "log").read_text()
