@@ -6,6 +6,7 @@ RUNNING, empty claims printed tracebacks)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -41,6 +43,28 @@ def dead_pid() -> int:
 def study(tmp_path: Path) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
     storage = make_storage(f"sqlite:///{tmp_path}/s.db", None)
     return open_study("races", storage), storage
+
+
+def queue_only_objective(tmp_path: Path, storage: optuna.storages.BaseStorage, n_trials: int,
+                         interrupts: Interrupts | None = None) -> tuple[WorkerSettings, Objective]:
+    """A Table 3 worker's settings and objective (queued trials only) on the races study."""
+    settings = WorkerSettings(study="races", storage="", space=None, n_trials=n_trials,
+                              runs_dir=str(tmp_path), queue_only=True)
+    return settings, Objective(settings, SearchSpace(path="", params=()), storage, interrupts)
+
+
+@contextlib.contextmanager
+def optuna_log() -> Iterator[io.StringIO]:
+    """What Optuna logs meanwhile, through the worker's traceback filter."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(_NoTrialTracebacks())
+    logger = optuna.logging.get_logger("optuna")
+    logger.addHandler(handler)
+    try:
+        yield out
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_a_claimed_retry_copy_is_not_reclaimed_for_its_dead_predecessor(tmp_path: Path):
@@ -85,9 +109,7 @@ def test_a_row_queued_twice_trains_once(tmp_path: Path):
     for _ in range(2):
         s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})
     first, second = s.ask(), s.ask()  # two workers' claims
-    settings = WorkerSettings(study="races", storage="", space=None, n_trials=2, runs_dir=str(tmp_path),
-                              queue_only=True)
-    objective = Objective(settings, SearchSpace(path="", params=()), storage)
+    settings, objective = queue_only_objective(tmp_path, storage, n_trials=2)
     with pytest.raises(NothingQueued, match=f"trial {first.number} trains in its run directory"):
         objective(second)
     s.tell(second, state=TrialState.FAIL)
@@ -184,11 +206,9 @@ def test_an_interrupt_is_held_back_while_a_trial_is_claimed(tmp_path: Path):
 
 def test_an_empty_claim_is_not_the_trial_an_interrupt_queues_again(tmp_path: Path):
     s, storage = study(tmp_path)
-    settings = WorkerSettings(study="races", storage="", space=None, n_trials=4, runs_dir=str(tmp_path),
-                              queue_only=True)
     interrupts = Interrupts()
     interrupts.hold()  # as the worker claims
-    objective = Objective(settings, SearchSpace(path="", params=()), storage, interrupts)
+    _, objective = queue_only_objective(tmp_path, storage, 4, interrupts)
     trial = s.ask()
     interrupts.handler(signal.SIGTERM, None)  # SIGTERM during the claim
     with pytest.raises(NothingQueued):
@@ -212,21 +232,14 @@ def test_a_killed_but_unreaped_worker_is_dead():
 
 def test_empty_claims_and_interrupts_print_no_traceback_and_failed_runs_one_line(tmp_path: Path):
     s, _ = study(tmp_path)
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.addFilter(_NoTrialTracebacks())
-    logger = optuna.logging.get_logger("optuna")
-    logger.addHandler(handler)
 
     def objective(trial: optuna.Trial) -> float:
         if trial.number == 0:
             raise NothingQueued(trial.number)
         raise TrialFailed(f"trial {trial.number} failed: loss is nan")
 
-    try:
+    with optuna_log() as out:
         s.optimize(objective, n_trials=2, catch=(NothingQueued, TrialFailed))
-    finally:
-        logger.removeHandler(handler)
     lines = out.getvalue().splitlines()
     assert "Traceback" not in out.getvalue() and not any(line.startswith("Trial 0 ") for line in lines)
     assert any("trial 1 failed: loss is nan" in line for line in lines), lines
@@ -241,21 +254,12 @@ def test_a_duplicate_copy_records_its_worker_and_ends_as_an_empty_claim(tmp_path
     for _ in range(3):
         s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})
     first = s.ask()  # another worker's claim: it trains
-    settings = WorkerSettings(study="races", storage="", space=None, n_trials=2, runs_dir=str(tmp_path),
-                              queue_only=True)
     interrupts = Interrupts()
     interrupts.hold()  # as the worker claims
-    objective = Objective(settings, SearchSpace(path="", params=()), storage, interrupts)
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.addFilter(_NoTrialTracebacks())
-    logger = optuna.logging.get_logger("optuna")
-    logger.addHandler(handler)
-    try:
+    _, objective = queue_only_objective(tmp_path, storage, 2, interrupts)
+    with optuna_log() as out:
         interrupts.handler(signal.SIGTERM, None)  # SIGTERM during the claim
         s.optimize(objective, n_trials=2, catch=(NothingQueued, TrialFailed))  # the two other copies
-    finally:
-        logger.removeHandler(handler)
     copies = s.get_trials()[first.number + 1:]
     assert [t.state for t in copies] == [TrialState.FAIL] * 2
     for copy in copies:
