@@ -6,13 +6,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from ports import free_port
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
@@ -56,10 +57,6 @@ def _pg_bindir() -> Path | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +94,7 @@ def postgres_url():
         run(str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
             "--no-locale", "--no-sync")
         for attempt in range(3):  # the free port may be taken between probing and binding
-            port = _free_port()
+            port = free_port()
             result = run(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60",
                          "-o", f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off", "start", check=False)
             if result.returncode == 0:

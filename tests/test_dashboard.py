@@ -10,21 +10,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
 import pytest
 
+from ports import free_port, wait_for_port
+
 STUDY = "dash-study"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ablate(*args: str) -> list[str]:
@@ -46,19 +43,10 @@ def server(tmp_path: Path) -> Iterator[str]:
     """`ablate dashboard` on a free port of 127.0.0.1; stopped with SIGINT (must exit 0)."""
     db = tmp_path / "sweeps.db"
     _make_study(db)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(_ablate("dashboard", "--storage", f"sqlite:///{db}", "--port", str(port)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"dashboard did not start: {proc.communicate()[0]}")
-            time.sleep(0.2)
+    wait_for_port(port, proc, timeout=30)
     url = f"http://127.0.0.1:{port}"
     try:
         yield url
@@ -118,7 +106,7 @@ def test_dashboard_in_browser(server: str, browser, tmp_path: Path) -> None:
 @pytest.mark.parametrize("storage", ["sqlite:///{tmp}/missing.db", "not a url"])
 def test_dashboard_bad_storage(storage: str, tmp_path: Path) -> None:
     url = storage.format(tmp=tmp_path)
-    proc = subprocess.run(_ablate("dashboard", "--storage", url, "--port", str(_free_port())),
+    proc = subprocess.run(_ablate("dashboard", "--storage", url, "--port", str(free_port())),
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

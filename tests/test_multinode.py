@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from ports import free_port
 
 ARGS = ["train", "--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
         "data.vocab_size=500", "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000",
@@ -18,10 +19,6 @@ ARGS = ["train", "--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_
 SAME = ("ppl", "bleu", "steps", "target_tokens", "params", "world_size", "convergence")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def command(out: Path, *extra: str) -> list[str]:

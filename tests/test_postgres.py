@@ -8,7 +8,6 @@ Skipped only when the PostgreSQL server binaries or psycopg2 are missing.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from ports import free_port
 from test_sweeps import EXPECTED_KEYS, SPACE, TINY, ablate, take_queued_trials_concurrently, write
 
 WORKER = """
@@ -65,10 +65,6 @@ def test_four_workers_queueing_and_taking_never_run_a_trial_twice_on_postgres(po
     assert sorted(take_queued_trials_concurrently(postgres_url)) == EXPECTED_KEYS
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _command_lines(but: int) -> list[str]:
@@ -115,7 +111,7 @@ def test_dashboard_prints_the_storage_url_without_its_password(postgres_url):
     optuna.create_study(study_name="dash", storage=postgres_url, load_if_exists=True)
     url = postgres_url.replace("postgres@", f"postgres:{secret}@")
     proc = subprocess.Popen([sys.executable, "-m", "ablate", "dashboard", "--storage", url,
-                             "--port", str(_free_port())],
+                             "--port", str(free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         first = proc.stdout.readline()  # the banner, printed once the storage opened

@@ -9,9 +9,7 @@ processes whose heartbeat stops, real `ablate table3`, `ablate report`, `ablate 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,25 +24,11 @@ from optuna.trial import TrialState
 from sweeps.optuna_api import fail_stale_trials
 from sweeps.storage import grpc_address, journal_path, make_storage, safe_url
 from sweeps.study import open_study
+from ports import free_port, wait_for_port
 from test_sweeps import EXPECTED_KEYS, SPACE, TINY, ablate, take_queued_trials_concurrently, write
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"{proc.args} did not start listening: {proc.communicate()[0]}")
-            time.sleep(0.2)
 
 
 @pytest.fixture
