@@ -170,16 +170,17 @@ def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig) 
     return settings
 
 
-def _table3_section(preset: str) -> dict[str, Any]:
+def table3_section(preset: str) -> dict[str, Any]:
+    """What a preset says about its Table 3 (`table3:` in its YAML: rows, seeds, note, cost)."""
     return load_preset(preset).get("table3") or {}
 
 
 def default_rows(preset: str) -> list[str] | None:
     """A preset may name the rows its table runs by default (`table3: {rows: [...]}`)."""
-    return _table3_section(preset).get("rows")
+    return table3_section(preset).get("rows")
 
 
 def default_seeds(preset: str) -> list[int] | None:
     """A preset may name the seeds its table runs by default (`table3: {seeds: [1, 2, 3]}`)."""
-    seeds = _table3_section(preset).get("seeds")
+    seeds = table3_section(preset).get("seeds")
     return [int(s) for s in seeds] if seeds else None

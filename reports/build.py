@@ -17,7 +17,7 @@ import pandas as pd
 
 from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
-from ablations.spec import load_preset
+from ablations.spec import table3_section
 from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, check_writable_dir,
                                      disk_full_ends_the_run)
 from reports import figures as figs
@@ -45,7 +45,7 @@ def caption(data: Table3Data, frame: pd.DataFrame) -> str:
 def preset_note(preset: str) -> str | None:
     """The preset's own word on what its table is (`table3: {note: ...}` in its YAML), if any."""
     try:
-        return (load_preset(preset).get("table3") or {}).get("note")
+        return table3_section(preset).get("note")
     except UserError:  # a preset of another installation: nothing to add
         return None
 

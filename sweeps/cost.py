@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ablations.resolve import resolve
-from ablations.spec import load_preset
-from lightning_modules.config import RunConfig, count_parameters
+from ablations.spec import table3_section
+from lightning_modules.config import RunConfig, count_parameters, parse_devices
 from lightning_modules.errors import UserError
 from sweeps.table3 import Table3Plan
 
@@ -32,7 +32,7 @@ class DeviceRate:
 
     @classmethod
     def of_preset(cls, preset: str) -> DeviceRate:
-        cost = (load_preset(preset).get("table3") or {}).get("cost")
+        cost = table3_section(preset).get("cost")
         if not cost:
             raise UserError(f"preset {preset!r} states no table3.cost (device and measured "
                             f"base-row throughput), so --dry-run cannot estimate its time")
@@ -46,7 +46,9 @@ def parameters(cfg: RunConfig) -> int:
 
 
 def tokens_per_step(cfg: RunConfig) -> int:
-    devices = int(cfg.train.devices) if str(cfg.train.devices).isdigit() else 1
+    """The token budget of one optimizer step; `auto` devices count as one (their number is unknown here)."""
+    devices = parse_devices(cfg.train.devices)
+    devices = len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1
     return cfg.data.max_tokens * cfg.train.accumulate_grad_batches * devices * cfg.train.num_nodes
 
 
@@ -64,10 +66,10 @@ def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
     lines = []
     for row, cfg in configs.items():
         params = parameters(cfg)
-        seconds = training_flops(cfg, params) / flops_per_s + rate.overhead_s
+        flops = training_flops(cfg, params)
+        seconds = flops / flops_per_s + rate.overhead_s
         lines.append({"row": row, "params": params, "steps": cfg.train.max_steps,
-                      "tokens/step": tokens_per_step(cfg),
-                      "PFLOP": training_flops(cfg, params) / 1e15,
+                      "tokens/step": tokens_per_step(cfg), "PFLOP": flops / 1e15,
                       "hours/run": seconds / 3600, "seeds": len(plan.seeds),
                       "hours": seconds * len(plan.seeds) / 3600})
     return pd.DataFrame(lines).set_index("row"), rate

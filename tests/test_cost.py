@@ -76,3 +76,14 @@ def test_gpu_preset_is_the_papers_architecture_on_a_wmt14_subset_with_newstest20
     model = Transformer(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
     assert sum(p.numel() for p in model.parameters()) == count_parameters(
         cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+
+
+def test_tokens_per_step_count_every_device_and_accumulated_batch():
+    from sweeps.cost import tokens_per_step
+
+    def tokens(*overrides: str) -> int:
+        return tokens_per_step(resolve("gpu", "base", None, list(overrides)))
+
+    assert tokens() == 25_000  # devices auto: counted as one
+    assert tokens("train.devices=0,1,3", "data.max_tokens=6250", "train.accumulate_grad_batches=4") == 75_000
+    assert tokens("train.devices=2", "train.num_nodes=2") == 100_000
