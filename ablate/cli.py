@@ -139,7 +139,8 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from lightning_modules.run.io import check_writable_dir
     from lightning_modules.run.preflight import check_hardware
     from sweeps.space import load_space
-    from sweeps.study import make_storage, open_study
+    from sweeps.storage import make_storage
+    from sweeps.study import open_study
 
     space = load_space(args.space)
     overrides, devices = _sweep_run_args(args)

@@ -19,7 +19,8 @@ import optuna
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
 from sweeps.processes import WORKER_ENV, spawn
-from sweeps.study import counts, make_storage, safe_url
+from sweeps.storage import make_storage, safe_url
+from sweeps.study import counts
 from sweeps.worker import WorkerSettings, settings_json
 
 

@@ -71,11 +71,6 @@ def grpc_address(url: str) -> tuple[str, int] | None:
     return host, port
 
 
-def storage_file(url: str) -> Path | None:
-    """The file a SQLite or journal storage lives in (None for a server)."""
-    return sqlite_path(url) or journal_path(url)
-
-
 def safe_url(url: str) -> str:
     """The storage URL without its password, for printing and reports."""
     if journal_path(url) or url.startswith(GRPC_SCHEME):

@@ -19,7 +19,6 @@ from optuna.trial import TrialState
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides
 from sweeps.space import SearchSpace
-from sweeps.storage import make_storage, safe_url, sqlite_path  # noqa: F401 (this module's callers use them)
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU

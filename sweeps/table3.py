@@ -26,7 +26,8 @@ from ablations.spec import default_rows, default_seeds, load_spec
 from lightning_modules.config import count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.io import check_writable_dir
-from sweeps.study import enqueue, make_storage, open_study, safe_url
+from sweeps.storage import make_storage, safe_url
+from sweeps.study import enqueue, open_study
 
 KIND = "table3"
 

@@ -27,7 +27,8 @@ def run_trial(job: dict[str, Any]) -> int:
     from lightning_modules.run.train import train
     from sweeps.optuna_api import RunningTrial
     from sweeps.pruning import StepPruningCallback
-    from sweeps.study import make_pruner, make_storage
+    from sweeps.storage import make_storage
+    from sweeps.study import make_pruner
 
     cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
     trial = None

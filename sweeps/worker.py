@@ -48,7 +48,8 @@ from sweeps.claims import Interrupts, Preempted, UnrecordedClaims, reclaim_dead_
 from sweeps.optuna_api import fail_stale_trials, frozen_trial, queue_retry, retried_numbers, retried_trial_number
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, accept_interrupts, ignore_interrupts, spawn
 from sweeps.space import SearchSpace, load_space
-from sweeps.study import FINISHED, make_pruner, make_sampler, make_storage, pack_lines
+from sweeps.storage import make_storage
+from sweeps.study import FINISHED, make_pruner, make_sampler, pack_lines
 
 
 @dataclass

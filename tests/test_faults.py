@@ -19,7 +19,8 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
-from sweeps.study import enqueue, make_storage, open_study
+from sweeps.storage import make_storage
+from sweeps.study import enqueue, open_study
 
 SMALL = ["--max-steps", "20", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
          "data.vocab_size=500", "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000",

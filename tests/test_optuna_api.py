@@ -21,7 +21,8 @@ from sweeps import optuna_api
 from sweeps.optuna_api import (RunningTrial, SystemAttrHeartbeat, fail_running_trial, fail_stale_trials,
                                frozen_trial, grpc_storage, journal_storage, queue_retry,
                                retried_trial_number, trial_id)
-from sweeps.study import make_pruner, make_storage, open_study
+from sweeps.storage import make_storage
+from sweeps.study import make_pruner, open_study
 
 SWEEPS = Path(optuna_api.__file__).parent
 

@@ -22,7 +22,8 @@ from optuna.trial import TrialState
 from lightning_modules.errors import UserError
 from ablations.resolve import resolve
 from sweeps.space import load_space
-from sweeps.study import enqueue, make_storage, open_study
+from sweeps.storage import make_storage
+from sweeps.study import enqueue, open_study
 from sweeps.wandb_sweep import agent_args
 
 TINY = ["--max-steps", "10", "--no-wandb", "data.vocab_size=500", "data.ding_dictionary=false",
@@ -128,7 +129,7 @@ def test_enqueue_skips_configurations_already_queued_or_done(tmp_path):
 TAKER = """
 import sys, optuna
 from optuna.trial import TrialState
-from sweeps.study import make_storage
+from sweeps.storage import make_storage
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 study = optuna.load_study(study_name="race", storage=make_storage(sys.argv[1], None))
 for i in range(int(sys.argv[3])):  # each worker queues its share, while the others already take

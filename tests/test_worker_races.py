@@ -28,7 +28,8 @@ from sweeps.claims import (Interrupts, Preempted, UnrecordedClaims, pid_alive, r
 from sweeps.optuna_api import frozen_trial, queue_retry
 from sweeps.processes import spawn
 from sweeps.space import SearchSpace
-from sweeps.study import make_storage, open_study
+from sweeps.storage import make_storage
+from sweeps.study import open_study
 from sweeps.worker import (NothingQueued, Objective, TrialFailed, WorkerSettings, _NoTrialTracebacks,
                            counted_failures, owner_of_run_dir, should_start)
 
@@ -124,7 +125,7 @@ def test_a_row_queued_twice_trains_once(tmp_path: Path):
 
 OPEN_AT = """
 import sys, time
-from sweeps.study import make_storage
+from sweeps.storage import make_storage
 start = float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))
 make_storage(sys.argv[1], None)
