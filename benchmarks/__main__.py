@@ -46,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="where the benchmark BPE models are trained once and reused")
     parser.add_argument("--multi30k-dir", type=Path, default=REPO.parent / "shared" / "data" / "multi30k",
                         help="Multi30k raw files for the padding benchmark (skipped if absent)")
+    parser.add_argument("--newstest-dir", type=Path, default=REPO.parent / "shared" / "data" / "newstest",
+                        help="newstest2013/2014 .en/.de files for end_to_end's WMT-length cases")
+    parser.add_argument("--cases", default="",
+                        help="comma-separated end_to_end cases (default: all for the device)")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="an `ablate train` checkpoint to decode with instead of training "
                              "the generation model (sinusoidal, d_k = d_model/h)")
@@ -87,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         "bf16" if device.type == "cuda" else "fp32")
     settings = Settings(device=device, precision=precision, reps=args.reps, quick=args.quick,
                         cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
-                        checkpoint=args.checkpoint, seed=args.seed)
+                        checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
+                        cases=tuple(c for c in args.cases.split(",") if c))
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)
     out: Path = args.out

@@ -56,6 +56,8 @@ class Settings:
     multi30k_dir: Path | None
     checkpoint: Path | None = None
     seed: int = 1
+    newstest_dir: Path | None = None  # newstest2013/2014 (end_to_end's WMT-length cases)
+    cases: tuple[str, ...] = ()  # end_to_end cases to run (empty: all)
 
     def reps_or(self, default: int) -> int:
         return self.reps if self.reps is not None else default

@@ -25,3 +25,23 @@ def test_quick_benchmarks_write_json_and_markdown(tmp_path: Path):
     assert all(t["met"] for t in padding if "ding" in t["target"].lower())  # our bucketing: ≤ 5% padding
     md = (tmp_path / "results.md").read_text()
     assert md.startswith("# Benchmarks") and "|" in md
+
+
+def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):
+    from benchmarks.end_to_end import NEWSTEST_REPEAT, newstest_files
+
+    source = tmp_path / "newstest"
+    source.mkdir()
+    for year, n in ((2013, 3), (2014, 2)):
+        for lang in ("en", "de"):
+            (source / f"newstest{year}.{lang}").write_text(
+                "".join(f"{lang} {year} sentence {i}\n" for i in range(n)), encoding="utf-8")
+    files = newstest_files(source, tmp_path / "work")
+    train_en = Path(files["train_src"]).read_text(encoding="utf-8").splitlines()
+    train_de = Path(files["train_tgt"]).read_text(encoding="utf-8").splitlines()
+    assert len(train_en) == len(train_de) == 5 * NEWSTEST_REPEAT
+    assert train_en[:5] == ["en 2013 sentence 0", "en 2013 sentence 1", "en 2013 sentence 2",
+                            "en 2014 sentence 0", "en 2014 sentence 1"]
+    assert [line.replace("de", "en", 1) for line in train_de] == train_en  # still aligned
+    assert files["valid_src"] == str(source / "newstest2013.en")
+    assert files["valid_tgt"] == str(source / "newstest2013.de")
