@@ -18,6 +18,7 @@ from lightning_modules.config import TransformerConfig, count_parameters  # noqa
 
 # Per-layer key/value cache for incremental decoding: {"self_k", "self_v", "cross_k", "cross_v"}.
 LayerCache = dict[str, Tensor]
+MASK_ALIGNMENT = 8  # SDPA's CUDA kernels want a mask's row stride a multiple of 8 elements
 
 
 class MultiHeadAttention(nn.Module):
@@ -180,8 +181,17 @@ class Transformer(nn.Module):
         return self.dropout(positions(x, offset))
 
     def padding_mask(self, src: Tensor) -> Tensor:
-        """(B, 1, 1, S) boolean mask, True on real source tokens."""
-        return (src != self.config.pad_id)[:, None, None, :]
+        """(B, 1, 1, S) boolean mask, True on real source tokens.
+
+        It is a view of a wider mask whose rows lie a multiple of MASK_ALIGNMENT elements apart,
+        always wider than S: SDPA's CUDA kernels want a mask's rows aligned (eager SDPA copies a
+        mask into such a layout itself), and torch.compile would otherwise guard on S % 8, or
+        on the mask being contiguous, and compile the step a second time for the first source
+        length of the other kind (~50 s for the base model on an H100 host).
+        """
+        s = src.size(1)
+        wide = MASK_ALIGNMENT * (s // MASK_ALIGNMENT + 1)
+        return (F.pad(src, (0, wide - s), value=self.config.pad_id) != self.config.pad_id)[:, None, None, :s]
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Source ids (B, S) -> memory (B, S, d_model) and its padding mask."""

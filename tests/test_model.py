@@ -386,3 +386,16 @@ def test_tiny_model_overfits_fixed_pairs_and_greedy_reproduces_them():
     assert nll.item() < 0.05
     hyps = greedy_search(model, src, BOS, EOS, max_len_offset=10)
     assert [h.tokens for h in hyps] == [t for _, t in pairs]
+
+
+def test_padding_mask_rows_lie_a_multiple_of_eight_apart():
+    # SDPA's CUDA kernels want this layout; without it torch.compile guards on S % 8 and builds
+    # the step twice (tests/test_gpu.py checks the graph count on a GPU).
+    model = tiny_model()
+    for s in range(1, 18):
+        src = torch.randint(4, model.config.vocab_size, (3, s))
+        src[1, s // 2:] = model.config.pad_id
+        mask = model.padding_mask(src)
+        assert mask.shape == (3, 1, 1, s)
+        assert torch.equal(mask, (src != model.config.pad_id)[:, None, None, :])
+        assert mask.stride(0) % 8 == 0 and mask.stride(-1) == 1
