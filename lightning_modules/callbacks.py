@@ -163,21 +163,20 @@ class PromptInterruptWhileCompiling(pl.Callback):
     """SIGTERM during torch.compile's compilation stops the run at once.
 
     Lightning defers SIGTERM to the end of the current batch, so that no checkpoint holds a half-
-    applied optimizer step; but the first batch of a compiled run compiles for minutes, and the
-    signal would wait for all of it. From the first batch's start until its optimizer step (no
-    weight has changed yet) this handler raises Lightning's own `SIGTERMException` at once; from
-    the optimizer step on, Lightning's deferred handler is back.
+    applied optimizer step; but a compiled run's first batch compiles for minutes, and a later
+    batch may recompile (a guard that fails; seen on an H100: ~50 s for the base model), and the
+    signal would wait for all of it. From every batch's start until its optimizer step (no weight
+    has changed yet) this handler raises Lightning's own `SIGTERMException` at once; from the
+    optimizer step on, Lightning's deferred handler is back.
     """
 
     def __init__(self) -> None:
         self._previous: Any = None
-        self._armed = False
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        if self._armed or threading.current_thread() is not threading.main_thread():
+        if self._previous is not None or threading.current_thread() is not threading.main_thread():
             return
-        self._armed = True  # only the first batch of this process compiles
         self._previous = signal.signal(signal.SIGTERM, _raise_sigterm)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
