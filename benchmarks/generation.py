@@ -39,7 +39,8 @@ from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from lightning_modules.evaluate import length_batches
 from lightning_modules.search import beam_search, greedy_search
 from lightning_modules.transformer import Transformer
-from lightning_modules.translation import TranslationModule, label_smoothed_nll
+from lightning_modules.loss import label_smoothed_nll
+from lightning_modules.translation import TranslationModule
 
 TARGET_SPEEDUP = 3.0
 PORT_TOLERANCE = 1e-4

@@ -33,7 +33,8 @@ from benchmarks.common import (
     token_batches,
 )
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.translation import TranslationModule, label_smoothed_nll
+from lightning_modules.loss import label_smoothed_nll
+from lightning_modules.translation import TranslationModule
 
 TARGET_OVERHEAD = 0.03
 

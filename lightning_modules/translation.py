@@ -8,12 +8,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import SumMetric
 
 from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.run.faults import corrupt_loss
 from lightning_modules.transformer import Transformer, count_parameters
 
@@ -36,24 +36,6 @@ def lrate(step: int, d_model: int, train: TrainConfig) -> float:
     peak = noam_lrate(train.warmup_steps, d_model, train.warmup_steps, train.lr_scale)
     progress = min(1.0, (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps))
     return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
-                       epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed label-smoothed loss, summed plain NLL and the number of non-pad target tokens.
-
-    The smoothed loss per token is (1 - ε)·(-log p_y) + ε·mean_v(-log p_v) (PyTorch's definition).
-    One log-softmax serves both sums (a second cross-entropy for the NLL would redo the
-    vocabulary-wide softmax, ~10% of a CPU training step at the base size).
-    """
-    lprobs = F.log_softmax(logits.reshape(-1, logits.size(-1)).float(), dim=-1)
-    flat_target = target.reshape(-1)
-    keep = flat_target != pad_id
-    nll_tokens = -lprobs.gather(1, flat_target.masked_fill(~keep, 0).unsqueeze(1)).squeeze(1)
-    per_token = nll_tokens if epsilon == 0 else (1 - epsilon) * nll_tokens - epsilon * lprobs.mean(dim=-1)
-    loss = per_token.masked_fill(~keep, 0.0).sum()
-    nll = nll_tokens.detach().masked_fill(~keep, 0.0).sum()
-    return loss, nll, keep.sum()
 
 
 class TranslationModule(pl.LightningModule):

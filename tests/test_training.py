@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.translation import TranslationModule, label_smoothed_nll, lrate, noam_lrate
+from lightning_modules.loss import label_smoothed_nll
+from lightning_modules.translation import TranslationModule, lrate, noam_lrate
 
 # Tiny models are fastest single-threaded; the default thread pool oversubscribes a busy 2-core box.
 torch.set_num_threads(1)

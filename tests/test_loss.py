@@ -1,0 +1,90 @@
+"""The chunked label-smoothed loss: the log-softmax formula's values and gradients, in every
+chunking and dtype, compiled and eager, without keeping an fp32 copy of the logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_modules import loss as loss_module
+from lightning_modules.loss import label_smoothed_nll
+
+PAD = 0
+
+
+def reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The textbook formulation: a log-softmax of the whole matrix in fp32."""
+    lprobs = F.log_softmax(logits.reshape(-1, logits.size(-1)).float(), dim=-1)
+    flat = target.reshape(-1)
+    keep = flat != PAD
+    nll = -lprobs.gather(1, flat.masked_fill(~keep, 0)[:, None])[:, 0]
+    per_token = (1 - eps) * nll - eps * lprobs.mean(-1)
+    return per_token[keep].sum(), nll[keep].sum().detach()
+
+
+def batch(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(4, 9, 37, generator=g) * 4).to(dtype).requires_grad_()
+    target = torch.randint(1, 37, (4, 9), generator=g)
+    target[1, 5:] = PAD
+    target[3, 2:] = PAD
+    return logits, target
+
+
+# one row a chunk, several rows, and (fp32 in one chunk) the whole-matrix log-softmax
+@pytest.mark.parametrize("chunk_elements", [37, 5 * 37, 1 << 24])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_values_and_gradients_are_the_log_softmax_formulas(monkeypatch, chunk_elements, eps):
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_elements)
+    logits, target = batch(torch.float32)
+    loss, nll, n = label_smoothed_nll(logits, target, PAD, eps)
+    (grad,) = torch.autograd.grad(loss, logits)
+    ref_logits = logits.detach().clone().requires_grad_()
+    ref_loss, ref_nll = reference(ref_logits, target, eps)
+    (ref_grad,) = torch.autograd.grad(ref_loss, ref_logits)
+    assert int(n) == int((target != PAD).sum())
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
+    assert grad[target == PAD].abs().sum() == 0
+    assert not nll.requires_grad
+
+
+def test_bf16_logits_get_a_bf16_gradient_equal_to_the_fp32_one_rounded(monkeypatch):
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 3 * 37)
+    logits, target = batch(torch.bfloat16, seed=3)
+    loss, _, _ = label_smoothed_nll(logits, target, PAD, 0.1)
+    loss.backward()
+    as_fp32 = logits.detach().float().requires_grad_()
+    ref_loss, _ = reference(as_fp32, target, 0.1)
+    ref_loss.backward()
+    assert logits.grad.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits.grad, as_fp32.grad.to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_keeps_no_fp32_copy_of_the_logits_for_the_backward_pass():
+    logits, target = batch(torch.bfloat16, seed=4)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        label_smoothed_nll(logits, target, PAD, 0.1)
+        reference(logits, target, 0.1)
+    ours, theirs = saved[:3], saved[3:]  # ours: logits, target, keep
+    full = logits.numel()
+    assert not any(t.dtype == torch.float32 and t.numel() >= full for t in ours)
+    assert any(t.dtype == torch.float32 and t.numel() >= full for t in theirs)  # the check can fail
+
+
+def test_compiled_formula_gives_the_chunked_values_and_gradients(monkeypatch):
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 4 * 37)  # eager: chunked, even in fp32
+    logits, target = batch(torch.float32, seed=5)
+    compiled = torch.compile(lambda x, y: label_smoothed_nll(x, y, PAD, 0.1)[:2], dynamic=True)
+    loss, nll = compiled(logits, target)
+    (grad,) = torch.autograd.grad(loss, logits)
+    eager_loss, eager_nll, _ = label_smoothed_nll(logits, target, PAD, 0.1)
+    assert eager_loss.grad_fn.name().startswith("LabelSmoothedNLL")
+    (eager_grad,) = torch.autograd.grad(eager_loss, logits)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, eager_nll, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-6)
