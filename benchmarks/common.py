@@ -30,6 +30,7 @@ from torch import Tensor
 from lightning_modules.config import DataConfig, TransformerConfig
 from lightning_modules.data import TokenBucketBatchSampler, TranslationDataModule, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
+from lightning_modules.metrics_log import read_rows
 
 Batch = dict[str, Tensor]
 REPO = Path(__file__).resolve().parent.parent
@@ -207,9 +208,8 @@ def batch_stats(batches: list[Batch], pad_id: int = 0) -> dict[str, float]:
 
 
 def logged_values(run_dir: Path, column: str) -> dict[int, float]:
-    """A run's logged values of `column` (e.g. train/loss) by step, from its logs/metrics.csv."""
-    with (run_dir / "logs" / "metrics.csv").open() as f:
-        return {int(r["step"]): float(r[column]) for r in csv.DictReader(f) if r.get(column)}
+    """A run's logged values of `column` (e.g. train/loss) by step, from its logs."""
+    return {int(r["step"]): float(r[column]) for r in read_rows(run_dir / "logs") if r.get(column)}
 
 
 # ----------------------------------------------------------------------------------- FLOPs

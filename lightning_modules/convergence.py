@@ -17,11 +17,12 @@ measure optimisation accidents. Classes, checked in this order:
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from lightning_modules.metrics_log import read_rows
 
 CLASSES = ("converged", "still improving", "unstable", "diverged", "unknown")
 Curve = Sequence[tuple[int, float]]  # (step, value), steps ascending
@@ -95,27 +96,23 @@ def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps
                                       f"({start:.4g} → {final:.4g})", improvement)
 
 
-def read_curves(metrics_csv: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(dev PPL curve, window-mean training loss curve) from a run's `logs/metrics.csv`."""
+def read_curves(log_dir: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(dev PPL curve, window-mean training loss curve) from a run's logs (`metrics_log`)."""
     dev: dict[int, float] = {}
     train: dict[int, float] = {}
-    path = Path(metrics_csv)
-    if not path.is_file():
-        return [], []
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            step = int(row["step"])
-            if row.get("val/ppl"):
-                dev[step] = float(row["val/ppl"])
-            if row.get("train/loss"):
-                train[step] = float(row["train/loss"])
+    for row in read_rows(log_dir):
+        step = int(row["step"])
+        if row.get("val/ppl"):
+            dev[step] = float(row["val/ppl"])
+        if row.get("train/loss"):
+            train[step] = float(row["train/loss"])
     return sorted(dev.items()), sorted(train.items())
 
 
-def classify_run(metrics_csv: str | Path, unigram_ppl: float, warmup_steps: int,
+def classify_run(log_dir: str | Path, unigram_ppl: float, warmup_steps: int,
                  rule: ConvergenceRule = ConvergenceRule()) -> dict[str, object]:
     """The run's class, its reason and its dev curve, as results.json stores them."""
-    dev, train = read_curves(metrics_csv)
+    dev, train = read_curves(log_dir)
     verdict = classify(dev, train, unigram_ppl, warmup_steps, rule)
     return {"convergence": verdict.label, "convergence_reason": verdict.reason,
             "dev_ppl_curve": [[step, round(ppl, 4)] for step, ppl in dev],

@@ -19,6 +19,7 @@ import pytest
 import torch
 from optuna.trial import TrialState
 
+from lightning_modules.convergence import read_curves
 from sweeps.storage import make_storage
 from sweeps.study import enqueue, open_study
 
@@ -75,6 +76,11 @@ def test_killed_run_is_finished_by_the_same_command(tmp_path: Path, fault: str, 
     assert "Restoring states from the checkpoint" in second.stderr + second.stdout  # resumed, not restarted
     assert not list(out.rglob(".*.tmp")), "a killed write's temporary file was left behind"
     all_checkpoints_load(out / "checkpoints")
+    # the curves survive the resumption: every training window, every validation that finished
+    dev, train = read_curves(out / "logs")
+    assert [step for step, _ in train] == [4, 9, 14, 19]
+    assert [step for step, _ in dev] == ([19, 20] if fault.startswith("validation") else [9, 19, 20])
+    assert [step for step, _ in results["dev_ppl_curve"]] == [step for step, _ in dev]
 
 
 def test_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous_one(tmp_path: Path):

@@ -197,8 +197,9 @@ def wandb_mode(setting: str, on_error: str = "fail") -> str | None:
     raise UserError(f"--wandb online: {problem}; or set train.wandb_on_error=offline to log offline")
 
 
-def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig) -> Path | None:
-    """The checkpoint to resume from: the valid one with the highest step (newest on a tie).
+def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig) -> tuple[Path, int] | None:
+    """The checkpoint to resume from and its step: the valid one with the highest step (newest on
+    a tie).
 
     A damaged file (a zip whose CRCs fail, e.g. copied in half) is renamed to `*.corrupt` with a
     warning and skipped; a checkpoint saved by another model is refused with one line.
@@ -228,4 +229,4 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig) -> Path | None:
         key = (int(saved.get("global_step", 0)), path.stat().st_mtime)
         if best_key is None or key > best_key:
             best, best_key = path, key
-    return best
+    return None if best is None or best_key is None else (best, best_key[0])

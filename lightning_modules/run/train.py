@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lightning_modules.callbacks import (DivergenceGuard, FaultPoints, NonFiniteLoss,
                                          PromptInterruptWhileCompiling, RequeueAtStepEnd, TrainingClock)
@@ -31,6 +31,7 @@ from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
+from lightning_modules.metrics_log import set_aside
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
 from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
@@ -178,7 +179,10 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         module.compile_step()
 
     ckpt_dir = out / "checkpoints"
-    resume_from = resume_checkpoint(ckpt_dir, cfg.model)
+    resume = resume_checkpoint(ckpt_dir, cfg.model)
+    resume_from = resume[0] if resume else None
+    if resume and rank_zero_only.rank == 0:  # Lightning's CSVLogger would delete the curve so far
+        set_aside(out / "logs", resume[1])
     clock = TrainingClock(cfg.train.log_every_n_steps)
     trainer = pl.Trainer(
         **hardware,
@@ -223,7 +227,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         return None
     for logger in trainer.loggers:
         logger.save()  # the curves below are read back from logs/metrics.csv
-    convergence = classify_run(out / "logs" / "metrics.csv", dm.stats["unigram_ppl"],
+    convergence = classify_run(out / "logs", dm.stats["unigram_ppl"],
                                cfg.train.warmup_steps)
     device = trainer.strategy.root_device
     module.to(device)

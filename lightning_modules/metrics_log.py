@@ -1,0 +1,58 @@
+"""A run's logged metrics across resumptions: `logs/metrics.csv` and the parts set aside before it.
+
+Lightning's CSVLogger deletes an existing `metrics.csv` when it starts, so a resumed run would lose
+its curve up to the checkpoint (dev PPL, loss, gradient norm, learning rate). Before a resumed run
+starts, `set_aside` renames the file to `metrics.part-K.until-STEP.csv`: the K-th interrupted
+attempt, resumed from its checkpoint at STEP. Its rows after STEP were redone by the next attempt
+and are not read; `read_rows` gives the run's one history in step order.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+METRICS = "metrics.csv"
+_PART = re.compile(r"metrics\.part-(\d+)\.until-(\d+)\.csv$")
+
+
+def _parts(log_dir: Path) -> list[tuple[int, int, Path]]:
+    """(K, STEP, path) of the set-aside parts, oldest attempt first."""
+    found = []
+    for path in log_dir.glob("metrics.part-*.csv"):
+        match = _PART.match(path.name)
+        if match:
+            found.append((int(match.group(1)), int(match.group(2)), path))
+    return sorted(found)
+
+
+def set_aside(log_dir: Path, step: int) -> Path | None:
+    """Rename `log_dir/metrics.csv` (if any), the log of an attempt that the coming one resumes
+    at `step`; the new name."""
+    current = log_dir / METRICS
+    if not current.is_file():
+        return None
+    target = log_dir / f"metrics.part-{len(_parts(log_dir)) + 1}.until-{step}.csv"
+    try:
+        current.replace(target)
+    except FileNotFoundError:  # another process of the same run set it aside first
+        return None
+    return target
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read_rows(log_dir: str | Path) -> list[dict[str, str]]:
+    """Every row of the run's history, oldest first: each attempt's rows up to the step the next
+    attempt resumed at (which may be earlier than where the attempt before it stopped)."""
+    log_dir = Path(log_dir)
+    history: list[dict[str, str]] = []
+    for _, until, path in _parts(log_dir):
+        # the next attempt restarted at `until`: what any attempt logged after it was redone
+        history = [r for r in history + _read(path) if int(r["step"]) <= until]
+    current = log_dir / METRICS
+    return history + (_read(current) if current.is_file() else [])
