@@ -95,25 +95,24 @@ def newstest_files(newstest_dir: Path, work: Path, src: str = "en", tgt: str = "
     return {"train_src": files[src], "train_tgt": files[tgt], "valid_src": dev[src], "valid_tgt": dev[tgt]}
 
 
-def _corpus(case: Case, settings: Settings, work: Path) -> dict[str, Any] | str:
-    """The DataConfig fields of the case's corpus, or why it cannot run here."""
+def _corpus(case: Case, settings: Settings, work: Path) -> tuple[str, dict[str, Any]] | str:
+    """The case's `--data` corpus and its other DataConfig fields, or why it cannot run here."""
     if case.corpus == "multi30k":
         if not (settings.multi30k_dir and settings.multi30k_dir.is_dir()):
             return f"no Multi30k at {settings.multi30k_dir} (--multi30k-dir)"
-        return {"corpus": "multi30k", "data_dir": str(settings.multi30k_dir)}
+        return "multi30k", {"data_dir": str(settings.multi30k_dir)}
     if case.corpus == "newstest":
         if not (settings.newstest_dir and (settings.newstest_dir / "newstest2013.en").is_file()):
             return f"no newstest2013/2014 at {settings.newstest_dir} (--newstest-dir)"
-        return {"corpus": "files", **newstest_files(settings.newstest_dir, work / "newstest")}
-    return {"corpus": "ding", "ding_dictionary": False}
+        return "files", newstest_files(settings.newstest_dir, work / "newstest")
+    return "ding", {"ding_dictionary": False}
 
 
-def ablate_train(out: Path, case: Case, data: dict[str, Any], settings: Settings, compile_: bool,
-                 steps: int) -> dict[str, Any]:
+def ablate_train(out: Path, case: Case, corpus: str, fields: dict[str, Any], settings: Settings,
+                 compile_: bool, steps: int) -> dict[str, Any]:
     """Run the real command; its results.json plus wall time and the logged window losses."""
-    corpus = [f"data.{k}={v}" for k, v in data.items() if k != "corpus"]
-    args = [sys.executable, "-m", "ablate", "train", "--out", str(out), "--data", data["corpus"],
-            *corpus, "--max-steps", str(steps), "--no-wandb", "--seed", str(settings.seed),
+    args = [sys.executable, "-m", "ablate", "train", "--out", str(out), "--data", corpus,
+            *[f"data.{k}={v}" for k, v in fields.items()], "--max-steps", str(steps), "--no-wandb", "--seed", str(settings.seed),
             "--accelerator", "gpu" if settings.device.type == "cuda" else "cpu",
             *[f"model.{k}={v}" for k, v in case.dims.items()], f"data.vocab_size={case.vocab}",
             f"data.max_tokens={case.tokens[0]}", f"train.compile={str(compile_).lower()}",
@@ -195,19 +194,18 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
     if isinstance(data, str):
         section.notes.append(f"{case.name} skipped: {data}")
         return {}
-    c = TransformerConfig(**case.dims, vocab_size=case.vocab)
+    corpus, fields = data
     reps = settings.reps_or(2)
     runs: dict[str, dict[str, Any]] = {}
     plan = [("eager", False, case.steps), ("compiled", True, case.steps)]
     if case.warm_cache:
         plan.append(("compiled, warm cache", True, case.steps // 2))
     for name, comp, steps in plan:
-        runs[name] = ablate_train(work / case.name / name.replace(", ", "-").replace(" ", "-"), case, data,
-                                  settings, comp, steps)
+        runs[name] = ablate_train(work / case.name / name.replace(", ", "-").replace(" ", "-"), case, corpus,
+                                  fields, settings, comp, steps)
         _progress(case, f"ablate train ({name})", runs[name])
-    fields = {k: v for k, v in data.items() if k != "corpus"}
-    dm = data_module(settings, case.vocab, data["corpus"], run_dir=work / case.name / "eager", **fields)
-    c = c.with_vocabulary(dm.vocab_size, dm.pad_id)
+    dm = data_module(settings, case.vocab, corpus, run_dir=work / case.name / "eager", **fields)
+    c = TransformerConfig(**case.dims, vocab_size=dm.vocab_size, pad_id=dm.pad_id)
     per_token = flops_per_token(c, token_batches(dm, case.tokens[0], None, settings.seed))
     bare: dict[tuple[bool, int], dict[str, Any]] = {}
     for tokens in case.tokens:

@@ -4,7 +4,6 @@ what differs between CPUs is measured in benchmarks/results/reproducibility-cpu-
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -12,6 +11,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from lightning_modules.metrics_log import read_rows
 
 STEPS = 8
 # the machine's own ATen kernels, named: the numbers do not change, the record shows the variable
@@ -24,8 +25,7 @@ TINY = ["--max-steps", str(STEPS), "--seed", "3", "--no-wandb", "d_model=32", "d
 
 def losses(run_dir: Path) -> list[tuple[int, str]]:
     """Every step's logged loss, as the CSV holds it (the float's repr: exact)."""
-    with (run_dir / "logs" / "metrics.csv").open() as f:
-        return [(int(r["step"]), r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    return [(int(r["step"]), r["train/loss"]) for r in read_rows(run_dir / "logs") if r.get("train/loss")]
 
 
 def test_the_same_command_and_seed_give_bitwise_identical_losses_and_record_the_setup(tmp_path, small_corpus):
