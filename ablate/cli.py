@@ -169,7 +169,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
 
     overrides, devices = _sweep_run_args(args)
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
-                     study=args.study, spec_path=args.spec, config=args.config)
+                     study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed)
     if args.dry_run:
         from sweeps.cost import describe
         print(describe(plan))
@@ -315,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "RUNS_DIR/STUDY/ROW-sSEED; re-running the same command trains only what is not complete.")
     p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
     p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's table3.seeds, e.g. 1,2,3 for cpu and gpu; else train.seed)")
+    p.add_argument("--every-seed", action="store_true",
+                   help="run every row with every seed (by default the cpu and gpu presets run rows "
+                        "whose paper dev PPL differs from base's by >= 10%% with the first seed only)")
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")

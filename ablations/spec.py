@@ -184,3 +184,25 @@ def default_seeds(preset: str) -> list[int] | None:
     """A preset may name the seeds its table runs by default (`table3: {seeds: [1, 2, 3]}`)."""
     seeds = table3_section(preset).get("seeds")
     return [int(s) for s in seeds] if seeds else None
+
+
+def one_seed_rows(preset: str, spec: dict[str, dict[str, Any]]) -> list[str]:
+    """Rows a preset runs with its first seed only (`table3: {one_seed_when_paper_differs_by: F}`):
+    those whose paper dev PPL differs from the paper's base by at least F x base's, a difference
+    far beyond seed noise, so more seeds would not change what the row says. Rows or specs
+    without the paper's numbers get every seed."""
+    share = table3_section(preset).get("one_seed_when_paper_differs_by")
+    if share is None:
+        return []
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share:
+        raise UserError(f"preset {preset!r}: table3.one_seed_when_paper_differs_by must be a positive "
+                        f"fraction of base's PPL, got {share!r}")
+    base = (spec.get("base", {}).get("paper") or {}).get("ppl")
+    if not isinstance(base, (int, float)):
+        return []
+    rows = []
+    for row, entry in spec.items():
+        ppl = (entry.get("paper") or {}).get("ppl")
+        if row != "base" and isinstance(ppl, (int, float)) and abs(ppl - base) >= share * base:
+            rows.append(row)
+    return rows

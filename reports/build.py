@@ -77,7 +77,8 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
         out.append(f"Convergence rule: {ConvergenceRule().describe()}. Column 'converged': the worst "
                    "class over a row's seeds (with how many seeds had it).")
     out.append(f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
-               f"paired by seed when the seeds match (Welch otherwise); 'beyond noise' = that interval "
+               f"paired by seed when the seeds match (Welch otherwise; a one-seed row against base's 95% "
+               f"prediction interval, i.e. assuming base's seed noise); 'beyond noise' = that interval "
                f"excludes zero. 'sign = paper' compares our ΔPPL's sign with the paper's where the "
                f"paper's |ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within "
                f"what a second single run could change).")

@@ -2,9 +2,11 @@
 interval, whether it is beyond seed noise, and whether its sign agrees with the paper's.
 
 Intervals use Student's t. A row and base trained with the same seeds are compared seed by seed
-(paired: both see the same batches in the same order), otherwise by Welch's interval. A
-difference is "beyond seed noise" when its interval excludes zero; with one seed there is no
-interval and nothing is claimed. The paper reports single runs, so the sign of its difference is
+(paired: both see the same batches in the same order), otherwise by Welch's interval. A row run
+with one seed against a base run with several is placed against base's seed noise: its
+difference's interval is base's 95% prediction interval for one more run (the row is assumed as
+noisy as base). A difference is "beyond seed noise" when its interval excludes zero; with one seed
+on both sides there is no interval and nothing is claimed. The paper reports single runs, so the sign of its difference is
 only compared where that difference is at least `PAPER_THRESHOLD` perplexity (smaller printed
 differences are within what a second run could change).
 """
@@ -63,7 +65,8 @@ def mean_ci(values: Sequence[float]) -> Interval:
 
 
 def difference_ci(row: Mapping[int, float], base: Mapping[int, float]) -> tuple[Interval, str]:
-    """Row − base (values keyed by seed) with its 95% interval and the method ('paired'/'welch')."""
+    """Row − base (values keyed by seed) with its 95% interval and the method ('paired', 'welch',
+    or 'base noise' for a one-seed row against a base of several seeds)."""
     shared = sorted(set(row) & set(base))
     if len(shared) >= 2 and len(shared) == len(row) == len(base):
         return mean_ci([row[s] - base[s] for s in shared]), "paired"
@@ -71,6 +74,11 @@ def difference_ci(row: Mapping[int, float], base: Mapping[int, float]) -> tuple[
     if not a or not b:
         return Interval(math.nan, math.nan, math.nan, 0), "none"
     diff = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) == 1 and len(b) >= 2:
+        # One run against base's seeds: assume the row's seed noise is base's and ask whether the
+        # run falls outside base's 95% prediction interval, sd_base * sqrt(1 + 1/n_base), t(n_base - 1).
+        half = t_quantile(len(b) - 1) * statistics.stdev(b) * math.sqrt(1 + 1 / len(b))
+        return Interval(diff, diff - half, diff + half, 1), "base noise"
     if len(a) < 2 or len(b) < 2:
         return Interval(diff, math.nan, math.nan, min(len(a), len(b))), "welch"
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)

@@ -84,7 +84,7 @@ def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
             diff, method = difference_ci(values, by_seed.get(("base", metric), {}))
             frame.loc[row, f"d_{metric}_low"], frame.loc[row, f"d_{metric}_high"] = diff.low, diff.high
             if metric == "ppl":
-                # one seed (no interval) claims nothing either way
+                # one seed on both sides (no interval) claims nothing either way
                 has_interval = not pd.isna(diff.low)
                 frame.loc[row, "beyond_noise"] = diff.excludes_zero if row != "base" and has_interval else None
                 frame.loc[row, "ci_method"] = method if row != "base" else None

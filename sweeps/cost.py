@@ -70,8 +70,8 @@ def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
         seconds = flops / flops_per_s + rate.overhead_s
         lines.append({"row": row, "params": params, "steps": cfg.train.max_steps,
                       "tokens/step": tokens_per_step(cfg), "PFLOP": flops / 1e15,
-                      "hours/run": seconds / 3600, "seeds": len(plan.seeds),
-                      "hours": seconds * len(plan.seeds) / 3600})
+                      "hours/run": seconds / 3600, "seeds": len(plan.seeds_of(row)),
+                      "hours": seconds * len(plan.seeds_of(row)) / 3600})
     return pd.DataFrame(lines).set_index("row"), rate
 
 
@@ -82,7 +82,8 @@ def describe(plan: Table3Plan) -> str:
     shown = table.to_string(formatters={"params": "{:,}".format, "steps": "{:,}".format,
                                         "tokens/step": "{:,}".format, "PFLOP": "{:.3g}".format,
                                         "hours/run": "{:.2f}".format, "hours": "{:.2f}".format})
-    return (f"{shown}\n\n{len(table)} rows x {len(plan.seeds)} seeds: about {total:.1f} device-hours on "
+    return (f"{shown}\n\n{len(table)} rows x {plan.describe_seeds()}, {int(table['seeds'].sum())} runs: "
+            f"about {total:.1f} device-hours on "
             f"{rate.device} (base row at {rate.base_tokens_per_s:,.0f} target tokens/s, "
             f"{rate.overhead_s:.0f} s per run for start-up and decoding; measured: {rate.measured}). "
             f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import optuna
 from optuna.trial import TrialState
 
 from ablations.resolve import resolve
-from ablations.spec import default_rows, default_seeds, load_spec
+from ablations.spec import default_rows, default_seeds, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.io import check_writable_dir
@@ -45,13 +45,29 @@ class Table3Plan:
     overrides: list[str]
     spec_path: str | None = None
     config: str | None = None
+    one_seed_rows: list[str] = field(default_factory=list)  # run with the first seed only
+
+    def seeds_of(self, row: str) -> list[int]:
+        return self.seeds[:1] if row in self.one_seed_rows else self.seeds
+
+    def runs(self) -> list[tuple[str, int]]:
+        """Every planned (row, seed), rows in order."""
+        return [(row, seed) for row in self.rows for seed in self.seeds_of(row)]
+
+    def describe_seeds(self) -> str:
+        """'3 seeds' or '3 seeds (1 for C1, D1)'."""
+        text = f"{len(self.seeds)} seed{'s' * (len(self.seeds) != 1)}"
+        single = [row for row in self.rows if row in self.one_seed_rows]
+        return f"{text} (1 for {', '.join(single)})" if single and len(self.seeds) > 1 else text
 
 
 def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], rows: str | None = None,
               seeds: str | None = None, study: str | None = None, spec_path: str | None = None,
-              config: str | None = None) -> Table3Plan:
+              config: str | None = None, every_seed: bool = False) -> Table3Plan:
     """The plan of `ablate table3`: rows (`base,A,D3`; default: the preset's, else the spec's),
-    seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed), study name (default `table3-PRESET`)."""
+    seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed; rows the
+    preset's one-seed rule names get the first only, unless `every_seed`), study name (default
+    `table3-PRESET`)."""
     from lightning_modules.run.preflight import check_hardware  # loads torch: not for the report's imports
 
     spec = load_spec(spec_path)
@@ -60,9 +76,10 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     check_hardware(base)
     check_writable_dir(runs_dir, "the run directories (--runs-dir)")
     seed_list = parse_seeds(seeds, default_seeds(preset) or [base.train.seed])
+    single = [] if every_seed else [row for row in one_seed_rows(preset, spec) if row in chosen]
     return Table3Plan(study=study or f"table3-{preset}", storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
-                      config=config)
+                      config=config, one_seed_rows=single)
 
 
 def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default: list[str] | None) -> list[str]:
@@ -136,13 +153,12 @@ def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
     and the number queued now."""
     spec = load_spec(plan.spec_path)
     jobs = []
-    for row in plan.rows:
-        for seed in plan.seeds:
-            overrides = [f"train.seed={seed}"]
-            cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
-            model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
-            cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
-            jobs.append((cost, row, seed, overrides))
+    for row, seed in plan.runs():
+        overrides = [f"train.seed={seed}"]
+        cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
+        model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
+        cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
+        jobs.append((cost, row, seed, overrides))
     study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
     check_study(study, identity(plan, spec))
     # Longest first: the big model starts at once instead of last, which shortens the table.
@@ -164,7 +180,7 @@ def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optun
         if key in latest and latest[key].state == TrialState.COMPLETE:
             continue
         latest[key] = trial
-    return {(row, seed): latest.get((row, seed)) for row in plan.rows for seed in plan.seeds}
+    return {(row, seed): latest.get((row, seed)) for row, seed in plan.runs()}
 
 
 def summary(study: optuna.Study, plan: Table3Plan) -> tuple[str, list[str]]:
@@ -219,12 +235,12 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     from sweeps.worker import WorkerSettings
 
     study, queued = queue(plan)
-    print(f"table3 {plan.study}: {len(plan.rows)} rows x {len(plan.seeds)} seeds; {queued} queued now, "
+    print(f"table3 {plan.study}: {len(plan.rows)} rows x {plan.describe_seeds()}; {queued} queued now, "
           f"storage {safe_url(plan.storage)}", flush=True)
     code = 0
     if queued or study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
         # Every queued trial, whatever the study holds already: the workers stop when none waits.
-        n_trials = len(plan.rows) * len(plan.seeds) + len(study.get_trials(deepcopy=False))
+        n_trials = len(plan.runs()) + len(study.get_trials(deepcopy=False))
         settings = WorkerSettings(study=plan.study, storage=plan.storage, space=None, n_trials=n_trials,
                                   runs_dir=plan.runs_dir, preset=plan.preset, config=plan.config,
                                   spec=plan.spec_path, overrides=plan.overrides, pruner="none",

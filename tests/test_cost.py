@@ -13,7 +13,7 @@ import pytest
 
 from ablate.cli import main
 from ablations.resolve import resolve
-from ablations.spec import load_preset
+from ablations.spec import load_preset, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
 from lightning_modules.data.corpora import WMT14_SPLITS
 from lightning_modules.transformer import Transformer
@@ -37,6 +37,8 @@ def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_no
     assert list(tmp_path.iterdir()) == []  # no database, no run directory
     cost = load_preset(preset)["table3"]["cost"]
     seeds = load_preset(preset)["table3"]["seeds"]
+    single = one_seed_rows(preset, load_spec())
+    assert single == ["C1", "C4", "D1", "D4", "big"]  # paper PPL >= 10% off base's 4.92
     totals = 0.0
     for row in ("base", "A1", "B1", "C5", "D1", "E", "big"):
         cfg = resolve(preset, row)
@@ -50,9 +52,11 @@ def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_no
         seconds = (params / base_params) * cfg.train.max_steps * cfg.data.max_tokens \
             / cost["base_tokens_per_s"] + cost["overhead_s"]
         assert float(line[5]) == pytest.approx(seconds / 3600, abs=0.006)
-        assert float(line[7]) == pytest.approx(len(seeds) * seconds / 3600, abs=0.006)
-        totals += len(seeds) * seconds / 3600
-    assert "20 rows x 3 seeds" in result.stdout and cost["device"] in result.stdout
+        n_seeds = 1 if row in single else len(seeds)
+        assert int(line[6]) == n_seeds
+        assert float(line[7]) == pytest.approx(n_seeds * seconds / 3600, abs=0.006)
+    assert "20 rows x 3 seeds (1 for C1, C4, D1, D4, big), 50 runs" in result.stdout
+    assert cost["device"] in result.stdout
     big = resolve(preset, "big")
     assert big.train.max_steps == 3 * resolve(preset, "base").train.max_steps  # 300K vs 100K
 

@@ -25,6 +25,17 @@ def test_one_seed_has_no_interval_and_claims_nothing():
     assert diff.mean == 1.0 and not diff.excludes_zero
 
 
+def test_one_seed_row_against_base_seeds_uses_base_noise_by_hand():
+    # base 10, 12, 14: mean 12, sd 2; a new run's 95% prediction half-width is
+    # t(2) * 2 * sqrt(1 + 1/3) = 4.303 * 2.3094 = 9.9373
+    diff, method = difference_ci({1: 23.0}, {1: 10.0, 2: 12.0, 3: 14.0})
+    assert method == "base noise" and diff.mean == pytest.approx(11.0) and diff.n == 1
+    assert diff.half_width == pytest.approx(4.303 * 2 * math.sqrt(4 / 3), rel=1e-9)
+    assert diff.low == pytest.approx(11.0 - 9.93727, abs=1e-4) and diff.excludes_zero
+    near, _ = difference_ci({2: 20.0}, {1: 10.0, 2: 12.0, 3: 14.0})  # +8 < 9.94: within noise
+    assert near.low < 0 < near.high and not near.excludes_zero
+
+
 def test_paired_difference_by_hand():
     # per-seed differences 1.0, 1.2, 0.8: mean 1.0, sd 0.2, se 0.11547, ±0.49687 -> beyond noise
     row, base = {1: 6.0, 2: 6.4, 3: 5.8}, {1: 5.0, 2: 5.2, 3: 5.0}

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -74,6 +75,21 @@ def test_seeds_default_to_the_presets_and_the_command_line_overrides_them(tmp_pa
     assert make_plan("demo", storage, runs, []).seeds == [1]  # no table3.seeds: train.seed
     assert make_plan("demo", storage, runs, ["train.seed=7"]).seeds == [7]
     assert make_plan("cpu", storage, runs, [], seeds="4,5").seeds == [4, 5]
+
+
+def test_one_seed_rule_gives_rows_far_from_base_in_the_paper_their_first_seed_only(tmp_path):
+    storage, runs = f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs")
+    plan = make_plan("cpu", storage, runs, [], rows="base,A1,C1,D4", seeds="4,5")
+    # paper PPL: base 4.92; A1 5.29 (7.5% off: all seeds), C1 6.11 and D4 5.47 (>= 10%: one seed)
+    assert plan.one_seed_rows == ["C1", "D4"]
+    assert plan.runs() == [("base", 4), ("base", 5), ("A1", 4), ("A1", 5), ("C1", 4), ("D4", 4)]
+    assert plan.describe_seeds() == "2 seeds (1 for C1, D4)"
+    every = make_plan("cpu", storage, runs, [], rows="base,C1", every_seed=True)
+    assert every.runs() == [("base", 1), ("base", 2), ("base", 3), ("C1", 1), ("C1", 2), ("C1", 3)]
+    assert make_plan("demo", storage, runs, [], rows="C1").one_seed_rows == []  # demo states no rule
+    study, queued = queue(replace(plan, preset="tiny", overrides=["train.max_steps=1"]))
+    assert queued == 6 and sorted((t.user_attrs["row"], t.user_attrs["seed"]) for t in study.trials) \
+        == sorted(plan.runs())
 
 
 def test_unknown_row_is_a_one_line_error_and_nothing_is_written(tmp_path):
