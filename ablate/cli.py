@@ -137,14 +137,15 @@ def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | No
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from ablations.resolve import resolve
     from lightning_modules.run.io import check_writable_dir
-    from lightning_modules.run.preflight import check_hardware
+    from lightning_modules.run.preflight import check_data, check_hardware
     from sweeps.space import load_space
     from sweeps.storage import make_storage
     from sweeps.study import open_study
 
     space = load_space(args.space)
     overrides, devices = _sweep_run_args(args)
-    check_hardware(resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec))
+    fixed = resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
+    check_hardware(fixed)
     pruner = "none" if args.no_prune else args.pruner
     if args.sampler == "grid":
         space.grid()
@@ -152,6 +153,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from sweeps.worker import WorkerSettings
 
     check_writable_dir(args.runs_dir, "the trials' run directories (--runs-dir)")
+    check_data(fixed)  # the fixed settings' data; a sampled data key is checked by each trial
     open_study(args.study, make_storage(args.storage, None), args.objective)
     settings = WorkerSettings(study=args.study, storage=args.storage, space=str(args.space),
                               n_trials=args.n_trials, runs_dir=args.runs_dir, preset=args.preset,
@@ -165,7 +167,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 def cmd_table3(args: argparse.Namespace) -> int:
     from lightning_modules.run.io import check_writable_dir
-    from sweeps.table3 import make_plan, run_table3
+    from sweeps.table3 import check_data, make_plan, run_table3
 
     overrides, devices = _sweep_run_args(args)
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
@@ -177,6 +179,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
     report_dir = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
     if not args.no_report:  # before the table runs, not after
         check_writable_dir(report_dir, "the report (--report-dir)")
+    check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat)
     if outcome.interrupted:
         return outcome.exit_status

@@ -118,6 +118,21 @@ def parse_seeds(text: str | None, default: list[int]) -> list[int]:
     return seeds
 
 
+def check_data(plan: Table3Plan) -> None:
+    """Prepare each distinct data setting of the planned rows once, in a scratch directory (see
+    `preflight.check_data`): a table whose data leaves no pairs fails in one line before anything
+    is queued, instead of in every trial."""
+    from lightning_modules.run.preflight import check_data as prepare  # loads the data stack
+
+    seen = set()
+    for row in plan.rows:
+        cfg = resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
+        key = repr((cfg.data, cfg.model.max_len))
+        if key not in seen:
+            seen.add(key)
+            prepare(cfg)
+
+
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
     return str((Path(plan.runs_dir) / plan.study / f"{row}-s{seed}").resolve())
 

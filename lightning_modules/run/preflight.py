@@ -7,9 +7,11 @@ from __future__ import annotations
 import netrc
 import os
 import shutil
+import tempfile
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -64,6 +66,20 @@ def check_hardware(cfg: RunConfig) -> None:
     if t.strategy not in strategies:
         raise UserError(f"train.strategy must be auto or one of Lightning's strategies "
                         f"({', '.join(strategies[1:])}); got {t.strategy!r}")
+
+
+def check_data(cfg: RunConfig) -> dict[str, Any]:
+    """Prepare the data as the run would (corpus, BPE, encoding, length filter) in a scratch
+    directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a
+    length limit that leaves no pairs fails here, once, before a sweep or a table queues anything.
+    Returns the data statistics."""
+    from lightning_modules.data.datamodule import TranslationDataModule  # the data stack: only here
+
+    with tempfile.TemporaryDirectory(prefix="ablate-data-check-") as scratch:
+        dm = TranslationDataModule(cfg.data, scratch, seed=cfg.train.seed, max_len=cfg.model.max_len,
+                                   pad_multiple=cfg.data.pad_multiple)
+        dm.setup("fit")
+        return dm.stats
 
 
 def check_output_dir(out: Path) -> None:
