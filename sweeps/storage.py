@@ -115,11 +115,32 @@ def check_sqlite_file(path: Path, existing: bool) -> None:
                     f"Table 3 run")
 
 
+def check_rdb_database(url: str) -> None:
+    """A database server's database that a reading command may open: one holding Optuna's tables.
+    Its table names are read through SQLAlchemy's inspector, which writes nothing; Optuna's own
+    storage would create its tables in any database it is given."""
+    try:
+        engine = sqlalchemy.create_engine(url)
+        try:
+            tables = set(sqlalchemy.inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+    except ImportError as err:
+        raise UserError(f"storage {safe_url(url)}: missing database driver ({err}); for PostgreSQL "
+                        f"pip install psycopg2-binary") from None
+    except Exception as err:  # sqlalchemy: bad URL, unreachable server
+        raise UserError(f"cannot open storage {safe_url(url)}: {str(err).splitlines()[0]}") from None
+    if not OPTUNA_TABLES <= tables:
+        held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
+        raise UserError(f"{safe_url(url)} is not an Optuna database ({held}); give the --storage of a "
+                        f"sweep or Table 3 run")
+
+
 def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False) -> BaseStorage:
     """The storage of `url`; with a heartbeat, stale trials become FAIL and are re-queued as copies.
 
     `existing`: the storage must already hold Optuna's data (the report and the dashboard: reading
-    one must not create one, nor add Optuna's tables to another SQLite file).
+    one must not create one, nor add Optuna's tables to another SQLite file or server database).
     """
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:
@@ -161,6 +182,8 @@ def _open_rdb(url: str, heartbeat_s: int | None, existing: bool) -> BaseStorage:
         check_writable_dir(path.parent, f"the database {path.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
+    elif existing:
+        check_rdb_database(url)
     try:
         storage = _retry_open(url, heartbeat_s, engine_kwargs, 1 if path is None else SQLITE_OPEN_ATTEMPTS)
         if path is not None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from ports import free_port
@@ -121,3 +122,35 @@ def test_dashboard_prints_the_storage_url_without_its_password(postgres_url):
     assert proc.returncode == 0, out
     assert first.startswith("optuna-dashboard for postgresql+psycopg2://postgres:***@127.0.0.1:"), out
     assert secret not in out
+
+
+@pytest.mark.parametrize("command", ["report", "dashboard"])
+def test_reading_commands_leave_a_database_without_optuna_tables_as_it_was(postgres_url, command, tmp_path):
+    """`report` and `dashboard` on a server database that is not Optuna's (empty, or someone
+    else's tables) refuse in one line and create nothing in it."""
+    import psycopg2
+
+    server, _ = postgres_url.rsplit("/", 1)
+    dsn = server.replace("postgresql+psycopg2://", "postgresql://")
+    admin = psycopg2.connect(f"{dsn}/postgres")
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        for name in (f"empty_{command}", f"shop_{command}"):
+            cur.execute(f"DROP DATABASE IF EXISTS {name}")
+            cur.execute(f"CREATE DATABASE {name}")
+    admin.close()
+    with psycopg2.connect(f"{dsn}/shop_{command}") as shop, shop.cursor() as cur:
+        cur.execute("CREATE TABLE customers (id integer PRIMARY KEY, name text)")
+    expected = {f"empty_{command}": "it has no tables", f"shop_{command}": "its tables: customers"}
+    for name, held in expected.items():
+        args = ["--storage", f"{server}/{name}"]
+        args += ["--out", str(tmp_path / "report")] if command == "report" else ["--port", str(free_port())]
+        result = subprocess.run([sys.executable, "-m", "ablate", command, *args], capture_output=True,
+                                text=True, timeout=120)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert "is not an Optuna database" in lines[0] and held in lines[0], lines[0]
+        with psycopg2.connect(f"{dsn}/{name}") as db, db.cursor() as cur:
+            cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+            assert sorted(row[0] for row in cur.fetchall()) == (["customers"] if "shop" in name else [])
+    assert not (tmp_path / "report").exists()
