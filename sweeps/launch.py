@@ -17,7 +17,7 @@ from dataclasses import replace
 import optuna
 
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
-from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
+from lightning_modules.run.slurm import NOTICE, REQUEUE_SIGNAL, on_slurm, requeue_job
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import counts
@@ -76,6 +76,11 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
                 devices_per_trial: int = 1, quiet: bool = False) -> int:
     """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted, else 1."""
     envs = worker_envs(workers, devices, devices_per_trial)
+    if NOTICE.pending:  # pre-empted during start-up: no trial can save and requeue, so this does
+        job = requeue_job()
+        print(f"sweep {settings.study}: pre-empted (SLURM) before any worker started; requeued job "
+              f"{job}, which runs the same command again", file=sys.stderr)
+        return EXIT_INTERRUPTED
     # The settings travel in the environment, not on the command line: `ps` shows command lines
     # to every user, and the storage URL may hold a database password.
     procs = [spawn([sys.executable, "-m", "sweeps.worker"], env={**env, WORKER_ENV: settings_json(replace(settings))})

@@ -16,6 +16,7 @@ WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
 JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
 EXIT_PRUNED = 3  # a trial process's exit status when its trial was pruned
 INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+HELD_AT_START = INTERRUPTS | {signal.SIGUSR1}  # SLURM's pre-emption notice too (run/slurm.py)
 
 
 def die_with_parent() -> None:
@@ -27,15 +28,18 @@ def die_with_parent() -> None:
 
 
 def _start_child() -> None:
-    """In the child, before it runs: it dies with its parent, and interrupts wait (blocked, not
-    lost) until it can handle them: an interrupt while Python starts would be a traceback."""
+    """In the child, before it runs: it dies with its parent, and interrupts and SLURM's
+    pre-emption notice wait (blocked, not lost) until it can handle them: an interrupt while
+    Python starts would be a traceback, a notice (SIGUSR1) would kill it."""
     die_with_parent()
-    signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_AT_START)
 
 
-def accept_interrupts() -> None:
-    """Deliver the interrupts held since the process started, to the handlers it has by now."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)
+def accept_interrupts(notice: bool = False) -> None:
+    """Deliver the interrupts held since the process started (and the pre-emption notice, with
+    `notice`) to the handlers it has by now. A training process leaves the notice to
+    `run.slurm.PreemptionNotice.install`."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_AT_START if notice else INTERRUPTS)
 
 
 def ignore_interrupts() -> None:

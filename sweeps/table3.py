@@ -25,6 +25,7 @@ from ablations.resolve import resolve
 from ablations.spec import default_rows, default_seeds, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import enqueue, open_study
@@ -249,6 +250,7 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
+    inject("startup")
     study, queued = queue(plan)
     print(f"table3 {plan.study}: {len(plan.rows)} rows x {plan.describe_seeds()}; {queued} queued now, "
           f"storage {safe_url(plan.storage)}", flush=True)

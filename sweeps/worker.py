@@ -292,7 +292,7 @@ def run_worker(settings: WorkerSettings) -> int:
     interrupts.hold()
     for signum in (signal.SIGTERM, signal.SIGINT, *([REQUEUE_SIGNAL] if on_slurm() else [])):
         signal.signal(signum, interrupts.handler)
-    accept_interrupts()  # held since the process started (sweeps.processes.spawn)
+    accept_interrupts(notice=on_slurm())  # held since the process started (sweeps.processes.spawn)
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
         handler.addFilter(_NoTrialTracebacks())
     if settings.queue_only:

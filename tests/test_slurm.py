@@ -167,3 +167,78 @@ def test_preempted_array_task_of_the_recipe_requeues_and_the_requeued_task_finis
     assert steps[Path(resumed).name] == 7
     assert json.loads((run_dir / "results.json").read_text())["steps"] == 20
     assert not (run_dir.parent / "report").exists()  # the recipe leaves the report to `ablate report`
+
+
+def test_notice_during_start_up_is_kept_and_requeues_at_the_first_step(tmp_path: Path):
+    """SIGUSR1 while `ablate train` starts (before its checks, data and Trainer) does not kill it:
+    the notice is kept, and at the end of the first step the run saves, requeues and stops."""
+    out = tmp_path / "run"
+    env = slurm_env(tmp_path)
+    run = subprocess.Popen([sys.executable, "-m", "ablate", "train", "--out", str(out), *SMALL],
+                           env={**env, "ABLATE_FAULT": "startup:SIGSTOP"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid = wait_until_stopped(run)
+    os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signal.SIGCONT)
+    output = run.communicate(timeout=300)[0]
+    assert run.returncode == 130, (run.returncode, output[-3000:])  # -10 when SIGUSR1 killed it
+    assert "Traceback" not in output
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
+    assert checkpoint_steps(out / "checkpoints")["hpc_ckpt_1.ckpt"] == 1
+
+
+def test_a_table_noticed_before_its_workers_start_requeues_itself(tmp_path: Path):
+    """SIGUSR1 to the `ablate table3` launcher before it has started a worker: nothing else of the
+    task exists to requeue it, so the launcher does (the array task), and exits 130; the same
+    command then runs the table."""
+    env = slurm_env(tmp_path, SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="5")
+    command = [sys.executable, "-m", "ablate", "table3", "--preset", "tiny", "--rows", "base",
+               "--storage", f"sqlite:///{tmp_path}/t.db", "--runs-dir", str(tmp_path / "runs"), "--no-report", *SMALL]
+    launcher = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "startup:SIGSTOP"}, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pid = wait_until_stopped(launcher)
+    assert pid == launcher.pid and not descendants(pid)  # no worker yet
+    os.kill(pid, signal.SIGUSR1)
+    os.kill(pid, signal.SIGCONT)
+    output = launcher.communicate(timeout=300)[0]
+    assert launcher.returncode == 130, (launcher.returncode, output[-3000:])
+    assert "before any worker started; requeued job 77_5" in output and "Traceback" not in output
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 77_5\n"
+    again = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert json.loads((tmp_path / "runs" / "table3-tiny" / "base-s1" / "results.json").read_text())["steps"] == 20
+
+
+@pytest.mark.slow  # a Table 3 row pre-empted while its trial starts: ~40 s
+def test_notice_while_a_trial_process_starts_is_held_until_it_can_requeue(tmp_path: Path):
+    """SIGUSR1 to every process of a table's task while its trial process is still starting (it
+    blocks the signal from its spawn until its notice is installed): nothing is killed by it; the
+    trial saves at its first step and requeues the job, the worker re-queues the trial, all exit 130."""
+    env = slurm_env(tmp_path)
+    command = [sys.executable, "-m", "ablate", "table3", "--preset", "tiny", "--rows", "base",
+               "--storage", f"sqlite:///{tmp_path}/t.db", "--runs-dir", str(tmp_path / "runs"), "--no-report", *SMALL]
+    task = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "startup:SIGSTOP"}, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = wait_until_stopped(task)  # the launcher stops at its own start first
+    assert launcher == task.pid
+    os.kill(launcher, signal.SIGCONT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and task.poll() is None:
+        stopped = [p for p in descendants(task.pid) if state(p) == "T"]
+        if stopped:
+            break
+        time.sleep(0.1)
+    else:
+        task.kill()
+        pytest.fail(f"no trial process stopped at start-up: {task.communicate()[0][-3000:]}")
+    trial = stopped[0]
+    for pid in [task.pid, *descendants(task.pid)]:
+        os.kill(pid, signal.SIGUSR1)
+    os.kill(trial, signal.SIGCONT)
+    output = task.communicate(timeout=300)[0]
+    assert task.returncode == 130 and "pre-empted" in output and "Traceback" not in output, output[-3000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
+    study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{tmp_path}/t.db")
+    first, retry = study.get_trials()
+    assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
+    assert checkpoint_steps(Path(first.user_attrs["run_dir"]) / "checkpoints")["hpc_ckpt_1.ckpt"] == 1

@@ -3,6 +3,8 @@
 Set `ABLATE_FAULT=<point>[@<step>][:<SIGNAL>]` and the process sends itself SIGNAL (SIGKILL by
 default) when it reaches `point` (at global step `step`, where given). Points:
 
+- `startup`: as `ablate train` or `ablate table3` starts its work (before any check: the window
+  in which SLURM's pre-emption notice used to kill a process);
 - `train_step@N`: after optimizer step N (its periodic checkpoint, if one is due, is written);
 - `validation@N`: inside the validation run at step N;
 - `compile`: inside torch.compile's compilation of the training step (after tracing, before
@@ -27,7 +29,7 @@ if TYPE_CHECKING:  # the annotation only: io and the reports import this module 
     from torch import Tensor
 
 FAULT_ENV = "ABLATE_FAULT"
-POINTS = ("train_step", "validation", "compile", "decode", "checkpoint_write", "results_write",
+POINTS = ("startup", "train_step", "validation", "compile", "decode", "checkpoint_write", "results_write",
           "nan_loss")
 
 

@@ -11,6 +11,12 @@ checkpoint. Outside training (data set-up, final evaluation) `PreemptionNotice` 
 signal, so that it does not kill the process: a notice before training takes effect at the first
 step, one after training lets the evaluation finish.
 
+Start-up: the `ablate` command installs the process's one notice (`NOTICE`) as its first act, and
+the processes a sweep spawns hold the signal back (blocked, not lost) until they install theirs,
+so a notice while Python starts, imports torch or prepares the data never kills a process. A
+launcher noticed before it has started any worker requeues the job itself (`requeue_job`):
+nothing else of the task could.
+
 `train.slurm_requeue: false` turns this off (Lightning then gets `auto_requeue=False`). Nothing
 here loads torch: the sweep workers use `on_slurm` too.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +49,25 @@ class PreemptionNotice:
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(REQUEUE_SIGNAL, self._note)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {REQUEUE_SIGNAL})  # held since spawn, if it was
 
     def _note(self, signum: int, frame: Any) -> None:
         self.pending = True
+
+
+NOTICE = PreemptionNotice()  # the process's one notice (a signal handler is process-wide too)
+
+
+def keep_notices() -> None:
+    """Under SLURM, from now on a pre-emption notice is recorded in `NOTICE`, not fatal."""
+    if on_slurm():
+        NOTICE.install()
+
+
+def requeue_job() -> str:
+    """`scontrol requeue` this job (an array task as ARRAY_JOB_TASK), as Lightning's handler does;
+    returns the job id."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
+    subprocess.run(["scontrol", "requeue", job], check=False)
+    return job

@@ -34,10 +34,11 @@ from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
+from lightning_modules.run.faults import inject
 from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
-from lightning_modules.run.slurm import PreemptionNotice, on_slurm
+from lightning_modules.run.slurm import NOTICE, PreemptionNotice, on_slurm
 from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_run, remove_stale_temporaries, resume_checkpoint,
                                         uses_gpu, wandb_mode)
@@ -72,7 +73,7 @@ def slurm_requeue(cfg: RunConfig) -> tuple[list[SLURMEnvironment], PreemptionNot
     with auto-requeue, the notice that records SIGUSR1 from now on (run/slurm.py)."""
     if not on_slurm():
         return [], None
-    notice = PreemptionNotice() if cfg.train.slurm_requeue else None
+    notice = NOTICE if cfg.train.slurm_requeue else None  # may hold a notice from start-up
     if notice:
         notice.install()
     return [SLURMEnvironment(auto_requeue=cfg.train.slurm_requeue)], notice
@@ -127,6 +128,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
 
     `callbacks` are added to the Trainer's (a sweep passes its pruning callback here).
     """
+    inject("startup")
     out = Path(out)
     hardware = resolve_hardware(cfg)  # bad or missing hardware fails before any work
     check_memory(cfg)
