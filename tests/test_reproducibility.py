@@ -55,3 +55,32 @@ def test_deterministic_algorithms_are_on_for_cpu_runs_unless_turned_off():
     assert deterministic(resolve("tiny", "base", None, ["train.accelerator=cpu"], None))
     assert not deterministic(resolve("tiny", "base", None, ["train.deterministic=false"], None))
     assert deterministic(resolve("tiny", "base", None, ["train.deterministic=true"], None))
+
+
+def test_a_run_killed_mid_epoch_and_resumed_has_the_losses_of_an_uninterrupted_one(tmp_path, small_corpus):
+    """Killed after step 7 of 12 (checkpoint at step 6, epochs of 5 batches: the resume starts in
+    the middle of the second epoch), then the same command: every later step's loss is the
+    uninterrupted run's, bit for bit (the same batches, the same dropout masks)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
+    env.pop("ABLATE_FAULT", None)
+    args = [*small_corpus, *TINY, "--max-steps", "12", "data.max_tokens=25000", "train.checkpoint_every=3"]
+
+    def run(name: str, fault: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(tmp_path / name), *args],
+                              env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
+                              capture_output=True, text=True, timeout=300)
+
+    whole = run("whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    batches = json.loads((tmp_path / "whole" / "results.json").read_text())["data"]["train_batches"]
+    assert 3 < batches < 7, batches  # a few batches per epoch: step 7 is inside the second epoch
+    killed = run("resumed", "train_step@7")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    again = run("resumed")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Restored all states from the checkpoint" in again.stderr
+    assert "not resumable" not in again.stderr  # Lightning's warning for a loader it cannot resume
+    expected, resumed = losses(tmp_path / "whole"), losses(tmp_path / "resumed")
+    assert len(expected) == 12 and resumed == expected
+    results = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("whole", "resumed")]
+    assert results[0]["ppl"] == results[1]["ppl"]

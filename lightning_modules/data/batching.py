@@ -86,6 +86,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches done) for the next __iter__
         # Ties only permute examples with equal (tgt, src) lengths, so the sorted length sequence
         # and hence the batch boundaries are the same in every epoch: compute them once.
         order = self._sorted_order(None)
@@ -101,6 +102,11 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose grouping and batch order `__iter__` yields."""
         self.epoch = epoch
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        """The next pass, if it is over `epoch`, starts after this rank's first `batches` batches
+        (a run resumed mid-epoch; `lightning_modules.resume`)."""
+        self._resume = (epoch, batches)
 
     def _sorted_order(self, rng: np.random.Generator | None) -> np.ndarray:
         """Indices sorted by (width, snake difference); ties in a random (rng) or index order."""
@@ -127,7 +133,9 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
             return iter(())
         total = len(self) * self.num_replicas
         padded = list(itertools.islice(itertools.cycle(batches), total))
-        return iter(padded[self.rank::self.num_replicas])
+        skip = self._resume[1] if self._resume and self._resume[0] == self.epoch else 0
+        self._resume = None
+        return iter(padded[self.rank::self.num_replicas][skip:])
 
     def __len__(self) -> int:
         return math.ceil(len(self._ends) / self.num_replicas)

@@ -22,6 +22,7 @@ from lightning_modules.data.batching import (TokenBucketBatchSampler, batch_shap
 from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
 from lightning_modules.errors import UserError
+from lightning_modules.resume import ResumableLoader
 
 
 def unigram_perplexity(target_ids: np.ndarray, sentences: int, vocab_size: int) -> float:
@@ -212,12 +213,15 @@ class TranslationDataModule(pl.LightningDataModule):
             return None, None
         return trainer.world_size, trainer.global_rank
 
-    def _loader(self, dataset: EncodedPairs, sampler: TokenBucketBatchSampler) -> DataLoader:
+    def _loader(self, dataset: EncodedPairs, sampler: TokenBucketBatchSampler,
+                kind: type[DataLoader] = DataLoader) -> DataLoader:
         workers = self.cfg.num_workers
-        return DataLoader(dataset, batch_sampler=sampler, num_workers=workers,
-                          collate_fn=functools.partial(collate, pad_id=self.pad_id,
-                                                       pad_multiple=self.pad_multiple),
-                          pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
+        # Its own generator: each pass would otherwise draw its workers' base seed from torch's
+        # global one, which dropout uses, and a resumed run starts one more pass than the original.
+        return kind(dataset, batch_sampler=sampler, num_workers=workers,
+                    collate_fn=functools.partial(collate, pad_id=self.pad_id, pad_multiple=self.pad_multiple),
+                    pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+                    generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled token batches of train (+ extra_train); reshuffled by `set_epoch`.
@@ -231,7 +235,7 @@ class TranslationDataModule(pl.LightningDataModule):
             self.train_set.src_lengths, self.train_set.tgt_lengths, self.cfg.max_tokens,
             shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank,
             pad_multiple=self.pad_multiple)
-        return self._loader(self.train_set, self.train_sampler)
+        return self._loader(self.train_set, self.train_sampler, ResumableLoader)  # resumes mid-epoch
 
     def val_dataloader(self) -> DataLoader:
         """Dev-set batches in a fixed order (same max_tokens), for perplexity."""
