@@ -33,6 +33,11 @@ def _start_child() -> None:
     Python starts would be a traceback, a notice (SIGUSR1) would kill it."""
     die_with_parent()
     signal.pthread_sigmask(signal.SIG_BLOCK, HELD_AT_START)
+    # A sweep started as `nohup ablate ... &` from a script has SIGINT ignored, and an ignored
+    # signal stays ignored across exec (Python then installs no KeyboardInterrupt for it). A child
+    # that sets no SIGINT handler of its own would ignore the Ctrl-C it is stopped with: give it
+    # the default back (blocked until it is ready).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def accept_interrupts(notice: bool = False) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -14,6 +15,11 @@ from pathlib import Path
 import pytest
 
 from ports import free_port
+
+# Run in the background from a script (`nohup make test &`), this process starts with SIGINT
+# ignored, and so would every process a test starts; the tests send Ctrl-C to some of them.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 

@@ -268,11 +268,19 @@ def test_devices_must_split_into_groups_of_devices_per_trial(tmp_path):
     assert result.returncode == 2 and len(lines) == 1 and "not a multiple of --devices-per-trial 2" in lines[0]
 
 
-def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("launched", ["foreground", "sigint-ignored"])
+def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path, launched):
+    """`sigint-ignored`: started as `nohup ablate ... &` from a script starts it (SIGINT ignored,
+    inherited by every process below unless reset), yet the worker stops its trial with SIGINT."""
     args = sweep_args(tmp_path, "term", 1, "--max-steps", "200", "--no-prune")
     err = tmp_path / "stderr.txt"  # a file, not a pipe: a full pipe would block the sweep
     with err.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink)
+        proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink,
+                                preexec_fn=_ignore_sigint if launched == "sigint-ignored" else None)
     try:
         running = wait_for_running_trial(lambda: load(tmp_path, "term").get_trials(),
                                          lambda t: 5 in t.intermediate_values)
