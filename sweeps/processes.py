@@ -12,11 +12,13 @@ import signal
 import subprocess
 from pathlib import Path
 
+from lightning_modules.run.slurm import REQUEUE_SIGNAL
+
 WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
 JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
 EXIT_PRUNED = 3  # a trial process's exit status when its trial was pruned
 INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
-HELD_AT_START = INTERRUPTS | {signal.SIGUSR1}  # SLURM's pre-emption notice too (run/slurm.py)
+HELD_AT_START = INTERRUPTS | {REQUEUE_SIGNAL}  # SLURM's pre-emption notice too
 
 
 def die_with_parent() -> None:

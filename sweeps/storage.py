@@ -110,30 +110,23 @@ def check_sqlite_file(path: Path, existing: bool) -> None:
     tables = _sqlite_tables(path)
     if OPTUNA_TABLES <= tables or not existing and (not tables or "studies" in tables):
         return
-    held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
-    raise UserError(f"{path} is not an Optuna database ({held}); give the --storage of a sweep or "
-                    f"Table 3 run")
+    raise _not_optuna(path, tables)
 
 
-def check_rdb_database(url: str) -> None:
-    """A database server's database that a reading command may open: one holding Optuna's tables.
-    Its table names are read through SQLAlchemy's inspector, which writes nothing; Optuna's own
-    storage would create its tables in any database it is given."""
+def _server_tables(url: str) -> set[str]:
+    """The table names of a database server's database, read through SQLAlchemy's inspector (it
+    writes nothing; Optuna's storage would create its tables in any database it is given)."""
+    engine = sqlalchemy.create_engine(url)
     try:
-        engine = sqlalchemy.create_engine(url)
-        try:
-            tables = set(sqlalchemy.inspect(engine).get_table_names())
-        finally:
-            engine.dispose()
-    except ImportError as err:
-        raise UserError(f"storage {safe_url(url)}: missing database driver ({err}); for PostgreSQL "
-                        f"pip install psycopg2-binary") from None
-    except Exception as err:  # sqlalchemy: bad URL, unreachable server
-        raise UserError(f"cannot open storage {safe_url(url)}: {str(err).splitlines()[0]}") from None
-    if not OPTUNA_TABLES <= tables:
-        held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
-        raise UserError(f"{safe_url(url)} is not an Optuna database ({held}); give the --storage of a "
-                        f"sweep or Table 3 run")
+        return set(sqlalchemy.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _not_optuna(where: object, tables: set[str]) -> UserError:
+    held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
+    return UserError(f"{where} is not an Optuna database ({held}); give the --storage of a sweep or "
+                     f"Table 3 run")
 
 
 def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False) -> BaseStorage:
@@ -182,13 +175,15 @@ def _open_rdb(url: str, heartbeat_s: int | None, existing: bool) -> BaseStorage:
         check_writable_dir(path.parent, f"the database {path.name}")
         path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
-    elif existing:
-        check_rdb_database(url)
     try:
+        if path is None and existing and not OPTUNA_TABLES <= (tables := _server_tables(url)):
+            raise _not_optuna(safe_url(url), tables)  # a reading command must not create Optuna's tables
         storage = _retry_open(url, heartbeat_s, engine_kwargs, 1 if path is None else SQLITE_OPEN_ATTEMPTS)
         if path is not None:
             _serialize_sqlite_transactions(storage.engine)
         return storage
+    except UserError:
+        raise
     except ImportError as err:
         raise UserError(f"storage {safe_url(url)}: missing database driver ({err}); for PostgreSQL "
                         f"pip install psycopg2-binary") from None

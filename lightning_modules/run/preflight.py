@@ -11,7 +11,6 @@ import tempfile
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 import yaml
@@ -68,18 +67,16 @@ def check_hardware(cfg: RunConfig) -> None:
                         f"({', '.join(strategies[1:])}); got {t.strategy!r}")
 
 
-def check_data(cfg: RunConfig) -> dict[str, Any]:
+def check_data(cfg: RunConfig) -> None:
     """Prepare the data as the run would (corpus, BPE, encoding, length filter) in a scratch
     directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a
-    length limit that leaves no pairs fails here, once, before a sweep or a table queues anything.
-    Returns the data statistics."""
+    length limit that leaves no pairs fails here, once, before a sweep or a table queues anything."""
     from lightning_modules.data.datamodule import TranslationDataModule  # the data stack: only here
 
     with tempfile.TemporaryDirectory(prefix="ablate-data-check-") as scratch:
         dm = TranslationDataModule(cfg.data, scratch, seed=cfg.train.seed, max_len=cfg.model.max_len,
                                    pad_multiple=cfg.data.pad_multiple)
         dm.setup("fit")
-        return dm.stats
 
 
 def check_output_dir(out: Path) -> None:
