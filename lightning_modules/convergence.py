@@ -7,8 +7,10 @@ measure optimisation accidents. Classes, checked in this order:
 - `diverged`: a non-finite loss or perplexity, or (past warmup) a final dev perplexity at or above
   the unigram perplexity of the training targets (a model that ignores source and context does
   as well);
-- `unstable`: after warmup, a dev perplexity above that unigram line, or a loss spike (a
-  window-mean training loss above `spike_ratio` × its best value so far);
+- `unstable`: after warmup, a dev perplexity above that unigram line, or a spike: a dev
+  perplexity or a window-mean training loss above `spike_ratio` × its best value so far (a model
+  collapsing towards the unigram line can leave the training loss nearly flat, since it started
+  close to that line: on an H100 a base run's dev PPL rose 772 → 1,321 while its loss went 7.0 → 7.6);
 - `converged`: over the last `tail` of training, dev perplexity improved by less than
   `tolerance` (relative; a rise counts as no improvement);
 - `still improving`: it improved by more;
@@ -39,8 +41,8 @@ class ConvergenceRule:
     def describe(self) -> str:
         return (f"converged = dev PPL improved by less than {self.tolerance:.0%} over the last "
                 f"{self.tail:.0%} of training steps; still improving = by more; unstable = after "
-                f"warmup a dev PPL above the unigram PPL of the training targets, or a window-mean "
-                f"training loss above {self.spike_ratio:g}× its best so far; diverged = non-finite, "
+                f"warmup a dev PPL above the unigram PPL of the training targets, or a dev PPL or "
+                f"window-mean training loss above {self.spike_ratio:g}× its best so far; diverged = non-finite, "
                 f"or ending after warmup at or above the unigram PPL; unknown = fewer than two dev evaluations "
                 f"span the last {self.tail:.0%}")
 
@@ -74,6 +76,12 @@ def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps
         s, p = above[0]
         return Verdict("unstable", f"dev PPL {p:.4g} at step {s:,} (after warmup) above the unigram "
                                    f"PPL {unigram_ppl:.4g}")
+    best = math.inf
+    for step, ppl in dev_ppl:
+        if step > warmup_steps and ppl > rule.spike_ratio * best:
+            return Verdict("unstable", f"dev PPL rose to {ppl:.4g} at step {step:,} "
+                                       f"(best so far {best:.4g})")
+        best = min(best, ppl)
     best = math.inf
     for step, loss in train_loss:
         if step > warmup_steps and loss > rule.spike_ratio * best:

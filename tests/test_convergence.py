@@ -40,6 +40,19 @@ def test_rising_dev_ppl_counts_as_converged_with_its_reason():
     assert verdict.label == "converged" and "rose 5.0%" in verdict.reason
 
 
+def test_dev_ppl_spike_after_warmup_is_unstable_even_when_the_loss_barely_moves():
+    # an H100 base run at twice the paper's peak rate (benchmarks/results/gpu-h100-2026-11-23):
+    # its dev PPL rose 71% towards the unigram line while its training loss rose 8%
+    h100 = classify(dev((599, 772.0), (1200, 1320.7)), [(499, 7.01), (799, 7.58), (1199, 7.52)],
+                    1330.75, 1000)
+    assert h100.label == "unstable" and "rose to 1321 at step 1,200 (best so far 772)" in h100.reason
+    # the same rise inside warmup is normal; and 1.2 x the best is the line, not above it
+    assert classify(dev((500, 10.0), (700, 12.5), (800, 9.0), (1000, 8.99)), FALLING, UNIGRAM,
+                    700).label == "converged"
+    assert classify(dev((700, 10.0), (800, 12.0), (1000, 11.99)), FALLING, UNIGRAM, 100).label == "converged"
+    assert classify(dev((700, 10.0), (800, 12.1), (1000, 11.99)), FALLING, UNIGRAM, 100).label == "unstable"
+
+
 def test_diverged_unstable_and_their_precedence():
     assert classify(dev((800, 10.0), (1000, math.nan)), FALLING, UNIGRAM, 100).label == "diverged"
     assert classify(dev((800, 10.0), (1000, 9.0)), [(10, math.inf)], UNIGRAM, 100).label == "diverged"
