@@ -82,6 +82,22 @@ def test_gpu_preset_is_the_papers_architecture_on_a_wmt14_subset_with_newstest20
         cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
 
 
+def test_gpu_preset_warms_up_as_the_paper_to_the_papers_peak():
+    """The preset's warmup and peak are the paper's for every row (a 1,000-step warmup doubled the
+    peak and collapsed base on an H100: benchmarks/results/gpu-h100-2026-11-23)."""
+    from lightning_modules.translation import lrate
+
+    for row in ("base", "C3", "big"):
+        ours, paper = resolve("gpu", row), resolve("paper", row)
+        d_model, warmup = ours.model.d_model, paper.train.warmup_steps
+        assert ours.train.warmup_steps == warmup == 4000
+        peak = lrate(warmup, d_model, ours.train)
+        assert peak == pytest.approx(lrate(warmup, d_model, paper.train))
+        assert max(lrate(s, d_model, ours.train) for s in range(1, ours.train.max_steps + 1, 50)) <= peak
+        assert lrate(ours.train.max_steps, d_model, ours.train) == pytest.approx(0.0, abs=1e-12)
+    assert lrate(4000, 512, resolve("gpu", "base").train) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
+
+
 def test_tokens_per_step_count_every_device_and_accumulated_batch():
     from sweeps.cost import tokens_per_step
 
