@@ -23,7 +23,7 @@ from optuna.trial import TrialState
 
 from ablations.resolve import resolve
 from ablations.spec import default_rows, default_seeds, load_spec, one_seed_rows
-from lightning_modules.config import count_parameters
+from lightning_modules.config import TOKENIZER_KEYS, count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
@@ -138,14 +138,43 @@ def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
     return str((Path(plan.runs_dir) / plan.study / f"{row}-s{seed}").resolve())
 
 
+# What a preset's training recipe is (base row, resolved): a preset file edited between two
+# sittings of one table would otherwise train its remaining rows differently without a word.
+# Paths, devices, logging and checkpoint cadence are not the recipe; a row's own changes are in
+# the spec.
+RECIPE_KEYS = {
+    "train": ("max_steps", "warmup_steps", "lr_scale", "lr_decay", "adam_beta1", "adam_beta2",
+              "adam_eps", "accumulate_grad_batches", "gradient_clip_val"),
+    "data": ("corpus", "src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
+             "vocab_size", "spm_input_sentence_size", "max_tokens", "max_train_len", "train_pairs",
+             "pad_multiple"),
+    "eval": ("beam_size", "length_penalty", "max_len_offset"),
+}
+# Identity keys added after tables were first stored: an older study lacking one records it at
+# its next sitting (with a notice) instead of refusing.
+ADDED_LATER = ("recipe",)
+
+
 def identity(plan: Table3Plan, spec: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs of the command the same table (stored on the study)."""
     cfg = resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
     setup = {"scale": asdict(cfg.scale), "corpus": cfg.data.corpus, "vocab_size": cfg.data.vocab_size,
              "max_tokens": cfg.data.max_tokens, "beam_size": cfg.eval.beam_size,
              "length_penalty": cfg.eval.length_penalty}
+    recipe = {part: {key: getattr(getattr(cfg, part), key) for key in keys}
+              for part, keys in RECIPE_KEYS.items()}
+    recipe["model"] = {key: value for key, value in cfg.model.requested().items()
+                       if key not in TOKENIZER_KEYS}
     return {"kind": KIND, "preset": plan.preset, "spec": spec, "overrides": plan.overrides,
-            "config": plan.config, "setup": setup}
+            "config": plan.config, "setup": setup, "recipe": recipe}
+
+
+def _differences(there: Any, here: Any, prefix: str = "") -> list[str]:
+    """`key: there -> here` for each leaf where two nested dicts differ."""
+    if isinstance(there, dict) and isinstance(here, dict):
+        return [line for key in sorted(set(there) | set(here), key=str)
+                for line in _differences(there.get(key), here.get(key), f"{prefix}{key}.")]
+    return [] if there == here else [f"{prefix.rstrip('.')}: {there!r} -> {here!r}"]
 
 
 def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
@@ -157,7 +186,18 @@ def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
         for key, value in wanted.items():
             study.set_user_attr(key, value)
         return
+    for key in ADDED_LATER:
+        if key in wanted and key not in attrs:
+            print(f"table3 {study.study_name}: this study predates the {key} check; recording "
+                  f"this command's {key} for its later sittings", file=sys.stderr, flush=True)
+            study.set_user_attr(key, wanted[key])
+            attrs = {**attrs, key: wanted[key]}
     for key, value in wanted.items():
+        if key == "recipe" and attrs.get(key) != value:
+            changed = "; ".join(_differences(attrs.get(key), value))
+            raise UserError(f"study {study.study_name!r} is a Table 3 trained with another recipe "
+                            f"({changed}; there -> here): the rows still queued would not be "
+                            f"comparable to those done. Use another --study")
         if attrs.get(key) != value:
             what = "rows of the ablation spec" if key == "spec" else key
             raise UserError(f"study {study.study_name!r} is a Table 3 with other {what} "

@@ -110,6 +110,39 @@ def test_a_study_keeps_its_settings(tmp_path):
         queue(plan)
 
 
+def test_a_study_refuses_a_changed_training_recipe_and_older_studies_record_theirs(tmp_path, capsys):
+    """Editing the settings file between sittings would train the rows still queued differently:
+    the table refuses and names what changed. A study stored before the recipe was part of its
+    identity records it at its next sitting."""
+    from sweeps.table3 import identity
+
+    config = tmp_path / "recipe.yaml"
+    config.write_text("train: {warmup_steps: 5, max_steps: 10}\n")
+    plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
+                      seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=[], config=str(config))
+    study, _ = queue(plan)
+    assert study.user_attrs["recipe"]["train"]["warmup_steps"] == 5
+    config.write_text("train: {warmup_steps: 7, max_steps: 10}\n")
+    with pytest.raises(UserError, match=r"another recipe \(train.warmup_steps: 5 -> 7; there -> here\)"):
+        queue(plan)
+    config.write_text("train: {warmup_steps: 5, max_steps: 10, log_every_n_steps: 3}\n")  # not the recipe
+    assert queue(plan)[1] == 0
+
+    older = Table3Plan(study="old", storage=plan.storage, preset="tiny", rows=["base"], seeds=[1],
+                       runs_dir=plan.runs_dir, overrides=[], config=str(config))
+    stored = identity(older, load_spec(older.spec_path))
+    del stored["recipe"]
+    old_study = optuna.create_study(study_name="old", storage=plan.storage)
+    for key, value in stored.items():
+        old_study.set_user_attr(key, value)
+    capsys.readouterr()
+    assert queue(older)[1] == 1
+    assert "predates the recipe check" in capsys.readouterr().err
+    config.write_text("train: {warmup_steps: 9, max_steps: 10}\n")
+    with pytest.raises(UserError, match="another recipe"):
+        queue(older)
+
+
 # --- the table end to end -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
