@@ -61,6 +61,16 @@ def _finite(curve: Curve) -> bool:
     return all(math.isfinite(value) for _, value in curve)
 
 
+def _first_spike(curve: Curve, warmup_steps: int, ratio: float) -> tuple[int, float, float] | None:
+    """(step, value, best before it) of the first value after warmup above `ratio` × the best so far."""
+    best = math.inf
+    for step, value in curve:
+        if step > warmup_steps and value > ratio * best:
+            return step, value, best
+        best = min(best, value)
+    return None
+
+
 def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps: int,
              rule: ConvergenceRule = ConvergenceRule()) -> Verdict:
     """The class of one run from its dev-PPL curve and its window-mean training losses."""
@@ -76,18 +86,13 @@ def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps
         s, p = above[0]
         return Verdict("unstable", f"dev PPL {p:.4g} at step {s:,} (after warmup) above the unigram "
                                    f"PPL {unigram_ppl:.4g}")
-    best = math.inf
-    for step, ppl in dev_ppl:
-        if step > warmup_steps and ppl > rule.spike_ratio * best:
-            return Verdict("unstable", f"dev PPL rose to {ppl:.4g} at step {step:,} "
-                                       f"(best so far {best:.4g})")
-        best = min(best, ppl)
-    best = math.inf
-    for step, loss in train_loss:
-        if step > warmup_steps and loss > rule.spike_ratio * best:
-            return Verdict("unstable", f"training loss spiked to {loss:.3g} at step {step:,} "
-                                       f"(best so far {best:.3g})")
-        best = min(best, loss)
+    if spike := _first_spike(dev_ppl, warmup_steps, rule.spike_ratio):
+        step, ppl, best = spike
+        return Verdict("unstable", f"dev PPL rose to {ppl:.4g} at step {step:,} (best so far {best:.4g})")
+    if spike := _first_spike(train_loss, warmup_steps, rule.spike_ratio):
+        step, loss, best = spike
+        return Verdict("unstable", f"training loss spiked to {loss:.3g} at step {step:,} "
+                                   f"(best so far {best:.3g})")
     tail_start = last_step * (1 - rule.tail)
     before = [(s, p) for s, p in dev_ppl if s <= tail_start]
     if not before or before[-1][0] == last_step:

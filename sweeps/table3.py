@@ -141,14 +141,13 @@ def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
 # What a preset's training recipe is (base row, resolved): a preset file edited between two
 # sittings of one table would otherwise train its remaining rows differently without a word.
 # Paths, devices, logging and checkpoint cadence are not the recipe; a row's own changes are in
-# the spec.
+# the spec; corpus, vocabulary, batch tokens, beam and length penalty are in `setup` already.
 RECIPE_KEYS = {
     "train": ("max_steps", "warmup_steps", "lr_scale", "lr_decay", "adam_beta1", "adam_beta2",
               "adam_eps", "accumulate_grad_batches", "gradient_clip_val"),
-    "data": ("corpus", "src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
-             "vocab_size", "spm_input_sentence_size", "max_tokens", "max_train_len", "train_pairs",
-             "pad_multiple"),
-    "eval": ("beam_size", "length_penalty", "max_len_offset"),
+    "data": ("src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
+             "spm_input_sentence_size", "max_train_len", "train_pairs", "pad_multiple"),
+    "eval": ("max_len_offset",),
 }
 # Identity keys added after tables were first stored: an older study lacking one records it at
 # its next sitting (with a notice) instead of refusing.
