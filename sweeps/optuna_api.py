@@ -20,6 +20,14 @@
    own machinery (the heartbeat thread of `Study.optimize`, `fail_stale_trials`,
    `RetryHeartbeatStaleTrialCallback`) treats a dead worker's trial exactly as on an RDB.
 
+4. Optuna hands out queued trials in the order they were queued (`Study._pop_waiting_trial_id`,
+   a private method that `Study.ask` calls). A retry copy is queued when its run is interrupted,
+   so behind every trial queued before: a run pre-empted at 95% would wait for the whole queue,
+   and a long one (Table 3's big row) would end the table alone on one worker. `RetriesFirstStudy`
+   overrides that one method so retry copies go first, each claimed as Optuna claims (the
+   storage's atomic WAITING -> RUNNING), through public storage methods only.
+   `tests/test_optuna_api.py` fails if Optuna stops calling it.
+
 pyproject.toml bounds Optuna to the versions this was tested with (`optuna>=4,<5.1`);
 `tests/test_optuna_api.py` exercises every call below, with Optuna's warnings as errors, so an
 upgrade that breaks or deprecates one fails loudly there.
@@ -178,6 +186,27 @@ def fail_running_trial(storage: BaseStorage, study_name: str, number: int) -> bo
                                               state=optuna.trial.TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
+
+
+class RetriesFirstStudy(optuna.Study):
+    """A study whose queue hands out retry copies (interrupted runs that resume from their
+    checkpoint) before trials that never started, each group in the order queued (reason 4)."""
+
+    def __init__(self, study_name: str, storage: BaseStorage, sampler: optuna.samplers.BaseSampler | None = None,
+                 pruner: optuna.pruners.BasePruner | None = None) -> None:
+        super().__init__(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
+        self.queue = storage  # Optuna may wrap an RDB storage in a cache; claims go to the storage itself
+
+    def _pop_waiting_trial_id(self) -> int | None:
+        waiting = self.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        for trial in sorted(waiting, key=lambda t: (retried_trial_number(t) is None, t.number)):
+            tid = trial_id(self.queue, self.study_name, trial.number)
+            try:
+                if self.queue.set_trial_state_values(tid, state=TrialState.RUNNING):
+                    return tid
+            except UpdateFinishedTrialError:  # another worker ran it to the end meanwhile
+                continue
+        return None
 
 
 class RunningTrial:

@@ -45,7 +45,8 @@ from lightning_modules.errors import UserError, exit_status
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
 from sweeps.claims import Interrupts, Preempted, UnrecordedClaims, reclaim_dead_local_trials, worker_record
-from sweeps.optuna_api import fail_stale_trials, frozen_trial, queue_retry, retried_numbers, retried_trial_number
+from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_trial, queue_retry, retried_numbers,
+                               retried_trial_number)
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, accept_interrupts, ignore_interrupts, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
@@ -300,7 +301,7 @@ def run_worker(settings: WorkerSettings) -> int:
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
     storage = make_storage(settings.storage, settings.heartbeat_s)
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    study = optuna.load_study(study_name=settings.study, storage=storage, sampler=sampler,
+    study = RetriesFirstStudy(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps))
     objective = Objective(settings, space, storage, interrupts)

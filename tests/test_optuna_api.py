@@ -18,7 +18,7 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeps import optuna_api
-from sweeps.optuna_api import (RunningTrial, SystemAttrHeartbeat, fail_running_trial, fail_stale_trials,
+from sweeps.optuna_api import (RetriesFirstStudy, RunningTrial, SystemAttrHeartbeat, fail_running_trial, fail_stale_trials,
                                frozen_trial, grpc_storage, journal_storage, queue_retry,
                                retried_trial_number, trial_id)
 from sweeps.storage import make_storage
@@ -91,6 +91,26 @@ def test_failed_trial_is_retried_as_a_copy(tmp_path):
     assert len(waiting) == 1 and waiting[0].user_attrs["run_dir"] == "/runs/x"
     assert retried_trial_number(waiting[0]) == t.number
     fail_stale_trials(study)  # nothing stale: a no-op, but the call must exist
+
+
+def test_retry_copies_are_claimed_before_trials_that_never_started(tmp_path):
+    """Optuna alone hands out the trial queued first; a run interrupted at 95% would wait for them all."""
+    url = f"sqlite:///{tmp_path}/o.db"
+    storage = make_storage(url, None)
+    study = open_study("s", storage, "ppl")
+    for row in ("a", "b", "c", "d"):
+        study.enqueue_trial({}, user_attrs={"row": row})
+    first = study.ask()  # "a" starts, then its worker is stopped
+    assert fail_running_trial(storage, "s", first.number)
+    queue_retry(study, frozen_trial(storage, "s", first.number))
+    plain = optuna.load_study(study_name="s", storage=storage)
+    assert plain.ask().user_attrs["row"] == "b"  # Optuna's own order: the queue's, retry last
+    retries_first = RetriesFirstStudy("s", make_storage(url, None))
+    again = retries_first.ask()
+    assert again.user_attrs["row"] == "a" and retried_trial_number(frozen_trial(storage, "s", again.number)) == 0
+    assert [retries_first.ask().user_attrs["row"] for _ in range(2)] == ["c", "d"]  # then the queue's order
+    assert retries_first.ask().user_attrs == {}  # nothing queued: a new trial, as Optuna does
+    assert not study.get_trials(states=(TrialState.WAITING,))
 
 
 def _proxy(db: Path) -> tuple[subprocess.Popen, int]:
