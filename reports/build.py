@@ -70,7 +70,8 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     if n_bootstrap:
         out.append(f"p vs base: sacreBLEU paired bootstrap ({n_bootstrap} resamples) of each row's dev "
                    f"translations against base's, seeds pooled; p < 0.05 means the BLEU difference is "
-                   f"unlikely under resampling of the dev sentences.")
+                   f"unlikely under resampling of the dev sentences. It does not measure seed noise: a "
+                   f"BLEU difference is beyond seed noise only where ΔBLEU's interval excludes zero too.")
     signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
     out += [f"sacreBLEU signature: {s}" for s in signatures]
     if "convergence" in frame and frame["convergence"].notna().any():

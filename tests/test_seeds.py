@@ -65,3 +65,27 @@ def test_t_quantiles_and_sign_agreement():
     assert sign_agrees(+0.5, None) is None
     assert sign_agrees(0.0, 0.5) is False
     assert sign_agrees(-1.0, -0.4, "bleu") is True and sign_agrees(-1.0, -0.2, "bleu") is None
+
+
+def test_report_table_shows_bleus_seed_interval_beside_its_bootstrap_p():
+    """A sentence-bootstrap p of 0.001 must not read as 'beyond noise' when the seeds disagree:
+    ΔBLEU carries its own seed interval. Values: the cpu table's base and C5, three seeds each."""
+    import pandas as pd
+
+    from ablations.spec import load_spec
+    from reports.collect import Table3Data
+    from reports.table3 import display_frame, table3_frame
+
+    ppl = {"base": (24.29, 23.77, 24.40), "C5": (25.81, 25.87, 24.73)}
+    bleu = {"base": (4.26, 4.65, 4.18), "C5": (2.87, 2.60, 3.83)}
+    runs = pd.DataFrame([{"row": row, "group": row[0] if row != "base" else "base", "seed": seed,
+                          "ppl": ppl[row][seed - 1], "bleu": bleu[row][seed - 1], "params": 1e6,
+                          "train_time_s": 100.0, "tokens_per_s": 1.0, "steps": 10}
+                         for row in ("base", "C5") for seed in (1, 2, 3)])
+    data = Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[], setup={}, runs=runs)
+    shown = display_frame(table3_frame(data, {"C5": 0.001})).set_index("row")
+    # BLEU differences by seed -1.39, -2.05, -0.35: mean -1.2633, sd 0.85710, ±4.303 * 0.85710 / √3 = ±2.1292
+    # PPL differences 1.52, 2.10, 0.33: mean 1.3167, sd 0.90240, ±2.2417; the paper: C5 4.66 vs 4.92 PPL
+    assert shown.loc["C5", "ΔBLEU [95% CI]"] == "-1.26 [-3.39, +0.87]"
+    assert shown.loc["C5", "ΔPPL [95% CI] (paper)"] == "+1.32 [-0.93, +3.56] (-0.26)"
+    assert shown.loc["C5", "beyond noise"] == "no" and shown.loc["C5", "p vs base"] == "0.001"

@@ -247,7 +247,7 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
     assert [c[0].text for c in cells] == ROWS
     headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
-    assert {"PPL (paper)", "BLEU (paper)", "ΔBLEU", "p vs base", "ΔPPL [95% CI] (paper)",
+    assert {"PPL (paper)", "BLEU (paper)", "ΔBLEU [95% CI]", "p vs base", "ΔPPL [95% CI] (paper)",
             "beyond noise", "sign = paper", "converged", "changes from base"} <= set(headers)
     by_header = {h: i for i, h in enumerate(headers)}
     changes = [c[by_header["changes from base"]].text for c in cells]
