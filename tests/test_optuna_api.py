@@ -18,8 +18,8 @@ import pytest
 from optuna.trial import TrialState
 
 from sweeps import optuna_api
-from sweeps.optuna_api import (RetriesFirstStudy, RunningTrial, SystemAttrHeartbeat, fail_running_trial, fail_stale_trials,
-                               frozen_trial, grpc_storage, journal_storage, queue_retry,
+from sweeps.optuna_api import (RetriesFirstStudy, RunningTrial, SystemAttrHeartbeat, fail_running_trial,
+                               fail_stale_trials, frozen_trial, grpc_storage, journal_storage, queue_retry,
                                retried_trial_number, trial_id)
 from sweeps.storage import make_storage
 from sweeps.study import make_pruner, open_study
