@@ -5,6 +5,7 @@
     python -m benchmarks --only train,padding  # a subset
     python -m benchmarks --device cuda         # on a GPU (bf16 autocast by default there, MFU)
     python -m benchmarks --only reproducibility  # what changes a run's numbers (opt-in experiment)
+    python -m benchmarks --only workers          # how many sweep workers to run on this CPU (opt-in)
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import end_to_end, generation, overhead, padding, reproducibility, scaling, train_step
+from benchmarks import end_to_end, generation, overhead, padding, reproducibility, scaling, train_step, workers
 from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 
 BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padding.run,
               "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run,
-              "reproducibility": reproducibility.run}
-OPT_IN = ("reproducibility",)  # an experiment (~15 minutes on 2 cores): run only when named in --only
+              "reproducibility": reproducibility.run, "workers": workers.run}
+# Run only when named in --only: an experiment (~15 minutes on 2 cores), and a measurement that
+# needs the whole machine (~7 minutes on 2 cores).
+OPT_IN = ("reproducibility", "workers")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -45,3 +45,30 @@ def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(
     assert [line.replace("de", "en", 1) for line in train_de] == train_en  # still aligned
     assert files["valid_src"] == str(source / "newstest2013.en")
     assert files["valid_tgt"] == str(source / "newstest2013.de")
+
+
+def test_workers_benchmark_runs_each_layout_under_the_threads_the_sweep_launcher_gives(tmp_path: Path):
+    import os
+
+    from benchmarks.workers import layouts
+
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "workers", "--out",
+                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    section = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["workers"]
+    cores = os.cpu_count() or 1
+    assert [row["workers"] for row in section["rows"]] == layouts(cores)
+    for row in section["rows"]:
+        assert row["threads each"] == max(1, cores // row["workers"])  # torch saw the launcher's share
+        runs = section["data"]["runs"][str(row["workers"])]
+        assert all(len(r["tokens_per_s"]) == row["workers"] and min(r["tokens_per_s"]) > 0 for r in runs)
+    assert max(row["vs best"] for row in section["rows"]) == 1.0
+
+
+def test_worker_layouts_divide_the_cores():
+    from benchmarks.workers import layouts
+
+    assert layouts(1) == [1]
+    assert layouts(2) == [1, 2]
+    assert layouts(6) == [1, 2, 6]
+    assert layouts(16) == [1, 2, 4, 8, 16]
