@@ -14,7 +14,12 @@ batch, so the resumed run would see some batches twice and others not at all.
   all others, so the count includes the step being saved.
 - `RandomState` puts torch's random generators (CPU and, where used, CUDA) into the checkpoint:
   dropout goes on drawing what it would have. Nothing in training draws from Python's or NumPy's
-  global generators (batching has its own, seeded by epoch).
+  global generators (batching has its own, seeded by epoch). A checkpoint written inside a step
+  (Ctrl-C in the forward pass) holds the generators as they were when that step began, since the
+  resumed run does the step again from its start.
+- `LoggingStepAfterResume` puts Lightning's logging step back on the optimizer step after such a
+  checkpoint (`lightning_api.align_logging_step`): else every training row after the resume is
+  written a window late and one per epoch is lost.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
+
+from lightning_modules.lightning_api import align_logging_step
 
 
 class ResumableLoader(DataLoader):
@@ -58,13 +65,29 @@ class CountBatches(pl.Callback):
 
 
 class RandomState(pl.Callback):
-    """torch's CPU and CUDA generator states, saved in every checkpoint and restored on resume."""
+    """torch's CPU and CUDA generator states, saved in every checkpoint and restored on resume;
+    inside a step (between its batch's start and end), as they were when the step began."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def __init__(self) -> None:
+        self._at_step_start: dict[str, Any] | None = None
+
+    @staticmethod
+    def _capture() -> dict[str, Any]:
         state: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
+            state["cuda"] = torch.cuda.get_rng_state_all()  # host-side copies: no device sync
         return state
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._at_step_start = self._capture()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        self._at_step_start = None  # (before ModelCheckpoint: Lightning runs checkpoint callbacks last)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._at_step_start if self._at_step_start is not None else self._capture()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         torch.set_rng_state(state_dict["cpu"])
@@ -72,3 +95,19 @@ class RandomState(pl.Callback):
             cuda = state_dict["cuda"]
             if len(cuda) == torch.cuda.device_count():  # the same GPUs: else the draws differ anyway
                 torch.cuda.set_rng_state_all(cuda)
+
+
+class LoggingStepAfterResume(pl.Callback):
+    """At the first batch of a fit, Lightning's logging step is made the optimizer step again."""
+
+    def __init__(self) -> None:
+        self._first = True
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._first = True
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._first:
+            self._first = False
+            align_logging_step(trainer)

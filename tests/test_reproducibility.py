@@ -84,3 +84,36 @@ def test_a_run_killed_mid_epoch_and_resumed_has_the_losses_of_an_uninterrupted_o
     assert len(expected) == 12 and resumed == expected
     results = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("whole", "resumed")]
     assert results[0]["ppl"] == results[1]["ppl"]
+
+
+def test_a_run_stopped_inside_a_step_resumes_with_every_row_and_draw_of_an_uninterrupted_one(
+        tmp_path, small_corpus):
+    """Ctrl-C in the forward pass of step 7 (windows of 2 steps, epochs of ~5 batches): the
+    checkpoint is written inside the step. The resumed run does step 7 again with the dropout masks
+    it had, and Lightning's logging step stays the optimizer step (`lightning_api`): every window
+    is written under its own step with the uninterrupted run's values, bit for bit (else each is
+    written a window late and one per epoch is lost, as in the cpu table of 2026-11-23)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
+    env.pop("ABLATE_FAULT", None)
+    args = [*small_corpus, *TINY, "--max-steps", "24", "data.max_tokens=25000", "train.checkpoint_every=5",
+            "train.log_every_n_steps=2"]
+
+    def run(name: str, fault: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(tmp_path / name), *args],
+                              env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
+                              capture_output=True, text=True, timeout=300)
+
+    whole = run("whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stopped = run("resumed", "train_forward@7:SIGINT")
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    saved = torch.load(tmp_path / "resumed" / "checkpoints" / "interrupted.ckpt", weights_only=False)
+    assert saved["global_step"] == 6  # step 7 had not finished
+    again = run("resumed")
+    assert again.returncode == 0, again.stderr[-3000:]
+    expected, resumed = losses(tmp_path / "whole"), losses(tmp_path / "resumed")
+    assert [step for step, _ in expected] == list(range(1, 24, 2))
+    assert resumed == expected
+    results = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("whole", "resumed")]
+    assert results[0]["ppl"] == results[1]["ppl"]
+    assert results[0]["dev_ppl_curve"] == results[1]["dev_ppl_curve"]

@@ -6,6 +6,8 @@ default) when it reaches `point` (at global step `step`, where given). Points:
 - `startup`: as `ablate train` or `ablate table3` starts its work (before any check: the window
   in which SLURM's pre-emption notice used to kill a process);
 - `train_step@N`: after optimizer step N (its periodic checkpoint, if one is due, is written);
+- `train_forward@N`: after the forward pass of step N, before its backward and optimizer step
+  (where a Ctrl-C usually lands);
 - `validation@N`: inside the validation run at step N;
 - `compile`: inside torch.compile's compilation of the training step (after tracing, before
   code generation);
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # the annotation only: io and the reports import this module 
     from torch import Tensor
 
 FAULT_ENV = "ABLATE_FAULT"
-POINTS = ("startup", "train_step", "validation", "compile", "decode", "checkpoint_write", "results_write",
+POINTS = ("startup", "train_step", "train_forward", "validation", "compile", "decode", "checkpoint_write", "results_write",
           "nan_loss")
 
 
