@@ -192,15 +192,15 @@ def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
             study.set_user_attr(key, wanted[key])
             attrs = {**attrs, key: wanted[key]}
     for key, value in wanted.items():
-        if key == "recipe" and attrs.get(key) != value:
-            changed = "; ".join(_differences(attrs.get(key), value))
-            raise UserError(f"study {study.study_name!r} is a Table 3 trained with another recipe "
-                            f"({changed}; there -> here): the rows still queued would not be "
-                            f"comparable to those done. Use another --study")
-        if attrs.get(key) != value:
-            what = "rows of the ablation spec" if key == "spec" else key
-            raise UserError(f"study {study.study_name!r} is a Table 3 with other {what} "
-                            f"({attrs.get(key)!r} there, {value!r} here): use another --study")
+        there = attrs.get(key)
+        if there == value:
+            continue
+        both_dicts = isinstance(there, dict) and isinstance(value, dict)
+        changed = "; ".join(_differences(there, value)) if both_dicts else f"{there!r} -> {value!r}"
+        what = {"spec": "rows of the ablation spec", "recipe": "training recipe"}.get(key, key)
+        raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changed}; "
+                        f"there -> here): the runs still queued would not be comparable to those "
+                        f"done. Use another --study")
 
 
 def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:

@@ -106,7 +106,8 @@ def test_a_study_keeps_its_settings(tmp_path):
     assert queued == 1 and queue(plan)[1] == 0  # already queued: not again
     assert study.user_attrs["kind"] == "table3" and study.user_attrs["setup"]["scale"]["width"] == 0.25
     plan.overrides = ["train.max_steps=20"]
-    with pytest.raises(UserError, match="other overrides"):
+    with pytest.raises(UserError, match=r"differs in its overrides \(\['train.max_steps=10'\] -> "
+                                        r"\['train.max_steps=20'\]; there -> here\)"):
         queue(plan)
 
 
@@ -123,7 +124,8 @@ def test_a_study_refuses_a_changed_training_recipe_and_older_studies_record_thei
     study, _ = queue(plan)
     assert study.user_attrs["recipe"]["train"]["warmup_steps"] == 5
     config.write_text("train: {warmup_steps: 7, max_steps: 10}\n")
-    with pytest.raises(UserError, match=r"another recipe \(train.warmup_steps: 5 -> 7; there -> here\)"):
+    with pytest.raises(UserError,
+                       match=r"differs in its training recipe \(train.warmup_steps: 5 -> 7; there -> here\)"):
         queue(plan)
     config.write_text("train: {warmup_steps: 5, max_steps: 10, log_every_n_steps: 3}\n")  # not the recipe
     assert queue(plan)[1] == 0
@@ -139,7 +141,7 @@ def test_a_study_refuses_a_changed_training_recipe_and_older_studies_record_thei
     assert queue(older)[1] == 1
     assert "predates the recipe check" in capsys.readouterr().err
     config.write_text("train: {warmup_steps: 9, max_steps: 10}\n")
-    with pytest.raises(UserError, match="another recipe"):
+    with pytest.raises(UserError, match="differs in its training recipe"):
         queue(older)
 
 
