@@ -14,6 +14,17 @@
    `tests/test_reproducibility.py` resumes a run interrupted inside a step and fails if its rows
    differ from an uninterrupted run's, so a Lightning upgrade that changes this shows there.
 
+2. An epoch that starts right after a restore. A checkpoint written after an epoch's last step
+   restores in one of two ways. Written inside `on_train_batch_end` (`ModelCheckpoint(
+   every_n_train_steps)`, SLURM's requeue), Lightning ends that epoch on restoring and starts the
+   next one on the first pass it draws from the loader. Written after it (Ctrl-C or SIGTERM
+   between steps: `OnExceptionCheckpoint`), Lightning starts the next epoch but keeps the old
+   epoch's batch count (`fit_loop.epoch_loop.batch_progress.current`), so it stops that epoch
+   after one batch. Either way the next epoch's batches were skipped (found 2026-11-23, Lightning
+   2.6). The loader saves such a position as the next epoch's start (`resume.ResumableLoader`),
+   and `start_epoch_after_restore` zeroes the stale count when that epoch starts.
+   `tests/test_reproducibility.py` resumes from both kinds of checkpoint at an epoch's end.
+
 pyproject.toml bounds Lightning to the minor version this was checked with (`lightning>=2.6,<2.7`).
 """
 
@@ -29,3 +40,11 @@ def align_logging_step(trainer: pl.Trainer) -> bool:
         return False
     loop._batches_that_stepped = trainer.global_step
     return True
+
+
+def start_epoch_after_restore(trainer: pl.Trainer) -> None:
+    """At an epoch's start: if the run was just restored with the previous epoch's batch count
+    still in place, count this epoch's batches from zero (reason 2)."""
+    loop = trainer.fit_loop.epoch_loop
+    if loop.restarting and loop.batch_progress.current.ready >= trainer.num_training_batches:
+        loop.batch_progress.reset_on_run()

@@ -30,7 +30,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_modules.lightning_api import align_logging_step
+from lightning_modules.lightning_api import align_logging_step, start_epoch_after_restore
 
 
 class ResumableLoader(DataLoader):
@@ -40,7 +40,10 @@ class ResumableLoader(DataLoader):
     consumed = 0  # batches of the current epoch whose step has finished (see CountBatches)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": int(self.batch_sampler.epoch), "batches": int(self.consumed)}
+        epoch, batches = int(self.batch_sampler.epoch), int(self.consumed)
+        if batches >= len(self.batch_sampler):  # the epoch's last batch is done: resume at the next
+            epoch, batches = epoch + 1, 0       # epoch's start (`lightning_api`, reason 2)
+        return {"epoch": epoch, "batches": batches}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         # Lightning draws the resumed epoch's iterator before it sets the samplers' epoch: set it here.
@@ -56,6 +59,7 @@ class CountBatches(pl.Callback):
         loader = trainer.train_dataloader  # (not called for an epoch resumed in its middle)
         if isinstance(loader, ResumableLoader):
             loader.consumed = 0
+        start_epoch_after_restore(trainer)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:

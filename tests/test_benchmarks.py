@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,6 +49,7 @@ def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(
     assert files["valid_tgt"] == str(source / "newstest2013.de")
 
 
+@pytest.mark.slow  # three `ablate train` processes, ~90 s on 2 cores
 def test_workers_benchmark_runs_each_layout_under_the_threads_the_sweep_launcher_gives(tmp_path: Path):
     import os
 

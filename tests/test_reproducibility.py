@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from lightning_modules.metrics_log import read_rows
@@ -57,63 +58,58 @@ def test_deterministic_algorithms_are_on_for_cpu_runs_unless_turned_off():
     assert deterministic(resolve("tiny", "base", None, ["train.deterministic=true"], None))
 
 
-def test_a_run_killed_mid_epoch_and_resumed_has_the_losses_of_an_uninterrupted_one(tmp_path, small_corpus):
-    """Killed after step 7 of 12 (checkpoint at step 6, epochs of 5 batches: the resume starts in
-    the middle of the second epoch), then the same command: every later step's loss is the
-    uninterrupted run's, bit for bit (the same batches, the same dropout masks)."""
+# 16 steps of one window each, periodic checkpoints every 3 steps, epochs of 4 batches
+RESUMABLE = ["--max-steps", "16", "data.max_tokens=25000", "train.checkpoint_every=3"]
+EPOCH = 4
+
+
+def train(out: Path, small_corpus: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
     env.pop("ABLATE_FAULT", None)
-    args = [*small_corpus, *TINY, "--max-steps", "12", "data.max_tokens=25000", "train.checkpoint_every=3"]
+    return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(out), *small_corpus, *TINY,
+                           *RESUMABLE], env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
+                          capture_output=True, text=True, timeout=300)
 
-    def run(name: str, fault: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(tmp_path / name), *args],
-                              env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
-                              capture_output=True, text=True, timeout=300)
 
-    whole = run("whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    batches = json.loads((tmp_path / "whole" / "results.json").read_text())["data"]["train_batches"]
-    assert 3 < batches < 7, batches  # a few batches per epoch: step 7 is inside the second epoch
-    killed = run("resumed", "train_step@7")
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    again = run("resumed")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, small_corpus: list[str]) -> Path:
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = train(out, small_corpus)
+    assert result.returncode == 0, result.stderr[-3000:]
+    batches = json.loads((out / "results.json").read_text())["data"]["train_batches"]
+    assert batches == EPOCH, f"the cases below assume epochs of {EPOCH} batches, not {batches}"
+    return out
+
+
+# (fault, exit code, the step the resumed run starts after)
+STOPS = {
+    "killed mid-epoch": ("train_step@7", -9, 6),  # SIGKILL; periodic checkpoint of step 6 (batch 3 of 4)
+    "killed after an epoch's end": ("train_step@13", -9, 12),  # periodic checkpoint at epoch 3's last batch
+    "SIGTERM at an epoch's end": ("train_step@8:SIGTERM", 130, 8),  # interrupted.ckpt after step 8
+    "Ctrl-C inside a step": ("train_forward@8:SIGINT", 130, 7),  # interrupted.ckpt inside step 8
+}
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_a_stopped_run_resumes_with_the_batches_draws_and_rows_of_an_uninterrupted_one(
+        stop, tmp_path, small_corpus, uninterrupted):
+    """Stopped four ways, then the same command: every later step trains on the same batches with
+    the same dropout masks, and metrics.csv has each step's loss under its own step, bit for bit
+    as the uninterrupted run's. Each case failed before a fix: a checkpoint at an epoch's last
+    batch skipped the next epoch; one written inside a step (Ctrl-C in the forward pass) restored
+    the random generators mid-step and Lightning's logging step one ahead, which wrote every row
+    late (and, in windows of several steps, lost one per epoch: the cpu table of 2026-11-23)."""
+    fault, code, resumed_after = STOPS[stop]
+    stopped = train(tmp_path / "run", small_corpus, fault)
+    assert stopped.returncode == code, stopped.stderr[-3000:]
+    again = train(tmp_path / "run", small_corpus)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Restored all states from the checkpoint" in again.stderr
     assert "not resumable" not in again.stderr  # Lightning's warning for a loader it cannot resume
-    expected, resumed = losses(tmp_path / "whole"), losses(tmp_path / "resumed")
-    assert len(expected) == 12 and resumed == expected
-    results = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("whole", "resumed")]
-    assert results[0]["ppl"] == results[1]["ppl"]
-
-
-def test_a_run_stopped_inside_a_step_resumes_with_every_row_and_draw_of_an_uninterrupted_one(
-        tmp_path, small_corpus):
-    """Ctrl-C in the forward pass of step 7 (windows of 2 steps, epochs of ~5 batches): the
-    checkpoint is written inside the step. The resumed run does step 7 again with the dropout masks
-    it had, and Lightning's logging step stays the optimizer step (`lightning_api`): every window
-    is written under its own step with the uninterrupted run's values, bit for bit (else each is
-    written a window late and one per epoch is lost, as in the cpu table of 2026-11-23)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
-    env.pop("ABLATE_FAULT", None)
-    args = [*small_corpus, *TINY, "--max-steps", "24", "data.max_tokens=25000", "train.checkpoint_every=5",
-            "train.log_every_n_steps=2"]
-
-    def run(name: str, fault: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(tmp_path / name), *args],
-                              env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
-                              capture_output=True, text=True, timeout=300)
-
-    whole = run("whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    stopped = run("resumed", "train_forward@7:SIGINT")
-    assert stopped.returncode == 130, stopped.stderr[-3000:]
-    saved = torch.load(tmp_path / "resumed" / "checkpoints" / "interrupted.ckpt", weights_only=False)
-    assert saved["global_step"] == 6  # step 7 had not finished
-    again = run("resumed")
-    assert again.returncode == 0, again.stderr[-3000:]
-    expected, resumed = losses(tmp_path / "whole"), losses(tmp_path / "resumed")
-    assert [step for step, _ in expected] == list(range(1, 24, 2))
-    assert resumed == expected
-    results = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("whole", "resumed")]
+    assert (tmp_path / "run" / "logs" / f"metrics.part-1.until-{resumed_after}.csv").is_file()
+    expected = losses(uninterrupted)
+    assert [step for step, _ in expected] == list(range(16))
+    assert losses(tmp_path / "run") == expected
+    results = [json.loads((run / "results.json").read_text()) for run in (uninterrupted, tmp_path / "run")]
     assert results[0]["ppl"] == results[1]["ppl"]
     assert results[0]["dev_ppl_curve"] == results[1]["dev_ppl_curve"]
