@@ -47,7 +47,7 @@ def test_rdb_storage_on_postgres_two_processes(postgres_url):
 def test_ablate_sweep_optuna_on_postgres(tmp_path, postgres_url):
     result = ablate("sweep", "optuna", "--study", "pg", "--storage", postgres_url,
                     "--space", str(write(tmp_path / "space.yaml", SPACE)), "--n-trials", "6",
-                    "--workers", "2", "--heartbeat", "5", "--runs-dir", str(tmp_path / "runs"),
+                    "--workers", "2", "--heartbeat", "15", "--runs-dir", str(tmp_path / "runs"),
                     *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     trials = optuna.load_study(study_name="pg", storage=postgres_url).get_trials()
