@@ -26,7 +26,7 @@ BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padd
               "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run,
               "reproducibility": reproducibility.run, "workers": workers.run}
 # Run only when named in --only: an experiment (~15 minutes on 2 cores), and a measurement that
-# needs the whole machine (~7 minutes on 2 cores).
+# needs the whole machine (~3 minutes on 2 cores).
 OPT_IN = ("reproducibility", "workers")
 
 

@@ -15,6 +15,7 @@ import datetime as dt
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import time
@@ -205,6 +206,13 @@ def batch_stats(batches: list[Batch], pad_id: int = 0) -> dict[str, float]:
             "src_tokens": src, "tgt_tokens": tgt,
             "padding_share": 1 - (src + tgt) / slots if slots else 0.0,
             "shapes": [[list(b["src"].shape), list(b["tgt_out"].shape)] for b in batches]}
+
+
+def share_bpe(model: Path, run_dir: Path) -> None:
+    """Put a trained sentencepiece model (`spm.model`/`.vocab`) into a run directory, so that
+    `ablate train` there reuses it instead of training its own: runs differ only in arithmetic."""
+    for suffix in (".model", ".vocab"):
+        shutil.copy(model.with_suffix(suffix), run_dir / f"spm{suffix}")
 
 
 def logged_values(run_dir: Path, column: str) -> dict[int, float]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, median, stopwatch,
-                               token_batches)
+from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, median, share_bpe,
+                               stopwatch, token_batches)
 from lightning_modules.config import TransformerConfig
 
 
@@ -159,8 +158,7 @@ def train(setting: Setting, work: Path, steps: int, quick: bool, bpe: Path | Non
     out = work / setting.name.replace(" ", "-")
     out.mkdir()
     if bpe is not None:  # one BPE model for all runs: only the arithmetic differs
-        for suffix in (".model", ".vocab"):
-            shutil.copy(bpe.with_suffix(suffix), out / f"spm{suffix}")
+        share_bpe(bpe, out)
     proc = subprocess.run(train_args(out, steps, setting, quick), env={**os.environ, **setting.env}, cwd=REPO,
                           capture_output=True, text=True)
     if proc.returncode != 0:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, Section, Settings, median, spread, stopwatch
+from benchmarks.common import REPO, Section, Settings, median, share_bpe, spread, stopwatch
 from sweeps.launch import worker_envs
 
 PRESET, ROW = "cpu", "base"
@@ -60,8 +59,7 @@ def run_layout(workers: int, work: Path, steps: int, quick: bool, bpe: Path | No
     for seed, env in enumerate(worker_envs(workers, None), start=1):
         out = Path(tempfile.mkdtemp(prefix=f"k{workers}-s{seed}-", dir=work))
         if bpe is not None:
-            for suffix in (".model", ".vocab"):
-                shutil.copy(bpe.with_suffix(suffix), out / f"spm{suffix}")
+            share_bpe(bpe, out)
         outs.append(out)
         procs.append(subprocess.Popen(train_args(out, seed, steps, quick), cwd=REPO, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
@@ -90,8 +88,8 @@ def run(settings: Settings) -> Section:
         for rep in range(reps):
             for k in counts if rep % 2 == 0 else counts[::-1]:
                 result = run_layout(k, work, steps, settings.quick, bpe)
-                bpe = bpe or result.pop("bpe")
-                measured[k].append(result)
+                bpe = bpe or result["bpe"]  # the first run's BPE model, shared by all later runs
+                measured[k].append({key: v for key, v in result.items() if key != "bpe"})
                 print(f"  {k} worker(s): {sum(result['tokens_per_s']):,.0f} tokens/s together", flush=True)
     rows = []
     for k, results in measured.items():
@@ -105,8 +103,7 @@ def run(settings: Settings) -> Section:
     for row in rows:
         row["vs best"] = row["tokens/s together"] / best
     section.rows = rows
-    section.data = {"runs": {str(k): [{kk: v for kk, v in r.items() if kk != "bpe"} for r in rs]
-                             for k, rs in measured.items()}, "steps": steps, "reps": reps}
+    section.data = {"runs": {str(k): rs for k, rs in measured.items()}, "steps": steps, "reps": reps}
     section.notes.append("tokens/s: steady-state target tokens/s from each run's results.json (after the first "
                          "log window), summed over the layout's concurrent workers; median over repetitions")
     section.notes.append("wall s: the slowest worker of the layout, start-up (BPE shared) and a greedy dev "

@@ -31,8 +31,8 @@ if TYPE_CHECKING:  # the annotation only: io and the reports import this module 
     from torch import Tensor
 
 FAULT_ENV = "ABLATE_FAULT"
-POINTS = ("startup", "train_step", "train_forward", "validation", "compile", "decode", "checkpoint_write", "results_write",
-          "nan_loss")
+POINTS = ("startup", "train_step", "train_forward", "validation", "compile", "decode", "checkpoint_write",
+          "results_write", "nan_loss")
 
 
 def _parse(spec: str) -> tuple[str, int | None, signal.Signals]:
