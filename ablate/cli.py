@@ -181,7 +181,8 @@ def cmd_table3(args: argparse.Namespace) -> int:
     if not args.no_report:  # before the table runs, not after
         check_writable_dir(report_dir, "the report (--report-dir)")
     check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
-    outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat)
+    outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat,
+                         archive=args.archive)
     if outcome.interrupted:
         return outcome.exit_status
     if not args.no_report:
@@ -330,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="runs/table3", help="parent of the run directories (default runs/table3)")
     p.add_argument("--heartbeat", type=at_least(1), default=60,
                    help="seconds between trial heartbeats; a run silent for twice that is retried")
+    p.add_argument("--archive", metavar="DIR",
+                   help="keep what a fresh machine needs to go on in DIR (commit or sync it): each "
+                        "finished run's results, curve and dev translations, each unfinished run's newest "
+                        "checkpoint; restored from at the start, saved every 10 minutes and at the end")
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--dry-run", action="store_true",

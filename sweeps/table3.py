@@ -13,6 +13,7 @@ is refused instead of mixing two tables.
 from __future__ import annotations
 
 import difflib
+import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -168,6 +169,12 @@ def identity(plan: Table3Plan, spec: dict[str, Any]) -> dict[str, Any]:
             "config": plan.config, "setup": setup, "recipe": recipe}
 
 
+def describe_differences(there: Any, here: Any) -> str:
+    """`a.b: 1 -> 2; c: ...` for two identities (nested dicts), or the two values."""
+    both_dicts = isinstance(there, dict) and isinstance(here, dict)
+    return "; ".join(_differences(there, here)) if both_dicts else f"{there!r} -> {here!r}"
+
+
 def _differences(there: Any, here: Any, prefix: str = "") -> list[str]:
     """`key: there -> here` for each leaf where two nested dicts differ."""
     if isinstance(there, dict) and isinstance(here, dict):
@@ -195,12 +202,19 @@ def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
         there = attrs.get(key)
         if there == value:
             continue
-        both_dicts = isinstance(there, dict) and isinstance(value, dict)
-        changed = "; ".join(_differences(there, value)) if both_dicts else f"{there!r} -> {value!r}"
+        changed = describe_differences(there, value)
         what = {"spec": "rows of the ablation spec", "recipe": "training recipe"}.get(key, key)
         raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changed}; "
                         f"there -> here): the runs still queued would not be comparable to those "
                         f"done. Use another --study")
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether a run directory holds a complete results.json (the workers adopt it as it is)."""
+    from lightning_modules.run.results import read_results
+
+    done = read_results(run_dir)
+    return done is not None and done.status == "complete"
 
 
 def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
@@ -213,12 +227,14 @@ def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
         cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
         model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
         cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
-        jobs.append((cost, row, seed, overrides))
+        jobs.append((finished(Path(run_dir(plan, row, seed))), cost, row, seed, overrides))
     study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
     check_study(study, identity(plan, spec))
-    # Longest first: the big model starts at once instead of last, which shortens the table.
+    # Longest first: the big model starts at once instead of last, which shortens the table;
+    # finished run directories the study does not know yet (restored, copied in) go before
+    # everything: adopted in seconds, they are in the study from the start.
     queued = 0
-    for _, row, seed, overrides in sorted(jobs, key=lambda j: -j[0]):
+    for _, _, row, seed, overrides in sorted(jobs, key=lambda j: (not j[0], -j[1])):
         attrs = {"row": row, "seed": seed, "group": spec[row].get("group", row),
                  "run_dir": run_dir(plan, row, seed)}
         queued += enqueue(study, overrides, attrs)
@@ -281,15 +297,46 @@ class Table3Outcome:
         return 1 if self.missing or self.workers_status else 0
 
 
+def check_archive(archive: Path, wanted: dict[str, Any]) -> None:
+    """Refuse an `--archive` of another table (see `sweeps.archive`)."""
+    from sweeps.archive import stored_identity
+
+    there = stored_identity(archive)
+    here = json.loads(json.dumps(wanted))  # tuples as lists, as stored
+    if there is not None and there != here:
+        raise UserError(f"--archive {archive} holds another table ({describe_differences(there, here)}; "
+                        f"there -> here): use another --archive")
+
+
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
-               devices_per_trial: int = 1, heartbeat_s: int = 60) -> Table3Outcome:
+               devices_per_trial: int = 1, heartbeat_s: int = 60, archive: str | None = None) -> Table3Outcome:
     """Queue every planned (row, seed) not complete, run the queue-only workers until it is empty
     (or they are interrupted), and print one line per planned run. The report is the caller's
-    (`reports.build.build_report`), from the database."""
+    (`reports.build.build_report`), from the database.
+
+    `archive`: a folder that keeps the runs for a sitting on another machine (`sweeps.archive`):
+    restored from before the queue is made, saved to while the workers run and when they end."""
+    from sweeps import archive as kept
+
+    inject("startup")
+    if archive is None:
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s)
+    folder, wanted = Path(archive), identity(plan, load_spec(plan.spec_path))
+    check_archive(folder, wanted)
+    check_writable_dir(folder, "the archive (--archive)")
+    runs = {(row, seed): Path(run_dir(plan, row, seed)) for row, seed in plan.runs()}
+    restored = kept.restore(runs, folder)
+    if restored:
+        print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)
+    with kept.kept_in(runs, folder, wanted):
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s)
+
+
+def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_trial: int,
+               heartbeat_s: int) -> Table3Outcome:
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
-    inject("startup")
     study, queued = queue(plan)
     print(f"table3 {plan.study}: {len(plan.rows)} rows x {plan.describe_seeds()}; {queued} queued now, "
           f"storage {safe_url(plan.storage)}", flush=True)

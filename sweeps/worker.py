@@ -199,10 +199,20 @@ class Objective:
                   f"dev BLEU {results.bleu}, {results.train_time_s} s training, "
                   f"{results.params:,} parameters", flush=True)
         if self.s.keep_translations:
-            for name in ("hyp", "ref"):
-                lines = (run_dir / f"dev.{name}.txt").read_text(encoding="utf-8").splitlines()
-                trial.set_user_attr(f"dev_{name}", pack_lines(lines))
+            self.keep_translations(trial, run_dir)
         return float(getattr(results, self.s.objective))
+
+    @staticmethod
+    def keep_translations(trial: optuna.Trial, run_dir: Path) -> None:
+        """The dev hypotheses and references as user attributes (the report's paired bootstrap).
+        A run restored from its results.json alone (`sweeps.archive`) has none: said, not failed."""
+        paths = {name: run_dir / f"dev.{name}.txt" for name in ("hyp", "ref")}
+        if not all(path.is_file() for path in paths.values()):
+            print(f"{trial.user_attrs.get('row')} seed {trial.user_attrs.get('seed')}: no dev translations "
+                  f"in {run_dir}; the report's paired bootstrap leaves this run out", flush=True)
+            return
+        for name, path in paths.items():
+            trial.set_user_attr(f"dev_{name}", pack_lines(path.read_text(encoding="utf-8").splitlines()))
 
 
 def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_dir: str | None) -> int | None:

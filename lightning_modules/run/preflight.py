@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
 from lightning_modules.errors import UserError
+from lightning_modules.run.results import RunResult
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
 # and the corpus and vocabulary.
@@ -124,6 +125,25 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
                     f"use another --out (or delete {out}) to train a different configuration")
 
 
+def check_same_result(out: Path, done: RunResult, cfg: RunConfig) -> None:
+    """A finished run's results.json is reused only by the configuration that produced it: one
+    restored or copied into a run directory without its config.yaml (`sweeps.archive`) is checked
+    against the preset, corpus, seed, steps and model asked for."""
+    asked = {"preset": cfg.preset, "corpus": cfg.data.corpus, "seed": cfg.train.seed,
+             "steps": cfg.train.max_steps}
+    asked.update({f"model.{k}": v for k, v in model_identity(asdict(cfg.model)).items()})
+    try:
+        model = model_identity(done.model or {})
+    except (TypeError, UserError):  # a model this version cannot build: not this run's
+        model = {}
+    found = {**{key: getattr(done, key) for key in ("preset", "corpus", "seed", "steps")},
+             **{f"model.{k}": v for k, v in model.items()}}
+    for key, value in asked.items():
+        if found.get(key) != value:
+            raise UserError(f"{out / 'results.json'} holds a finished run with {key} {found.get(key)!r}, "
+                            f"not {value!r}; use another --out (or delete {out}) to train this configuration")
+
+
 def _model_estimate(cfg: RunConfig) -> TransformerConfig:
     """The model with the BPE vocabulary it will get (the tokenizer decides the exact size)."""
     return cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)
@@ -210,16 +230,17 @@ def wandb_mode(setting: str, on_error: str = "fail") -> str | None:
     raise UserError(f"--wandb online: {problem}; or set train.wandb_on_error=offline to log offline")
 
 
-def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig) -> tuple[Path, int] | None:
+def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) -> tuple[Path, int] | None:
     """The checkpoint to resume from and its step: the valid one with the highest step (newest on
     a tie).
 
     A damaged file (a zip whose CRCs fail, e.g. copied in half) is renamed to `*.corrupt` with a
-    warning and skipped; a checkpoint saved by another model is refused with one line.
+    warning and skipped; a checkpoint saved by another model than `model` (when given) is
+    refused with one line.
     """
     if not ckpt_dir.is_dir():
         return None
-    wanted, best, best_key = asdict(model), None, None
+    wanted, best, best_key = asdict(model) if model else {}, None, None
     for path in sorted(ckpt_dir.glob("*.ckpt")):
         try:
             with zipfile.ZipFile(path) as archive:

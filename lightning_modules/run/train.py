@@ -41,7 +41,7 @@ from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.slurm import NOTICE, PreemptionNotice, on_slurm
 from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
-                                        check_same_run, remove_stale_temporaries, resume_checkpoint,
+                                        check_same_result, check_same_run, remove_stale_temporaries, resume_checkpoint,
                                         uses_gpu, wandb_mode)
 from lightning_modules.config import to_yaml
 from lightning_modules.translation import TranslationModule
@@ -146,6 +146,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         raise
     done = read_results(out)
     if done and done.status == "complete":
+        check_same_result(out, done, cfg)
         return done
     if done and done.status == "failed":
         raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "

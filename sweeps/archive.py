@@ -1,0 +1,179 @@
+"""A table's runs kept in a folder that outlives the machine (`ablate table3 --archive DIR`).
+
+A long table runs in sittings, and the next sitting may be on another machine: a cloud VM given
+back, a cluster's scratch space purged, a laptop. The study database only indexes the runs; the
+run directories are the record. The archive keeps the part of each planned run's directory that
+a fresh machine needs, as `DIR/<row>-s<seed>/`:
+
+- a finished run: `results.json`, `config.yaml`, `logs/metrics.csv` (its whole curve, every
+  attempt joined: `metrics_log.read_rows`) and the dev sources, references and translations;
+- an unfinished run: `config.yaml`, `logs/` as it stands (each attempt's part) and its newest
+  checkpoint, from which it resumes as it would have on the old machine.
+
+`DIR/table3.json` holds the table's identity (`sweeps.table3.identity`): the table refuses an
+archive of another table. At a sitting's start, every planned run whose directory has neither a
+`results.json` nor a checkpoint is restored from DIR (what the machine holds always wins); the
+workers then adopt a restored finished run (`train` reuses a complete results.json of the same
+configuration: `preflight.check_same_result`) and resume an unfinished one. The table saves DIR
+every `SAVE_EVERY_S` while it runs and when it ends, interrupted too; every file is written
+atomically, so DIR can be committed or synced at any moment.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lightning_modules.errors import UserError
+from lightning_modules.metrics_log import METRICS, read_rows
+from lightning_modules.run.io import atomic_write_bytes, atomic_write_json, check_writable_dir
+from lightning_modules.run.results import RESULTS, read_results
+
+SAVE_EVERY_S = 600.0
+IDENTITY = "table3.json"
+CONFIG = "config.yaml"
+DEV_FILES = ("dev.src.txt", "dev.ref.txt", "dev.hyp.txt")
+
+
+def entry(archive: Path, row: str, seed: int) -> Path:
+    return archive / f"{row}-s{seed}"
+
+
+def _write(dst: Path, data: bytes) -> None:
+    """`data` to `dst` atomically, unless `dst` holds the same bytes already."""
+    if not (dst.is_file() and dst.stat().st_size == len(data) and dst.read_bytes() == data):
+        atomic_write_bytes(dst, data)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    _write(dst, src.read_bytes())
+
+
+def _remove_except(folder: Path, keep: set[str]) -> None:
+    """Files in `folder` not named in `keep` (what the run directory no longer has)."""
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if path.is_file() and path.name not in keep:
+                path.unlink()
+
+
+def _joined_metrics(log_dir: Path) -> bytes:
+    """The run's whole curve as one metrics.csv (columns in the order first seen)."""
+    rows = read_rows(log_dir)
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns))  # \r\n, as Lightning's CSVLogger writes
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().encode("utf-8")
+
+
+def newest_checkpoint(ckpt_dir: Path) -> Path | None:
+    from lightning_modules.run.preflight import resume_checkpoint  # loads torch
+
+    found = resume_checkpoint(ckpt_dir)
+    return found[0] if found else None
+
+
+def save_run(run_dir: Path, dest: Path) -> None:
+    """The part of one run directory a fresh machine needs (see the module's docstring)."""
+    done = read_results(run_dir)
+    if done is None and not any(run_dir.glob("checkpoints/*.ckpt")):
+        return  # not started, or nothing to resume from yet
+    if (run_dir / CONFIG).is_file():
+        _copy(run_dir / CONFIG, dest / CONFIG)
+    if done is not None and done.status == "complete":
+        _copy(run_dir / RESULTS, dest / RESULTS)
+        _write(dest / "logs" / METRICS, _joined_metrics(run_dir / "logs"))
+        _remove_except(dest / "logs", {METRICS})
+        for name in DEV_FILES:
+            if (run_dir / name).is_file():
+                _copy(run_dir / name, dest / name)
+        if (dest / "checkpoints").is_dir():
+            shutil.rmtree(dest / "checkpoints")
+        return
+    logs = [p for p in (run_dir / "logs").glob("*") if p.is_file()]
+    for path in logs:
+        _copy(path, dest / "logs" / path.name)
+    _remove_except(dest / "logs", {p.name for p in logs})
+    checkpoint = newest_checkpoint(run_dir / "checkpoints")
+    if checkpoint is not None:
+        try:
+            _copy(checkpoint, dest / "checkpoints" / checkpoint.name)
+        except FileNotFoundError:  # replaced by a newer one while we looked: the next save takes it
+            return
+        _remove_except(dest / "checkpoints", {checkpoint.name})
+
+
+def save(runs: dict[tuple[str, int], Path], archive: Path, identity: dict[str, Any]) -> None:
+    """Every planned run's record into `archive`, and the table's identity."""
+    archive.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(archive / IDENTITY, identity)
+    for (row, seed), run_dir in runs.items():
+        if run_dir.is_dir():
+            save_run(run_dir, entry(archive, row, seed))
+
+
+def stored_identity(archive: Path) -> dict[str, Any] | None:
+    """The identity of the table archived in `archive` (None: no archive there yet)."""
+    path = archive / IDENTITY
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} is not readable ({err}); is --archive a table's archive?") from None
+
+
+def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:
+    """Copy each archived run into its run directory where that holds neither a results.json nor
+    a checkpoint; returns the runs restored ('C3 seed 1 (checkpoint)', 'base seed 2 (finished)')."""
+    if not archive.is_dir():
+        return []
+    restored = []
+    for (row, seed), run_dir in runs.items():
+        src = entry(archive, row, seed)
+        if not src.is_dir() or (run_dir / RESULTS).is_file() or any(run_dir.glob("checkpoints/*.ckpt")):
+            continue
+        check_writable_dir(run_dir, f"the run directory of {row} seed {seed}")
+        for path in sorted(p for p in src.rglob("*") if p.is_file()):
+            _copy(path, run_dir / path.relative_to(src))
+        restored.append(f"{row} seed {seed} ({'finished' if (src / RESULTS).is_file() else 'checkpoint'})")
+    return restored
+
+
+@contextmanager
+def kept_in(runs: dict[tuple[str, int], Path], archive: Path, identity: dict[str, Any],
+            every_s: float = SAVE_EVERY_S) -> Iterator[None]:
+    """Save the archive every `every_s` seconds while the body runs, and once more when it ends
+    (however it ends). A save that fails says so in one line; the table goes on."""
+    stop = threading.Event()
+
+    def save_now() -> None:
+        try:
+            save(runs, archive, identity)
+        except OSError as err:
+            print(f"table3: could not save --archive {archive}: {err}", file=sys.stderr, flush=True)
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            save_now()
+
+    thread = threading.Thread(target=loop, name="table3-archive", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        save_now()

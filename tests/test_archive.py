@@ -1,0 +1,112 @@
+"""`ablate table3 --archive DIR`: a table that goes on after its machine is gone.
+
+Real tiny runs on the Ding corpus, a real SQLite study; the "fresh machine" is the same one with
+the run directories and the database deleted, so that only the archive is left.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from ablations.resolve import resolve
+from lightning_modules.errors import UserError
+from lightning_modules.metrics_log import read_rows
+from lightning_modules.run.preflight import check_same_result
+from lightning_modules.run.results import RunResult, read_results
+from sweeps.table3 import Table3Plan, queue
+from test_table3 import ablate, table3_args, trials
+
+
+def sitting(tmp: Path, archive: Path, *extra: str, env: dict[str, str] | None = None):
+    args = table3_args(tmp, "--rows", "base", "--seeds", "1,2", "--no-report", "--archive", str(archive), *extra)
+    return ablate(*args, env=env)
+
+
+def complete(tmp: Path) -> dict[int, optuna.trial.FrozenTrial]:
+    return {t.user_attrs["seed"]: t for t in trials(tmp) if t.state == TrialState.COMPLETE}
+
+
+def test_a_table_goes_on_from_its_archive_on_a_fresh_machine(tmp_path: Path):
+    """Seed 1 finishes and seed 2 is killed after its step-5 checkpoint; with the run directories
+    and the database gone, the same command restores both from the archive: seed 1 is adopted as
+    it was (translations too), seed 2 resumes from its checkpoint and ends as an uninterrupted
+    run of the same seed does."""
+    archive, runs = tmp_path / "archive", tmp_path / "runs" / "table3-tiny"
+    first = sitting(tmp_path, archive, "--seeds", "1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    killed = sitting(tmp_path, archive, env={"ABLATE_FAULT": "train_step@7"})  # SIGKILL in seed 2
+    assert killed.returncode == 1 and "not complete: base seed 2 (fail)" in killed.stderr
+    seed1 = read_results(runs / "base-s1")
+    assert (archive / "table3.json").is_file()
+    assert read_results(archive / "base-s1") == seed1
+    for name in ("config.yaml", "dev.src.txt", "dev.ref.txt", "dev.hyp.txt"):
+        assert (archive / "base-s1" / name).read_bytes() == (runs / "base-s1" / name).read_bytes()
+    assert read_rows(archive / "base-s1" / "logs") == read_rows(runs / "base-s1" / "logs")
+    assert not (archive / "base-s1" / "checkpoints").exists()
+    (kept,) = (archive / "base-s2" / "checkpoints").glob("*.ckpt")  # the newest only
+    assert not (archive / "base-s2" / "results.json").exists()
+
+    shutil.rmtree(tmp_path / "runs")
+    (tmp_path / "t3.db").unlink()
+    again = sitting(tmp_path, archive)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "restored from" in again.stdout and "base seed 1 (finished), base seed 2 (checkpoint)" in again.stdout
+    done = complete(tmp_path)
+    assert set(done) == {1, 2}
+    assert done[1].user_attrs["ppl"] == seed1.ppl and done[1].user_attrs["bleu"] == seed1.bleu
+    assert "dev_hyp" in done[1].user_attrs  # the report's bootstrap has it
+    assert done[1].number < done[2].number  # finished run directories are queued first
+    assert "Restoring states from the checkpoint" in (runs / "base-s2" / "trial.log").read_text()
+    assert min(done[2].intermediate_values) > 5  # resumed at step 5, not restarted
+    assert read_results(archive / "base-s2").status == "complete"
+    assert not (archive / "base-s2" / "checkpoints").exists()
+
+    whole = tmp_path / "uninterrupted"
+    single = ablate(*table3_args(whole, "--rows", "base", "--seeds", "2", "--no-report"))
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert done[2].user_attrs["ppl"] == complete(whole)[2].user_attrs["ppl"]
+    assert done[2].user_attrs["dev_ppl_curve"] == complete(whole)[2].user_attrs["dev_ppl_curve"]
+
+
+def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path):
+    archive = tmp_path / "archive"
+    first = sitting(tmp_path, archive, "--seeds", "1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    other = sitting(tmp_path, archive, "--study", "other", "--max-steps", "12")
+    lines = other.stderr.strip().splitlines()
+    assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
+    assert "holds another table (" in lines[0] and "recipe.train.max_steps: 10 -> 12" in lines[0]
+    assert not (tmp_path / "runs" / "other").exists()
+
+
+def test_a_finished_result_is_reused_only_by_its_own_configuration(tmp_path: Path):
+    cfg = resolve("cpu", "base", None, ["train.seed=1"], None)
+    done = RunResult(preset="cpu", corpus=cfg.data.corpus, seed=1, steps=cfg.train.max_steps,
+                     model=asdict(cfg.model.with_vocabulary(2000, 0)), status="complete")
+    check_same_result(tmp_path, done, cfg)  # the vocabulary is the tokenizer's, not the identity
+    with pytest.raises(UserError, match="with seed 1, not 2"):
+        check_same_result(tmp_path, done, resolve("cpu", "base", None, ["train.seed=2"], None))
+    with pytest.raises(UserError, match="with model.d_model 64, not 128"):
+        check_same_result(tmp_path, done, resolve("cpu", "C5", None, ["train.seed=1"], None))
+    with pytest.raises(UserError, match="with steps 24000, not 100"):
+        check_same_result(tmp_path, done, resolve("cpu", "base", None, ["train.seed=1", "train.max_steps=100"],
+                                                  None))
+
+
+def test_a_run_directory_finished_elsewhere_is_queued_before_everything(tmp_path: Path):
+    plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base", "C5"],
+                      seeds=[1, 2], runs_dir=str(tmp_path / "runs"), overrides=["train.max_steps=10"])
+    study, _ = queue(plan)
+    assert [t.user_attrs["row"] for t in study.trials][:2] == ["C5", "C5"]  # the costliest first
+    finished = tmp_path / "runs" / "u" / "base-s2"
+    finished.mkdir(parents=True)
+    (finished / "results.json").write_text(json.dumps({"status": "complete"}))
+    study, _ = queue(Table3Plan(**{**asdict(plan), "study": "u"}))
+    assert (study.trials[0].user_attrs["row"], study.trials[0].user_attrs["seed"]) == ("base", 2)
