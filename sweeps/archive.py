@@ -8,7 +8,8 @@ a fresh machine needs, as `DIR/<row>-s<seed>/`:
 - a finished run: `results.json`, `config.yaml`, `logs/metrics.csv` (its whole curve, every
   attempt joined: `metrics_log.read_rows`) and the dev sources, references and translations;
 - an unfinished run: `config.yaml`, `logs/` as it stands (each attempt's part) and its newest
-  checkpoint, from which it resumes as it would have on the old machine.
+  checkpoint, from which it resumes as it would have on the old machine;
+- a failed run (a NaN loss): its `results.json` and logs, so that it stays failed.
 
 `DIR/table3.json` holds the table's identity (`sweeps.table3.identity`): the table refuses an
 archive of another table. At a sitting's start, every planned run whose directory has neither a
@@ -78,6 +79,11 @@ def _joined_metrics(log_dir: Path) -> bytes:
     return out.getvalue().encode("utf-8")
 
 
+def _whole_lines(data: bytes) -> bytes:
+    """A log being appended to as it is read, without its unfinished last line."""
+    return data if not data or data.endswith(b"\n") else data[:data.rfind(b"\n") + 1]
+
+
 def newest_checkpoint(ckpt_dir: Path) -> Path | None:
     from lightning_modules.run.preflight import resume_checkpoint  # loads torch
 
@@ -92,8 +98,9 @@ def save_run(run_dir: Path, dest: Path) -> None:
         return  # not started, or nothing to resume from yet
     if (run_dir / CONFIG).is_file():
         _copy(run_dir / CONFIG, dest / CONFIG)
-    if done is not None and done.status == "complete":
+    if done is not None:  # a failed run's results.json too: it stays failed on the next machine
         _copy(run_dir / RESULTS, dest / RESULTS)
+    if done is not None and done.status == "complete":
         _write(dest / "logs" / METRICS, _joined_metrics(run_dir / "logs"))
         _remove_except(dest / "logs", {METRICS})
         for name in DEV_FILES:
@@ -104,8 +111,11 @@ def save_run(run_dir: Path, dest: Path) -> None:
         return
     logs = [p for p in (run_dir / "logs").glob("*") if p.is_file()]
     for path in logs:
-        _copy(path, dest / "logs" / path.name)
+        _write(dest / "logs" / path.name, _whole_lines(path.read_bytes()))
     _remove_except(dest / "logs", {p.name for p in logs})
+    if done is not None:  # failed: nothing to resume
+        _remove_except(dest / "checkpoints", set())
+        return
     checkpoint = newest_checkpoint(run_dir / "checkpoints")
     if checkpoint is not None:
         try:
@@ -137,7 +147,7 @@ def stored_identity(archive: Path) -> dict[str, Any] | None:
 
 def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:
     """Copy each archived run into its run directory where that holds neither a results.json nor
-    a checkpoint; returns the runs restored ('C3 seed 1 (checkpoint)', 'base seed 2 (finished)')."""
+    a checkpoint; returns the runs restored ('C3 seed 1 (checkpoint)', 'base seed 2 (complete)')."""
     if not archive.is_dir():
         return []
     restored = []
@@ -148,7 +158,8 @@ def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:
         check_writable_dir(run_dir, f"the run directory of {row} seed {seed}")
         for path in sorted(p for p in src.rglob("*") if p.is_file()):
             _copy(path, run_dir / path.relative_to(src))
-        restored.append(f"{row} seed {seed} ({'finished' if (src / RESULTS).is_file() else 'checkpoint'})")
+        done = read_results(src)
+        restored.append(f"{row} seed {seed} ({'checkpoint' if done is None else done.status})")
     return restored
 
 

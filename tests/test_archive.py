@@ -57,7 +57,7 @@ def test_a_table_goes_on_from_its_archive_on_a_fresh_machine(tmp_path: Path):
     (tmp_path / "t3.db").unlink()
     again = sitting(tmp_path, archive)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "restored from" in again.stdout and "base seed 1 (finished), base seed 2 (checkpoint)" in again.stdout
+    assert "restored from" in again.stdout and "base seed 1 (complete), base seed 2 (checkpoint)" in again.stdout
     done = complete(tmp_path)
     assert set(done) == {1, 2}
     assert done[1].user_attrs["ppl"] == seed1.ppl and done[1].user_attrs["bleu"] == seed1.bleu
@@ -84,6 +84,20 @@ def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path):
     assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
     assert "holds another table (" in lines[0] and "recipe.train.max_steps: 10 -> 12" in lines[0]
     assert not (tmp_path / "runs" / "other").exists()
+
+
+def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path):
+    archive = tmp_path / "archive"
+    failed = sitting(tmp_path, archive, "--seeds", "1", env={"ABLATE_FAULT": "nan_loss@7"})
+    assert failed.returncode == 1 and "not complete: base seed 1 (fail)" in failed.stderr
+    assert read_results(archive / "base-s1").status == "failed"
+    assert not (archive / "base-s1" / "checkpoints").exists()  # nothing to resume
+    shutil.rmtree(tmp_path / "runs")
+    (tmp_path / "t3.db").unlink()
+    again = sitting(tmp_path, archive, "--seeds", "1")
+    assert again.returncode == 1 and "base seed 1 (failed)" in again.stdout
+    assert "holds a failed run" in (tmp_path / "runs" / "table3-tiny" / "base-s1" / "trial.log").read_text()
+    assert not complete(tmp_path)
 
 
 def test_a_finished_result_is_reused_only_by_its_own_configuration(tmp_path: Path):
