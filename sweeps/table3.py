@@ -28,6 +28,7 @@ from lightning_modules.config import TOKENIZER_KEYS, count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
+from lightning_modules.run.results import read_results
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import enqueue, open_study
 
@@ -211,8 +212,6 @@ def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
 
 def finished(run_dir: Path) -> bool:
     """Whether a run directory holds a complete results.json (the workers adopt it as it is)."""
-    from lightning_modules.run.results import read_results
-
     done = read_results(run_dir)
     return done is not None and done.status == "complete"
 

@@ -41,8 +41,8 @@ from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.slurm import NOTICE, PreemptionNotice, on_slurm
 from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
-                                        check_same_result, check_same_run, remove_stale_temporaries, resume_checkpoint,
-                                        uses_gpu, wandb_mode)
+                                        check_same_result, check_same_run, remove_stale_temporaries,
+                                        resume_checkpoint, uses_gpu, wandb_mode)
 from lightning_modules.config import to_yaml
 from lightning_modules.translation import TranslationModule
 
