@@ -170,7 +170,9 @@ def test_four_workers_queueing_and_taking_never_run_a_trial_twice_on_sqlite(tmp_
 
 
 def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
-    result = ablate(*sweep_args(tmp_path, "tpe", 6, "--workers", "2"))
+    # Beats every 15 s, not 1: on a loaded machine (a table beside the suite) a 2 s silence made
+    # the heartbeat retry a live trial (7 trials); retries have tests of their own.
+    result = ablate(*sweep_args(tmp_path, "tpe", 6, "--workers", "2", "--heartbeat", "15"))
     assert result.returncode == 0, result.stderr[-2000:]
     trials = load(tmp_path, "tpe").get_trials()
     assert len(trials) == 6
@@ -184,7 +186,7 @@ def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
         assert t.user_attrs["run_dir"] == str((tmp_path / "runs" / "tpe" / f"trial-{t.number}").resolve())
     # Re-running the same command: the study is already complete, nothing more is trained.
     assert len(trials) == 6 and len({t.user_attrs["run_dir"] for t in trials}) == 6
-    again = ablate(*sweep_args(tmp_path, "tpe", 6, "--workers", "2"))
+    again = ablate(*sweep_args(tmp_path, "tpe", 6, "--workers", "2", "--heartbeat", "15"))
     assert again.returncode == 0 and len(load(tmp_path, "tpe").trials) == 6
 
 
