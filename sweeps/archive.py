@@ -84,6 +84,10 @@ def _whole_lines(data: bytes) -> bytes:
     return data if not data or data.endswith(b"\n") else data[:data.rfind(b"\n") + 1]
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    return any(run_dir.glob("checkpoints/*.ckpt"))
+
+
 def newest_checkpoint(ckpt_dir: Path) -> Path | None:
     from lightning_modules.run.preflight import resume_checkpoint  # loads torch
 
@@ -94,7 +98,7 @@ def newest_checkpoint(ckpt_dir: Path) -> Path | None:
 def save_run(run_dir: Path, dest: Path) -> None:
     """The part of one run directory a fresh machine needs (see the module's docstring)."""
     done = read_results(run_dir)
-    if done is None and not any(run_dir.glob("checkpoints/*.ckpt")):
+    if done is None and not has_checkpoint(run_dir):
         return  # not started, or nothing to resume from yet
     if (run_dir / CONFIG).is_file():
         _copy(run_dir / CONFIG, dest / CONFIG)
@@ -153,7 +157,7 @@ def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:
     restored = []
     for (row, seed), run_dir in runs.items():
         src = entry(archive, row, seed)
-        if not src.is_dir() or (run_dir / RESULTS).is_file() or any(run_dir.glob("checkpoints/*.ckpt")):
+        if not src.is_dir() or (run_dir / RESULTS).is_file() or has_checkpoint(run_dir):
             continue
         check_writable_dir(run_dir, f"the run directory of {row} seed {seed}")
         for path in sorted(p for p in src.rglob("*") if p.is_file()):
