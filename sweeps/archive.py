@@ -104,7 +104,7 @@ def save_run(run_dir: Path, dest: Path) -> None:
         _copy(run_dir / CONFIG, dest / CONFIG)
     if done is not None:  # a failed run's results.json too: it stays failed on the next machine
         _copy(run_dir / RESULTS, dest / RESULTS)
-    if done is not None and done.status == "complete":
+    if done is not None and done.complete:
         _write(dest / "logs" / METRICS, _joined_metrics(run_dir / "logs"))
         _remove_except(dest / "logs", {METRICS})
         for name in DEV_FILES:

@@ -213,7 +213,7 @@ def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
 def finished(run_dir: Path) -> bool:
     """Whether a run directory holds a complete results.json (the workers adopt it as it is)."""
     done = read_results(run_dir)
-    return done is not None and done.status == "complete"
+    return done is not None and done.complete
 
 
 def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:

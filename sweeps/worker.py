@@ -188,7 +188,7 @@ class Objective:
         if results.status == "failed":  # e.g. a NaN loss: the reason goes with the trial
             trial.set_user_attr("fail_reason", results.reason)
             raise TrialFailed(f"trial {trial.number} failed: {results.reason}")
-        if code != 0 or results.status != "complete":
+        if code != 0 or not results.complete:
             trial.set_user_attr("fail_reason", f"exit status {code}")
             raise TrialFailed(f"trial {trial.number} exited with status {code}; see {run_dir}/trial.log")
         for key, value in results.select("trial").items():

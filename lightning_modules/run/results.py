@@ -74,6 +74,11 @@ class RunResult:
     status: str | None = _f("complete or failed")
     reason: str | None = _f("why a failed run failed (e.g. a NaN loss)")
 
+    @property
+    def complete(self) -> bool:
+        """Whether the run finished and was scored (a failed run has `reason` instead)."""
+        return self.status == "complete"
+
     def to_json(self) -> dict[str, Any]:
         """results.json's content; a failed run leaves out what it never measured."""
         values = asdict(self)

@@ -145,7 +145,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
             shutil.rmtree(created, ignore_errors=True)
         raise
     done = read_results(out)
-    if done and done.status == "complete":
+    if done and done.complete:
         check_same_result(out, done, cfg)
         return done
     if done and done.status == "failed":
