@@ -9,10 +9,16 @@
    Lightning 2.6, `_TrainingEpochLoop.reset`): from then on each window of
    `log_every_n_steps` steps is written up to a window late under a later step, and the window
    whose write falls after an epoch's end is dropped (one training row per epoch lost; seen in the
-   `cpu` table, 2026-11-23). `align_logging_step` sets the count back to `global_step` (one
-   optimizer, automatic optimization: the loop counts one stepped batch per optimizer step).
-   `tests/test_reproducibility.py` resumes a run interrupted inside a step and fails if its rows
-   differ from an uninterrupted run's, so a Lightning upgrade that changes this shows there.
+   `cpu` table, 2026-11-23). The same checkpoint leaves the loop's count of batches drawn across
+   epochs (`batch_progress.total`, on which an integer `val_check_interval` decides when to
+   validate) one ahead too: Lightning's restart puts the epoch's count back on the last completed
+   batch, not the total's, so every later dev evaluation ran a step early, one more per such
+   resume (the `cpu` table's C3 seed 1, resumed inside a step five times, evaluated after step
+   23,995 instead of 24,000). `align_step_counts` sets both back, at the first batch after a
+   restore (one optimizer, automatic optimization: the loop counts one stepped batch per
+   optimizer step). `tests/test_reproducibility.py` resumes a run interrupted inside a step and
+   fails if its rows or its dev evaluations differ from an uninterrupted run's, so a Lightning
+   upgrade that changes this shows there.
 
 2. An epoch that starts right after a restore. A checkpoint written after an epoch's last step
    restores in one of two ways. Written inside `on_train_batch_end` (`ModelCheckpoint(
@@ -33,13 +39,17 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 
-def align_logging_step(trainer: pl.Trainer) -> bool:
-    """Make Lightning's logging step the optimizer step again; True if it had drifted."""
+def align_step_counts(trainer: pl.Trainer) -> bool:
+    """At a batch's start (`on_train_batch_start`, this batch already counted as drawn): make
+    Lightning's logging step the optimizer step, and its count of batches across epochs the
+    completed batches plus this one, again (reason 1). True if either had drifted."""
     loop = trainer.fit_loop.epoch_loop
-    if loop._batches_that_stepped == trainer.global_step:
-        return False
+    total = loop.batch_progress.total
+    drifted = loop._batches_that_stepped != trainer.global_step or total.ready != total.completed + 1
     loop._batches_that_stepped = trainer.global_step
-    return True
+    total.ready = total.completed + 1
+    total.started = total.processed = total.completed
+    return drifted
 
 
 def start_epoch_after_restore(trainer: pl.Trainer) -> None:

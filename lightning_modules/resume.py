@@ -17,9 +17,10 @@ batch, so the resumed run would see some batches twice and others not at all.
   global generators (batching has its own, seeded by epoch). A checkpoint written inside a step
   (Ctrl-C in the forward pass) holds the generators as they were when that step began, since the
   resumed run does the step again from its start.
-- `LoggingStepAfterResume` puts Lightning's logging step back on the optimizer step after such a
-  checkpoint (`lightning_api.align_logging_step`): else every training row after the resume is
-  written a window late and one per epoch is lost.
+- `StepCountsAfterResume` puts Lightning's logging step and batch count back on the optimizer
+  step after such a checkpoint (`lightning_api.align_step_counts`): else every training row after
+  the resume is written a window late, one per epoch is lost, and each dev evaluation runs a step
+  early.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_modules.lightning_api import align_logging_step, start_epoch_after_restore
+from lightning_modules.lightning_api import align_step_counts, start_epoch_after_restore
 
 
 class ResumableLoader(DataLoader):
@@ -101,8 +102,9 @@ class RandomState(pl.Callback):
                 torch.cuda.set_rng_state_all(cuda)
 
 
-class LoggingStepAfterResume(pl.Callback):
-    """At the first batch of a fit, Lightning's logging step is made the optimizer step again."""
+class StepCountsAfterResume(pl.Callback):
+    """At the first batch of a fit, Lightning's logging step and batch count are made the optimizer
+    step again (`lightning_api.align_step_counts`)."""
 
     def __init__(self) -> None:
         self._first = True
@@ -114,4 +116,4 @@ class LoggingStepAfterResume(pl.Callback):
                              batch_idx: int) -> None:
         if self._first:
             self._first = False
-            align_logging_step(trainer)
+            align_step_counts(trainer)

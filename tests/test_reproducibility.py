@@ -58,8 +58,9 @@ def test_deterministic_algorithms_are_on_for_cpu_runs_unless_turned_off():
     assert deterministic(resolve("tiny", "base", None, ["train.deterministic=true"], None))
 
 
-# 16 steps of one window each, periodic checkpoints every 3 steps, epochs of 4 batches
-RESUMABLE = ["--max-steps", "16", "data.max_tokens=25000", "train.checkpoint_every=3"]
+# 16 steps of one window each, periodic checkpoints every 3 steps, dev PPL every 5, epochs of 4 batches
+RESUMABLE = ["--max-steps", "16", "data.max_tokens=25000", "train.checkpoint_every=3",
+             "train.val_check_interval=5"]
 EPOCH = 4
 
 
@@ -76,8 +77,10 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory, small_corpus: list[s
     out = tmp_path_factory.mktemp("uninterrupted") / "run"
     result = train(out, small_corpus)
     assert result.returncode == 0, result.stderr[-3000:]
-    batches = json.loads((out / "results.json").read_text())["data"]["train_batches"]
+    results = json.loads((out / "results.json").read_text())
+    batches = results["data"]["train_batches"]
     assert batches == EPOCH, f"the cases below assume epochs of {EPOCH} batches, not {batches}"
+    assert len(results["dev_ppl_curve"]) == 4, results["dev_ppl_curve"]  # after steps 5, 10, 15 and 16
     return out
 
 
@@ -94,11 +97,14 @@ STOPS = {
 def test_a_stopped_run_resumes_with_the_batches_draws_and_rows_of_an_uninterrupted_one(
         stop, tmp_path, small_corpus, uninterrupted):
     """Stopped four ways, then the same command: every later step trains on the same batches with
-    the same dropout masks, and metrics.csv has each step's loss under its own step, bit for bit
-    as the uninterrupted run's. Each case failed before a fix: a checkpoint at an epoch's last
+    the same dropout masks, metrics.csv has each step's loss under its own step, bit for bit
+    as the uninterrupted run's, and dev PPL is measured after the same steps. Each case failed before a fix: a checkpoint at an epoch's last
     batch skipped the next epoch; one written inside a step (Ctrl-C in the forward pass) restored
     the random generators mid-step and Lightning's logging step one ahead, which wrote every row
-    late (and, in windows of several steps, lost one per epoch: the cpu table of 2026-11-23)."""
+    late (and, in windows of several steps, lost one per epoch: the cpu table of 2026-11-23), and
+    Lightning's count of batches across epochs one ahead, which ran every later dev evaluation a
+    step early (the cpu table's C3 seed 1, resumed inside a step five times: dev PPL after step
+    23,995 instead of 24,000)."""
     fault, code, resumed_after = STOPS[stop]
     stopped = train(tmp_path / "run", small_corpus, fault)
     assert stopped.returncode == code, stopped.stderr[-3000:]

@@ -32,7 +32,7 @@ from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.metrics_log import set_aside
-from lightning_modules.resume import CountBatches, LoggingStepAfterResume, RandomState
+from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
 from lightning_modules.run.faults import inject
@@ -200,7 +200,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         logger=make_loggers(cfg, out, wandb),
         default_root_dir=ckpt_dir,  # where Lightning's SLURM requeue saves hpc_ckpt_N.ckpt
         plugins=[AtomicCheckpointIO(), *slurm],
-        callbacks=[CountBatches(), RandomState(), LoggingStepAfterResume(), clock, FaultPoints(),
+        callbacks=[CountBatches(), RandomState(), StepCountsAfterResume(), clock, FaultPoints(),
                    DivergenceGuard(cfg.train.log_every_n_steps),
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
                                    every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
