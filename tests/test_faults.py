@@ -46,7 +46,8 @@ SLOW = pytest.mark.slow  # in `make test-slow`, not `make test` (the suite stays
 
 # (fault, signal that kills, the newest checkpoint step left behind)
 FAULTS = [
-    pytest.param("train_step@7", signal.SIGKILL, 5, id="train_step@7"),  # in the middle of training
+    # in the middle of training (test_reproducibility's "killed mid-epoch" checks it bit for bit in `make test`)
+    pytest.param("train_step@7", signal.SIGKILL, 5, id="train_step@7", marks=SLOW),
     pytest.param("train_step@13:SIGTERM", signal.SIGTERM, 13, id="SIGTERM@13", marks=SLOW),  # interrupted ckpt
     pytest.param("validation@10", signal.SIGKILL, 10, id="validation@10", marks=SLOW),  # during validation
     pytest.param("checkpoint_write@15", signal.SIGKILL, 10, id="checkpoint_write@15"),  # half a checkpoint written
@@ -140,6 +141,7 @@ def test_diverging_trial_fails_with_its_reason_and_the_sweep_goes_on(tmp_path: P
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2  # the sweep went on to finish
 
 
+@SLOW  # ~100 s of compilation twice; the compiled step's losses are checked in `make test` (test_step_speed)
 def test_sigterm_while_compiling_stops_at_once_and_the_run_resumes(tmp_path: Path):
     out = tmp_path / "run"
     args = ["train", "--out", str(out), *SMALL, "train.compile=true"]

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ports import free_port
 
 ARGS = ["train", "--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
@@ -25,6 +27,7 @@ def command(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "ablate", *ARGS, "--out", str(out), *extra]
 
 
+@pytest.mark.slow  # three DDP runs (~80 s on 2 idle cores); `make test` keeps test_run's two-process run
 def test_two_nodes_give_the_results_of_one_node_with_two_processes(tmp_path: Path):
     port = free_port()
     nodes = [subprocess.Popen(command(tmp_path / "two-nodes", "--devices", "1", "train.num_nodes=2"),

@@ -113,6 +113,7 @@ def test_a_killed_workers_trial_is_failed_and_retried_by_the_heartbeat(url: str)
     assert len(study.get_trials()) == 2
 
 
+@pytest.mark.slow  # a whole tiny table (~100 s on 2 idle cores); journal workers and the dashboard are in `make test`
 def test_table3_report_and_dashboard_on_a_journal_file(tmp_path: Path):
     storage = f"journal:///{tmp_path}/nfs/table3.journal"
     runs = tmp_path / "runs"

@@ -242,7 +242,7 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
     assert len({t.user_attrs["run_dir"] for t in finished}) == 2
 
 
-@pytest.mark.parametrize("devices_per_trial", [1, 2])
+@pytest.mark.parametrize("devices_per_trial", [1, pytest.param(2, marks=pytest.mark.slow)])  # DDP: make test-slow
 def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, devices_per_trial):
     """Queued good then hopeless configs: the second is pruned at its first report; with D = 2
     both trials train on 2 gloo ranks, rank 0 alone reports, and every rank stops together."""
@@ -274,7 +274,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("launched", ["foreground", "sigint-ignored"])
+@pytest.mark.parametrize("launched", ["foreground", pytest.param("sigint-ignored", marks=pytest.mark.slow)])
 def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path, launched):
     """`sigint-ignored`: started as `nohup ablate ... &` from a script starts it (SIGINT ignored,
     inherited by every process below unless reset), yet the worker stops its trial with SIGINT."""
