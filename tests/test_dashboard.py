@@ -10,6 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,3 +131,45 @@ def test_dashboard_port_in_use(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == f"ablate: error: cannot listen on 127.0.0.1:{port}: " \
                                                    "Address already in use", proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_that_lands_while_requests_are_served_stops_the_dashboard(tmp_path: Path, sig) -> None:
+    """Four clients request back to back, then the signal: the dashboard exits 0, without a
+    traceback. A Ctrl-C that landed inside a request used to be lost (wsgiref's request handler
+    catches every exception to answer 500), and the dashboard went on serving."""
+    db = tmp_path / "sweeps.db"
+    _make_study(db)
+    port = free_port()
+    proc = subprocess.Popen(_ablate("dashboard", "--storage", f"sqlite:///{db}", "--port", str(port)),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_port(port, proc, timeout=30)
+    stop, served = threading.Event(), []
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as response:
+                    served.append(response.status)
+            except OSError:  # refused or cut once the server stops
+                time.sleep(0.05)
+
+    clients = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(served) < 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(served) >= 20, "the dashboard answered fewer than 20 requests in 60 s"
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=60)[0]  # a bound, not a speed target
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the dashboard went on serving after {sig.name}: {proc.communicate()[0][-2000:]}")
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "Traceback" not in out, out[-2000:]
