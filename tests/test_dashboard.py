@@ -41,15 +41,21 @@ def _make_study(db: Path) -> None:
         study.tell(trial, 10.0 - i * lr * 1000)
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    """`ablate dashboard` on a free port of 127.0.0.1; stopped with SIGINT (must exit 0)."""
+def _start(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """`ablate dashboard` on a free port of 127.0.0.1 for a new study, once it listens."""
     db = tmp_path / "sweeps.db"
     _make_study(db)
     port = free_port()
     proc = subprocess.Popen(_ablate("dashboard", "--storage", f"sqlite:///{db}", "--port", str(port)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for_port(port, proc, timeout=30)
+    return proc, port
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """`ablate dashboard` on a free port of 127.0.0.1; stopped with SIGINT (must exit 0)."""
+    proc, port = _start(tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         yield url
@@ -138,12 +144,7 @@ def test_a_signal_that_lands_while_requests_are_served_stops_the_dashboard(tmp_p
     """Four clients request back to back, then the signal: the dashboard exits 0, without a
     traceback. A Ctrl-C that landed inside a request used to be lost (wsgiref's request handler
     catches every exception to answer 500), and the dashboard went on serving."""
-    db = tmp_path / "sweeps.db"
-    _make_study(db)
-    port = free_port()
-    proc = subprocess.Popen(_ablate("dashboard", "--storage", f"sqlite:///{db}", "--port", str(port)),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for_port(port, proc, timeout=30)
+    proc, port = _start(tmp_path)
     stop, served = threading.Event(), []
 
     def client() -> None:
