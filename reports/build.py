@@ -63,6 +63,10 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     out = [note] if (note := preset_note(data.preset)) else []
     if gap := missing_base(data):
         out.insert(0, f"Incomplete: the {gap}.")
+    if (planned := sum(data.planned.values())) > len(data.runs):
+        out.insert(0, f"In progress: {len(data.runs)} of the {planned} runs queued are complete; a row "
+                      f"short of its seeds shows 'k of n' in 'seeds', and its mean and interval are over "
+                      f"the k done.")
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
         out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "

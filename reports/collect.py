@@ -36,6 +36,7 @@ class Table3Data:
     runs: pd.DataFrame  # row, group, seed, RUN_COLUMNS, model keys, sacrebleu_signature, device
     translations: dict[tuple[str, int], tuple[list[str], list[str]]] = field(default_factory=dict)
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # row, seed, step, ppl, convergence
+    planned: dict[str, int] = field(default_factory=dict)  # row -> seeds queued, whatever their state
 
 
 SETUP_KEYS = ("cpu", "cpu_flags", "cpu_capability", "variables", "gpu", "torch", "torch_threads", "precision",
@@ -70,9 +71,13 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     study = optuna.load_study(study_name=study_name, storage=storage)
     attrs = study.user_attrs
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    queued: dict[str, set[int]] = {}
+    for trial in study.get_trials(deepcopy=False):
         key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
-        if key[0] is not None and (key not in latest or trial.number > latest[key].number):
+        if key[0] is None:
+            continue
+        queued.setdefault(key[0], set()).add(key[1])
+        if trial.state == TrialState.COMPLETE and (key not in latest or trial.number > latest[key].number):
             latest[key] = trial
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
@@ -95,4 +100,5 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     return Table3Data(study=study_name, storage=safe_url(storage_url), preset=attrs["preset"],
                       spec=attrs["spec"], overrides=list(attrs.get("overrides", [])),
                       setup=dict(attrs.get("setup", {})), runs=runs,
-                      translations=translations, curves=pd.DataFrame.from_records(curve_points))
+                      translations=translations, curves=pd.DataFrame.from_records(curve_points),
+                      planned={row: len(seeds) for row, seeds in queued.items()})

@@ -32,7 +32,8 @@ def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> 
         records.append({
             "row": row, "group": entry.get("group", row), **paper_configuration(row, data.spec),
             "steps": int(ours.steps),
-            "seeds": int(ours.seeds), "ppl": ours.ppl, "ppl_std": ours.ppl_std,
+            "seeds": int(ours.seeds), "planned_seeds": max(data.planned.get(row, 0), int(ours.seeds)),
+            "ppl": ours.ppl, "ppl_std": ours.ppl_std,
             "paper_ppl": paper.get("ppl"), "bleu": ours.bleu, "bleu_std": ours.bleu_std,
             "paper_bleu": paper.get("bleu"), "params_m": ours.params / 1e6,
             "paper_params_m": paper.get("params_m"), "train_time_s": ours.train_time_s,
@@ -140,6 +141,13 @@ def changes(r: pd.Series, base: Mapping[str, Any]) -> str:
                      if r[col] != base.get(col)) or "as base"
 
 
+def _seeds(r: pd.Series) -> str:
+    """`3`, or `1 of 3` while a row's other seeds are still queued or running."""
+    planned = r.get("planned_seeds")
+    short = planned is not None and not pd.isna(planned) and planned > r.seeds
+    return f"{int(r.seeds)} of {int(planned)}" if short else str(int(r.seeds))
+
+
 def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
     """The table as text cells, narrow enough for a normal window: the paper configuration as the
     row's changes from base, then ours with the paper's value in parentheses. ± is the 95%
@@ -167,7 +175,7 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
     rows = []
     for row, r in frame.iterrows():
         rows.append({
-            "row": row, "changes from base": changes(r, base), "seeds": str(int(r.seeds)),
+            "row": row, "changes from base": changes(r, base), "seeds": _seeds(r),
             "PPL (paper)": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
             f"{d}PPL [95% CI] (paper)": delta(r, "ppl", 2),
             "beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),

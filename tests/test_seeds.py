@@ -89,3 +89,35 @@ def test_report_table_shows_bleus_seed_interval_beside_its_bootstrap_p():
     assert shown.loc["C5", "ΔBLEU [95% CI]"] == "-1.26 [-3.39, +0.87]"
     assert shown.loc["C5", "ΔPPL [95% CI] (paper)"] == "+1.32 [-0.93, +3.56] (-0.26)"
     assert shown.loc["C5", "beyond noise"] == "no" and shown.loc["C5", "p vs base"] == "0.001"
+
+
+def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tmp_path):
+    """A real SQLite study: base with 3 complete seeds, C3 with 1 complete, 1 running and 1 waiting.
+    The report reads 'seeds' 3 and '1 of 3', and says the table is in progress (4 of 6 runs)."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from ablations.spec import load_spec
+    from reports.build import notes
+    from reports.collect import load_table3
+    from reports.table3 import display_frame, table3_frame
+    from sweeps.table3 import KIND
+
+    url = f"sqlite:///{tmp_path}/t3.db"
+    study = optuna.create_study(study_name="t3", storage=url)
+    for key, value in {"kind": KIND, "preset": "cpu", "spec": load_spec()}.items():
+        study.set_user_attr(key, value)
+    for row, seed, ppl in (("base", 1, 24.0), ("base", 2, 25.0), ("base", 3, 26.0), ("C3", 1, 27.0)):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=ppl, user_attrs={
+            "row": row, "seed": seed, "ppl": ppl, "bleu": 4.0, "params": 1e6, "train_time_s": 10.0,
+            "tokens_per_s": 1.0, "steps": 10}))
+    study.enqueue_trial({}, user_attrs={"row": "C3", "seed": 2})
+    study.ask()  # C3 seed 2 running
+    study.enqueue_trial({}, user_attrs={"row": "C3", "seed": 3})
+
+    data = load_table3(url, "t3")
+    frame = table3_frame(data)
+    shown = display_frame(frame).set_index("row")
+    assert shown.loc["base", "seeds"] == "3" and shown.loc["C3", "seeds"] == "1 of 3"
+    assert shown.loc["C3", "PPL (paper)"] == "27.00 (4.88)"  # over the seed done
+    assert notes(data, frame, 0)[0].startswith("In progress: 4 of the 6 runs queued are complete")
