@@ -21,8 +21,8 @@ from lightning_modules.config import DataConfig
 from lightning_modules.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenBucketBatchSampler,
                                     TranslationDataModule, batch_shapes, collate, extract_ding, load_corpus,
                                     padding_share, read_parallel, train_or_load)
-from lightning_modules.data.corpora import (fetch_wmt14_train, is_sentence, parse_ding_line,
-                                            split_alternatives)
+from lightning_modules.data.corpora import (extract_ding_cached, fetch_wmt14_train, is_sentence,
+                                            parse_ding_line, split_alternatives)
 from lightning_modules.errors import UserError
 
 DING = Path("/usr/share/trans/de-en")
@@ -98,6 +98,38 @@ def test_ding_splits_disjoint_and_deterministic(ding, ding_corpus):
     assert flipped.extra_train is None
     assert flipped.valid.src == corpus.valid.tgt and flipped.valid.tgt == corpus.valid.src
     assert flipped.test.tgt == corpus.test.src and flipped.train.tgt == corpus.train.src
+
+
+def test_ding_extraction_is_cached_under_the_dictionarys_digest(tmp_path):
+    """The cache returns what `extract_ding` returns; an edited dictionary is extracted anew; a
+    damaged entry is extracted again and rewritten; an unwritable cache is no error."""
+    dictionary = tmp_path / "de-en"
+    dictionary.write_bytes(DING.read_bytes()[:2_000_000].rsplit(b"\n", 1)[0] + b"\n")  # 15K lines
+    cache = tmp_path / "cache"
+    fresh = extract_ding(dictionary)
+    assert len(fresh[0]) > 500 and extract_ding_cached(dictionary, cache) == fresh
+    sentences, phrases = (next((cache / "ding").glob(f"{kind}-*.json"))
+                          for kind in ("sentences", "phrases"))
+    assert extract_ding_cached(dictionary, cache, phrases=False) == (fresh[0], None)
+    sentences.write_text('[["Read from the cache.", "Aus dem Zwischenspeicher gelesen."]]')
+    assert extract_ding_cached(dictionary, cache)[0] == [("Read from the cache.",
+                                                          "Aus dem Zwischenspeicher gelesen.")]
+
+    sentences.write_text(sentences.read_text()[:-5])  # cut short
+    assert extract_ding_cached(dictionary, cache) == fresh
+    assert extract_ding_cached(dictionary, cache) == fresh and len(sentences.read_text()) > 10_000
+    phrases.unlink()  # sentences alone are not an entry
+    assert extract_ding_cached(dictionary, cache) == fresh and phrases.is_file()
+
+    with dictionary.open("a", encoding="utf-8") as handle:
+        handle.write("Der Test läuft heute gut. :: The test runs well today.\n")
+    newest = extract_ding_cached(dictionary, cache)[0][-1]
+    assert newest == ("The test runs well today.", "Der Test läuft heute gut.")
+    assert len(list((cache / "ding").glob("sentences-*.json"))) == 2
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would go")
+    assert extract_ding_cached(dictionary, blocked)[0] == extract_ding(dictionary)[0]
 
 
 def test_ding_line_rules():

@@ -11,6 +11,8 @@ memory but keeps every corpus behind the same simple interface.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import os
 import random
 import re
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from lightning_modules.config import DataConfig
 from lightning_modules.errors import UserError
+from lightning_modules.run.io import atomic_write_text
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
@@ -303,6 +306,38 @@ def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[st
     return sentences, phrases
 
 
+def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool = True
+                        ) -> tuple[list[tuple[str, str]], list[tuple[str, str]] | None]:
+    """`extract_ding(path)`, kept in `cache_dir/ding/` under a digest of the dictionary's bytes
+    and of this module's source, so that an edited dictionary or extraction rule is extracted
+    anew; the word/phrase pairs (368K, 17 MB as JSON) are read only when `phrases` is set, and are
+    None otherwise. Parsing the dictionary's ~200K lines is most of a short run's start-up (about
+    3 s of CPU). The cache is an optimisation only: an entry that cannot be read or is damaged is
+    extracted again, and one that cannot be written is left unwritten."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        return extract_ding(path)  # its one-line UserError
+    digest = hashlib.sha256(path.read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    folder = Path(cache_dir).expanduser() / "ding"
+    entries = {kind: folder / f"{kind}-{digest.hexdigest()[:32]}.json" for kind in ("sentences", "phrases")}
+    wanted = ("sentences", "phrases") if phrases else ("sentences",)
+    try:
+        found = [[(en, de) for en, de in json.loads(entries[kind].read_text(encoding="utf-8"))]
+                 for kind in wanted]
+        if found[0] and all(isinstance(text, str) for pairs in found for pair in pairs for text in pair):
+            return found[0], found[1] if phrases else None
+    except (OSError, ValueError, TypeError):
+        pass  # absent, or not what this function writes: extract again
+    extracted = extract_ding(path)
+    try:  # phrases first: a sentences entry is only ever beside its phrases
+        for kind, pairs in zip(("phrases", "sentences"), reversed(extracted)):
+            atomic_write_text(entries[kind], json.dumps(pairs, ensure_ascii=False))
+    except OSError:
+        pass
+    return extracted[0], extracted[1] if phrases else None
+
+
 def split_ding(sentences: Sequence[tuple[str, str]], valid_size: int,
                test_size: int) -> tuple[list, list, list]:
     """Deterministic train/valid/test split (sorted, then shuffled by random.Random(0))."""
@@ -320,7 +355,7 @@ def _load_ding(cfg: DataConfig) -> Corpus:
     if langs not in (("en", "de"), ("de", "en")):
         raise UserError(f"the Ding dictionary is English-German; got data.src_lang="
                         f"{cfg.src_lang!r}, data.tgt_lang={cfg.tgt_lang!r}")
-    sentences, phrases = extract_ding(cfg.ding_path)
+    sentences, phrases = extract_ding_cached(cfg.ding_path, cfg.cache_dir, cfg.ding_dictionary)
     train, valid, test = split_ding(sentences, cfg.valid_size, cfg.test_size)
     flip = langs == ("de", "en")
 
