@@ -30,12 +30,15 @@ $(BIN)/ablate: pyproject.toml
 setup: system-deps $(BIN)/ablate
 
 WORKERS ?= 2
+# make test runs the test files on this many pytest-xdist processes (one file stays on one process:
+# its module fixtures are built once); most tests wait on the subprocesses they start
+TEST_WORKERS ?= 2
 
 demo: setup
 	$(BIN)/ablate table3 --preset demo --workers $(WORKERS)
 
 test: setup test-deps
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup test-deps  ## the slower fault-injection cases (not in `make test`)
 	$(BIN)/python -m pytest -q -m slow
