@@ -329,13 +329,13 @@ def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool =
             return found[0], found[1] if phrases else None
     except (OSError, ValueError, TypeError):
         pass  # absent, or not what this function writes: extract again
-    extracted = extract_ding(path)
+    sentences, all_phrases = extract_ding(path)
     try:  # phrases first: a sentences entry is only ever beside its phrases
-        for kind, pairs in zip(("phrases", "sentences"), reversed(extracted)):
+        for kind, pairs in (("phrases", all_phrases), ("sentences", sentences)):
             atomic_write_text(entries[kind], json.dumps(pairs, ensure_ascii=False))
     except OSError:
         pass
-    return extracted[0], extracted[1] if phrases else None
+    return sentences, all_phrases if phrases else None
 
 
 def split_ding(sentences: Sequence[tuple[str, str]], valid_size: int,
