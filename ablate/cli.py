@@ -175,7 +175,12 @@ def cmd_table3(args: argparse.Namespace) -> int:
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed)
     if args.dry_run:
         from sweeps.cost import describe
+        from sweeps.progress import standing
+
         print(describe(plan))
+        where = standing(plan, args.archive, args.workers or 1)
+        if where:
+            print(f"\n{where}")
         return 0
     report_dir = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
     if not args.no_report:  # before the table runs, not after
@@ -338,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--dry-run", action="store_true",
-                   help="print each row's parameters, steps, FLOPs and estimated device-hours; run nothing")
+                   help="print each row's parameters, steps, FLOPs and estimated device-hours and, for a "
+                        "table that has run, what is finished and the hours left; run nothing")
     p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
                    help="also log the report's table and figures to W&B (default off)")
     _add_run_options(p, table=True, workers=True)

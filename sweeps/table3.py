@@ -199,15 +199,23 @@ def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
                   f"this command's {key} for its later sittings", file=sys.stderr, flush=True)
             study.set_user_attr(key, wanted[key])
             attrs = {**attrs, key: wanted[key]}
+    refusal = other_table(study.study_name, attrs, wanted)
+    if refusal is not None:
+        raise refusal
+
+
+def other_table(name: str, attrs: dict[str, Any], wanted: dict[str, Any]) -> UserError | None:
+    """Why a stored Table 3 (its user attributes) is not the table `wanted`, or None if it is."""
     for key, value in wanted.items():
         there = attrs.get(key)
         if there == value:
             continue
         changed = describe_differences(there, value)
         what = {"spec": "rows of the ablation spec", "recipe": "training recipe"}.get(key, key)
-        raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changed}; "
-                        f"there -> here): the runs still queued would not be comparable to those "
-                        f"done. Use another --study")
+        return UserError(f"study {name!r} is a Table 3 that differs in its {what} ({changed}; "
+                         f"there -> here): the runs still queued would not be comparable to those "
+                         f"done. Use another --study")
+    return None
 
 
 def finished(run_dir: Path) -> bool:

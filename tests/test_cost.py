@@ -9,13 +9,18 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import optuna
 import pytest
+from optuna.trial import TrialState
 
 from ablate.cli import main
 from ablations.resolve import resolve
 from ablations.spec import load_preset, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
 from lightning_modules.data.corpora import WMT14_SPLITS
+from lightning_modules.run.io import atomic_write_json
+from lightning_modules.run.results import RunResult
+from sweeps.table3 import make_plan, queue
 from lightning_modules.transformer import Transformer
 
 
@@ -35,6 +40,7 @@ def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_no
     result = dry_run(tmp_path, "--preset", preset)
     assert result.returncode == 0, result.stderr
     assert list(tmp_path.iterdir()) == []  # no database, no run directory
+    assert "where the table stands" not in result.stdout  # nothing has run
     cost = load_preset(preset)["table3"]["cost"]
     seeds = load_preset(preset)["table3"]["seeds"]
     single = one_seed_rows(preset, load_spec())
@@ -107,3 +113,69 @@ def test_tokens_per_step_count_every_device_and_accumulated_batch():
     assert tokens() == 25_000  # devices auto: counted as one
     assert tokens("train.devices=0,1,3", "data.max_tokens=6250", "train.accumulate_grad_batches=4") == 75_000
     assert tokens("train.devices=2", "train.num_nodes=2") == 100_000
+
+
+def _finished(run: Path, tokens_per_s: float) -> None:
+    run.mkdir(parents=True)
+    atomic_write_json(run / "results.json", RunResult(status="complete", tokens_per_s=tokens_per_s).to_json())
+
+
+def _logged(log_dir: Path, name: str, steps: range) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["epoch,step,train/loss"] + [f"0,{step},4.0" for step in steps]
+    (log_dir / name).write_text("\n".join(lines) + "\n")
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_dry_run_of_a_table_under_way_counts_what_is_finished_and_the_hours_left(tmp_path):
+    """Finished runs in the run directories, the archive and the study (another machine's);
+    unfinished ones by their last logged step, every attempt joined; the finished runs' own
+    rate beside the preset's; and still nothing written."""
+    runs, archive = tmp_path / "runs" / "table3-cpu", tmp_path / "archive"
+    plan = make_plan("cpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), [])
+    study, _ = queue(plan)  # the table's study: its identity and every run queued
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=27.0,
+                                              user_attrs={"row": "C3", "seed": 1}))
+    rate = load_preset("cpu")["table3"]["cost"]["base_tokens_per_s"]
+    _finished(runs / "base-s1", tokens_per_s=rate / 2 / 2)  # half the rate of one worker of two
+    _finished(archive / "base-s2", tokens_per_s=rate / 2)  # the whole rate
+    # big: resumed once from step 10,000; its first attempt's rows after that were redone
+    _logged(runs / "big-s1" / "logs", "metrics.part-1.until-10000.csv", range(20, 12_001, 20))
+    _logged(runs / "big-s1" / "logs", "metrics.csv", range(10_020, 36_001, 20))
+    _logged(archive / "E-s1" / "logs", "metrics.csv", range(20, 6_001, 20))
+    before = _tree(tmp_path)
+
+    result = dry_run(tmp_path, "--preset", "cpu", "--workers", "2", "--archive", str(archive))
+    assert result.returncode == 0, result.stderr
+    assert _tree(tmp_path) == before
+    estimate_hours = {row: float(row_line(result.stdout, row)[5]) for row in ("base", "C3", "E", "big")}
+    standing = result.stdout.split("where the table stands:")[1]
+    left = {}
+    for row, planned, done, fraction_left in (("base", 3, 2, 1.0), ("C3", 3, 1, 2.0), ("E", 3, 0, 2.75),
+                                              ("big", 1, 0, 0.5), ("A1", 3, 0, 3.0)):
+        line = row_line(standing, row)
+        assert (int(line[1]), int(line[2])) == (planned, done), line
+        left[row] = float(line[3])
+        if row in estimate_hours:
+            assert left[row] == pytest.approx(fraction_left * estimate_hours[row], abs=0.02)
+    assert ("3 of 50 runs finished, 2 under way (E seed 1 at step 6,000 of 24,000; "
+            "big seed 1 at step 36,000 of 72,000)") in standing
+    total = float(standing.split("about ")[1].split(" device-hours")[0])
+    assert "the longest run left, big seed 1," in standing
+    # base seeds 1 and 2 trained at 50% and 100% of the rate per worker; C3 (the study's) has no rate
+    assert "trained at 75% of that rate" in standing
+    at_theirs = float(standing.split("at their rate, about ")[1].split(" device-hours")[0])
+    assert at_theirs == pytest.approx(total / 0.75, abs=0.15)  # both printed to 0.1
+
+
+def test_dry_run_refuses_a_study_of_another_table_in_one_line(tmp_path):
+    study = optuna.create_study(study_name="table3-cpu", storage=f"sqlite:///{tmp_path}/t.db")
+    study.set_user_attr("kind", "table3")
+    study.set_user_attr("preset", "gpu")
+    result = dry_run(tmp_path, "--preset", "cpu")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "differs in its preset ('gpu' -> 'cpu'" in result.stderr
+    assert "where the table stands" not in result.stdout

@@ -1,0 +1,156 @@
+"""Where a table stands (`ablate table3 --dry-run` on a table that has run): which runs are finished,
+how far the unfinished ones got, and the device-hours left, by the preset's measured rate and by
+the rate this table's finished runs actually trained at (other work on the device, another
+machine, long-run effects that a short benchmark misses).
+
+Read only, from what a sitting would see: each run's directory under `--runs-dir`, the `--archive`
+(a run it holds counts as it would once restored), and the study, where its storage exists already
+(a run finished on another machine of a shared study counts as finished). An unfinished run's
+progress is its last logged training step (`logs/metrics.csv`, every attempt joined): it resumes
+from its newest checkpoint, at most one checkpoint interval earlier, so the time left is a
+slight under-estimate for it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+
+from ablations.spec import load_spec
+from lightning_modules.errors import UserError
+from lightning_modules.metrics_log import read_rows
+from lightning_modules.run.results import read_results
+from sweeps import archive as kept
+from sweeps.cost import DeviceRate, estimate
+from sweeps.table3 import ADDED_LATER, Table3Plan, check_archive, identity, other_table, run_dir, status
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """One planned (row, seed): finished, or the last training step it logged."""
+
+    row: str
+    seed: int
+    finished: bool
+    step: int
+    max_steps: int
+    tokens_per_s: float | None = None  # a finished run's target tokens per training second
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.finished else min(self.step / self.max_steps, 1.0)
+
+    @property
+    def under_way(self) -> bool:
+        return not self.finished and self.step > 0
+
+
+def last_step(log_dir: Path) -> int:
+    """The last training step a run logged (0 for none)."""
+    if not log_dir.is_dir():
+        return 0
+    return max((int(row["step"]) for row in read_rows(log_dir) if row.get("step")), default=0)
+
+
+def finished_in_study(plan: Table3Plan, wanted: dict[str, Any]) -> tuple[set[tuple[str, int]], str | None]:
+    """The planned runs the study holds as complete, and why the study was not read (or None).
+    Opens only a storage that exists (a dry run creates nothing); a study of another table is
+    refused as the table itself would refuse it (`wanted`: `table3.identity`)."""
+    from sweeps.storage import journal_path, make_storage, sqlite_path
+
+    local = sqlite_path(plan.storage) or journal_path(plan.storage)
+    if local is not None and not local.is_file():
+        return set(), None  # no table has run with this storage here
+    try:
+        study = optuna.load_study(study_name=plan.study, storage=make_storage(plan.storage, None, existing=True))
+    except UserError as err:
+        return set(), str(err)
+    except KeyError:
+        return set(), None
+    attrs = study.user_attrs
+    if "kind" not in attrs:  # as `table3.check_study`: an empty study becomes the table's
+        if study.get_trials(deepcopy=False):
+            raise UserError(f"study {plan.study!r} holds a sweep, not a Table 3: use another --study")
+        return set(), None
+    stored = {key: value for key, value in json.loads(json.dumps(wanted)).items()
+              if key in attrs or key not in ADDED_LATER}
+    refusal = other_table(plan.study, attrs, stored)
+    if refusal is not None:
+        raise refusal
+    done = {key for key, trial in status(study, plan).items()
+            if trial is not None and trial.state == TrialState.COMPLETE}
+    return done, None
+
+
+def progress(plan: Table3Plan, max_steps: dict[str, int], archive: str | None = None,
+             in_study: set[tuple[str, int]] = frozenset()) -> list[RunProgress]:
+    """Every planned run's progress, from its run directory, the archive and the study."""
+    found = []
+    for row, seed in plan.runs():
+        places = [Path(run_dir(plan, row, seed))]
+        if archive is not None:
+            places.append(kept.entry(Path(archive), row, seed))
+        results = next((r for r in map(read_results, places) if r is not None and r.complete), None)
+        done = (row, seed) in in_study or results is not None
+        step = max(last_step(place / "logs") for place in places)
+        found.append(RunProgress(row, seed, done, step, max_steps[row], results and results.tokens_per_s))
+    return found
+
+
+def measured_share(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers: int) -> float | None:
+    """How fast this table's finished runs trained, as a share of the preset's rate: the median
+    over runs of parameters x target tokens/s against base's at the preset's rate split over
+    `workers` (None without a finished run that measured it)."""
+    expected = params["base"] * rate.base_tokens_per_s / workers
+    shares = [params[run.row] * run.tokens_per_s / expected for run in runs if run.finished and run.tokens_per_s]
+    return float(pd.Series(shares).median()) if shares else None
+
+
+def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, workers: int,
+             unread: str | None = None) -> str | None:
+    """Per row: runs finished of planned and device-hours left; then the totals, the runs under
+    way and the finished runs' own rate. None if nothing has started."""
+    if not any(run.finished or run.under_way for run in runs):
+        return None
+    per_run = table["hours/run"]
+    frame = pd.DataFrame([{"row": run.row, "finished": int(run.finished),
+                           "left": (1.0 - run.fraction) * per_run[run.row]} for run in runs])
+    rows = frame.groupby("row", sort=False).agg(planned=("finished", "size"), finished=("finished", "sum"),
+                                                 left=("left", "sum")).rename(columns={"left": "hours left"})
+    left = float(rows["hours left"].sum())
+    under_way = [run for run in runs if run.under_way]
+    going = "; ".join(f"{run.row} seed {run.seed} at step {run.step:,} of {run.max_steps:,}" for run in under_way)
+    longest = max((run for run in runs if not run.finished), key=lambda run: (1.0 - run.fraction) * per_run[run.row], default=None)
+    text = (f"where the table stands:\n{rows.to_string(formatters={'hours left': '{:.2f}'.format})}\n\n"
+            f"{int(rows['finished'].sum())} of {len(runs)} runs finished"
+            + (f", {len(under_way)} under way ({going})" if under_way else "")
+            + f"; about {left:.1f} device-hours left by the rate above")
+    if longest is not None:
+        text += (f" (the longest run left, {longest.row} seed {longest.seed}, "
+                 f"{(1.0 - longest.fraction) * per_run[longest.row]:.1f})")
+    text += ". An unfinished run counts from its last logged step."
+    share = measured_share(runs, table["params"], rate, workers)
+    if share is not None and left > 0:
+        text += (f"\nThis table's finished runs trained at {share:.0%} of that rate (median over runs, "
+                 f"with {workers} worker{'s' * (workers != 1)} sharing the device): at their rate, "
+                 f"about {left / share:.1f} device-hours left.")
+    if unread:
+        text += f"\n(the study was not read: {unread}; runs finished elsewhere are not counted)"
+    return text
+
+
+def standing(plan: Table3Plan, archive: str | None = None, workers: int = 1) -> str | None:
+    """The dry run's second part: where the planned table stands (None if nothing has started)."""
+    wanted = identity(plan, load_spec(plan.spec_path))
+    if archive is not None:
+        check_archive(Path(archive), wanted)
+    in_study, unread = finished_in_study(plan, wanted)
+    table, rate = estimate(plan)
+    runs = progress(plan, table["steps"].to_dict(), archive, in_study)
+    return describe(runs, table, rate, workers, unread)
