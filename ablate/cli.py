@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +39,22 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"ablate: error: {message} (see {self.prog} --help)\n")
+
+
+DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
+
+
+def duration(text: str) -> float:
+    """An argparse type: `2h30m`, `90m`, `1.5h`, `5400s` or `5400` (seconds), more than zero."""
+    compact = text.strip().lower().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d+)?)([hms]?)", compact)
+    if not compact or "".join(number + unit for number, unit in parts) != compact \
+            or len(parts) > 1 and not all(unit for _, unit in parts):
+        raise argparse.ArgumentTypeError(f"must be a duration like 2h30m, 90m or 5400s, got {text!r}")
+    seconds = sum(float(number) * DURATION_UNITS[unit or "s"] for number, unit in parts)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be longer than zero, got {text!r}")
+    return seconds
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -86,6 +103,9 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: b
         p.add_argument("--devices", metavar="IDS",
                        help="GPU ids, one worker per id (or per --devices-per-trial ids), e.g. 0,1 "
                             "(default: --workers K on this machine's CPU)")
+        p.add_argument("--stop-after", type=duration, metavar="DURATION",
+                       help="stop the workers this long after they start, e.g. 2h30m, 90m, 5400s: each "
+                            "running trial saves a checkpoint as on Ctrl-C; the same command resumes")
     else:
         p.add_argument("--devices", help="Lightning devices of the run: auto, a count, or GPU ids like 0,1")
     p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
@@ -163,7 +183,8 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
                               prune_startup_trials=args.prune_startup_trials,
                               prune_warmup_steps=args.prune_warmup_steps,
                               heartbeat_s=args.heartbeat)
-    return run_workers(settings, args.workers or 1, devices, args.devices_per_trial)
+    return run_workers(settings, args.workers or 1, devices, args.devices_per_trial,
+                       stop_after_s=args.stop_after)
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
@@ -187,7 +208,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
         check_writable_dir(report_dir, "the report (--report-dir)")
     check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat,
-                         archive=args.archive)
+                         archive=args.archive, stop_after_s=args.stop_after)
     if outcome.interrupted:
         return outcome.exit_status
     if not args.no_report:

@@ -4,14 +4,17 @@
 group like "0,1"); on CPU, `--workers K` runs K
 workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting.
 Ctrl-C or SIGTERM is passed on to the workers as SIGTERM (see `sweeps.worker`); under SLURM,
-SIGUSR1 (the pre-emption notice) is passed on as it is.
+SIGUSR1 (the pre-emption notice) is passed on as it is. `--stop-after` does the same at a set time,
+so a sitting on a machine lent for a few hours ends with every running trial checkpointed.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import optuna
@@ -72,9 +75,19 @@ def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int 
     return [{**base, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(workers)]
 
 
+def describe_duration(seconds: float) -> str:
+    """`2h 30m`, `90s`: a duration as a person writes it."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return " ".join(parts) or "0s"
+
+
 def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None,
-                devices_per_trial: int = 1, quiet: bool = False) -> int:
-    """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted, else 1."""
+                devices_per_trial: int = 1, quiet: bool = False, stop_after_s: float | None = None) -> int:
+    """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted (Ctrl-C, SIGTERM,
+    or `stop_after_s` seconds after they started, as if interrupted then), else 1."""
     envs = worker_envs(workers, devices, devices_per_trial)
     if NOTICE.pending:  # pre-empted during start-up: no trial can save and requeue, so this does
         job = requeue_job()
@@ -98,17 +111,27 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
                 p.send_signal(signum)
 
     previous_notice = signal.signal(REQUEUE_SIGNAL, pass_on) if on_slurm() else None
-    interrupted = False
+    interrupted = stopped = False
+    deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
+
+    def stop_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
     try:
         while any(p.poll() is None for p in procs):
             try:
                 for p in procs:
-                    p.wait()
+                    p.wait(None if deadline is None or stopped else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stopped = True
+                print(f"sweep {settings.study}: --stop-after {describe_duration(stop_after_s or 0)} reached; "
+                      f"stopping the workers (each running trial saves a checkpoint)", file=sys.stderr, flush=True)
+                stop_all()
             except KeyboardInterrupt:
                 interrupted = True
-                for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
+                stop_all()
     finally:
         signal.signal(signal.SIGTERM, previous)
         if previous_notice is not None:
@@ -117,8 +140,9 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
     bad = [f"worker {i} (pid {p.pid}) exited with status {c}" for i, (p, c) in enumerate(zip(procs, codes)) if c]
     if not quiet:
         print(summary(settings), flush=True)
-    if interrupted or preempted:
-        how = "pre-empted (SLURM)" if preempted else "interrupted"
+    if interrupted or preempted or stopped:
+        how = ("pre-empted (SLURM)" if preempted else "interrupted" if interrupted
+               else f"stopped after {describe_duration(stop_after_s or 0)} (--stop-after)")
         print(f"sweep {settings.study}: {how}; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     if bad:

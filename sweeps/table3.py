@@ -316,18 +316,20 @@ def check_archive(archive: Path, wanted: dict[str, Any]) -> None:
 
 
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
-               devices_per_trial: int = 1, heartbeat_s: int = 60, archive: str | None = None) -> Table3Outcome:
+               devices_per_trial: int = 1, heartbeat_s: int = 60, archive: str | None = None,
+               stop_after_s: float | None = None) -> Table3Outcome:
     """Queue every planned (row, seed) not complete, run the queue-only workers until it is empty
     (or they are interrupted), and print one line per planned run. The report is the caller's
     (`reports.build.build_report`), from the database.
 
     `archive`: a folder that keeps the runs for a sitting on another machine (`sweeps.archive`):
-    restored from before the queue is made, saved to while the workers run and when they end."""
+    restored from before the queue is made, saved to while the workers run and when they end.
+    `stop_after_s`: stop the workers that long after they start, as if interrupted."""
     from sweeps import archive as kept
 
     inject("startup")
     if archive is None:
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s)
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s)
     folder, wanted = Path(archive), identity(plan, load_spec(plan.spec_path))
     check_archive(folder, wanted)
     check_writable_dir(folder, "the archive (--archive)")
@@ -336,11 +338,11 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     if restored:
         print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)
     with kept.kept_in(runs, folder, wanted):
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s)
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s)
 
 
 def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_trial: int,
-               heartbeat_s: int) -> Table3Outcome:
+               heartbeat_s: int, stop_after_s: float | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
@@ -355,7 +357,7 @@ def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, device
                                   runs_dir=plan.runs_dir, preset=plan.preset, config=plan.config,
                                   spec=plan.spec_path, overrides=plan.overrides, pruner="none",
                                   heartbeat_s=heartbeat_s, queue_only=True, keep_translations=True)
-        code = run_workers(settings, workers, devices, devices_per_trial, quiet=True)
+        code = run_workers(settings, workers, devices, devices_per_trial, quiet=True, stop_after_s=stop_after_s)
         if code == EXIT_INTERRUPTED:
             return Table3Outcome(code, [])
     return Table3Outcome(code, print_summary(study, plan))

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 from ablations.resolve import resolve
@@ -124,3 +126,28 @@ def test_a_run_directory_finished_elsewhere_is_queued_before_everything(tmp_path
     (finished / "results.json").write_text(json.dumps({"status": "complete"}))
     study, _ = queue(Table3Plan(**{**asdict(plan), "study": "u"}))
     assert (study.trials[0].user_attrs["row"], study.trials[0].user_attrs["seed"]) == ("base", 2)
+
+
+def test_a_sitting_given_stop_after_ends_itself_with_its_run_checkpointed_in_the_archive(tmp_path: Path):
+    """`--stop-after`: at the set time the table stops as on Ctrl-C (exit 130, one line saying
+    why), and the running run's interrupted checkpoint is in the archive for the next sitting."""
+    archive = tmp_path / "archive"
+    started = time.monotonic()
+    stopped = sitting(tmp_path, archive, "--seeds", "1", "--max-steps", "100000", "--stop-after", "45s")
+    elapsed = time.monotonic() - started
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    assert "Traceback" not in stopped.stderr
+    assert "--stop-after 45s reached" in stopped.stderr and "stopped after 45s (--stop-after)" in stopped.stderr
+    assert 45 < elapsed < 45 + 120
+    (checkpoint,) = (archive / "base-s1" / "checkpoints").glob("*.ckpt")
+    assert checkpoint.name == "interrupted.ckpt"
+    assert 0 < torch.load(checkpoint, weights_only=False)["global_step"] < 100_000
+    assert [t.state for t in trials(tmp_path)] == [TrialState.FAIL, TrialState.WAITING]  # a retry copy waits
+
+
+@pytest.mark.parametrize("text", ["0", "90x", "30m2", "-5m"])
+def test_a_bad_stop_after_is_one_line(text: str, tmp_path: Path):
+    result = ablate("table3", "--preset", "tiny", "--storage", f"sqlite:///{tmp_path}/t3.db", "--stop-after", text)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "--stop-after" in lines[0], result.stderr
+    assert list(tmp_path.iterdir()) == []
