@@ -33,7 +33,8 @@ from sweeps.table3 import ADDED_LATER, Table3Plan, check_archive, identity, othe
 
 @dataclass(frozen=True)
 class RunProgress:
-    """One planned (row, seed): finished, or the last training step it logged."""
+    """One planned (row, seed): finished, failed (a NaN loss: it stays failed), or the last
+    training step it logged."""
 
     row: str
     seed: int
@@ -41,14 +42,16 @@ class RunProgress:
     step: int
     max_steps: int
     tokens_per_s: float | None = None  # a finished run's target tokens per training second
+    failed: bool = False
 
     @property
     def fraction(self) -> float:
-        return 1.0 if self.finished else min(self.step / self.max_steps, 1.0)
+        """The part of its training behind it (a failed run has none ahead)."""
+        return 1.0 if self.finished or self.failed else min(self.step / self.max_steps, 1.0)
 
     @property
     def under_way(self) -> bool:
-        return not self.finished and self.step > 0
+        return not self.finished and not self.failed and self.step > 0
 
 
 def last_step(log_dir: Path) -> int:
@@ -96,10 +99,12 @@ def progress(plan: Table3Plan, max_steps: dict[str, int], archive: str | None = 
         places = [Path(run_dir(plan, row, seed))]
         if archive is not None:
             places.append(kept.entry(Path(archive), row, seed))
-        results = next((r for r in map(read_results, places) if r is not None and r.complete), None)
+        written = [r for r in map(read_results, places) if r is not None]
+        results = next((r for r in written if r.complete), None)
         done = (row, seed) in in_study or results is not None
         step = max(last_step(place / "logs") for place in places)
-        found.append(RunProgress(row, seed, done, step, max_steps[row], results and results.tokens_per_s))
+        found.append(RunProgress(row, seed, done, step, max_steps[row], results and results.tokens_per_s,
+                                 failed=not done and bool(written)))
     return found
 
 
@@ -116,7 +121,7 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
              unread: str | None = None) -> str | None:
     """Per row: runs finished of planned and device-hours left; then the totals, the runs under
     way and the finished runs' own rate. None if nothing has started."""
-    if not any(run.finished or run.under_way for run in runs):
+    if not any(run.finished or run.failed or run.under_way for run in runs):
         return None
     per_run = table["hours/run"]
     frame = pd.DataFrame([{"row": run.row, "finished": int(run.finished),
@@ -126,10 +131,13 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
     left = float(rows["hours left"].sum())
     under_way = [run for run in runs if run.under_way]
     going = "; ".join(f"{run.row} seed {run.seed} at step {run.step:,} of {run.max_steps:,}" for run in under_way)
-    longest = max((run for run in runs if not run.finished), key=lambda run: (1.0 - run.fraction) * per_run[run.row], default=None)
+    longest = max((run for run in runs if run.fraction < 1.0),
+                  key=lambda run: (1.0 - run.fraction) * per_run[run.row], default=None)
+    failed = [f"{run.row} seed {run.seed}" for run in runs if run.failed]
     text = (f"where the table stands:\n{rows.to_string(formatters={'hours left': '{:.2f}'.format})}\n\n"
             f"{int(rows['finished'].sum())} of {len(runs)} runs finished"
             + (f", {len(under_way)} under way ({going})" if under_way else "")
+            + (f", {len(failed)} failed and left failed ({', '.join(failed)})" if failed else "")
             + f"; about {left:.1f} device-hours left by the rate above")
     if longest is not None:
         text += (f" (the longest run left, {longest.row} seed {longest.seed}, "

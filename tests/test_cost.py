@@ -146,6 +146,10 @@ def test_dry_run_of_a_table_under_way_counts_what_is_finished_and_the_hours_left
     _logged(runs / "big-s1" / "logs", "metrics.part-1.until-10000.csv", range(20, 12_001, 20))
     _logged(runs / "big-s1" / "logs", "metrics.csv", range(10_020, 36_001, 20))
     _logged(archive / "E-s1" / "logs", "metrics.csv", range(20, 6_001, 20))
+    (archive / "D1-s1").mkdir()  # a NaN loss: it stays failed, so nothing of it is left to run
+    atomic_write_json(archive / "D1-s1" / "results.json",
+                      RunResult(status="failed", reason="loss is NaN at step 700").to_json())
+    _logged(archive / "D1-s1" / "logs", "metrics.csv", range(20, 701, 20))
     before = _tree(tmp_path)
 
     result = dry_run(tmp_path, "--preset", "cpu", "--workers", "2", "--archive", str(archive))
@@ -155,14 +159,15 @@ def test_dry_run_of_a_table_under_way_counts_what_is_finished_and_the_hours_left
     standing = result.stdout.split("where the table stands:")[1]
     left = {}
     for row, planned, done, fraction_left in (("base", 3, 2, 1.0), ("C3", 3, 1, 2.0), ("E", 3, 0, 2.75),
-                                              ("big", 1, 0, 0.5), ("A1", 3, 0, 3.0)):
+                                              ("big", 1, 0, 0.5), ("A1", 3, 0, 3.0), ("D1", 1, 0, 0.0)):
         line = row_line(standing, row)
         assert (int(line[1]), int(line[2])) == (planned, done), line
         left[row] = float(line[3])
         if row in estimate_hours:
             assert left[row] == pytest.approx(fraction_left * estimate_hours[row], abs=0.02)
+    assert left["D1"] == 0.0
     assert ("3 of 50 runs finished, 2 under way (E seed 1 at step 6,000 of 24,000; "
-            "big seed 1 at step 36,000 of 72,000)") in standing
+            "big seed 1 at step 36,000 of 72,000), 1 failed and left failed (D1 seed 1)") in standing
     total = float(standing.split("about ")[1].split(" device-hours")[0])
     assert "the longest run left, big seed 1," in standing
     # base seeds 1 and 2 trained at 50% and 100% of the rate per worker; C3 (the study's) has no rate
