@@ -23,7 +23,7 @@ from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, che
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
 from reports.html import render
-from reports.significance import paired_bootstrap
+from reports.significance import missing_p, paired_bootstrap
 from reports.seeds import PAPER_THRESHOLD
 from reports.table3 import display_frame, spearman, table3_frame, to_latex, to_markdown
 from reports.verdicts import verdicts
@@ -76,6 +76,9 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
                    f"translations against base's, seeds pooled; p < 0.05 means the BLEU difference is "
                    f"unlikely under resampling of the dev sentences. It does not measure seed noise: a "
                    f"BLEU difference is beyond seed noise only where ΔBLEU's interval excludes zero too.")
+        p_values = frame["p_bleu_vs_base"].dropna().to_dict() if "p_bleu_vs_base" in frame else {}
+        if why := missing_p(data, p_values):
+            out.append(f"{why}.")
     signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
     out += [f"sacreBLEU signature: {s}" for s in signatures]
     if "convergence" in frame and frame["convergence"].notna().any():

@@ -38,3 +38,16 @@ def paired_bootstrap(data: Table3Data, n_samples: int = 1000) -> dict[str, float
             _, scores = test()
             p_values[row] = float(scores["BLEU"][1].p_value)
     return p_values
+
+
+def missing_p(data: Table3Data, p_values: dict[str, float]) -> str | None:
+    """Why rows other than base have no p (None if each has one, or base has no complete run)."""
+    rows = [row for row in dict.fromkeys(data.runs["row"]) if row != "base" and row not in p_values]
+    if not rows or "base" not in set(data.runs["row"]):
+        return None
+    base = sorted(seed for row, seed in data.translations if row == "base")
+    if not base:
+        return ("p vs base is empty: base's runs carry no dev translations (finished before runs kept "
+                "them, or restored from results without them), so no row can be paired with base")
+    return (f"p vs base is empty for {', '.join(rows)}: none of their runs carries dev translations of "
+            f"a seed base has them for ({', '.join(map(str, base))}), or of the same dev set")

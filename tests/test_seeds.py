@@ -121,3 +121,41 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     assert shown.loc["base", "seeds"] == "3" and shown.loc["C3", "seeds"] == "1 of 3"
     assert shown.loc["C3", "PPL (paper)"] == "27.00 (4.88)"  # over the seed done
     assert notes(data, frame, 0)[0].startswith("In progress: 4 of the 6 runs queued are complete")
+
+
+def test_the_report_says_why_a_p_vs_base_is_missing():
+    """Real sacreBLEU bootstraps on made-up dev translations: a row paired with base gets a p; a
+    row without translations, or with them only for a seed base lacks, is named; base without
+    any leaves every row empty, and the note says that instead."""
+    import pandas as pd
+
+    from ablations.spec import load_spec
+    from reports.build import notes
+    from reports.collect import Table3Data
+    from reports.significance import missing_p, paired_bootstrap
+    from reports.table3 import table3_frame
+
+    refs = [f"the house number {i} is small ." for i in range(40)]
+    good = [f"the house number {i} is small ." for i in range(30)] + ["a dog ."] * 10
+    poor = [f"house {i} ." for i in range(40)]
+    runs = pd.DataFrame([{"row": row, "group": row[0] if row != "base" else "base", "seed": seed, "ppl": 20.0,
+                          "bleu": 10.0, "params": 1e6, "train_time_s": 1.0, "tokens_per_s": 1.0, "steps": 10,
+                          "sacrebleu_signature": "sig", "device": "cpu"}
+                         for row in ("base", "C5", "C7", "E") for seed in (1, 2)])
+
+    def data(translations):
+        return Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[], setup={},
+                          runs=runs, translations=translations)
+
+    paired = data({("base", 1): (good, refs), ("C5", 1): (poor, refs), ("E", 2): (poor, refs)})
+    p_values = paired_bootstrap(paired, 200)
+    assert set(p_values) == {"C5"} and p_values["C5"] < 0.05  # E's seed 2 has no base translation
+    assert missing_p(paired, p_values) == ("p vs base is empty for C7, E: none of their runs carries dev "
+                                           "translations of a seed base has them for (1), or of the same dev set")
+    line = [n for n in notes(paired, table3_frame(paired, p_values), 200) if n.startswith("p vs base is empty")]
+    assert line == [missing_p(paired, p_values) + "."]
+    no_base = data({("C5", 1): (poor, refs)})
+    assert paired_bootstrap(no_base, 200) == {}
+    assert missing_p(no_base, {}).startswith("p vs base is empty: base's runs carry no dev translations")
+    everyone = data({(row, 1): (good if row == "base" else poor, refs) for row in ("base", "C5", "C7", "E")})
+    assert missing_p(everyone, paired_bootstrap(everyone, 200)) is None

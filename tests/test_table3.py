@@ -197,6 +197,7 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     for row in ROWS:
         assert f"| {row} " in md
     assert "Spearman rank correlation of our dev PPL" in md and "±" in md and "| E " in md
+    assert "p vs base is empty" not in md  # every run kept its dev translations
     # seeds as noise: the difference to base with its interval (two seeds, paired by seed)
     assert frame.loc["E", "d_ppl_low"] < frame.loc["E", "d_ppl"] < frame.loc["E", "d_ppl_high"]
     assert frame.loc["E", "ci_method"] == "paired"
