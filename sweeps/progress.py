@@ -1,7 +1,7 @@
 """Where a table stands (`ablate table3 --dry-run` on a table that has run): which runs are finished,
 how far the unfinished ones got, and the device-hours left, by the preset's measured rate and by
 the rate this table's finished runs actually trained at (other work on the device, another
-machine, long-run effects that a short benchmark misses).
+machine, long-run effects that a short benchmark misses), over all of them and row by row.
 
 Read only, from what a sitting would see: each run's directory under `--runs-dir`, the `--archive`
 (a run it holds counts as it would once restored), and the study, where its storage exists already
@@ -108,13 +108,23 @@ def progress(plan: Table3Plan, max_steps: dict[str, int], archive: str | None = 
     return found
 
 
-def measured_share(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers: int) -> float | None:
-    """How fast this table's finished runs trained, as a share of the preset's rate: the median
-    over runs of parameters x target tokens/s against base's at the preset's rate split over
-    `workers` (None without a finished run that measured it)."""
+def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers: int) -> pd.Series:
+    """How fast each of this table's finished runs trained, as a share of the preset's rate:
+    parameters x target tokens/s against base's at the preset's rate split over `workers`,
+    indexed by row (empty without a finished run that measured it)."""
     expected = params["base"] * rate.base_tokens_per_s / workers
-    shares = [params[run.row] * run.tokens_per_s / expected for run in runs if run.finished and run.tokens_per_s]
-    return float(pd.Series(shares).median()) if shares else None
+    measured = [(run.row, params[run.row] * run.tokens_per_s / expected)
+                for run in runs if run.finished and run.tokens_per_s]
+    return pd.Series([share for _, share in measured], index=[row for row, _ in measured], dtype=float)
+
+
+def hours_at_own_rate(left: pd.Series, found: pd.Series) -> float:
+    """Device-hours left (`left`: per row, at the preset's rate) at each row's own measured share
+    (the median over its finished runs), or the median over all finished runs for a row with
+    none: FLOPs alone miss what makes a row slow (on 2 cores, A3's 16 heads of 4 dimensions
+    trained at two thirds of A2's tokens/s with the same parameters)."""
+    own = found.groupby(level=0).median()
+    return float(sum(hours / own.get(row, found.median()) for row, hours in left.items()))
 
 
 def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, workers: int,
@@ -143,11 +153,13 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
         text += (f" (the longest run left, {longest.row} seed {longest.seed}, "
                  f"{(1.0 - longest.fraction) * per_run[longest.row]:.1f})")
     text += ". An unfinished run counts from its last logged step."
-    share = measured_share(runs, table["params"], rate, workers)
-    if share is not None and left > 0:
+    found = shares(runs, table["params"], rate, workers)
+    if len(found) and left > 0:
+        share = float(found.median())
         text += (f"\nThis table's finished runs trained at {share:.0%} of that rate (median over runs, "
                  f"with {workers} worker{'s' * (workers != 1)} sharing the device): at their rate, "
-                 f"about {left / share:.1f} device-hours left.")
+                 f"about {left / share:.1f} device-hours left; at each row's own rate (the median "
+                 f"elsewhere), about {hours_at_own_rate(rows['hours left'], found):.1f}.")
     if unread:
         text += f"\n(the study was not read: {unread}; runs finished elsewhere are not counted)"
     return text

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
@@ -174,6 +175,31 @@ def test_dry_run_of_a_table_under_way_counts_what_is_finished_and_the_hours_left
     assert "trained at 75% of that rate" in standing
     at_theirs = float(standing.split("at their rate, about ")[1].split(" device-hours")[0])
     assert at_theirs == pytest.approx(total / 0.75, abs=0.15)  # both printed to 0.1
+    at_own = float(standing.split("at each row's own rate (the median elsewhere), about ")[1].split(".\n")[0]
+                   .rstrip("."))
+    assert at_own == pytest.approx(at_theirs, abs=0.1)  # only base measured: its own share is the median
+
+
+def test_time_left_takes_each_rows_own_measured_rate_and_the_median_for_the_rest():
+    """A row slower than its FLOPs say (many narrow heads) is counted at the rate its own
+    finished seeds trained at; a row with none at the median over all finished runs."""
+    from sweeps.cost import DeviceRate
+    from sweeps.progress import RunProgress, describe
+
+    rate = DeviceRate("2 cores", base_tokens_per_s=1000.0, overhead_s=0.0, measured="test")
+    table = pd.DataFrame({"params": [100, 100, 50], "hours/run": [1.0, 1.0, 2.0]}, index=["base", "A4", "C1"])
+    # per worker of 2 the preset's rate is 500 tokens/s on base's 100 parameters
+    runs = [RunProgress("base", 1, True, 10, 10, tokens_per_s=500.0),  # share 1.0
+            RunProgress("base", 2, True, 10, 10, tokens_per_s=400.0),  # 0.8
+            RunProgress("A4", 1, True, 10, 10, tokens_per_s=200.0),  # 0.4
+            RunProgress("A4", 2, False, 5, 10),  # half left: 0.5 h at the preset's rate
+            RunProgress("C1", 1, False, 0, 10)]  # 2 h at the preset's rate
+    text = describe(runs, table, rate, workers=2)
+    assert "trained at 80% of that rate" in text  # median of 1.0, 0.8, 0.4
+    assert "about 2.5 device-hours left by the rate above" in text
+    assert "at their rate, about 3.1 device-hours left" in text  # 2.5 / 0.8
+    # A4 at its own 0.4: 0.5 / 0.4 = 1.25; C1 at the median 0.8: 2 / 0.8 = 2.5
+    assert "at each row's own rate (the median elsewhere), about 3.8." in text
 
 
 def test_dry_run_refuses_a_study_of_another_table_in_one_line(tmp_path):
