@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from optuna.trial import TrialState
 from ablations.resolve import resolve
 from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import read_rows
-from lightning_modules.run.preflight import check_same_result
+from lightning_modules.run.preflight import check_same_result, resume_checkpoint
 from lightning_modules.run.results import RunResult, read_results
 from sweeps.table3 import Table3Plan, queue
 from test_table3 import ablate, table3_args, trials
@@ -151,3 +152,19 @@ def test_a_bad_stop_after_is_one_line(text: str, tmp_path: Path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "--stop-after" in lines[0], result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_removed_while_the_archive_reads_it_is_skipped_without_a_word(tmp_path: Path):
+    """The archive reads live run directories, where Lightning removes the older step checkpoint as
+    it saves the next: a file listed but gone when read is not "damaged" (that warning, and a
+    rename, are for files that are there and broken)."""
+    ckpt_dir = tmp_path / "checkpoints"
+    ckpt_dir.mkdir()
+    torch.save({"global_step": 12}, ckpt_dir / "step12.ckpt")
+    (ckpt_dir / "step6.ckpt").symlink_to(ckpt_dir / "removed.ckpt")  # listed, gone when opened
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        found = resume_checkpoint(ckpt_dir)
+    assert found == (ckpt_dir / "step12.ckpt", 12)
+    assert [str(w.message) for w in caught if "damaged" in str(w.message)] == []
+    assert not list(ckpt_dir.glob("*.corrupt"))

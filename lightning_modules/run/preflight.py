@@ -236,7 +236,10 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
 
     A damaged file (a zip whose CRCs fail, e.g. copied in half) is renamed to `*.corrupt` with a
     warning and skipped; a checkpoint saved by another model than `model` (when given) is
-    refused with one line.
+    refused with one line. A file gone by the time it is read is skipped without a word: the
+    table's archive reads live run directories, where Lightning removes the older step checkpoint
+    as it saves the next (Lightning writes each checkpoint atomically, so a live one is never
+    half-written).
     """
     if not ckpt_dir.is_dir():
         return None
@@ -245,6 +248,8 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
         try:
             with zipfile.ZipFile(path) as archive:
                 damaged = archive.testzip() is not None
+        except FileNotFoundError:
+            continue  # removed since the listing
         except (zipfile.BadZipFile, OSError):
             damaged = True
         if damaged:
@@ -254,13 +259,17 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
                 pass
             rank_zero_warn(f"{path} is damaged; set aside as {path.name}.corrupt")
             continue
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            continue  # removed since the listing
         old = saved.get("hyper_parameters", {}).get("model", {})
         for key, value in wanted.items():
             if key in old and old[key] != value:
                 raise UserError(f"{path} was saved by another model ({key}={old[key]!r}, not {value!r}); "
                                 f"use another --out, or move the checkpoint away")
-        key = (int(saved.get("global_step", 0)), path.stat().st_mtime)
+        key = (int(saved.get("global_step", 0)), mtime)
         if best_key is None or key > best_key:
             best, best_key = path, key
     return None if best is None or best_key is None else (best, best_key[0])
