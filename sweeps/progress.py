@@ -113,9 +113,9 @@ def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers
     parameters x target tokens/s against base's at the preset's rate split over `workers`,
     indexed by row (empty without a finished run that measured it)."""
     expected = params["base"] * rate.base_tokens_per_s / workers
-    measured = [(run.row, params[run.row] * run.tokens_per_s / expected)
-                for run in runs if run.finished and run.tokens_per_s]
-    return pd.Series([share for _, share in measured], index=[row for row, _ in measured], dtype=float)
+    done = [run for run in runs if run.finished and run.tokens_per_s]
+    return pd.Series([params[run.row] * run.tokens_per_s / expected for run in done],
+                     index=[run.row for run in done], dtype=float)
 
 
 def hours_at_own_rate(left: pd.Series, found: pd.Series) -> float:
@@ -123,8 +123,8 @@ def hours_at_own_rate(left: pd.Series, found: pd.Series) -> float:
     (the median over its finished runs), or the median over all finished runs for a row with
     none: FLOPs alone miss what makes a row slow (on 2 cores, A3's 16 heads of 4 dimensions
     trained at two thirds of A2's tokens/s with the same parameters)."""
-    own = found.groupby(level=0).median()
-    return float(sum(hours / own.get(row, found.median()) for row, hours in left.items()))
+    own, elsewhere = found.groupby(level=0).median(), found.median()
+    return float(sum(hours / own.get(row, elsewhere) for row, hours in left.items()))
 
 
 def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, workers: int,
