@@ -43,7 +43,9 @@ class TranslationModule(pl.LightningModule):
 
     The training step never waits for the GPU: loss, NLL, token counts and the gradient norm
     are summed on the device and read (one transfer) every `log_every_n_steps` steps, where they
-    are logged as window means. `compile_step()` swaps the forward + loss for a
+    are logged as window means; every window but the last spans at least that many steps (a resume
+    inside one carries its first steps into the next), since the spike rule compares them.
+    `compile_step()` swaps the forward + loss for a
     `torch.compile`d one (dynamic shapes: one graph for every batch shape); validation and
     decoding stay eager.
     """
@@ -112,9 +114,11 @@ class TranslationModule(pl.LightningModule):
         Lightning converts every logged device tensor to a number on each step (a GPU sync per
         step): the values logged here are CPU tensors from a single device-to-host copy per window.
         """
-        step, every = self.trainer.global_step, self.trainer.log_every_n_steps
-        if self._window is None or step == self._flushed_at or (step % every and step != self.trainer.max_steps):
+        step, every, last = self.trainer.global_step, self.trainer.log_every_n_steps, self.trainer.max_steps
+        if self._window is None or step == self._flushed_at or (step % every and step != last):
             return
+        if step - self._window_start < every and step != last:
+            return  # begun mid-window by a resume: carried into the next row, not a row of a few batches
         grad_max = self._grad_max if self._grad_max is not None else self._window.new_zeros(())
         host = torch.cat([self._window, grad_max[None]]).cpu()  # the window's one device-to-host copy
         self._window, self._grad_max, self._flushed_at = None, None, step

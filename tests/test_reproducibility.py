@@ -64,11 +64,11 @@ RESUMABLE = ["--max-steps", "16", "data.max_tokens=25000", "train.checkpoint_eve
 EPOCH = 4
 
 
-def train(out: Path, small_corpus: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
+def train(out: Path, small_corpus: list[str], fault: str | None = None, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
     env.pop("ABLATE_FAULT", None)
     return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(out), *small_corpus, *TINY,
-                           *RESUMABLE], env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
+                           *RESUMABLE, *overrides], env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
                           capture_output=True, text=True, timeout=300)
 
 
@@ -119,3 +119,20 @@ def test_a_stopped_run_resumes_with_the_batches_draws_and_rows_of_an_uninterrupt
     results = [json.loads((run / "results.json").read_text()) for run in (uninterrupted, tmp_path / "run")]
     assert results[0]["ppl"] == results[1]["ppl"]
     assert results[0]["dev_ppl_curve"] == results[1]["dev_ppl_curve"]
+
+
+def test_a_window_begun_by_a_resume_is_carried_into_the_next_row(tmp_path, small_corpus):
+    """Rows of 5 steps, SIGTERM after step 8: the resumed attempt's steps 9 and 10 are carried into
+    the row of step 15 rather than written as a row of two batches. The spike rule compares rows:
+    the cpu table's D3 seed 2, resumed at step 7,619 in rows of 20, wrote a row of one batch (loss
+    3.84 against rows near 3.15) and was called unstable."""
+    window = "train.log_every_n_steps=5"
+    stopped = train(tmp_path / "run", small_corpus, "train_step@8:SIGTERM", window)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    again = train(tmp_path / "run", small_corpus, None, window)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "run" / "logs" / "metrics.part-1.until-8.csv").is_file()
+    rows = [step for step, _ in losses(tmp_path / "run")]
+    assert rows == [4, 14]  # after steps 5 and 15 (step 16, the last, is off Lightning's logging cadence)
+    joined = {int(r["step"]): r for r in read_rows(tmp_path / "run" / "logs") if r.get("train/loss")}
+    assert float(joined[14]["train/tokens"]) > 0 and float(joined[14]["train/grad_norm"]) > 0
