@@ -115,10 +115,10 @@ class TranslationModule(pl.LightningModule):
         step): the values logged here are CPU tensors from a single device-to-host copy per window.
         """
         step, every, last = self.trainer.global_step, self.trainer.log_every_n_steps, self.trainer.max_steps
-        if self._window is None or step == self._flushed_at or (step % every and step != last):
+        if self._window is None or step == self._flushed_at:
             return
-        if step - self._window_start < every and step != last:
-            return  # begun mid-window by a resume: carried into the next row, not a row of a few batches
+        if step != last and (step % every or step - self._window_start < every):
+            return  # not a row's end; a window begun by a resume is carried into the next row
         grad_max = self._grad_max if self._grad_max is not None else self._window.new_zeros(())
         host = torch.cat([self._window, grad_max[None]]).cpu()  # the window's one device-to-host copy
         self._window, self._grad_max, self._flushed_at = None, None, step
