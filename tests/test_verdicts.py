@@ -1,0 +1,22 @@
+"""The one-sentence group verdicts count what the table's columns say."""
+
+import pandas as pd
+
+from reports.seeds import sign_agrees
+from reports.verdicts import group_verdict
+
+
+def test_sign_agreement_is_counted_over_numpy_booleans():
+    # the table fills 'ppl_sign_agrees' row by row from numpy differences, so the column holds
+    # numpy booleans and None in an object column, as here
+    frame = pd.DataFrame({"group": ["C"] * 4, "d_ppl": [3.29, 1.32, 1.19, -0.37],
+                          "d_paper_ppl": [-0.04, -0.26, 0.20, -0.17],
+                          "beyond_noise": [True, False, True, False]},
+                         index=["C3", "C5", "C6", "C7"])
+    frame["ppl_sign_agrees"] = None
+    for row in frame.index:
+        frame.loc[row, "ppl_sign_agrees"] = sign_agrees(frame.loc[row, "d_ppl"], frame.loc[row, "d_paper_ppl"])
+    assert frame["ppl_sign_agrees"].dropna().tolist() == [False, True, True]  # C3's paper gap is too small
+    sentence = group_verdict(frame, "C")
+    assert "signs agree with the paper for 2 of 3 rows" in sentence
+    assert "C6 +1.19 PPL, paper +0.20; same sign as the paper" in sentence
