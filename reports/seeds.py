@@ -49,7 +49,7 @@ class Interval:
 
     @property
     def excludes_zero(self) -> bool:
-        return not math.isnan(self.low) and (self.low > 0 or self.high < 0)
+        return bool(not math.isnan(self.low) and (self.low > 0 or self.high < 0))  # a bool, not numpy's
 
 
 def mean_ci(values: Sequence[float]) -> Interval:
@@ -94,4 +94,5 @@ def sign_agrees(ours: float, paper: float | None, metric: str = "ppl") -> bool |
     """Whether our difference to base has the paper's sign; None where the paper's is too small."""
     if paper is None or math.isnan(paper) or abs(paper) < PAPER_THRESHOLD[metric] or math.isnan(ours):
         return None
-    return (ours > 0) == (paper > 0) and ours != 0
+    # a bool, not numpy's: the table's columns hold these, and numpy's True + True is True
+    return bool((ours > 0) == (paper > 0) and ours != 0)

@@ -47,9 +47,7 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
         parts.append(("no interval (one seed): " if no_ci else "within seed noise: ") + ", ".join(within))
     comparable = rows["ppl_sign_agrees"].dropna()
     if len(comparable):
-        # count, not sum(): numpy booleans in an object column add as a logical or (True + True is True)
-        agreeing = sum(bool(v) for v in comparable)
-        parts.append(f"signs agree with the paper for {agreeing} of {len(comparable)} rows "
+        parts.append(f"signs agree with the paper for {int(comparable.sum())} of {len(comparable)} rows "
                      "where the paper's difference is large enough to compare")
     if unconverged:
         parts.append("not converged (read with care): " + ", ".join(

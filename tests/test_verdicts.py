@@ -1,14 +1,16 @@
 """The one-sentence group verdicts count what the table's columns say."""
 
+import numpy as np
 import pandas as pd
 
 from reports.seeds import sign_agrees
 from reports.verdicts import group_verdict
 
 
-def test_sign_agreement_is_counted_over_numpy_booleans():
-    # the table fills 'ppl_sign_agrees' row by row from numpy differences, so the column holds
-    # numpy booleans and None in an object column, as here
+def test_sign_agreement_is_counted_over_the_table_s_column():
+    # the table fills 'ppl_sign_agrees' row by row from numpy differences, as here; a numpy
+    # boolean there would add as a logical or (True + True is True)
+    assert sign_agrees(np.float64(1.19), np.float64(0.20)) is True
     frame = pd.DataFrame({"group": ["C"] * 4, "d_ppl": [3.29, 1.32, 1.19, -0.37],
                           "d_paper_ppl": [-0.04, -0.26, 0.20, -0.17],
                           "beyond_noise": [True, False, True, False]},
