@@ -11,6 +11,11 @@ measure optimisation accidents. Classes, checked in this order:
   perplexity or a window-mean training loss above `spike_ratio` × its best value so far (a model
   collapsing towards the unigram line can leave the training loss nearly flat, since it started
   close to that line: on an H100 a base run's dev PPL rose 772 → 1,321 while its loss went 7.0 → 7.6);
+- `overfitting`: the dev-perplexity spike above while the training loss kept falling (no
+  training-loss spike, and its mean over the last `tail` of training more than `tolerance` below
+  its mean over the evaluation interval that ended at the dev best): the gap between training and
+  dev widened, a finding about the configuration (no dropout on a small corpus), not an
+  optimisation accident;
 - `converged`: over the last `tail` of training, dev perplexity improved by less than
   `tolerance` (relative; a rise counts as no improvement);
 - `still improving`: it improved by more;
@@ -26,7 +31,7 @@ from pathlib import Path
 
 from lightning_modules.metrics_log import read_rows
 
-CLASSES = ("converged", "still improving", "unstable", "diverged", "unknown")
+CLASSES = ("converged", "still improving", "overfitting", "unstable", "diverged", "unknown")
 Curve = Sequence[tuple[int, float]]  # (step, value), steps ascending
 
 
@@ -42,7 +47,10 @@ class ConvergenceRule:
         return (f"converged = dev PPL improved by less than {self.tolerance:.0%} over the last "
                 f"{self.tail:.0%} of training steps; still improving = by more; unstable = after "
                 f"warmup a dev PPL above the unigram PPL of the training targets, or a dev PPL or "
-                f"window-mean training loss above {self.spike_ratio:g}× its best so far; diverged = non-finite, "
+                f"window-mean training loss above {self.spike_ratio:g}× its best so far; overfitting = that dev "
+                f"PPL rise while the training loss kept falling (no spike, and its mean over the last {self.tail:.0%} "
+                f"more than {self.tolerance:.0%} below its mean over the evaluation interval ending at the dev "
+                f"best); diverged = non-finite, "
                 f"or ending after warmup at or above the unigram PPL; unknown = fewer than two dev evaluations "
                 f"span the last {self.tail:.0%}")
 
@@ -71,6 +79,21 @@ def _first_spike(curve: Curve, warmup_steps: int, ratio: float) -> tuple[int, fl
     return None
 
 
+def _loss_fell_since_best(dev_ppl: Curve, train_loss: Curve, rule: ConvergenceRule) -> tuple[float, float] | None:
+    """(mean training loss over the evaluation interval ending at the dev-PPL best, over the last
+    `tail` of training) when the second is lower by more than `tolerance` (relative); None when it is
+    not, or when either span holds no training-loss row."""
+    best = min(range(len(dev_ppl)), key=lambda i: dev_ppl[i][1])
+    since = dev_ppl[best - 1][0] if best else -math.inf
+    last_step = dev_ppl[-1][0]
+    at_best = [loss for step, loss in train_loss if since < step <= dev_ppl[best][0]]
+    tail = [loss for step, loss in train_loss if last_step * (1 - rule.tail) < step <= last_step]
+    if not at_best or not tail:
+        return None
+    means = sum(at_best) / len(at_best), sum(tail) / len(tail)
+    return means if means[1] < means[0] * (1 - rule.tolerance) else None
+
+
 def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps: int,
              rule: ConvergenceRule = ConvergenceRule()) -> Verdict:
     """The class of one run from its dev-PPL curve and its window-mean training losses."""
@@ -86,11 +109,16 @@ def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps
         s, p = above[0]
         return Verdict("unstable", f"dev PPL {p:.4g} at step {s:,} (after warmup) above the unigram "
                                    f"PPL {unigram_ppl:.4g}")
+    loss_spike = _first_spike(train_loss, warmup_steps, rule.spike_ratio)
     if spike := _first_spike(dev_ppl, warmup_steps, rule.spike_ratio):
         step, ppl, best = spike
-        return Verdict("unstable", f"dev PPL rose to {ppl:.4g} at step {step:,} (best so far {best:.4g})")
-    if spike := _first_spike(train_loss, warmup_steps, rule.spike_ratio):
-        step, loss, best = spike
+        rose = f"dev PPL rose to {ppl:.4g} at step {step:,} (best so far {best:.4g})"
+        if loss_spike is None and (fell := _loss_fell_since_best(dev_ppl, train_loss, rule)):
+            return Verdict("overfitting", f"{rose} and ended at {final:.4g}, while the mean "
+                                          f"training loss fell {fell[0]:.3g} → {fell[1]:.3g}")
+        return Verdict("unstable", rose)
+    if loss_spike:
+        step, loss, best = loss_spike
         return Verdict("unstable", f"training loss spiked to {loss:.3g} at step {step:,} "
                                    f"(best so far {best:.3g})")
     tail_start = last_step * (1 - rule.tail)

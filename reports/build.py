@@ -83,7 +83,8 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     out += [f"sacreBLEU signature: {s}" for s in signatures]
     if "convergence" in frame and frame["convergence"].notna().any():
         out.append(f"Convergence rule: {ConvergenceRule().describe()}. Column 'converged': the worst "
-                   "class over a row's seeds (with how many seeds had it).")
+                   "class over a row's seeds (with how many seeds had it); in report.html its cell is coloured: green "
+                   "converged, yellow still improving, orange overfitting, red unstable or diverged, grey unknown.")
     out.append(f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
                f"paired by seed when the seeds match (Welch otherwise; a one-seed row against base's 95% "
                f"prediction interval, i.e. assuming base's seed noise); 'beyond noise' = that interval "

@@ -74,8 +74,8 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
     return _png(fig)
 
 
-CLASS_STYLES = {"converged": "-", "still improving": "--", "unstable": ":", "diverged": ":",
-                "unknown": "-."}
+CLASS_STYLES = {"converged": "solid", "still improving": "dashed", "overfitting": (0, (6, 2, 1, 2, 1, 2)),
+                "unstable": "dotted", "diverged": "dotted", "unknown": "dashdot"}
 
 
 def learning_curves(curves: pd.DataFrame, group: str, groups: dict[str, str]) -> bytes:
@@ -83,7 +83,7 @@ def learning_curves(curves: pd.DataFrame, group: str, groups: dict[str, str]) ->
 
     `curves` has columns row, seed, step, ppl, convergence; `groups` maps row -> group. Line
     style shows the run's convergence class (solid: converged, dashed: still improving,
-    dotted: unstable or diverged); the y axis is logarithmic.
+    dash-dot-dot: overfitting, dotted: unstable or diverged); the y axis is logarithmic.
     """
     rows = [r for r in dict.fromkeys(curves["row"]) if groups.get(r) == group or r == "base"]
     palette = plt.get_cmap("tab10")
@@ -93,13 +93,13 @@ def learning_curves(curves: pd.DataFrame, group: str, groups: dict[str, str]) ->
         for j, (seed, run) in enumerate(curves[curves["row"] == row].groupby("seed", sort=True)):
             run = run.sort_values("step")
             label = row if j == 0 else None
-            style = CLASS_STYLES.get(str(run["convergence"].iloc[0]), "-")
-            ax.plot(run["step"], run["ppl"], style, color=color, linewidth=1.2, alpha=0.85, label=label)
+            style = CLASS_STYLES.get(str(run["convergence"].iloc[0]), "solid")
+            ax.plot(run["step"], run["ppl"], linestyle=style, color=color, linewidth=1.2, alpha=0.85, label=label)
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("dev perplexity (log scale)")
-    ax.set_title(f"Group {group}: dev PPL while training (solid converged, dashed still improving, "
-                 "dotted unstable/diverged)", fontsize=8)
+    ax.set_title(f"Group {group}: dev PPL while training\n(solid converged, dashed still improving, "
+                 "dash-dot-dot overfitting, dotted unstable/diverged)", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return _png(fig)

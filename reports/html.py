@@ -7,6 +7,8 @@ import html
 
 import pandas as pd
 
+from lightning_modules.convergence import CLASSES
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; font-size: 13px; }
@@ -14,13 +16,39 @@ th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; white-spac
 th { background: #f2f2f2; white-space: normal; max-width: 9em; }
 td:first-child, th:first-child { text-align: left; font-weight: bold; }
 figure { display: inline-block; margin: 1em 1em 0 0; }
+td.converged { background: #dff0d8; } td.still-improving { background: #fcf3cf; }
+td.overfitting { background: #fde0c5; } td.unstable, td.diverged { background: #f5c6cb; }
+td.unknown { background: #e2e3e5; }
 .meta { color: #555; font-size: 13px; }
 """
 
 
-def render(title: str, caption: str, table: pd.DataFrame, notes: list[str], figures: dict[str, bytes]) -> str:
-    """The report page; `table` holds display strings, `figures` PNG bytes by file name."""
-    rows_html = table.to_html(index=False, escape=True, border=0, table_id="table3")
+def _class_of(cell: str) -> str:
+    """The CSS class of a convergence cell ("unstable (1/3)" -> "unstable"); empty when it has none."""
+    label = cell.split(" (")[0]
+    return label.replace(" ", "-") if label in CLASSES else ""
+
+
+def _table(table: pd.DataFrame, class_column: str) -> str:
+    """The table with each cell of `class_column` coloured by its convergence class."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+    body = []
+    for values in table.itertuples(index=False):
+        cells = []
+        for column, value in zip(table.columns, values):
+            css = _class_of(str(value)) if column == class_column else ""
+            cells.append(f'<td class="{css}">' if css else "<td>")
+            cells[-1] += f"{html.escape(str(value))}</td>"
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    rows = "\n".join(body)
+    return f'<table id="table3">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>'
+
+
+def render(title: str, caption: str, table: pd.DataFrame, notes: list[str], figures: dict[str, bytes],
+           class_column: str = "converged") -> str:
+    """The report page; `table` holds display strings (its `class_column` cells coloured by
+    convergence class), `figures` PNG bytes by file name."""
+    rows_html = _table(table, class_column)
     images = "\n".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(name)}</figcaption></figure>'

@@ -65,7 +65,7 @@ def convergence_summary(classes: pd.Series) -> str | None:
     classes = classes.dropna()
     if classes.empty:
         return None
-    order = ["diverged", "unstable", "unknown", "still improving", "converged"]
+    order = ["diverged", "unstable", "overfitting", "unknown", "still improving", "converged"]
     worst = min(classes, key=lambda c: order.index(c) if c in order else 0)
     if (classes == worst).all():
         return worst

@@ -53,6 +53,31 @@ def test_dev_ppl_spike_after_warmup_is_unstable_even_when_the_loss_barely_moves(
     assert classify(dev((700, 10.0), (800, 12.1), (1000, 11.99)), FALLING, UNIGRAM, 100).label == "unstable"
 
 
+def test_dev_ppl_rising_while_the_training_loss_falls_is_overfitting():
+    # the cpu table's D1 (no dropout, 24,000 steps; reports/results/cpu-converged-2026-11-22), every
+    # 3,000 steps: dev PPL bottoms out at step 6,000 and climbs; the training loss keeps falling
+    d1_dev = dev((3000, 39.2), (6000, 35.0), (9000, 38.6), (12000, 44.1), (15000, 56.1), (18000, 83.8),
+                 (21000, 111.4), (24000, 125.0))
+    d1_loss = [(s, loss) for s, loss in zip(range(1000, 24001, 1000), (
+        4.6, 4.0, 3.9, 3.8, 3.8, 3.7, 3.6, 3.5, 3.45, 3.4, 3.3, 3.2, 3.1, 3.0, 2.95, 2.85, 2.75, 2.65,
+        2.55, 2.45, 2.4, 2.35, 2.3, 2.25))]
+    verdict = classify(d1_dev, d1_loss, 8000.0, 1000)
+    assert verdict.label == "overfitting", verdict.reason
+    # the first crossing of 1.2 x the best, where it ended, and the loss means: over the evaluation
+    # interval that ended at the best (rows 4,000-6,000: 3.767) and over the last 20% (20,000-24,000: 2.35)
+    assert verdict.reason == ("dev PPL rose to 44.1 at step 12,000 (best so far 35) and ended at 125, "
+                              "while the mean training loss fell 3.77 → 2.35")
+    # the same dev curve with a training loss that stopped falling (within 1% of 3.767), or that
+    # spiked: unstable; 1% is the line
+    for level, label in ((3.74, "unstable"), (3.72, "overfitting")):
+        flat = [(s, level if s > 6000 else loss) for s, loss in d1_loss]
+        assert classify(d1_dev, flat, 8000.0, 1000).label == label, level
+    spiked = [(s, 4.5 if s == 15000 else loss) for s, loss in d1_loss]  # 4.5 > 1.2 x 3.5
+    assert classify(d1_dev, spiked, 8000.0, 1000).label == "unstable"
+    # no training-loss row in either span: nothing says the loss fell, so unstable
+    assert classify(dev((700, 10.0), (800, 12.1), (1000, 11.99)), FALLING, UNIGRAM, 100).label == "unstable"
+
+
 def test_diverged_unstable_and_their_precedence():
     assert classify(dev((800, 10.0), (1000, math.nan)), FALLING, UNIGRAM, 100).label == "diverged"
     assert classify(dev((800, 10.0), (1000, 9.0)), [(10, math.inf)], UNIGRAM, 100).label == "diverged"

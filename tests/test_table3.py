@@ -261,6 +261,8 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     changes = [c[by_header["changes from base"]].text for c in cells]
     assert changes == ["the paper's base", "P_drop 0.0", "pos learned"]  # only what a row changes
     assert cells[1][by_header["PPL (paper)"]].text.endswith("(5.77)")
+    classes = [c[by_header["converged"]] for c in cells]  # coloured by class (the colours: the test below)
+    assert all(c.get_attribute("class") == c.text.split(" (")[0].replace(" ", "-") for c in classes if c.text)
     table_width = browser.execute_script("return document.getElementById('table3').scrollWidth")
     assert table_width <= 1400, f"the table needs {table_width} px"  # a normal window
     images = browser.find_elements(By.TAG_NAME, "img")
@@ -268,6 +270,29 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     assert all(browser.execute_script("return arguments[0].naturalWidth", img) > 100 for img in images)
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path):
+    """Each class has its colour (unstable and diverged share one); a cell of several seeds is coloured
+    by its worst class; other columns and an empty class cell are left plain."""
+    from selenium.webdriver.common.by import By
+
+    from reports.html import render
+
+    classes = ["converged", "still improving", "overfitting", "unstable (1/3)", "diverged", "unknown", ""]
+    table = pd.DataFrame({"row": [f"r{i}" for i in range(len(classes))], "converged": classes,
+                          "PPL (paper)": ["4.92"] * len(classes)})
+    page = tmp_path / "report.html"
+    page.write_text(render("t", "c", table, [], {}))
+    browser.get(page.as_uri())
+    colour = "return getComputedStyle(arguments[0]).backgroundColor"
+    rows = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
+    assert [r[1].text for r in rows] == classes
+    cell = [browser.execute_script(colour, r[1]) for r in rows]
+    plain = browser.execute_script(colour, rows[0][2])
+    assert plain == cell[-1] == "rgba(0, 0, 0, 0)"
+    assert plain not in cell[:-1] and cell[3] == cell[4]
+    assert len(set(cell[:-1])) == 5, cell  # converged, still improving, overfitting, unstable/diverged, unknown
 
 
 def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path):

@@ -64,7 +64,7 @@ class RunResult:
     host: str | None = _f("host name")
     group: str | None = _f("group of runs (the sweep's study, else the row)")
     run_dir: str | None = _f("the run directory", trial=True)
-    convergence: str | None = _f("converged | still improving | unstable | diverged | unknown "
+    convergence: str | None = _f("converged | still improving | overfitting | unstable | diverged | unknown "
                                  "(lightning_modules/convergence.py)", trial=True, column=True, summary=True)
     convergence_reason: str | None = _f("the numbers behind the convergence class", trial=True)
     dev_ppl_curve: list[list[float]] | None = _f("[step, dev PPL] at every validation", trial=True)
