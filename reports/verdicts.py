@@ -17,9 +17,10 @@ def _row_phrase(row: str, r: pd.Series) -> str:
     change = f"{r.d_ppl:+.2f} PPL"
     if not math.isnan(r.get("d_ppl_low", math.nan)):
         change += f" [{r.d_ppl_low:+.2f}, {r.d_ppl_high:+.2f}]"
-    paper = "" if pd.isna(r.get("d_paper_ppl")) else f", paper {r.d_paper_ppl:+.2f}"
-    agree = {True: "; same sign as the paper", False: "; opposite to the paper"}.get(r.get("ppl_sign_agrees"), "")
-    return f"{row} {change}{paper}{agree}"
+    if pd.isna(r.get("d_paper_ppl")):
+        return f"{row} {change}"
+    agree = {True: ", same sign", False: ", opposite sign"}.get(r.get("ppl_sign_agrees"), "")
+    return f"{row} {change} (paper {r.d_paper_ppl:+.2f}{agree})"
 
 
 def group_verdict(frame: pd.DataFrame, group: str) -> str:

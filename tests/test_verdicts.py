@@ -21,4 +21,5 @@ def test_sign_agreement_is_counted_over_the_table_s_column():
     assert frame["ppl_sign_agrees"].dropna().tolist() == [False, True, True]  # C3's paper gap is too small
     sentence = group_verdict(frame, "C")
     assert "signs agree with the paper for 2 of 3 rows" in sentence
-    assert "C6 +1.19 PPL, paper +0.20; same sign as the paper" in sentence
+    # each row's paper difference and sign in its own parentheses, so the list reads unambiguously
+    assert "beyond seed noise: C3 +3.29 PPL (paper -0.04), C6 +1.19 PPL (paper +0.20, same sign)" in sentence
