@@ -27,11 +27,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from lightning_modules.metrics_log import read_rows
 
 CLASSES = ("converged", "still improving", "overfitting", "unstable", "diverged", "unknown")
+# what each version of the rule changed; a run records the version it was classified by
+RULE_CHANGES = {2: "an 'overfitting' class (version 1 called every dev-PPL rise 'unstable', whatever the "
+                   "training loss did)"}
 Curve = Sequence[tuple[int, float]]  # (step, value), steps ascending
 
 
@@ -39,6 +43,7 @@ Curve = Sequence[tuple[int, float]]  # (step, value), steps ascending
 class ConvergenceRule:
     """The thresholds; `describe()` is the sentence reports print."""
 
+    VERSION: ClassVar[int] = max(RULE_CHANGES)
     tail: float = 0.2  # the last fraction of training steps inspected
     tolerance: float = 0.01  # converged: dev PPL improved by less than this (relative) over the tail
     spike_ratio: float = 1.2  # unstable: a window's training loss above 1.2 x the best so far
@@ -55,7 +60,8 @@ class ConvergenceRule:
                 f"span the last {self.tail:.0%}")
 
     def to_dict(self) -> dict[str, float]:
-        return asdict(self)
+        """The thresholds and the rule's version, as a run records them."""
+        return {**asdict(self), "version": self.VERSION}
 
 
 @dataclass(frozen=True)

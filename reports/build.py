@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_modules.convergence import ConvergenceRule
+from lightning_modules.convergence import RULE_CHANGES, ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import table3_section
 from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, check_writable_dir,
@@ -59,6 +59,21 @@ def missing_base(data: Table3Data) -> str | None:
             f"run base to complete it")
 
 
+def older_rule(runs: pd.DataFrame) -> str | None:
+    """Which classified runs recorded their class under an older convergence rule (None when none did)."""
+    if "rule_version" not in runs:
+        return None
+    versions = pd.to_numeric(runs["rule_version"], errors="coerce").dropna()
+    if (older := versions[versions < ConvergenceRule.VERSION]).empty:
+        return None
+    since = [RULE_CHANGES[v] for v in range(int(older.min()) + 1, ConvergenceRule.VERSION + 1) if v in RULE_CHANGES]
+    listed = ", ".join(str(int(v)) for v in sorted(set(older)))
+    return (f"{len(older)} of the {len(versions)} classified runs recorded their class under an older "
+            f"convergence rule (version {listed}; the rule above is version {ConvergenceRule.VERSION}), "
+            f"which lacked {'; '.join(since)}; their classes stay as recorded, and each run's "
+            f"convergence_reason gives its numbers")
+
+
 def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     out = [note] if (note := preset_note(data.preset)) else []
     if gap := missing_base(data):
@@ -85,6 +100,8 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
         out.append(f"Convergence rule: {ConvergenceRule().describe()}. Column 'converged': the worst "
                    "class over a row's seeds (with how many seeds had it); in report.html its cell is coloured: green "
                    "converged, yellow still improving, orange overfitting, red unstable or diverged, grey unknown.")
+        if older := older_rule(data.runs):
+            out.append(f"{older}.")
     out.append(f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
                f"paired by seed when the seeds match (Welch otherwise; a one-seed row against base's 95% "
                f"prediction interval, i.e. assuming base's seed noise); 'beyond noise' = that interval "

@@ -85,6 +85,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         record = {"row": row, "group": a.get("group", row), "seed": seed,
                   **{c: a.get(c) for c in RUN_COLUMNS},
                   "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device"),
+                  "rule_version": (a.get("convergence_rule") or {}).get("version", 1) if a.get("convergence") else None,
                   "setup": setup_key(a.get("environment"))}
         record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
         records.append(record)

@@ -25,7 +25,8 @@ def test_every_field_is_documented_and_routed():
             "seed", "model", "preset", "corpus", "device", "precision", "sacrebleu_signature", "world_size",
             "run_dir"} <= trial
     assert {"steady_tokens_per_s", "startup_s", "first_step_s", "compiled", "compiled_graphs"} <= trial
-    assert {"convergence", "convergence_reason", "dev_ppl_curve", "unigram_ppl", "environment"} <= trial
+    assert {"convergence", "convergence_reason", "dev_ppl_curve", "unigram_ppl", "convergence_rule",
+            "environment"} <= trial
     assert set(RUN_COLUMNS) <= trial  # a report column the trial does not store would stay empty
 
 

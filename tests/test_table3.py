@@ -24,6 +24,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import load_spec
 from sweeps.table3 import Table3Plan, make_plan, parse_seeds, queue, select_rows
@@ -206,6 +207,9 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     assert set(frame["convergence"]) <= {"still improving", "unknown", "diverged", "unstable"} and \
         frame["convergence"].notna().all()
     assert "Convergence rule: converged = dev PPL improved by less than 1%" in md
+    assert "older convergence rule" not in md  # every run recorded the rule's version, the current one
+    assert {t.user_attrs["convergence_rule"]["version"] for t in trials(table)
+            if t.state == TrialState.COMPLETE} == {ConvergenceRule.VERSION}
     assert "Verdict, D, regularisation" in md and "Verdict, E, learned" in md
     assert "\\begin{tabular}" in (report / "table3.tex").read_text()
     for name in REPORT_FILES:
@@ -232,6 +236,24 @@ def test_report_is_regenerated_identically_from_the_database_alone(table: Path, 
         shutil.move(saved, table / "runs")
     for name in REPORT_FILES:
         assert (tmp_path / "again" / name).read_bytes() == (report / name).read_bytes(), name
+
+
+def test_report_names_runs_classified_under_an_older_rule(table: Path, tmp_path: Path):
+    """A run finished before the rule recorded its version (as the cpu table's did) keeps its class,
+    and the report says which rule that class came from."""
+    shutil.copy(table / "t3.db", tmp_path / "t3.db")
+    study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{tmp_path}/t3.db")
+    d1 = max((t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"),
+             key=lambda t: t.number)
+    attrs = {k: v for k, v in d1.user_attrs.items() if k != "convergence_rule"}
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=d1.value, params=d1.params,
+                                              distributions=d1.distributions, user_attrs=attrs))
+    result = ablate("report", "--storage", f"sqlite:///{tmp_path}/t3.db", "--out", str(tmp_path / "r"),
+                    "--bootstrap", "0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    md = (tmp_path / "r" / "table3.md").read_text()
+    assert ("1 of the 6 classified runs recorded their class under an older convergence rule (version 1; "
+            f"the rule above is version {ConvergenceRule.VERSION}), which lacked an 'overfitting' class") in md
 
 
 def test_report_logs_table_and_figures_to_wandb_offline(table: Path, tmp_path: Path):

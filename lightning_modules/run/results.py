@@ -70,7 +70,8 @@ class RunResult:
     dev_ppl_curve: list[list[float]] | None = _f("[step, dev PPL] at every validation", trial=True)
     unigram_ppl: float | None = _f("perplexity of the training targets' unigram distribution",
                                    trial=True, column=True)
-    convergence_rule: dict[str, float] | None = _f("the thresholds the class was decided with")
+    convergence_rule: dict[str, float] | None = _f("the thresholds and version of the rule the class was "
+                                                   "decided with (no version: version 1)", trial=True)
     status: str | None = _f("complete or failed")
     reason: str | None = _f("why a failed run failed (e.g. a NaN loss)")
 
