@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 from lightning_modules.metrics_log import read_rows
 
