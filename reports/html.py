@@ -19,6 +19,7 @@ figure { display: inline-block; margin: 1em 1em 0 0; }
 td.converged { background: #dff0d8; } td.still-improving { background: #fcf3cf; }
 td.overfitting { background: #fde0c5; } td.unstable, td.diverged { background: #f5c6cb; }
 td.unknown { background: #e2e3e5; }
+td.wrap { white-space: normal; min-width: 8em; max-width: 12em; text-align: left; }
 .meta { color: #555; font-size: 13px; }
 """
 
@@ -29,26 +30,30 @@ def _class_of(cell: str) -> str:
     return label.replace(" ", "-") if label in CLASSES else ""
 
 
-def _table(table: pd.DataFrame, class_column: str) -> str:
-    """The table with each cell of `class_column` coloured by its convergence class."""
+def _table(table: pd.DataFrame, class_column: str, wrap_column: str) -> str:
+    """The table with each cell of `class_column` coloured by its convergence class, and the cells of
+    `wrap_column` (the long lists of a row's changes) wrapped, so the table fits a normal window."""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
     body = []
     for values in table.itertuples(index=False):
         cells = []
         for column, value in zip(table.columns, values):
-            css = _class_of(str(value)) if column == class_column else ""
+            css = _class_of(str(value)) if column == class_column else "wrap" if column == wrap_column else ""
+            text = html.escape(str(value))
+            if css == "wrap":  # break between a row's changes ("d_model 1024, d_k 128"), never inside one
+                text = ", ".join(item.replace(" ", "&nbsp;") for item in text.split(", "))
             cells.append(f'<td class="{css}">' if css else "<td>")
-            cells[-1] += f"{html.escape(str(value))}</td>"
+            cells[-1] += f"{text}</td>"
         body.append(f"<tr>{''.join(cells)}</tr>")
     rows = "\n".join(body)
     return f'<table id="table3">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>'
 
 
 def render(title: str, caption: str, table: pd.DataFrame, notes: list[str], figures: dict[str, bytes],
-           class_column: str = "converged") -> str:
+           class_column: str = "converged", wrap_column: str = "changes from base") -> str:
     """The report page; `table` holds display strings (its `class_column` cells coloured by
-    convergence class), `figures` PNG bytes by file name."""
-    rows_html = _table(table, class_column)
+    convergence class, its `wrap_column` cells wrapped), `figures` PNG bytes by file name."""
+    rows_html = _table(table, class_column, wrap_column)
     images = "\n".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(name)}</figcaption></figure>'

@@ -317,6 +317,40 @@ def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path
     assert len(set(cell[:-1])) == 5, cell  # converged, still improving, overfitting, unstable/diverged, unknown
 
 
+def test_report_html_fits_a_normal_window_with_the_widest_rows_of_a_full_table(browser, tmp_path: Path):
+    """The cpu table's widest cells (big's five changes, D1's ΔPPL) in every column of the report:
+    the changes wrap between items, never inside one, and the table fits 1,400 px."""
+    from selenium.webdriver.common.by import By
+
+    from reports.html import render
+
+    rows = {
+        "row": ["base", "C5", "D1", "big"],
+        "changes from base": ["the paper's base", "d_model 1024, d_k 128, d_v 128", "P_drop 0.0",
+                              "d_model 1024, d_ff 4096, h 16, P_drop 0.3, steps 300K"],
+        "seeds": ["3", "3", "1", "1"],
+        "PPL (paper)": ["24.15 ± 0.83 (4.92)", "25.47 ± 1.59 (4.66)", "125.01 (5.77)", "29.88 (4.33)"],
+        "ΔPPL [95% CI] (paper)": ["+0.00 [+0.00, +0.00] (+0.00)", "+1.32 [-0.91, +3.54] (-0.26)",
+                                  "+100.86 [+99.20, +102.51] (+0.85)", "+5.73 [+4.07, +7.39] (-0.59)"],
+        "beyond noise": ["", "no", "yes", "yes"], "sign = paper": ["", "no", "yes", "no"],
+        "converged": ["converged", "still improving (2/3)", "overfitting", "converged"],
+        "BLEU (paper)": ["4.36 ± 0.62 (25.8)", "3.10 ± 1.61 (26.0)", "1.98 (24.6)", "0.50 (26.4)"],
+        "ΔBLEU [95% CI]": ["+0.00 [+0.00, +0.00]", "-1.26 [-3.39, +0.87]", "-2.38 [-3.63, -1.13]",
+                           "-3.86 [-5.11, -2.61]"],
+        "p vs base": ["", "0.001", "0.001", "0.001"], "params ×10⁶ (paper)": ["0.48 (65)", "1.25 (168)", "0.48", "1.64 (213)"],
+        "train s": ["5024", "6464", "3324", "33761"]}
+    page = tmp_path / "report.html"
+    page.write_text(render("t", "c", pd.DataFrame(rows), [], {}))
+    browser.get(page.as_uri())
+    width = browser.execute_script("return document.getElementById('table3').scrollWidth")
+    assert width <= 1400, f"the table needs {width} px"
+    d1, big = [browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")[i].find_elements(By.TAG_NAME, "td")[1]
+               for i in (2, 3)]
+    assert big.size["height"] > 1.5 * d1.size["height"]  # big's changes take several lines
+    assert big.get_attribute("innerHTML") == ("d_model&nbsp;1024, d_ff&nbsp;4096, h&nbsp;16, P_drop&nbsp;0.3, "
+                                              "steps&nbsp;300K")  # each change kept on one line
+
+
 def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path):
     optuna.create_study(study_name="sweep", storage=f"sqlite:///{tmp_path}/s.db")
     result = ablate("report", "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "r"))
