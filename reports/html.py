@@ -30,21 +30,24 @@ def _class_of(cell: str) -> str:
     return label.replace(" ", "-") if label in CLASSES else ""
 
 
+def _cell(value: object, column: str, class_column: str, wrap_column: str) -> str:
+    """One `<td>`: a `class_column` cell classed by its convergence class; a `wrap_column` cell
+    breaking between a row's changes ("d_model 1024, d_k 128"), never inside one."""
+    text = html.escape(str(value))
+    if column == wrap_column:
+        return '<td class="wrap">' + ", ".join(item.replace(" ", "&nbsp;") for item in text.split(", ")) + "</td>"
+    css = _class_of(str(value)) if column == class_column else ""
+    return f'<td class="{css}">{text}</td>' if css else f"<td>{text}</td>"
+
+
 def _table(table: pd.DataFrame, class_column: str, wrap_column: str) -> str:
     """The table with each cell of `class_column` coloured by its convergence class, and the cells of
     `wrap_column` (the long lists of a row's changes) wrapped, so the table fits a normal window."""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
     body = []
     for values in table.itertuples(index=False):
-        cells = []
-        for column, value in zip(table.columns, values):
-            css = _class_of(str(value)) if column == class_column else "wrap" if column == wrap_column else ""
-            text = html.escape(str(value))
-            if css == "wrap":  # break between a row's changes ("d_model 1024, d_k 128"), never inside one
-                text = ", ".join(item.replace(" ", "&nbsp;") for item in text.split(", "))
-            cells.append(f'<td class="{css}">' if css else "<td>")
-            cells[-1] += f"{text}</td>"
-        body.append(f"<tr>{''.join(cells)}</tr>")
+        cells = "".join(_cell(v, c, class_column, wrap_column) for c, v in zip(table.columns, values))
+        body.append(f"<tr>{cells}</tr>")
     rows = "\n".join(body)
     return f'<table id="table3">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>'
 
