@@ -193,7 +193,8 @@ def cmd_table3(args: argparse.Namespace) -> int:
 
     overrides, devices = _sweep_run_args(args)
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
-                     study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed)
+                     study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
+                     redo=args.redo)
     if args.dry_run:
         from sweeps.cost import describe
         from sweeps.progress import standing
@@ -350,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every row with every seed (by default the cpu and gpu presets run rows "
                         "whose paper dev PPL differs from base's by >= 10%% with the first seed only)")
     p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
+    p.add_argument("--redo", metavar="ROWS",
+                   help="train these rows' finished runs again, e.g. base,C5 (runs trained before runs kept "
+                        "dev translations, or under older code): each run once, the same command resumes; "
+                        "the runs they replace stay in the study and as ROW-sSEED.superseded-tN beside the "
+                        "new ones (run directory and archive), and the report names them")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
     p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",

@@ -18,6 +18,7 @@ from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides
+from sweeps.redo import REDO_OF, superseded
 from sweeps.space import SearchSpace
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
@@ -86,7 +87,8 @@ def counts(study: optuna.Study) -> dict[str, int]:
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
     """Queue a fixed configuration (key=value overrides, and the Table 3 row in `user_attrs`)
-    unless the same one is queued, running or complete.
+    unless the same one is queued, running or complete (and not replaced by a redo: `sweeps.redo`;
+    a redo's own trial, with `redo_of` in `user_attrs`, is queued beside the trial it replaces).
 
     The overrides travel in the trial's user attributes (`enqueued_overrides`); the objective
     prefers them to sampling. Returns whether a trial was queued.
@@ -94,7 +96,11 @@ def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any
     wanted = parse_overrides(overrides)
     row = (user_attrs or {}).get("row")
     live = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
-    for trial in study.get_trials(deepcopy=False, states=live):
+    trials = study.get_trials(deepcopy=False, states=live)
+    replaced = superseded(study.get_trials(deepcopy=False)) | {(user_attrs or {}).get(REDO_OF)}
+    for trial in trials:
+        if trial.number in replaced:
+            continue
         queued = trial.user_attrs.get("enqueued_overrides")
         if queued is not None and parse_overrides(queued) == wanted and trial.user_attrs.get("row") == row:
             return False

@@ -29,6 +29,7 @@ from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
 from lightning_modules.run.results import read_results
+from sweeps.redo import REDO_OF, aside, redo_requests, superseded
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import enqueue, open_study
 
@@ -49,6 +50,7 @@ class Table3Plan:
     spec_path: str | None = None
     config: str | None = None
     one_seed_rows: list[str] = field(default_factory=list)  # run with the first seed only
+    redo: list[str] = field(default_factory=list)  # rows whose finished runs train again (`sweeps.redo`)
 
     def seeds_of(self, row: str) -> list[int]:
         return self.seeds[:1] if row in self.one_seed_rows else self.seeds
@@ -66,11 +68,11 @@ class Table3Plan:
 
 def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], rows: str | None = None,
               seeds: str | None = None, study: str | None = None, spec_path: str | None = None,
-              config: str | None = None, every_seed: bool = False) -> Table3Plan:
+              config: str | None = None, every_seed: bool = False, redo: str | None = None) -> Table3Plan:
     """The plan of `ablate table3`: rows (`base,A,D3`; default: the preset's, else the spec's),
     seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed; rows the
     preset's one-seed rule names get the first only, unless `every_seed`), study name (default
-    `table3-PRESET`)."""
+    `table3-PRESET`), rows to redo (`base,C5`: rows or groups of the table)."""
     from lightning_modules.run.preflight import check_hardware  # loads torch: not for the report's imports
 
     spec = load_spec(spec_path)
@@ -80,23 +82,29 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     check_writable_dir(runs_dir, "the run directories (--runs-dir)")
     seed_list = parse_seeds(seeds, default_seeds(preset) or [base.train.seed])
     single = [] if every_seed else [row for row in one_seed_rows(preset, spec) if row in chosen]
+    again = [] if redo is None else select_rows(redo, spec, None, with_base=False, option="--redo")
+    if outside := [row for row in again if row not in chosen]:
+        raise UserError(f"--redo names rows the table does not run ({', '.join(outside)}); "
+                        f"its rows: {', '.join(chosen)}")
     return Table3Plan(study=study or f"table3-{preset}", storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
-                      config=config, one_seed_rows=single)
+                      config=config, one_seed_rows=single, redo=again)
 
 
-def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default: list[str] | None) -> list[str]:
-    """`base,A,D3`: row names or group names (A = A1..A4), in the spec's order; base always first."""
+def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default: list[str] | None,
+                with_base: bool = True, option: str = "--rows") -> list[str]:
+    """`base,A,D3`: row names or group names (A = A1..A4), in the spec's order; base always first
+    (unless not `with_base`: the rows of `--redo`)."""
     if selection is None:
         wanted = list(default or spec)
     else:
         wanted = [s.strip() for s in selection.split(",") if s.strip()]
         if not wanted:
-            raise UserError("--rows is empty; give rows or groups like base,A,D3")
+            raise UserError(f"{option} is empty; give rows or groups like base,A,D3")
     groups: dict[str, list[str]] = {}
     for name, entry in spec.items():
         groups.setdefault(str(entry.get("group", name)), []).append(name)
-    chosen: set[str] = {"base"}  # every change is measured against base
+    chosen: set[str] = {"base"} if with_base else set()  # every change is measured against base
     for item in wanted:
         if item in spec:
             chosen.add(item)
@@ -224,9 +232,10 @@ def finished(run_dir: Path) -> bool:
     return done is not None and done.complete
 
 
-def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
-    """Validate every (row, seed), then queue those not complete, costliest first. Returns the study
-    and the number queued now."""
+def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, int]:
+    """Validate every (row, seed), then queue those not complete, costliest first, and the redos
+    the plan asks for (`sweeps.redo`; `archive`: the table's --archive, whose entries of redone
+    runs are set aside too). Returns the study and the number queued now."""
     spec = load_spec(plan.spec_path)
     jobs = []
     for row, seed in plan.runs():
@@ -234,25 +243,47 @@ def queue(plan: Table3Plan) -> tuple[optuna.Study, int]:
         cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
         model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
         cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
-        jobs.append((finished(Path(run_dir(plan, row, seed))), cost, row, seed, overrides))
+        jobs.append((cost, row, seed, overrides))
     study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
     check_study(study, identity(plan, spec))
+    redone = redo(plan, study, spec, archive)
     # Longest first: the big model starts at once instead of last, which shortens the table;
     # finished run directories the study does not know yet (restored, copied in) go before
     # everything: adopted in seconds, they are in the study from the start.
     queued = 0
-    for _, _, row, seed, overrides in sorted(jobs, key=lambda j: (not j[0], -j[1])):
-        attrs = {"row": row, "seed": seed, "group": spec[row].get("group", row),
-                 "run_dir": run_dir(plan, row, seed)}
-        queued += enqueue(study, overrides, attrs)
-    return study, queued
+    for _, row, seed, overrides in sorted(jobs, key=lambda j: (not finished(Path(run_dir(plan, j[1], j[2]))), -j[0])):
+        queued += enqueue(study, overrides, trial_attrs(plan, spec, row, seed))
+    return study, queued + redone
+
+
+def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
+    """What a queued (row, seed) trial carries: the report and the workers read these."""
+    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_dir(plan, row, seed)}
+
+
+def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:
+    """Queue the plan's redos not yet asked for: each old run's directory and archive entry set
+    aside first (a sitting stopped in between asks again), then its trial. Returns how many."""
+    from sweeps.archive import entry
+
+    wanted = [(row, seed) for row, seed in plan.runs() if row in plan.redo]
+    requests = redo_requests(study, wanted, status(study, plan))
+    for (row, seed), number in requests.items():
+        places = [Path(run_dir(plan, row, seed))] + ([entry(archive, row, seed)] if archive else [])
+        moved = [str(target) for target in (aside(place, number) for place in places) if target]
+        enqueue(study, [f"train.seed={seed}"], {**trial_attrs(plan, spec, row, seed), REDO_OF: number})
+        print(f"table3 {plan.study}: {row} seed {seed} trains again (replacing trial {number}"
+              + (f"; its run kept in {', '.join(moved)}" if moved else "") + ")", flush=True)
+    return len(requests)
 
 
 def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optuna.trial.FrozenTrial | None]:
     """The latest trial of each planned (row, seed), or None."""
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
-    for trial in study.get_trials(deepcopy=False):
-        if trial.user_attrs.get("nothing_queued"):  # a duplicate copy that yielded: never ran
+    trials = study.get_trials(deepcopy=False)
+    replaced = superseded(trials)
+    for trial in trials:
+        if trial.user_attrs.get("nothing_queued") or trial.number in replaced:  # never ran, or redone
             continue
         key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
         if key in latest and latest[key].state == TrialState.COMPLETE:
@@ -338,15 +369,15 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     if restored:
         print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)
     with kept.kept_in(runs, folder, wanted):
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s)
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, folder)
 
 
 def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_trial: int,
-               heartbeat_s: int, stop_after_s: float | None = None) -> Table3Outcome:
+               heartbeat_s: int, stop_after_s: float | None = None, archive: Path | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
-    study, queued = queue(plan)
+    study, queued = queue(plan, archive)
     print(f"table3 {plan.study}: {len(plan.rows)} rows x {plan.describe_seeds()}; {queued} queued now, "
           f"storage {safe_url(plan.storage)}", flush=True)
     code = 0

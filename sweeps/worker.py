@@ -48,6 +48,7 @@ from sweeps.claims import Interrupts, Preempted, UnrecordedClaims, reclaim_dead_
 from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_trial, queue_retry, retried_numbers,
                                retried_trial_number)
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, accept_interrupts, ignore_interrupts, spawn
+from sweeps.redo import superseded
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
 from sweeps.study import FINISHED, make_pruner, make_sampler, pack_lines
@@ -225,8 +226,9 @@ def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_di
     """
     if run_dir is None:
         return None
+    replaced = superseded(trials)  # a redo trains where the run it replaces trained (`sweeps.redo`)
     for t in trials:
-        if t.number == number or t.user_attrs.get("run_dir") != run_dir:
+        if t.number == number or t.number in replaced or t.user_attrs.get("run_dir") != run_dir:
             continue
         if t.state == TrialState.COMPLETE or (t.number < number and t.state in (TrialState.WAITING,
                                                                                 TrialState.RUNNING)):

@@ -1,0 +1,57 @@
+"""`ablate table3 --redo ROWS`: train finished runs of a table again, keeping the ones they replace.
+
+A finished run can need training again: it was trained before runs kept their dev translations
+(the report's paired bootstrap needs them), or under code that has changed since. A finished
+trial cannot be changed through Optuna's public API, and nothing a user ran may be lost, so a
+redo adds: for each planned (row, seed) of ROWS whose run the study holds as complete, the
+table queues a new trial with `redo_of` = the old trial's number, after moving the old run's
+directory, and its archive entry, aside to `<row>-s<seed>.superseded-t<number>`. The old trial
+stays in the study; the report takes the newest complete trial of each (row, seed) and names the
+runs it replaced, with their numbers.
+
+Each run is redone once: a (row, seed) that already has a redo trial, in any state, is left to
+the queue, so the same command resumes an interrupted redo instead of starting it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
+
+
+def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
+    """The numbers of the trials a redo replaces (whether or not the redo has finished)."""
+    return {int(t.user_attrs[REDO_OF]) for t in trials if t.user_attrs.get(REDO_OF) is not None}
+
+
+def aside(path: Path, number: int) -> Path | None:
+    """Move a run directory or archive entry to `<name>.superseded-t<number>` (the first free
+    name), returning where it went; None if there is nothing at `path`."""
+    if not path.exists():
+        return None
+    target = path.with_name(f"{path.name}.superseded-t{number}")
+    k = 1
+    while target.exists():  # a folder set aside before and then restored again: keep both
+        k += 1
+        target = path.with_name(f"{path.name}.superseded-t{number}.{k}")
+    path.rename(target)
+    return target
+
+
+def redo_requests(study: optuna.Study, keys: Iterable[tuple[str, int]],
+                  latest: dict[tuple[str, int], optuna.trial.FrozenTrial | None]) -> dict[tuple[str, int], int]:
+    """For each (row, seed) in `keys` not yet redone, the number of its complete trial to replace
+    (`latest`: the current trial of each planned (row, seed), as `sweeps.table3.status` gives)."""
+    asked = {(t.user_attrs.get("row"), t.user_attrs.get("seed"))
+             for t in study.get_trials(deepcopy=False) if t.user_attrs.get(REDO_OF) is not None}
+    out = {}
+    for key in keys:
+        trial = latest.get(key)
+        if key not in asked and trial is not None and trial.state == TrialState.COMPLETE:
+            out[key] = trial.number
+    return out
