@@ -74,6 +74,24 @@ def older_rule(runs: pd.DataFrame) -> str | None:
             f"convergence_reason gives its numbers")
 
 
+def redone(data: Table3Data) -> list[str]:
+    """Which runs a redo replaced (with their numbers and the new ones), and which it is replacing."""
+    if data.redone.empty:
+        return []
+    new = data.runs.set_index(["row", "seed"])
+    out = []
+    if not (done := data.redone[data.redone["done"]]).empty:
+        changes = "; ".join(
+            f"{r.row} seed {r.seed}: dev PPL {r.ppl} → {new.loc[(r.row, r.seed), 'ppl']}, BLEU {r.bleu} → "
+            f"{new.loc[(r.row, r.seed), 'bleu']} (trial {r.by} replaces {r.trial})" for r in done.itertuples())
+        out.append(f"Redone (`ablate table3 --redo`), and the table uses the new runs: {changes}. The replaced "
+                   f"runs stay in the study and as ROW-sSEED.superseded-tN beside the run directories")
+    if not (pending := data.redone[~data.redone["done"]]).empty:
+        listed = ", ".join(f"{r.row} seed {r.seed} (trial {r.trial})" for r in pending.itertuples())
+        out.append(f"Redo not complete: the table still uses the runs it replaces, {listed}")
+    return out
+
+
 def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     out = [note] if (note := preset_note(data.preset)) else []
     if gap := missing_base(data):
@@ -82,6 +100,7 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
         out.insert(0, f"In progress: {len(data.runs)} of the {planned} runs queued are complete; a row "
                       f"short of its seeds shows 'k of n' in 'seeds', and its mean and interval are over "
                       f"the k done.")
+    out += [f"{line}." for line in redone(data)]
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
         out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from lightning_modules.run.results import RunResult
+from sweeps.redo import REDO_OF
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import unpack_lines
 from sweeps.table3 import KIND
@@ -37,6 +38,9 @@ class Table3Data:
     translations: dict[tuple[str, int], tuple[list[str], list[str]]] = field(default_factory=dict)
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # row, seed, step, ppl, convergence
     planned: dict[str, int] = field(default_factory=dict)  # row -> seeds queued, whatever their state
+    # runs a redo (`ablate table3 --redo`) replaced or is replacing: row, seed, trial, ppl, bleu,
+    # by (the redo's trial number) and whether the redo is complete
+    redone: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 SETUP_KEYS = ("cpu", "cpu_flags", "cpu_capability", "variables", "gpu", "torch", "torch_threads", "precision",
@@ -79,6 +83,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         queued.setdefault(key[0], set()).add(key[1])
         if trial.state == TrialState.COMPLETE and (key not in latest or trial.number > latest[key].number):
             latest[key] = trial
+    redone = redone_runs(study.get_trials(deepcopy=False), latest)
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
         a = trial.user_attrs
@@ -102,4 +107,23 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
                       spec=attrs["spec"], overrides=list(attrs.get("overrides", [])),
                       setup=dict(attrs.get("setup", {})), runs=runs,
                       translations=translations, curves=pd.DataFrame.from_records(curve_points),
-                      planned={row: len(seeds) for row, seeds in queued.items()})
+                      planned={row: len(seeds) for row, seeds in queued.items()}, redone=redone)
+
+
+def redone_runs(trials: list[optuna.trial.FrozenTrial],
+                latest: dict[tuple[str, int], optuna.trial.FrozenTrial]) -> pd.DataFrame:
+    """One record per complete trial a redo names (`sweeps.redo`): the report uses the redo once it
+    is complete (the newest complete trial of its row and seed) and the old run until then."""
+    by_number = {t.number: t for t in trials}
+    records: dict[int, dict[str, Any]] = {}  # by the old trial's number: a redo's retry copies name it too
+    for trial in trials:
+        old = by_number.get(trial.user_attrs.get(REDO_OF))
+        if old is None or old.state != TrialState.COMPLETE or old.number in records:
+            continue
+        key = (old.user_attrs.get("row"), old.user_attrs.get("seed"))
+        done = key in latest and latest[key].number != old.number
+        records[old.number] = {"row": key[0], "seed": key[1], "trial": old.number, "ppl": old.user_attrs.get("ppl"),
+                               "bleu": old.user_attrs.get("bleu"), "by": latest[key].number if done else trial.number,
+                               "done": done}
+    records = list(records.values())
+    return pd.DataFrame.from_records(records, columns=["row", "seed", "trial", "ppl", "bleu", "by", "done"])

@@ -28,6 +28,7 @@ from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.results import read_results
 from sweeps import archive as kept
 from sweeps.cost import DeviceRate, estimate
+from sweeps.redo import redo_requests
 from sweeps.table3 import ADDED_LATER, Table3Plan, check_archive, identity, other_table, run_dir, status
 
 
@@ -61,41 +62,49 @@ def last_step(log_dir: Path) -> int:
     return max((int(row["step"]) for row in read_rows(log_dir) if row.get("step")), default=0)
 
 
-def finished_in_study(plan: Table3Plan, wanted: dict[str, Any]) -> tuple[set[tuple[str, int]], str | None]:
-    """The planned runs the study holds as complete, and why the study was not read (or None).
+def finished_in_study(plan: Table3Plan, wanted: dict[str, Any]) -> tuple[set[tuple[str, int]], set[tuple[str, int]],
+                                                                         str | None]:
+    """The planned runs the study holds as complete, those of them the plan's `--redo` would train
+    again, and why the study was not read (or None).
     Opens only a storage that exists (a dry run creates nothing); a study of another table is
     refused as the table itself would refuse it (`wanted`: `table3.identity`)."""
     from sweeps.storage import journal_path, make_storage, sqlite_path
 
     local = sqlite_path(plan.storage) or journal_path(plan.storage)
     if local is not None and not local.is_file():
-        return set(), None  # no table has run with this storage here
+        return set(), set(), None  # no table has run with this storage here
     try:
         study = optuna.load_study(study_name=plan.study, storage=make_storage(plan.storage, None, existing=True))
     except UserError as err:
-        return set(), str(err)
+        return set(), set(), str(err)
     except KeyError:
-        return set(), None
+        return set(), set(), None
     attrs = study.user_attrs
     if "kind" not in attrs:  # as `table3.check_study`: an empty study becomes the table's
         if study.get_trials(deepcopy=False):
             raise UserError(f"study {plan.study!r} holds a sweep, not a Table 3: use another --study")
-        return set(), None
+        return set(), set(), None
     stored = {key: value for key, value in json.loads(json.dumps(wanted)).items()
               if key in attrs or key not in ADDED_LATER}
     refusal = other_table(plan.study, attrs, stored)
     if refusal is not None:
         raise refusal
-    done = {key for key, trial in status(study, plan).items()
-            if trial is not None and trial.state == TrialState.COMPLETE}
-    return done, None
+    latest = status(study, plan)
+    done = {key for key, trial in latest.items() if trial is not None and trial.state == TrialState.COMPLETE}
+    again = set(redo_requests(study, [key for key in latest if key[0] in plan.redo], latest))
+    return done - again, again, None
 
 
 def progress(plan: Table3Plan, max_steps: dict[str, int], archive: str | None = None,
-             in_study: set[tuple[str, int]] = frozenset()) -> list[RunProgress]:
-    """Every planned run's progress, from its run directory, the archive and the study."""
+             in_study: set[tuple[str, int]] = frozenset(),
+             again: set[tuple[str, int]] = frozenset()) -> list[RunProgress]:
+    """Every planned run's progress, from its run directory, the archive and the study (`again`:
+    finished runs a redo would train from the start)."""
     found = []
     for row, seed in plan.runs():
+        if (row, seed) in again:
+            found.append(RunProgress(row, seed, False, 0, max_steps[row]))
+            continue
         places = [Path(run_dir(plan, row, seed))]
         if archive is not None:
             places.append(kept.entry(Path(archive), row, seed))
@@ -170,7 +179,7 @@ def standing(plan: Table3Plan, archive: str | None = None, workers: int = 1) -> 
     wanted = identity(plan, load_spec(plan.spec_path))
     if archive is not None:
         check_archive(Path(archive), wanted)
-    in_study, unread = finished_in_study(plan, wanted)
+    in_study, again, unread = finished_in_study(plan, wanted)
     table, rate = estimate(plan)
-    runs = progress(plan, table["steps"].to_dict(), archive, in_study)
+    runs = progress(plan, table["steps"].to_dict(), archive, in_study, again)
     return describe(runs, table, rate, workers, unread)

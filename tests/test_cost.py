@@ -180,6 +180,23 @@ def test_dry_run_of_a_table_under_way_counts_what_is_finished_and_the_hours_left
     assert at_own == pytest.approx(at_theirs, abs=0.1)  # only base measured: its own share is the median
 
 
+def test_dry_run_with_redo_counts_the_runs_it_would_train_again_from_the_start(tmp_path):
+    """`--redo C3` on a table whose C3 seeds are complete in the study: they count as not started
+    (3 runs' hours left), until the redo is asked for; a dry run asks for nothing."""
+    plan = make_plan("cpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), [])
+    study, _ = queue(plan)
+    for row, seed in (("C3", 1), ("C3", 2), ("C3", 3), ("E", 1)):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=27.0,
+                                                  user_attrs={"row": row, "seed": seed}))
+    hours = float(row_line(dry_run(tmp_path, "--preset", "cpu").stdout, "C3")[-1])  # its estimate, 3 seeds
+    for extra, done, left in (((), 3, 0.0), (("--redo", "C3"), 0, hours), (("--redo", "C"), 0, hours)):
+        result = dry_run(tmp_path, "--preset", "cpu", *extra)
+        assert result.returncode == 0, result.stderr
+        line = row_line(result.stdout.split("where the table stands:")[1], "C3")
+        assert (int(line[1]), int(line[2])) == (3, done) and float(line[3]) == pytest.approx(left, abs=0.02)
+    assert len(study.get_trials()) == len(plan.runs()) + 4  # nothing queued by the dry runs
+
+
 def test_time_left_takes_each_rows_own_measured_rate_and_the_median_for_the_rest():
     """A row slower than its FLOPs say (many narrow heads) is counted at the rate its own
     finished seeds trained at; a row with none at the median over all finished runs."""

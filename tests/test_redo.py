@@ -1,0 +1,75 @@
+"""`ablate table3 --redo ROWS`: finished runs train again, once, and nothing they replace is lost.
+
+Real tiny runs on the Ding corpus, a real SQLite study and archive.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from pathlib import Path
+
+from optuna.trial import TrialState
+
+from lightning_modules.run.results import read_results
+from test_table3 import ablate, table3_args, trials
+
+
+def sitting(tmp: Path, *extra: str, env: dict[str, str] | None = None):
+    return ablate(*table3_args(tmp, "--rows", "base", "--seeds", "1,2", "--archive", str(tmp / "archive"),
+                               "--report-dir", str(tmp / "report"), *extra), env=env)
+
+
+def test_a_redo_trains_each_run_once_keeps_what_it_replaces_and_the_report_says_so(tmp_path: Path):
+    first = sitting(tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    runs, archive = tmp_path / "runs" / "table3-tiny", tmp_path / "archive"
+    old = {t.user_attrs["seed"]: t for t in trials(tmp_path)
+           if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "base"}
+    old_results = {seed: read_results(runs / f"base-s{seed}") for seed in (1, 2)}
+
+    # the redo of seed 2 is killed inside its training (SIGKILL at step 7, after its step-5 checkpoint)
+    killed = sitting(tmp_path, "--redo", "base", env={"ABLATE_FAULT": "train_step@7"})
+    assert killed.returncode == 1 and "not complete:" in killed.stderr
+    for seed, trial in old.items():
+        assert f"base seed {seed} trains again (replacing trial {trial.number}" in killed.stdout
+        for place in (runs, archive):  # set aside where it was, whole
+            kept = place / f"base-s{seed}.superseded-t{trial.number}"
+            assert read_results(kept) == old_results[seed], kept
+            assert (kept / "dev.hyp.txt").is_file()
+    again = sitting(tmp_path, "--redo", "base")  # the same command resumes the redo, not a new one
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "trains again" not in again.stdout
+    assert sorted(p.name for p in runs.glob("base-s*")) == sorted(p.name for p in archive.glob("base-s*")) == [
+        "base-s1", f"base-s1.superseded-t{old[1].number}", "base-s2", f"base-s2.superseded-t{old[2].number}"]
+
+    every = trials(tmp_path)
+    complete = [t for t in every if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "base"]
+    assert {t.number for t in complete} >= {t.number for t in old.values()}  # still in the study
+    new = {t.user_attrs["seed"]: t for t in complete if t.number not in {o.number for o in old.values()}}
+    assert sorted(new) == [1, 2] and all(new[s].number > old[s].number for s in new)
+    assert "Restoring states from the checkpoint" in (runs / "base-s2" / "trial.log").read_text()
+    assert min(new[2].intermediate_values) > 5  # the killed redo resumed, it did not start over
+    assert read_results(runs / "base-s1").ppl == new[1].user_attrs["ppl"]
+    assert read_results(archive / "base-s2").ppl == new[2].user_attrs["ppl"]
+
+    frame = pd.read_csv(tmp_path / "report" / "table3.csv", index_col="row")
+    assert frame.loc["base", "ppl"] == \
+        sum(new[s].user_attrs["ppl"] for s in (1, 2)) / 2  # the new runs, not the replaced ones
+    md = (tmp_path / "report" / "table3.md").read_text()
+    for seed in (1, 2):
+        assert (f"base seed {seed}: dev PPL {old[seed].user_attrs['ppl']} → {new[seed].user_attrs['ppl']}"
+                in md and f"replaces {old[seed].number})" in md)
+    assert "Redo not complete" not in md
+
+    nothing = sitting(tmp_path, "--redo", "base")
+    assert nothing.returncode == 0 and "0 queued now" in nothing.stdout
+    assert len(trials(tmp_path)) == len(every)
+
+
+def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path: Path):
+    for rows, expected in (("D1", "--redo names rows the table does not run (D1)"), (" ,", "--redo is empty"),
+                           ("X9", "unknown Table 3 row or group 'X9'")):
+        result = sitting(tmp_path, "--redo", rows)
+        assert result.returncode != 0 and expected in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "t3.db").exists() and not (tmp_path / "runs").exists()
