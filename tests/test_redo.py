@@ -73,3 +73,19 @@ def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path
         assert result.returncode != 0 and expected in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not (tmp_path / "t3.db").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_folder_set_aside_twice_keeps_both(tmp_path: Path):
+    """A run directory set aside, then restored or written again and set aside once more (a sitting
+    stopped between the two moves of a redo) keeps both copies under free names."""
+    from sweeps.redo import aside
+
+    run = tmp_path / "base-s1"
+    assert aside(run, 7) is None  # nothing there: nothing moved
+    for text in ("first", "second"):
+        run.mkdir()
+        (run / "results.json").write_text(text)
+        aside(run, 7)
+    assert not run.exists()
+    assert (tmp_path / "base-s1.superseded-t7" / "results.json").read_text() == "first"
+    assert (tmp_path / "base-s1.superseded-t7.2" / "results.json").read_text() == "second"
