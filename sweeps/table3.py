@@ -250,8 +250,9 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
     # Longest first: the big model starts at once instead of last, which shortens the table;
     # finished run directories the study does not know yet (restored, copied in) go before
     # everything: adopted in seconds, they are in the study from the start.
+    done = {(row, seed): finished(Path(run_dir(plan, row, seed))) for row, seed in plan.runs()}
     queued = 0
-    for _, row, seed, overrides in sorted(jobs, key=lambda j: (not finished(Path(run_dir(plan, j[1], j[2]))), -j[0])):
+    for _, row, seed, overrides in sorted(jobs, key=lambda j: (not done[j[1], j[2]], -j[0])):
         queued += enqueue(study, overrides, trial_attrs(plan, spec, row, seed))
     return study, queued + redone
 
