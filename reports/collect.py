@@ -76,14 +76,15 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     attrs = study.user_attrs
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
     queued: dict[str, set[int]] = {}
-    for trial in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    for trial in trials:
         key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
         if key[0] is None:
             continue
         queued.setdefault(key[0], set()).add(key[1])
         if trial.state == TrialState.COMPLETE and (key not in latest or trial.number > latest[key].number):
             latest[key] = trial
-    redone = redone_runs(study.get_trials(deepcopy=False), latest)
+    redone = redone_runs(trials, latest)
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
         a = trial.user_attrs
@@ -125,5 +126,4 @@ def redone_runs(trials: list[optuna.trial.FrozenTrial],
         records[old.number] = {"row": key[0], "seed": key[1], "trial": old.number, "ppl": old.user_attrs.get("ppl"),
                                "bleu": old.user_attrs.get("bleu"), "by": latest[key].number if done else trial.number,
                                "done": done}
-    records = list(records.values())
-    return pd.DataFrame.from_records(records, columns=["row", "seed", "trial", "ppl", "bleu", "by", "done"])
+    return pd.DataFrame.from_records(list(records.values()), columns=["row", "seed", "trial", "ppl", "bleu", "by", "done"])

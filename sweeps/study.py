@@ -96,10 +96,10 @@ def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any
     wanted = parse_overrides(overrides)
     row = (user_attrs or {}).get("row")
     live = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
-    trials = study.get_trials(deepcopy=False, states=live)
-    replaced = superseded(study.get_trials(deepcopy=False)) | {(user_attrs or {}).get(REDO_OF)}
+    trials = study.get_trials(deepcopy=False)
+    replaced = superseded(trials) | {(user_attrs or {}).get(REDO_OF)}
     for trial in trials:
-        if trial.number in replaced:
+        if trial.state not in live or trial.number in replaced:
             continue
         queued = trial.user_attrs.get("enqueued_overrides")
         if queued is not None and parse_overrides(queued) == wanted and trial.user_attrs.get("row") == row:

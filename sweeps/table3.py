@@ -239,7 +239,7 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
     spec = load_spec(plan.spec_path)
     jobs = []
     for row, seed in plan.runs():
-        overrides = [f"train.seed={seed}"]
+        overrides = seed_overrides(seed)
         cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
         model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
         cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
@@ -257,6 +257,11 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
     return study, queued + redone
 
 
+def seed_overrides(seed: int) -> list[str]:
+    """What a queued (row, seed) trial changes in its row's configuration (`enqueue` matches on it)."""
+    return [f"train.seed={seed}"]
+
+
 def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
     """What a queued (row, seed) trial carries: the report and the workers read these."""
     return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_dir(plan, row, seed)}
@@ -272,7 +277,7 @@ def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: P
     for (row, seed), number in requests.items():
         places = [Path(run_dir(plan, row, seed))] + ([entry(archive, row, seed)] if archive else [])
         moved = [str(target) for target in (aside(place, number) for place in places) if target]
-        enqueue(study, [f"train.seed={seed}"], {**trial_attrs(plan, spec, row, seed), REDO_OF: number})
+        enqueue(study, seed_overrides(seed), {**trial_attrs(plan, spec, row, seed), REDO_OF: number})
         print(f"table3 {plan.study}: {row} seed {seed} trains again (replacing trial {number}"
               + (f"; its run kept in {', '.join(moved)}" if moved else "") + ")", flush=True)
     return len(requests)
