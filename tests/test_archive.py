@@ -78,10 +78,20 @@ def test_a_table_goes_on_from_its_archive_on_a_fresh_machine(tmp_path: Path):
     assert done[2].user_attrs["dev_ppl_curve"] == complete(whole)[2].user_attrs["dev_ppl_curve"]
 
 
-def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path):
-    archive = tmp_path / "archive"
-    first = sitting(tmp_path, archive, "--seeds", "1")
-    assert first.returncode == 0, first.stderr[-2000:]
+@pytest.fixture(scope="module")
+def failed_sitting(tmp_path_factory: pytest.TempPathFactory):
+    """One sitting of base seed 1 whose loss turns NaN at step 7, with its archive; each test
+    takes a copy of that archive to a machine of its own."""
+    tmp = tmp_path_factory.mktemp("failed")
+    return sitting(tmp, tmp / "archive", "--seeds", "1", env={"ABLATE_FAULT": "nan_loss@7"}), tmp / "archive"
+
+
+def archive_copy(failed_sitting, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(failed_sitting[1], tmp_path / "archive"))
+
+
+def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path, failed_sitting):
+    archive = archive_copy(failed_sitting, tmp_path)
     other = sitting(tmp_path, archive, "--study", "other", "--max-steps", "12")
     lines = other.stderr.strip().splitlines()
     assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
@@ -89,14 +99,12 @@ def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path):
     assert not (tmp_path / "runs" / "other").exists()
 
 
-def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path):
-    archive = tmp_path / "archive"
-    failed = sitting(tmp_path, archive, "--seeds", "1", env={"ABLATE_FAULT": "nan_loss@7"})
+def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path, failed_sitting):
+    failed, _ = failed_sitting
     assert failed.returncode == 1 and "not complete: base seed 1 (fail)" in failed.stderr
+    archive = archive_copy(failed_sitting, tmp_path)  # the next machine has the archive alone
     assert read_results(archive / "base-s1").status == "failed"
     assert not (archive / "base-s1" / "checkpoints").exists()  # nothing to resume
-    shutil.rmtree(tmp_path / "runs")
-    (tmp_path / "t3.db").unlink()
     again = sitting(tmp_path, archive, "--seeds", "1")
     assert again.returncode == 1 and "base seed 1 (failed)" in again.stdout
     assert "holds a failed run" in (tmp_path / "runs" / "table3-tiny" / "base-s1" / "trial.log").read_text()

@@ -188,9 +188,10 @@ def test_dry_run_with_redo_counts_the_runs_it_would_train_again_from_the_start(t
     for row, seed in (("C3", 1), ("C3", 2), ("C3", 3), ("E", 1)):
         study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=27.0,
                                                   user_attrs={"row": row, "seed": seed}))
-    hours = float(row_line(dry_run(tmp_path, "--preset", "cpu").stdout, "C3")[-1])  # its estimate, 3 seeds
+    asked = {extra: dry_run(tmp_path, "--preset", "cpu", *extra) for extra in ((), ("--redo", "C3"), ("--redo", "C"))}
+    hours = float(row_line(asked[()].stdout, "C3")[-1])  # its estimate, 3 seeds
     for extra, done, left in (((), 3, 0.0), (("--redo", "C3"), 0, hours), (("--redo", "C"), 0, hours)):
-        result = dry_run(tmp_path, "--preset", "cpu", *extra)
+        result = asked[extra]
         assert result.returncode == 0, result.stderr
         line = row_line(result.stdout.split("where the table stands:")[1], "C3")
         assert (int(line[1]), int(line[2])) == (3, done) and float(line[3]) == pytest.approx(left, abs=0.02)

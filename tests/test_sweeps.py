@@ -278,7 +278,8 @@ def _ignore_sigint() -> None:
 def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path, launched):
     """`sigint-ignored`: started as `nohup ablate ... &` from a script starts it (SIGINT ignored,
     inherited by every process below unless reset), yet the worker stops its trial with SIGINT."""
-    args = sweep_args(tmp_path, "term", 1, "--max-steps", "200", "--no-prune")
+    steps = 80  # the signal comes at step 5; 75 steps leave it seconds to arrive
+    args = sweep_args(tmp_path, "term", 1, "--max-steps", str(steps), "--no-prune")
     err = tmp_path / "stderr.txt"  # a file, not a pipe: a full pipe would block the sweep
     with err.open("w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink,
@@ -302,12 +303,12 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
     assert retry.user_attrs["run_dir"] == running.user_attrs["run_dir"]
     interrupted = Path(running.user_attrs["run_dir"]) / "checkpoints" / "interrupted.ckpt"
     stopped_at = torch.load(interrupted, weights_only=True)["global_step"]
-    assert 5 <= stopped_at < 200
+    assert 5 <= stopped_at < steps
 
     again = ablate(*args)
     assert again.returncode == 0, again.stderr[-2000:]
     retry = load(tmp_path, "term").get_trials()[retry.number]
-    assert retry.state == TrialState.COMPLETE and retry.user_attrs["steps"] == 200
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["steps"] == steps
     assert min(retry.intermediate_values) >= stopped_at  # resumed, not restarted at step 0
 
 
