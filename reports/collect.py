@@ -2,7 +2,9 @@
 
 Everything a report needs is in the database (the study's user attributes hold the preset, the
 spec rows and the overrides; each complete trial holds its results and dev translations), so a
-report can be built on any machine that reaches the storage, without the run directories.
+report can be built on any machine that reaches the storage, without the run directories. The one
+thing they add: a run that recorded its convergence class under an older rule is classified again
+by the current one where its logs are here (`reports.reclassify`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from lightning_modules.run.results import RunResult
+from reports.reclassify import reclassified, rule_version
 from sweeps.redo import REDO_OF
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import unpack_lines
@@ -87,12 +90,13 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     redone = redone_runs(trials, latest)
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
-        a = trial.user_attrs
+        recorded = trial.user_attrs
+        a = {**recorded, **(reclassified(recorded, trial.number) or {})}  # the current rule, where the logs are here
         record = {"row": row, "group": a.get("group", row), "seed": seed,
                   **{c: a.get(c) for c in RUN_COLUMNS},
                   "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device"),
-                  "rule_version": (a.get("convergence_rule") or {}).get("version", 1) if a.get("convergence") else None,
-                  "setup": setup_key(a.get("environment"))}
+                  "rule_version": rule_version(a), "recorded_rule_version": rule_version(recorded),
+                  "recorded_convergence": recorded.get("convergence"), "setup": setup_key(a.get("environment"))}
         record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
         records.append(record)
         curve_points += [{"row": row, "seed": seed, "step": step, "ppl": ppl,

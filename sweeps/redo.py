@@ -29,18 +29,29 @@ def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
     return {int(t.user_attrs[REDO_OF]) for t in trials if t.user_attrs.get(REDO_OF) is not None}
 
 
+def _aside_name(path: Path, number: int, k: int) -> Path:
+    return path.with_name(f"{path.name}.superseded-t{number}" + (f".{k}" if k > 1 else ""))
+
+
 def aside(path: Path, number: int) -> Path | None:
     """Move a run directory or archive entry to `<name>.superseded-t<number>` (the first free
     name), returning where it went; None if there is nothing at `path`."""
     if not path.exists():
         return None
-    target = path.with_name(f"{path.name}.superseded-t{number}")
     k = 1
-    while target.exists():  # a folder set aside before and then restored again: keep both
+    while _aside_name(path, number, k).exists():  # a folder set aside before, then restored: keep both
         k += 1
-        target = path.with_name(f"{path.name}.superseded-t{number}.{k}")
-    path.rename(target)
+    path.rename(target := _aside_name(path, number, k))
     return target
+
+
+def set_aside(path: Path, number: int) -> list[Path]:
+    """Where `aside` put trial `number`'s copies of `path`, oldest first."""
+    out, k = [], 1
+    while (place := _aside_name(path, number, k)).exists():
+        out.append(place)
+        k += 1
+    return out
 
 
 def redo_requests(study: optuna.Study, keys: Iterable[tuple[str, int]],

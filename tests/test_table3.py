@@ -238,22 +238,52 @@ def test_report_is_regenerated_identically_from_the_database_alone(table: Path, 
         assert (tmp_path / "again" / name).read_bytes() == (report / name).read_bytes(), name
 
 
-def test_report_names_runs_classified_under_an_older_rule(table: Path, tmp_path: Path):
-    """A run finished before the rule recorded its version (as the cpu table's did) keeps its class,
-    and the report says which rule that class came from."""
+def test_a_run_classified_under_an_older_rule_is_classified_again_where_its_logs_are(table: Path, tmp_path: Path):
+    """A run that finished before the rule recorded its version (as most of the cpu table's did),
+    with a class the current rule would not give: where its run directory is here (also where a
+    redo set it aside), the report applies the current rule to its logs and names the change;
+    without it, the run keeps its recorded class and the report says so."""
     shutil.copy(table / "t3.db", tmp_path / "t3.db")
     study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{tmp_path}/t3.db")
     d1 = max((t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"),
              key=lambda t: t.number)
-    attrs = {k: v for k, v in d1.user_attrs.items() if k != "convergence_rule"}
+    now, then = d1.user_attrs["convergence"], "diverged"  # the worst class: the row's cell shows it where it stays
+    assert now != then
+    attrs = {**{k: v for k, v in d1.user_attrs.items() if k != "convergence_rule"}, "convergence": then}
     study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=d1.value, params=d1.params,
                                               distributions=d1.distributions, user_attrs=attrs))
-    result = ablate("report", "--storage", f"sqlite:///{tmp_path}/t3.db", "--out", str(tmp_path / "r"),
-                    "--bootstrap", "0")
-    assert result.returncode == 0, result.stderr[-2000:]
-    md = (tmp_path / "r" / "table3.md").read_text()
-    assert ("1 of the 6 classified runs recorded their class under an older convergence rule (version 1; "
-            f"the rule above is version {ConvergenceRule.VERSION}), which lacked an 'overfitting' class") in md
+    number = study.get_trials()[-1].number
+    older = ("1 of the 6 classified runs recorded their class under an older convergence rule (version 1; "
+             f"the rule above is version {ConvergenceRule.VERSION}), which lacked an 'overfitting' class")
+
+    def report(name: str) -> tuple[str, pd.DataFrame]:
+        result = ablate("report", "--storage", f"sqlite:///{tmp_path}/t3.db", "--out", str(tmp_path / name),
+                        "--bootstrap", "0")
+        assert result.returncode == 0, result.stderr[-2000:]
+        return (tmp_path / name / "table3.md").read_text(), pd.read_csv(tmp_path / name / "table3.csv", index_col="row")
+
+    run_dir = Path(d1.user_attrs["run_dir"])
+    original = pd.read_csv(table / "runs" / "table3-tiny" / "report" / "table3.csv", index_col="row")
+    aside = run_dir.with_name(f"{run_dir.name}.superseded-t{number}")  # where a redo of it would have put it
+    run_dir.rename(aside)
+    try:
+        md, frame = report("here")
+    finally:
+        aside.rename(run_dir)
+    assert older in md
+    assert (f"1 of them are classified again by the rule above from their logs on this machine (the table "
+            f"shows that class): 1 changed, D1 seed {d1.user_attrs['seed']}: {then} → {now}") in md
+    assert frame.loc["D1", "convergence"] == original.loc["D1", "convergence"]
+
+    moved = tmp_path / "runs-moved"
+    shutil.move(table / "runs", moved)  # the database alone: the recorded class stays
+    try:
+        md, frame = report("elsewhere")
+    finally:
+        shutil.move(moved, table / "runs")
+    assert older in md and "classified again" not in md
+    assert "1 keep the class they recorded (no run directory of theirs with its logs and config.yaml is on this machine)" in md
+    assert frame.loc["D1", "convergence"] == "diverged (1/2)"
 
 
 def test_report_logs_table_and_figures_to_wandb_offline(table: Path, tmp_path: Path):
