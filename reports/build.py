@@ -72,7 +72,8 @@ def older_rule(runs: pd.DataFrame) -> list[str]:
         return []
     versions = sorted({int(v) for v in recorded[older.index]})
     since = [RULE_CHANGES[v] for v in range(versions[0] + 1, ConvergenceRule.VERSION + 1) if v in RULE_CHANGES]
-    again, kept = older[now[older.index] == ConvergenceRule.VERSION], older[now[older.index] < ConvergenceRule.VERSION]
+    current = now[older.index] == ConvergenceRule.VERSION
+    again, kept = older[current], older[~current]
     out = [f"{len(older)} of the {int(recorded.notna().sum())} classified runs recorded their class under an "
            f"older convergence rule (version {', '.join(map(str, versions))}; the rule above is version "
            f"{ConvergenceRule.VERSION}), which lacked {'; '.join(since)}"]
@@ -81,10 +82,11 @@ def older_rule(runs: pd.DataFrame) -> list[str]:
         listed = "; ".join(f"{r.row} seed {r.seed}: {r.recorded_convergence} → {r.convergence}"
                            for r in changed.itertuples())
         out.append(f"{len(again)} of them are classified again by the rule above from their logs on this "
-                   f"machine (the table shows that class): " + (f"{len(changed)} changed, {listed}" if listed
-                                                                 else "none changed"))
+                   f"machine (the table shows that class): "
+                   + (f"{len(changed)} changed, {listed}" if listed else "none changed"))
     if not kept.empty:
-        out.append(f"{len(kept)} keep the class they recorded (no run directory of theirs with its logs and config.yaml is on this machine)")
+        out.append(f"{len(kept)} keep the class they recorded (no run directory of theirs with its logs and "
+                   f"config.yaml is on this machine)")
     return out
 
 
