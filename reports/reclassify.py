@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from lightning_modules.convergence import ConvergenceRule, classify_run
-from lightning_modules.run.results import read_results
+from lightning_modules.run.results import RunResult, read_results
 from sweeps.redo import set_aside
 
 
@@ -28,15 +28,15 @@ def rule_version(attrs: dict[str, Any]) -> int | None:
     return int((attrs.get("convergence_rule") or {}).get("version", 1))
 
 
-def run_directory(attrs: dict[str, Any], number: int) -> Path | None:
-    """Trial `number`'s run directory on this machine (None: not here)."""
+def finished_run(attrs: dict[str, Any], number: int) -> tuple[Path, RunResult] | None:
+    """Trial `number`'s run directory on this machine and its results (None: not here)."""
     if not attrs.get("run_dir"):
         return None
     run_dir = Path(attrs["run_dir"])
     for place in (run_dir, *set_aside(run_dir, number)):
         done = read_results(place)
         if done is not None and done.status == "complete" and done.ppl == attrs.get("ppl"):
-            return place
+            return place, done
     return None
 
 
@@ -44,14 +44,14 @@ def reclassified(attrs: dict[str, Any], number: int) -> dict[str, Any] | None:
     """`convergence`, `convergence_reason` and `convergence_rule` under the current rule, for a trial
     that recorded an older one and whose logs are here (None otherwise)."""
     version = rule_version(attrs)
-    if version is None or version >= ConvergenceRule.VERSION or (place := run_directory(attrs, number)) is None:
+    if version is None or version >= ConvergenceRule.VERSION or (found := finished_run(attrs, number)) is None:
         return None
+    place, done = found
     try:
         warmup = int(yaml.safe_load((place / "config.yaml").read_text(encoding="utf-8"))["train"]["warmup_steps"])
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
         return None
-    unigram = read_results(place).unigram_ppl
-    if unigram is None or not (place / "logs").is_dir():
+    if done.unigram_ppl is None or not (place / "logs").is_dir():
         return None
-    now = classify_run(place / "logs", unigram, warmup)
+    now = classify_run(place / "logs", done.unigram_ppl, warmup)
     return {key: now[key] for key in ("convergence", "convergence_reason", "convergence_rule")}
