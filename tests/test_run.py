@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 import yaml
 
 from ablate.cli import main
+from lightning_modules.run.io import atomic_write_json
 
 # A model small enough to train in seconds; dev/test cut to 100 pairs so decoding is quick.
 SMALL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500",
@@ -76,6 +78,22 @@ def test_wandb_offline_run_is_written(finished_run: Path):
     runs = list((finished_run / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     assert any(runs[0].rglob("*.wandb"))
+
+
+def test_files_the_run_writes_are_as_readable_as_any_file_written_here(finished_run: Path, tmp_path: Path):
+    """Atomic writes go through a temporary file that is private to its owner; the results must not
+    stay so (a teammate on the same cluster, or a synced archive, reads them)."""
+    (plain := tmp_path / "plain.txt").write_text("written with open()\n")
+    for name in ("results.json", "config.yaml", "dev.hyp.txt", "logs/metrics.csv"):
+        assert stat.S_IMODE((finished_run / name).stat().st_mode) == stat.S_IMODE(plain.stat().st_mode), name
+
+
+def test_an_atomic_rewrite_keeps_the_permissions_a_file_was_given(tmp_path: Path):
+    (path := tmp_path / "results.json").write_text("{}\n")
+    path.chmod(0o640)
+    atomic_write_json(path, {"status": "complete"})
+    assert json.loads(path.read_text()) == {"status": "complete"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
 
 
 def test_finished_run_is_not_trained_again(finished_run: Path, capsys):

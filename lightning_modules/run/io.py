@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,18 @@ from typing import Any
 
 from lightning_modules.errors import DiskFull, UserError
 from lightning_modules.run.faults import inject
+
+_UMASK = os.umask(0o022)  # read once, at import (setting the umask to read it is not thread-safe)
+os.umask(_UMASK)
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions `path` keeps (an existing file's own) or gets (what `open` would give it:
+    mkstemp's temporary file is private to its owner, which a results file must not stay)."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_UMASK
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, fault: str | None = None,
@@ -35,6 +48,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, fault: str | None = None,
             handle.write(data[half:])
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
