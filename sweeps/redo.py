@@ -10,16 +10,22 @@ stays in the study; the report takes the newest complete trial of each (row, see
 runs it replaced, with their numbers.
 
 Each run is redone once: a (row, seed) that already has a redo trial, in any state, is left to
-the queue, so the same command resumes an interrupted redo instead of starting it again.
+the queue, so the same command resumes an interrupted redo instead of starting it again. A study
+made afresh beside the table's archive (a sitting on a new machine) has no redo trials; there a
+run counts as redone when its archive entry or run directory is complete and has a copy set aside
+beside it (`redone_before`).
 """
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Iterable
 from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+
+from lightning_modules.run.results import read_results
 
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
 
@@ -52,6 +58,19 @@ def set_aside(path: Path, number: int) -> list[Path]:
         out.append(place)
         k += 1
     return out
+
+
+def redone_before(places: Iterable[Path]) -> Path | None:
+    """The place (a run directory or archive entry) that shows its run was redone already: a
+    complete run beside a copy a redo set aside of another run (not of itself: a sitting stopped
+    between a redo's two moves may have restored the old run from the archive); None if none does."""
+    for place in places:
+        done = read_results(place)
+        if done is None or not done.complete:
+            continue
+        if any(read_results(old) != done for old in place.parent.glob(f"{glob.escape(place.name)}.superseded-t*")):
+            return place
+    return None
 
 
 def redo_requests(study: optuna.Study, keys: Iterable[tuple[str, int]],

@@ -29,7 +29,7 @@ from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
 from lightning_modules.run.results import read_results
-from sweeps.redo import REDO_OF, aside, redo_requests, superseded
+from sweeps.redo import REDO_OF, aside, redo_requests, redone_before, superseded
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import enqueue, open_study
 
@@ -274,13 +274,19 @@ def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: P
 
     wanted = [(row, seed) for row, seed in plan.runs() if row in plan.redo]
     requests = redo_requests(study, wanted, status(study, plan))
+    asked = 0
     for (row, seed), number in requests.items():
         places = [Path(run_dir(plan, row, seed))] + ([entry(archive, row, seed)] if archive else [])
+        if (shown := redone_before(places)) is not None:  # a study made afresh beside the archive
+            print(f"table3 {plan.study}: {row} seed {seed} was redone before ({shown} is the redo, beside the "
+                  f"run it replaced); not trained again", flush=True)
+            continue
+        asked += 1
         moved = [str(target) for target in (aside(place, number) for place in places) if target]
         enqueue(study, seed_overrides(seed), {**trial_attrs(plan, spec, row, seed), REDO_OF: number})
         print(f"table3 {plan.study}: {row} seed {seed} trains again (replacing trial {number}"
               + (f"; its run kept in {', '.join(moved)}" if moved else "") + ")", flush=True)
-    return len(requests)
+    return asked
 
 
 def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optuna.trial.FrozenTrial | None]:

@@ -5,8 +5,10 @@ Real tiny runs on the Ding corpus, a real SQLite study and archive.
 
 from __future__ import annotations
 
-import pandas as pd
+import shutil
 from pathlib import Path
+
+import pandas as pd
 
 from optuna.trial import TrialState
 
@@ -64,6 +66,21 @@ def test_a_redo_trains_each_run_once_keeps_what_it_replaces_and_the_report_says_
     nothing = sitting(tmp_path, "--redo", "base")
     assert nothing.returncode == 0 and "0 queued now" in nothing.stdout
     assert len(trials(tmp_path)) == len(every)
+
+    # a new machine: the archive alone, a study made afresh. The redos are adopted as they are and,
+    # though this study has no redo trials, the same command does not redo them a second time.
+    shutil.rmtree(runs)
+    (tmp_path / "t3.db").unlink()
+    entries = sorted(p.name for p in archive.iterdir())
+    for _ in range(2):
+        fresh = sitting(tmp_path, "--redo", "base")
+        assert fresh.returncode == 0, fresh.stderr[-2000:]
+        assert "trains again" not in fresh.stdout
+    assert all(f"base seed {seed} was redone before ({archive / f'base-s{seed}'} is the redo" in fresh.stdout
+               for seed in (1, 2)), fresh.stdout
+    assert "0 queued now" in fresh.stdout and sorted(p.name for p in archive.iterdir()) == entries
+    assert {t.user_attrs["seed"]: t.user_attrs["ppl"] for t in trials(tmp_path)} == \
+        {s: new[s].user_attrs["ppl"] for s in (1, 2)}
 
 
 def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path: Path):
