@@ -99,9 +99,11 @@ def redone(data: Table3Data) -> list[str]:
     if not (done := data.redone[data.redone["done"]]).empty:
         changes = "; ".join(
             f"{r.row} seed {r.seed}: dev PPL {r.ppl} → {new.loc[(r.row, r.seed), 'ppl']}, BLEU {r.bleu} → "
-            f"{new.loc[(r.row, r.seed), 'bleu']} (trial {r.by} replaces {r.trial})" for r in done.itertuples())
+            f"{new.loc[(r.row, r.seed), 'bleu']} (trial {r.by} replaces {r.trial}, kept as {r.kept_as})"
+            for r in done.itertuples())
         out.append(f"Redone (`ablate table3 --redo`), and the table uses the new runs: {changes}. The replaced "
-                   f"runs stay in the study and as ROW-sSEED.superseded-tN beside the run directories")
+                   f"runs stay in the study, and their files in the folder named, beside the run directory "
+                   f"and in the table's archive (--archive)")
     if not (pending := data.redone[~data.redone["done"]]).empty:
         listed = ", ".join(f"{r.row} seed {r.seed} (trial {r.trial})" for r in pending.itertuples())
         out.append(f"Redo not complete: the table still uses the runs it replaces, {listed}")

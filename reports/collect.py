@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from lightning_modules.errors import UserError
 from lightning_modules.run.results import RunResult
 from reports.reclassify import reclassified, rule_version
-from sweeps.redo import REDO_OF
+from sweeps.redo import REDO_OF, kept_as, superseded
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import unpack_lines
 from sweeps.table3 import KIND
@@ -42,7 +42,7 @@ class Table3Data:
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # row, seed, step, ppl, convergence
     planned: dict[str, int] = field(default_factory=dict)  # row -> seeds queued, whatever their state
     # runs a redo (`ablate table3 --redo`) replaced or is replacing: row, seed, trial, ppl, bleu,
-    # by (the redo's trial number) and whether the redo is complete
+    # by (the redo's trial number), whether the redo is complete, and the folder it set the run aside as
     redone: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
@@ -80,12 +80,17 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
     queued: dict[str, set[int]] = {}
     trials = study.get_trials(deepcopy=False)
+    replaced = superseded(trials)
+
+    def newest(t: optuna.trial.FrozenTrial) -> tuple[bool, int]:  # a redo's run, once complete, before the one it replaces
+        return t.number not in replaced, t.number
+
     for trial in trials:
         key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
         if key[0] is None:
             continue
         queued.setdefault(key[0], set()).add(key[1])
-        if trial.state == TrialState.COMPLETE and (key not in latest or trial.number > latest[key].number):
+        if trial.state == TrialState.COMPLETE and (key not in latest or newest(trial) > newest(latest[key])):
             latest[key] = trial
     redone = redone_runs(trials, latest)
     records, translations, curve_points = [], {}, []
@@ -129,5 +134,6 @@ def redone_runs(trials: list[optuna.trial.FrozenTrial],
         done = key in latest and latest[key].number != old.number
         records[old.number] = {"row": key[0], "seed": key[1], "trial": old.number, "ppl": old.user_attrs.get("ppl"),
                                "bleu": old.user_attrs.get("bleu"), "by": latest[key].number if done else trial.number,
-                               "done": done}
-    return pd.DataFrame.from_records(list(records.values()), columns=["row", "seed", "trial", "ppl", "bleu", "by", "done"])
+                               "done": done, "kept_as": kept_as(old)}
+    return pd.DataFrame.from_records(list(records.values()),
+                                     columns=["row", "seed", "trial", "ppl", "bleu", "by", "done", "kept_as"])

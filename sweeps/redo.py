@@ -11,14 +11,18 @@ runs it replaced, with their numbers.
 
 Each run is redone once: a (row, seed) that already has a redo trial, in any state, is left to
 the queue, so the same command resumes an interrupted redo instead of starting it again. A study
-made afresh beside the table's archive (a sitting on a new machine) has no redo trials; there a
-run counts as redone when its archive entry or run directory is complete and has a copy set aside
-beside it (`redone_before`).
+made afresh beside the table's archive (a sitting on a new machine) learns the table's redos from
+the archive: each complete copy set aside there comes back as a complete trial marked
+`archived_as` (`sweeps.table3.restore_history`), and the run that replaced it is queued with
+`redo_of` naming it, so the report names the runs a redo replaced on any machine. A run whose
+archive entry or run directory is complete beside such a copy counts as redone too
+(`redone_before`).
 """
 
 from __future__ import annotations
 
 import glob
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,11 +32,24 @@ from optuna.trial import TrialState
 from lightning_modules.run.results import read_results
 
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
+# trial user attribute of a run a redo set aside, brought back from the archive into a study made
+# afresh: the name of its set-aside folder (`<row>-s<seed>.superseded-t<N>`, N its number in the
+# study that set it aside)
+ARCHIVED_AS = "archived_as"
 
 
 def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
-    """The numbers of the trials a redo replaces (whether or not the redo has finished)."""
-    return {int(t.user_attrs[REDO_OF]) for t in trials if t.user_attrs.get(REDO_OF) is not None}
+    """The numbers of the trials a redo replaces (whether or not the redo has finished), and of
+    the replaced runs brought back from an archive (each was set aside by a redo)."""
+    trials = list(trials)
+    return ({int(t.user_attrs[REDO_OF]) for t in trials if t.user_attrs.get(REDO_OF) is not None}
+            | {t.number for t in trials if t.user_attrs.get(ARCHIVED_AS) is not None})
+
+
+def kept_as(trial: optuna.trial.FrozenTrial) -> str:
+    """The folder name a redo set trial's run aside under (`aside`)."""
+    attrs = trial.user_attrs
+    return attrs.get(ARCHIVED_AS) or f"{attrs.get('row')}-s{attrs.get('seed')}.superseded-t{trial.number}"
 
 
 def _aside_name(path: Path, number: int, k: int) -> Path:
@@ -49,6 +66,17 @@ def aside(path: Path, number: int) -> Path | None:
         k += 1
     path.rename(target := _aside_name(path, number, k))
     return target
+
+
+def set_aside_copies(path: Path) -> list[Path]:
+    """Every copy of `path` a redo set aside, whatever trial it was (oldest first: a redo's trial
+    has a higher number than the trial it replaces)."""
+    pattern = re.compile(re.escape(path.name) + r"\.superseded-t(\d+)(?:\.(\d+))?")
+    found = []
+    for place in path.parent.glob(f"{glob.escape(path.name)}.superseded-t*"):
+        if match := pattern.fullmatch(place.name):
+            found.append(((int(match[1]), int(match[2] or 1)), place))
+    return [place for _, place in sorted(found)]
 
 
 def set_aside(path: Path, number: int) -> list[Path]:

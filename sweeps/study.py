@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import zlib
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -75,6 +76,15 @@ def pack_lines(lines: list[str]) -> str:
 
 def unpack_lines(packed: str) -> list[str]:
     return zlib.decompress(base64.b64decode(packed)).decode("utf-8").split("\n")
+
+
+def translation_attrs(run_dir: Path) -> dict[str, str] | None:
+    """A run's dev hypotheses and references as a trial keeps them (`dev_hyp`, `dev_ref`: the
+    report's paired bootstrap), or None when the run directory lacks either file."""
+    paths = {name: Path(run_dir) / f"dev.{name}.txt" for name in ("hyp", "ref")}
+    if not all(path.is_file() for path in paths.values()):
+        return None
+    return {f"dev_{name}": pack_lines(path.read_text(encoding="utf-8").splitlines()) for name, path in paths.items()}
 
 
 def counts(study: optuna.Study) -> dict[str, int]:

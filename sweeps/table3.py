@@ -29,9 +29,9 @@ from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
 from lightning_modules.run.results import read_results
-from sweeps.redo import REDO_OF, aside, redo_requests, redone_before, superseded
+from sweeps.redo import ARCHIVED_AS, REDO_OF, aside, redo_requests, redone_before, set_aside_copies, superseded
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import enqueue, open_study
+from sweeps.study import enqueue, open_study, translation_attrs
 
 KIND = "table3"
 
@@ -246,6 +246,7 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
         jobs.append((cost, row, seed, overrides))
     study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
     check_study(study, identity(plan, spec))
+    replaced = restore_history(plan, study, spec, archive) if archive is not None else {}
     redone = redo(plan, study, spec, archive)
     # Longest first: the big model starts at once instead of last, which shortens the table;
     # finished run directories the study does not know yet (restored, copied in) go before
@@ -253,7 +254,10 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
     done = {(row, seed): finished(Path(run_dir(plan, row, seed))) for row, seed in plan.runs()}
     queued = 0
     for _, row, seed, overrides in sorted(jobs, key=lambda j: (not done[j[1], j[2]], -j[0])):
-        queued += enqueue(study, overrides, trial_attrs(plan, spec, row, seed))
+        attrs = trial_attrs(plan, spec, row, seed)
+        if (row, seed) in replaced:
+            attrs[REDO_OF] = replaced[row, seed]
+        queued += enqueue(study, overrides, attrs)
     return study, queued + redone
 
 
@@ -265,6 +269,42 @@ def seed_overrides(seed: int) -> list[str]:
 def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
     """What a queued (row, seed) trial carries: the report and the workers read these."""
     return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_dir(plan, row, seed)}
+
+
+def restore_history(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any],
+                    archive: Path) -> dict[tuple[str, int], int]:
+    """Bring back into a study the runs the table's redos replaced, from their copies set aside in
+    `archive` (`sweeps.redo`), for each planned (row, seed) the study holds no trial of (a study
+    made afresh: on the machine whose study set them aside, they are in it already). Each complete
+    copy becomes a complete trial (`archived_as` its folder; oldest first, each naming the one
+    before as the trial it replaced), so the report names them as that study did. Returns the
+    trial each (row, seed)'s own run replaces: `queue` gives it as the run's `redo_of`."""
+    from optuna.trial import create_trial
+
+    from sweeps.archive import entry
+
+    held = {(t.user_attrs.get("row"), t.user_attrs.get("seed")) for t in study.get_trials(deepcopy=False)}
+    replaced: dict[tuple[str, int], int] = {}
+    for row, seed in plan.runs():
+        if (row, seed) in held:
+            continue
+        for place in set_aside_copies(entry(archive, row, seed)):
+            done = read_results(place)
+            if done is None or not done.complete or done.ppl is None:
+                continue
+            attrs = {**trial_attrs(plan, spec, row, seed), **done.select("trial"),
+                     **(translation_attrs(place) or {}), "run_dir": str(place.resolve()),
+                     "enqueued_overrides": seed_overrides(seed), ARCHIVED_AS: place.name}
+            if (row, seed) in replaced:
+                attrs[REDO_OF] = replaced[row, seed]
+            study.add_trial(create_trial(state=TrialState.COMPLETE, value=float(done.ppl), user_attrs=attrs))
+            replaced[row, seed] = max(t.number for t in study.get_trials(deepcopy=False)
+                                      if t.user_attrs.get(ARCHIVED_AS) == place.name
+                                      and t.user_attrs.get("run_dir") == attrs["run_dir"])
+        if (row, seed) in replaced:
+            print(f"table3 {plan.study}: {row} seed {seed}: the run a redo replaced is back in the study from "
+                  f"{archive} (trial {replaced[row, seed]})", flush=True)
+    return replaced
 
 
 def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:

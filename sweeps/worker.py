@@ -51,7 +51,7 @@ from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, accept_interrupts
 from sweeps.redo import superseded
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
-from sweeps.study import FINISHED, make_pruner, make_sampler, pack_lines
+from sweeps.study import FINISHED, make_pruner, make_sampler, translation_attrs
 
 
 @dataclass
@@ -207,13 +207,13 @@ class Objective:
     def keep_translations(trial: optuna.Trial, run_dir: Path) -> None:
         """The dev hypotheses and references as user attributes (the report's paired bootstrap).
         A run restored from its results.json alone (`sweeps.archive`) has none: said, not failed."""
-        paths = {name: run_dir / f"dev.{name}.txt" for name in ("hyp", "ref")}
-        if not all(path.is_file() for path in paths.values()):
+        kept = translation_attrs(run_dir)
+        if kept is None:
             print(f"{trial.user_attrs.get('row')} seed {trial.user_attrs.get('seed')}: no dev translations "
                   f"in {run_dir}; the report's paired bootstrap leaves this run out", flush=True)
             return
-        for name, path in paths.items():
-            trial.set_user_attr(f"dev_{name}", pack_lines(path.read_text(encoding="utf-8").splitlines()))
+        for key, value in kept.items():
+            trial.set_user_attr(key, value)
 
 
 def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_dir: str | None) -> int | None:

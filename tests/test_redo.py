@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from optuna.trial import TrialState
 
@@ -55,32 +56,49 @@ def test_a_redo_trains_each_run_once_keeps_what_it_replaces_and_the_report_says_
     assert read_results(archive / "base-s2").ppl == new[2].user_attrs["ppl"]
 
     frame = pd.read_csv(tmp_path / "report" / "table3.csv", index_col="row")
-    assert frame.loc["base", "ppl"] == \
-        sum(new[s].user_attrs["ppl"] for s in (1, 2)) / 2  # the new runs, not the replaced ones
+    mean_of_new = sum(new[s].user_attrs["ppl"] for s in (1, 2)) / 2
+    assert frame.loc["base", "ppl"] == pytest.approx(mean_of_new, abs=5e-4)  # the new runs (3 decimals in the csv)
     md = (tmp_path / "report" / "table3.md").read_text()
     for seed in (1, 2):
         assert (f"base seed {seed}: dev PPL {old[seed].user_attrs['ppl']} → {new[seed].user_attrs['ppl']}"
-                in md and f"replaces {old[seed].number})" in md)
+                in md and f"replaces {old[seed].number}, kept as base-s{seed}.superseded-t{old[seed].number})" in md)
     assert "Redo not complete" not in md
 
     nothing = sitting(tmp_path, "--redo", "base")
     assert nothing.returncode == 0 and "0 queued now" in nothing.stdout
     assert len(trials(tmp_path)) == len(every)
 
-    # a new machine: the archive alone, a study made afresh. The redos are adopted as they are and,
-    # though this study has no redo trials, the same command does not redo them a second time.
+    # a new machine: the archive alone, a study made afresh. The runs the redos replaced come back
+    # from the archive as complete trials, the redos are adopted as they are, nothing trains, and
+    # the report names the redos as the first machine's did; a second sitting adds nothing.
     shutil.rmtree(runs)
     (tmp_path / "t3.db").unlink()
     entries = sorted(p.name for p in archive.iterdir())
-    for _ in range(2):
+    counted = []
+    for k in range(2):
         fresh = sitting(tmp_path, "--redo", "base")
         assert fresh.returncode == 0, fresh.stderr[-2000:]
         assert "trains again" not in fresh.stdout
-    assert all(f"base seed {seed} was redone before ({archive / f'base-s{seed}'} is the redo" in fresh.stdout
-               for seed in (1, 2)), fresh.stdout
+        assert all((f"base seed {seed}: the run a redo replaced is back in the study" in fresh.stdout) == (k == 0)
+                   for seed in (1, 2)), fresh.stdout
+        counted.append(len(trials(tmp_path)))
+    assert counted == [4, 4]  # two old runs and two redos, each once
     assert "0 queued now" in fresh.stdout and sorted(p.name for p in archive.iterdir()) == entries
-    assert {t.user_attrs["seed"]: t.user_attrs["ppl"] for t in trials(tmp_path)} == \
-        {s: new[s].user_attrs["ppl"] for s in (1, 2)}
+    back = {t.user_attrs["seed"]: t for t in trials(tmp_path) if t.user_attrs.get("archived_as")}
+    assert {s: (t.state, t.user_attrs["ppl"], t.user_attrs["archived_as"]) for s, t in back.items()} == \
+        {s: (TrialState.COMPLETE, old[s].user_attrs["ppl"], f"base-s{s}.superseded-t{old[s].number}") for s in (1, 2)}
+    redos = {t.user_attrs["seed"]: t for t in trials(tmp_path) if t.user_attrs.get("redo_of") is not None}
+    assert {s: (t.user_attrs["redo_of"], t.user_attrs["ppl"]) for s, t in redos.items()} == \
+        {s: (back[s].number, new[s].user_attrs["ppl"]) for s in (1, 2)}
+    frame = pd.read_csv(tmp_path / "report" / "table3.csv", index_col="row")
+    assert frame.loc["base", "ppl"] == pytest.approx(mean_of_new, abs=5e-4)
+    md = (tmp_path / "report" / "table3.md").read_text()
+    for seed in (1, 2):
+        assert (f"base seed {seed}: dev PPL {old[seed].user_attrs['ppl']} → {new[seed].user_attrs['ppl']}, "
+                f"BLEU {old[seed].user_attrs['bleu']} → {new[seed].user_attrs['bleu']} (trial "
+                f"{redos[seed].number} replaces {back[seed].number}, kept as base-s{seed}.superseded-t{old[seed].number})"
+                in md), md
+    assert "Redo not complete" not in md
 
 
 def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path: Path):
@@ -106,3 +124,16 @@ def test_a_folder_set_aside_twice_keeps_both(tmp_path: Path):
     assert not run.exists()
     assert (tmp_path / "base-s1.superseded-t7" / "results.json").read_text() == "first"
     assert (tmp_path / "base-s1.superseded-t7.2" / "results.json").read_text() == "second"
+
+
+def test_set_aside_copies_are_listed_oldest_first(tmp_path: Path):
+    """A run redone twice has copies named by the trials they were (a redo's trial numbers the
+    higher); the history a fresh study rebuilds follows this order. Other folders are not copies."""
+    from sweeps.redo import set_aside_copies
+
+    for name in ("base-s1.superseded-t58", "base-s1.superseded-t13.2", "base-s1.superseded-t13", "base-s1",
+                 "base-s10.superseded-t2", "base-s1.superseded-tx", "base-s1.superseded-t9"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in set_aside_copies(tmp_path / "base-s1")] == [
+        "base-s1.superseded-t9", "base-s1.superseded-t13", "base-s1.superseded-t13.2", "base-s1.superseded-t58"]
+    assert set_aside_copies(tmp_path / "C5-s1") == []
