@@ -95,10 +95,8 @@ def redone(data: Table3Data) -> list[str]:
     if data.redone.empty:
         return []
     new = data.runs.set_index(["row", "seed"])
-    order = {row: i for i, row in enumerate(data.spec)}
-    redone_runs = data.redone.sort_values(["row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s)
     out = []
-    if not (done := redone_runs[redone_runs["done"]]).empty:
+    if not (done := data.redone[data.redone["done"]]).empty:
         changes = "; ".join(
             f"{r.row} seed {r.seed}: dev PPL {r.ppl} → {new.loc[(r.row, r.seed), 'ppl']}, BLEU {r.bleu} → "
             f"{new.loc[(r.row, r.seed), 'bleu']} (trial {r.by} replaces {r.trial}, kept as {r.kept_as})"
@@ -106,7 +104,7 @@ def redone(data: Table3Data) -> list[str]:
         out.append(f"Redone (`ablate table3 --redo`), and the table uses the new runs: {changes}. The replaced "
                    f"runs stay in the study, and their files in the folder named, beside the run directory "
                    f"and in the table's archive (--archive)")
-    if not (pending := redone_runs[~redone_runs["done"]]).empty:
+    if not (pending := data.redone[~data.redone["done"]]).empty:
         listed = ", ".join(f"{r.row} seed {r.seed} (trial {r.trial})" for r in pending.itertuples())
         out.append(f"Redo not complete: the table still uses the runs it replaces, {listed}")
     return out

@@ -92,7 +92,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         queued.setdefault(key[0], set()).add(key[1])
         if trial.state == TrialState.COMPLETE and (key not in latest or newest(trial) > newest(latest[key])):
             latest[key] = trial
-    redone = redone_runs(trials, latest)
+    redone = in_table_order(redone_runs(trials, latest), attrs["spec"])
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
         recorded = trial.user_attrs
@@ -108,16 +108,20 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
                           "convergence": a.get("convergence")} for step, ppl in a.get("dev_ppl_curve") or []]
         if "dev_hyp" in a and "dev_ref" in a:
             translations[(row, seed)] = (unpack_lines(a["dev_hyp"]), unpack_lines(a["dev_ref"]))
-    order = {name: i for i, name in enumerate(attrs["spec"])}
     runs = pd.DataFrame.from_records(records, columns=None if records else ["row", "group", "seed"])
     if records:
-        runs = runs.sort_values(["row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s)
-        runs = runs.reset_index(drop=True)
+        runs = in_table_order(runs, attrs["spec"])
     return Table3Data(study=study_name, storage=safe_url(storage_url), preset=attrs["preset"],
                       spec=attrs["spec"], overrides=list(attrs.get("overrides", [])),
                       setup=dict(attrs.get("setup", {})), runs=runs,
                       translations=translations, curves=pd.DataFrame.from_records(curve_points),
                       planned={row: len(seeds) for row, seeds in queued.items()}, redone=redone)
+
+
+def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
+    """`frame`'s records (with columns row and seed) in the spec's row order, then by seed."""
+    order = {name: i for i, name in enumerate(spec)}
+    return frame.sort_values(["row", "seed"], key=lambda s: s.map(order) if s.name == "row" else s).reset_index(drop=True)
 
 
 def redone_runs(trials: list[optuna.trial.FrozenTrial],

@@ -30,6 +30,7 @@ import optuna
 from optuna.trial import TrialState
 
 from lightning_modules.run.results import read_results
+from sweeps.archive import entry
 
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
 # trial user attribute of a run a redo set aside, brought back from the archive into a study made
@@ -49,7 +50,7 @@ def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
 def kept_as(trial: optuna.trial.FrozenTrial) -> str:
     """The folder name a redo set trial's run aside under (`aside`)."""
     attrs = trial.user_attrs
-    return attrs.get(ARCHIVED_AS) or f"{attrs.get('row')}-s{attrs.get('seed')}.superseded-t{trial.number}"
+    return attrs.get(ARCHIVED_AS) or _aside_name(entry(Path(), attrs.get("row"), attrs.get("seed")), trial.number, 1).name
 
 
 def _aside_name(path: Path, number: int, k: int) -> Path:
@@ -96,7 +97,7 @@ def redone_before(places: Iterable[Path]) -> Path | None:
         done = read_results(place)
         if done is None or not done.complete:
             continue
-        if any(read_results(old) != done for old in place.parent.glob(f"{glob.escape(place.name)}.superseded-t*")):
+        if any(read_results(old) != done for old in set_aside_copies(place)):
             return place
     return None
 
