@@ -2,7 +2,8 @@
 
 `--devices 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>` (with `--devices-per-trial 2`, a
 group like "0,1"); on CPU, `--workers K` runs K
-workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting.
+workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting
+(an `OMP_NUM_THREADS` already set, e.g. on a machine shared with other jobs, caps that share).
 Ctrl-C or SIGTERM is passed on to the workers as SIGTERM (see `sweeps.worker`); under SLURM,
 SIGUSR1 (the pre-emption notice) is passed on as it is. `--stop-after` does the same at a set time,
 so a sitting on a machine lent for a few hours ends with every running trial checkpointed.
@@ -66,12 +67,20 @@ def gpu_ids(devices: str) -> list[str]:
     return listed
 
 
+def thread_cap(environ: dict[str, str] = os.environ) -> int:
+    """The threads a process may use by `$OMP_NUM_THREADS` (unset or not a positive whole number:
+    no cap). OpenMP threads that outnumber the cores spin against each other: two 2-thread tiny
+    runs side by side on 2 cores took 4x as long as with one thread each."""
+    text = environ.get("OMP_NUM_THREADS", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else sys.maxsize
+
+
 def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int = 1) -> list[dict[str, str]]:
     """One environment per worker: its GPUs ("0" or "0,1"), or a share of the CPU cores."""
     base = dict(os.environ, PYTHONUNBUFFERED="1")
     if devices:
         return [{**base, "CUDA_VISIBLE_DEVICES": d} for d in devices]
-    threads = str(max(1, (os.cpu_count() or 1) // (workers * devices_per_trial)))
+    threads = str(min(max(1, (os.cpu_count() or 1) // (workers * devices_per_trial)), thread_cap()))
     return [{**base, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(workers)]
 
 

@@ -21,6 +21,12 @@ from ports import free_port
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# One thread per process: `make test` runs two test files at once on 2 cores, and every run a test
+# starts is tiny. Left to their defaults, two tests' runs each took both cores and spun against each
+# other (OpenMP): two tiny Table 3 sittings side by side took 131 s each, 31 s each on one thread.
+# The sweep launcher takes this as the cap of each worker's share (`sweeps.launch.thread_cap`).
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 

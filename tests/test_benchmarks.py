@@ -55,8 +55,9 @@ def test_workers_benchmark_runs_each_layout_under_the_threads_the_sweep_launcher
 
     from benchmarks.workers import layouts
 
+    uncapped = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "workers", "--out",
-                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600, env=uncapped)
     assert result.returncode == 0, result.stderr[-3000:]
     section = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["workers"]
     cores = os.cpu_count() or 1
