@@ -429,3 +429,17 @@ def test_paper_preset_has_the_papers_training_setup():
     assert (base.model.dropout, base.model.label_smoothing) == (0.1, 0.1)
     assert (big.model.d_model, big.model.d_ff, big.model.n_heads, big.model.dropout) == (1024, 4096, 16, 0.3)
     assert (base.model.d_k, base.model.d_v, big.model.d_k, big.model.d_v) == (64, 64, 64, 64)
+
+
+def test_a_spec_is_read_again_once_its_file_changes_and_each_caller_gets_its_own_copy(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {group: base, model: {}}\nwide: {group: C, model: {d_model: 1024}}\n")
+    first = load_spec(spec)
+    first["wide"]["model"]["d_model"] = 1  # a caller's change stays its own
+    assert load_spec(spec)["wide"]["model"]["d_model"] == 1024
+    spec.write_text("base: {group: base, model: {}}\nwide: {group: C, model: {d_model: 2048}}\n")
+    os.utime(spec, ns=(0, spec.stat().st_mtime_ns + 1))  # a new version even on a coarse clock
+    assert load_spec(spec)["wide"]["model"]["d_model"] == 2048
+    from ablations.spec import load_preset
+
+    assert resolve("tiny", "wide", spec_path=spec).model.d_model == 2048 * load_preset("tiny")["scale"]["width"]
