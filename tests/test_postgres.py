@@ -46,12 +46,12 @@ def test_rdb_storage_on_postgres_two_processes(postgres_url):
 
 def test_ablate_sweep_optuna_on_postgres(tmp_path, postgres_url):
     result = ablate("sweep", "optuna", "--study", "pg", "--storage", postgres_url,
-                    "--space", str(write(tmp_path / "space.yaml", SPACE)), "--n-trials", "6",
+                    "--space", str(write(tmp_path / "space.yaml", SPACE)), "--n-trials", "4",
                     "--workers", "2", "--heartbeat", "15", "--runs-dir", str(tmp_path / "runs"),
                     *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     trials = optuna.load_study(study_name="pg", storage=postgres_url).get_trials()
-    assert len(trials) == 6, [t.state for t in trials]
+    assert len(trials) == 4, [t.state for t in trials]
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), [t.state for t in trials]
     for t in trials:
         if t.state == TrialState.PRUNED:
