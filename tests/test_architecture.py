@@ -156,3 +156,21 @@ def test_ablate_version_names_the_installed_package_and_loads_no_torch():
     assert result.returncode == 0 and result.stdout.strip() == f"ablate {version('transformer-ablations')}"
     loaded = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
     assert not [m for m in loaded if m.split(".")[0] in ("torch", "lightning")]
+
+
+def test_the_checks_before_a_table_or_sweep_is_queued_load_no_lightning(tmp_path):
+    """The parent process of `ablate table3` / `ablate sweep optuna` plans, checks the hardware and
+    prepares the data (corpus, BPE, length filter) before queueing: all without Lightning (3 s of
+    start-up each time; the trials load it)."""
+    code = (
+        "import sys\n"
+        "from sweeps.table3 import check_data, make_plan, queue\n"
+        f"plan = make_plan('tiny', 'sqlite:///{tmp_path}/t.db', '{tmp_path}/runs', ['data.vocab_size=500', "
+        "'data.valid_size=100'], rows='base,E', seeds='1')\n"
+        "check_data(plan)\n"
+        "queue(plan)\n"
+        "print(','.join(m for m in ('lightning', 'pytorch_lightning') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "", f"loaded {result.stdout.strip()}"
+    assert (tmp_path / "t.db").is_file()  # it did queue

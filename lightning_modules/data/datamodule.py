@@ -1,208 +1,27 @@
-"""The Lightning DataModule: corpus -> shared BPE -> token-budget batches."""
+"""The Lightning DataModule: a prepared corpus (`prepared.TranslationData`) served as
+token-budget batches."""
 
 from __future__ import annotations
 
 import functools
-import itertools
-import os
-import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
-import sentencepiece as spm
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from lightning_modules.config import DataConfig
-from lightning_modules.data.batching import (TokenBucketBatchSampler, batch_shapes, collate,
-                                             padding_share)
-from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
-from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
-from lightning_modules.errors import UserError
+from lightning_modules.data.batching import TokenBucketBatchSampler, collate
+from lightning_modules.data.prepared import EncodedPairs, TranslationData
 from lightning_modules.resume import ResumableLoader
 
 
-def unigram_perplexity(target_ids: np.ndarray, sentences: int, vocab_size: int) -> float:
-    """exp(H) of the unigram distribution of `target_ids` plus one EOS per sentence."""
-    counts = np.bincount(target_ids, minlength=vocab_size).astype(np.float64)
-    counts[EOS_ID] += sentences
-    p = counts[counts > 0] / counts.sum()
-    return float(np.exp(-(p * np.log(p)).sum()))
-
-
-class EncodedPairs(Dataset):
-    """Token-id pairs stored as flat int32 arrays plus offsets (compact for millions of pairs)."""
-
-    def __init__(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
-        self.src_lengths, self._src_offsets, self._src = self._pack(src)
-        self.tgt_lengths, self._tgt_offsets, self._tgt = self._pack(tgt)
-
-    @staticmethod
-    def _pack(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32,
-                           count=int(offsets[-1]))
-        return lengths, offsets, flat
-
-    def __len__(self) -> int:
-        return len(self.src_lengths)
-
-    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
-        src = self._src[self._src_offsets[i]:self._src_offsets[i + 1]].tolist()
-        tgt = self._tgt[self._tgt_offsets[i]:self._tgt_offsets[i + 1]].tolist()
-        return src, tgt
-
-
-class TranslationDataModule(pl.LightningDataModule):
-    """Loads `cfg.corpus`, trains or reuses `run_dir/spm.model` and serves token batches.
-
-    The BPE model sees only training text (train + extra_train, both sides). Training pairs
-    with more than min(cfg.max_train_len, max_len - 1) wordpieces on either side are dropped;
-    validation pairs only when they exceed max_len - 1 (the model could not take them).
-    `pad_multiple` rounds every batch's lengths up to a multiple (see `batching`).
-    """
-
-    def __init__(self, cfg: DataConfig, run_dir: str | Path, seed: int = 1,
-                 max_len: int = 512, pad_multiple: int = 1) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.pad_multiple = max(1, pad_multiple)
-        self.run_dir = Path(run_dir)
-        self.seed = seed
-        self.max_len = max_len
-        self.pad_id = PAD_ID
-        self.stats: dict[str, Any] = {}
-        self.train_sampler: TokenBucketBatchSampler | None = None
-        self._corpus: Corpus | None = None
-        self._ready = False
-
-    # ----------------------------------------------------------------- preparation
-
-    @property
-    def spm_path(self) -> Path:
-        return self.run_dir / "spm.model"
-
-    def _load(self) -> Corpus:
-        if self._corpus is None:
-            self._corpus = load_corpus(self.cfg)
-        return self._corpus
-
-    def _bpe_texts(self, corpus: Corpus) -> Iterator[str]:
-        parts = [corpus.train]
-        if corpus.extra_train is not None:
-            parts.append(corpus.extra_train)
-        for part in parts:
-            yield from part.src
-            yield from part.tgt
-
-    def _tokenizer(self, corpus: Corpus) -> spm.SentencePieceProcessor:
-        return train_or_load(self.spm_path, self._bpe_texts(corpus), self.cfg.vocab_size,
-                             self.cfg.spm_input_sentence_size, seed=0)
+class TranslationDataModule(TranslationData, pl.LightningDataModule):
+    """`TranslationData` (corpus -> shared BPE -> encoded splits) with Lightning's hooks: the
+    corpus and BPE prepared once per node, shuffled token batches for training sharded over the
+    trainer's ranks, dev batches in a fixed order."""
 
     def prepare_data(self) -> None:
         """Download the corpus and train the BPE model once (Lightning: local rank 0 only)."""
         self._tokenizer(self._load())
-
-    def setup(self, stage: str | None = None) -> None:
-        """Load the corpus, train-or-load the tokenizer and encode every split (idempotent)."""
-        if self._ready:
-            return
-        start = time.perf_counter()
-        corpus = self._load()
-        self.tokenizer = self._tokenizer(corpus)
-        self.vocab_size = self.tokenizer.get_piece_size()
-        train_limit = min(self.cfg.max_train_len, self.max_len - 1)
-        train = self._encode_split(corpus.train)
-        extra: tuple[list[list[int]], list[list[int]]] = ([], [])
-        if corpus.extra_train is not None:
-            extra = self._encode_split(corpus.extra_train)
-        src_ids, tgt_ids = train[0] + extra[0], train[1] + extra[1]
-        self.train_set, train_dropped = self._filter(src_ids, tgt_ids, train_limit)
-        self._check_left("training", self.train_set, train_dropped, train_limit,
-                         f"data.max_train_len ({self.cfg.max_train_len}) or model.max_len ({self.max_len})")
-        valid_ids = self._encode_split(corpus.valid)
-        self.valid_set, valid_dropped = self._filter(*valid_ids, self.max_len - 1)
-        self._check_left("dev", self.valid_set, valid_dropped, self.max_len - 1, f"model.max_len ({self.max_len})")
-        sampler = TokenBucketBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
-                                          self.cfg.max_tokens, shuffle=True, seed=self.seed,
-                                          num_replicas=1, rank=0, pad_multiple=self.pad_multiple)
-        batches = sampler.global_batches()
-        valid_sampler = TokenBucketBatchSampler(self.valid_set.src_lengths,
-                                                self.valid_set.tgt_lengths, self.cfg.max_tokens,
-                                                shuffle=False, num_replicas=1, rank=0,
-                                                pad_multiple=self.pad_multiple)
-        lengths = (self.train_set.src_lengths, self.train_set.tgt_lengths)
-        shapes = batch_shapes(batches, *lengths, self.pad_multiple)
-        self.stats = {
-            "corpus": corpus.name,
-            "train_pairs": len(corpus.train),
-            "extra_train_pairs": len(corpus.extra_train) if corpus.extra_train is not None else 0,
-            "valid_pairs": len(corpus.valid),
-            "test_pairs": len(corpus.test),
-            "train_examples": len(self.train_set),
-            "dropped_for_length": train_dropped,
-            "valid_dropped_for_length": valid_dropped,
-            "max_train_len": train_limit,
-            "vocab_size": self.vocab_size,
-            "train_tokens": int(self.train_set.src_lengths.sum()
-                                + self.train_set.tgt_lengths.sum()),
-            "train_batches": len(batches),
-            "pad_multiple": self.pad_multiple,
-            "train_padding_share": padding_share(batches, *lengths, self.pad_multiple),
-            # distinct (rows, source length, target length) tensor shapes in one epoch
-            "train_shapes": len(set(shapes)),
-            "train_lengths": len({shape[1:] for shape in shapes}),
-            "valid_padding_share": padding_share(valid_sampler.global_batches(),
-                                                 self.valid_set.src_lengths,
-                                                 self.valid_set.tgt_lengths, self.pad_multiple),
-            # exp(entropy) of the training targets' wordpiece frequencies (EOS included): the
-            # perplexity of a model that ignores the source and the context. A trained model
-            # above it has learnt nothing (the convergence rule's "diverged" line).
-            "unigram_ppl": round(unigram_perplexity(self.train_set._tgt, len(self.train_set),
-                                                    self.vocab_size), 3),
-            "setup_seconds": 0.0,
-        }
-        self.stats["setup_seconds"] = round(time.perf_counter() - start, 2)
-        self._ready = True
-
-    @property
-    def corpus(self) -> Corpus:
-        """The raw text of every split (BLEU references come from here)."""
-        return self._load()
-
-    # ----------------------------------------------------------------- text <-> ids
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Wordpiece ids of each text, without BOS/EOS."""
-        return self.tokenizer.encode(list(texts), num_threads=os.cpu_count() or 1)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Detokenized text up to the first EOS, with PAD/BOS/EOS skipped."""
-        ids = [int(i) for i in ids]
-        if EOS_ID in ids:
-            ids = ids[:ids.index(EOS_ID)]
-        return self.tokenizer.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
-
-    def _encode_split(self, split: ParallelText) -> tuple[list[list[int]], list[list[int]]]:
-        return self.encode(split.src), self.encode(split.tgt)
-
-    @staticmethod
-    def _filter(src: list[list[int]], tgt: list[list[int]], limit: int
-                ) -> tuple[EncodedPairs, int]:
-        keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
-        return EncodedPairs([src[i] for i in keep], [tgt[i] for i in keep]), len(src) - len(keep)
-
-    @staticmethod
-    def _check_left(split: str, kept: EncodedPairs, dropped: int, limit: int, limited_by: str) -> None:
-        """A split that the length filter emptied would train or validate on nothing: refuse it."""
-        if not len(kept):
-            raise UserError(f"no {split} pairs left: all {dropped:,} are longer than {limit} wordpieces "
-                            f"on a side; raise {limited_by}")
 
     # ----------------------------------------------------------------- loaders
 

@@ -1,5 +1,8 @@
 """Checks before a run does any work: the hardware it asks for, the output directory, its identity,
 memory, disk, W&B, and the checkpoints it would resume from. Each failure is one `UserError` line.
+
+Lightning is imported inside the checks that need it: `check_hardware` and `check_data`, which the
+commands that queue a table or a sweep run before queueing anything, load none (about 3 s).
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from pathlib import Path
 
 import torch
 import yaml
-from lightning.pytorch.strategies import StrategyRegistry
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
@@ -62,6 +63,10 @@ def check_hardware(cfg: RunConfig) -> None:
         check_gpu_ids(devices, f"train.devices={t.devices}")
     elif isinstance(devices, int) and uses_gpu(cfg) and devices > torch.cuda.device_count():
         raise UserError(f"train.devices={devices}, but only {torch.cuda.device_count()} GPU(s) are visible")
+    if t.strategy == "auto":
+        return
+    from lightning.pytorch.strategies import StrategyRegistry
+
     strategies = ("auto", *StrategyRegistry.available_strategies())
     if t.strategy not in strategies:
         raise UserError(f"train.strategy must be auto or one of Lightning's strategies "
@@ -72,12 +77,12 @@ def check_data(cfg: RunConfig) -> None:
     """Prepare the data as the run would (corpus, BPE, encoding, length filter) in a scratch
     directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a
     length limit that leaves no pairs fails here, once, before a sweep or a table queues anything."""
-    from lightning_modules.data.datamodule import TranslationDataModule  # the data stack: only here
+    from lightning_modules.data.prepared import TranslationData  # the data stack: only here
 
     with tempfile.TemporaryDirectory(prefix="ablate-data-check-") as scratch:
-        dm = TranslationDataModule(cfg.data, scratch, seed=cfg.train.seed, max_len=cfg.model.max_len,
-                                   pad_multiple=cfg.data.pad_multiple)
-        dm.setup("fit")
+        data = TranslationData(cfg.data, scratch, seed=cfg.train.seed, max_len=cfg.model.max_len,
+                               pad_multiple=cfg.data.pad_multiple)
+        data.setup("fit")
 
 
 def check_output_dir(out: Path) -> None:
@@ -93,6 +98,8 @@ def check_output_dir(out: Path) -> None:
 
 def remove_stale_temporaries(out: Path) -> None:
     """Delete the temporary files of atomic writes that a killed process left (rank 0 only)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
     if rank_zero_only.rank != 0:
         return
     for folder in (out, out / "checkpoints"):
@@ -225,6 +232,8 @@ def wandb_mode(setting: str, on_error: str = "fail") -> str | None:
     if problem is None:
         return "online"
     if on_error == "offline":
+        from lightning.pytorch.utilities import rank_zero_warn
+
         rank_zero_warn(f"W&B online: {problem}; logging offline instead (train.wandb_on_error=offline)")
         return "offline"
     raise UserError(f"--wandb online: {problem}; or set train.wandb_on_error=offline to log offline")
@@ -257,6 +266,8 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
                 path.replace(path.with_suffix(".ckpt.corrupt"))
             except FileNotFoundError:  # another DDP rank set it aside first
                 pass
+            from lightning.pytorch.utilities import rank_zero_warn
+
             rank_zero_warn(f"{path} is damaged; set aside as {path.name}.corrupt")
             continue
         try:
