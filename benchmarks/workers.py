@@ -108,6 +108,7 @@ def run(settings: Settings) -> Section:
                          "log window), summed over the layout's concurrent workers; median over repetitions")
     section.notes.append("wall s: the slowest worker of the layout, start-up (BPE shared) and a greedy dev "
                          "decode included; a table's time is its tokens over 'tokens/s together'")
-    section.notes.append("threads each: what `sweeps.launch.worker_envs` gives a worker (cores // workers); "
+    section.notes.append("threads each: what `sweeps.launch.worker_envs` gives a worker (cores // workers, capped "
+                         "by an OMP_NUM_THREADS already set: unset it to measure the split); "
                          "nothing else may run during the measurement")
     return section
