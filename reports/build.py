@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +111,25 @@ def redone(data: Table3Data) -> list[str]:
     return out
 
 
-def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
-    out = [note] if (note := preset_note(data.preset)) else []
-    if gap := missing_base(data):
-        out.insert(0, f"Incomplete: the {gap}.")
+def caveats(data: Table3Data) -> list[str]:
+    """What a reader must know before reading the numbers, shown above the table: a table still
+    running, one without base, the preset's own word on what its table is (demo: a smoke test)."""
+    out = []
     if (planned := sum(data.planned.values())) > len(data.runs):
-        out.insert(0, f"In progress: {len(data.runs)} of the {planned} runs queued are complete; a row "
-                      f"short of its seeds shows 'k of n' in 'seeds', and its mean and interval are over "
-                      f"the k done.")
-    out += [f"{line}." for line in redone(data)]
+        out.append(f"In progress: {len(data.runs)} of the {planned} runs queued are complete; a row "
+                   f"short of its seeds shows 'k of n' in 'seeds', and its mean and interval are over "
+                   f"the k done.")
+    if gap := missing_base(data):
+        out.append(f"Incomplete: the {gap}.")
+    if note := preset_note(data.preset):
+        out.append(note)
+    return out
+
+
+def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
+    """The notes below the table: redos, rank correlations, significance, the convergence rule,
+    verdicts per group, setups and devices."""
+    out = [f"{line}." for line in redone(data)]
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
         out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "
@@ -165,8 +176,10 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
 
 
 def markdown_report(title: str, cap: str, frame: pd.DataFrame, note_lines: list[str],
-                    figure_names: list[str]) -> str:
-    parts = [f"# {title}", "", cap, "", to_markdown(frame), ""]
+                    figure_names: list[str], caveat_lines: Sequence[str] = ()) -> str:
+    parts = [f"# {title}", "", cap, ""]
+    parts += [f"> **{line}**\n" for line in caveat_lines]
+    parts += [to_markdown(frame), ""]
     parts += [f"- {line}" for line in note_lines] + [""]
     parts += [f"![{name}](figures/{name})" for name in figure_names] + [""]
     return "\n".join(parts)
@@ -188,7 +201,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     frame = table3_frame(data, p_values)
     title = f"Table 3 replica: {data.study}"
     cap = caption(data, frame)
-    note_lines = notes(data, frame, bootstrap)
+    note_lines, caveat_lines = notes(data, frame, bootstrap), caveats(data)
     pictures = figs.render_all(frame, data.curves)
 
     written: list[Path] = []
@@ -205,9 +218,9 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
         for name, png in pictures.items():
             put(f"figures/{name}", png)
         put("table3.csv", frame.to_csv(float_format="%.6g"))
-        put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures)))
+        put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures), caveat_lines))
         put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
-        put("report.html", render(title, cap, display_frame(frame), note_lines, pictures))
+        put("report.html", render(title, cap, display_frame(frame), note_lines, pictures, caveats=caveat_lines))
     if wandb != "off":
         log_to_wandb(data, frame, out, wandb)
     return written

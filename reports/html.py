@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -21,6 +22,7 @@ td.overfitting { background: #fde0c5; } td.unstable, td.diverged { background: #
 td.unknown { background: #e2e3e5; }
 td.wrap { white-space: normal; min-width: 8em; max-width: 12em; text-align: left; }
 .meta { color: #555; font-size: 13px; }
+.caveat { font-weight: bold; border-left: 4px solid #c0392b; padding: 2px 8px; max-width: 60em; }
 """
 
 
@@ -53,16 +55,19 @@ def _table(table: pd.DataFrame, class_column: str, wrap_column: str) -> str:
 
 
 def render(title: str, caption: str, table: pd.DataFrame, notes: list[str], figures: dict[str, bytes],
-           class_column: str = "converged", wrap_column: str = "changes from base") -> str:
+           class_column: str = "converged", wrap_column: str = "changes from base",
+           caveats: Sequence[str] = ()) -> str:
     """The report page; `table` holds display strings (its `class_column` cells coloured by
-    convergence class, its `wrap_column` cells wrapped), `figures` PNG bytes by file name."""
+    convergence class, its `wrap_column` cells wrapped), `figures` PNG bytes by file name,
+    `caveats` what to read before the table (shown above it)."""
     rows_html = _table(table, class_column, wrap_column)
     images = "\n".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(name)}</figcaption></figure>'
         for name, png in figures.items())
     items = "\n".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    warnings = "".join(f'<p class="caveat">{html.escape(c)}</p>\n' for c in caveats)
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
             f"<h1>{html.escape(title)}</h1>\n<p class=\"meta\">{html.escape(caption)}</p>\n"
-            f"{rows_html}\n<ul class=\"meta\">\n{items}\n</ul>\n{images}\n</body>\n</html>\n")
+            f"{warnings}{rows_html}\n<ul class=\"meta\">\n{items}\n</ul>\n{images}\n</body>\n</html>\n")

@@ -479,14 +479,14 @@ def test_dashboard_banner_masks_the_database_password():
     assert "hunter2" not in line and "ablate:***@db.example:5432/optuna" in line and "http://[::1]:8080/" in line
 
 
-def fake_table3_study(path: Path, rows: list[str]) -> None:
+def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny") -> None:
     """A Table 3 study as `ablate table3` leaves it, with one complete run of each of `rows` (and
     the numbers a report reads; no translations, so no bootstrap)."""
     from ablations.spec import load_spec
 
     spec = load_spec()
-    study = optuna.create_study(study_name="table3-tiny", storage=f"sqlite:///{path}")
-    for key, value in {"kind": "table3", "preset": "tiny", "spec": spec, "overrides": [], "config": None,
+    study = optuna.create_study(study_name=f"table3-{preset}", storage=f"sqlite:///{path}")
+    for key, value in {"kind": "table3", "preset": preset, "spec": spec, "overrides": [], "config": None,
                        "setup": {"scale": {"width": 0.25, "depth": 0.5, "steps": 0.02}}}.items():
         study.set_user_attr(key, value)
     for i, row in enumerate(rows):

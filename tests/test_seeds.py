@@ -98,7 +98,7 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     from optuna.trial import TrialState, create_trial
 
     from ablations.spec import load_spec
-    from reports.build import notes
+    from reports.build import caveats, notes
     from reports.collect import load_table3
     from reports.table3 import display_frame, table3_frame
     from sweeps.table3 import KIND
@@ -120,7 +120,8 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     shown = display_frame(frame).set_index("row")
     assert shown.loc["base", "seeds"] == "3" and shown.loc["C3", "seeds"] == "1 of 3"
     assert shown.loc["C3", "PPL (paper)"] == "27.00 (4.88)"  # over the seed done
-    assert notes(data, frame, 0)[0].startswith("In progress: 4 of the 6 runs queued are complete")
+    assert caveats(data)[0].startswith("In progress: 4 of the 6 runs queued are complete")  # above the table
+    assert not any(n.startswith("In progress") for n in notes(data, frame, 0))
 
 
 def test_the_report_says_why_a_p_vs_base_is_missing():

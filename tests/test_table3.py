@@ -381,6 +381,34 @@ def test_report_html_fits_a_normal_window_with_the_widest_rows_of_a_full_table(b
                                               "steps&nbsp;300K")  # each change kept on one line
 
 
+@pytest.mark.parametrize("preset", ["demo", "tiny"])
+def test_a_smoke_scale_table_says_so_above_its_numbers(preset: str, browser, tmp_path: Path):
+    """The demo preset's note (a smoke test, far from converged) is the first thing under the
+    caption, above the table, in table3.md and in report.html as Chromium lays it out; a preset
+    without a note gets nothing there."""
+    from selenium.webdriver.common.by import By
+
+    from ablate.cli import main
+    from ablations.spec import load_preset
+    from test_bad_input import fake_table3_study
+
+    fake_table3_study(tmp_path / "t.db", ["base", "A1", "E"], preset=preset)
+    assert main(["report", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--out", str(tmp_path / "r")]) == 0
+    note = load_preset(preset).get("table3", {}).get("note")
+    md = (tmp_path / "r" / "table3.md").read_text()
+    browser.get((tmp_path / "r" / "report.html").as_uri())
+    shown = browser.find_elements(By.CSS_SELECTOR, "p.caveat")
+    if preset == "tiny":
+        assert note is None and shown == [] and "> **" not in md
+        return
+    assert note.startswith("SMOKE-SCALE TABLE") and md.count(note) == 1
+    assert md.index(note) < md.index("| row")
+    (caveat,) = shown
+    table = browser.find_element(By.ID, "table3")
+    assert caveat.text == note and caveat.location["y"] + caveat.size["height"] <= table.location["y"]
+    assert int(browser.execute_script("return getComputedStyle(arguments[0]).fontWeight", caveat)) >= 600
+
+
 def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path):
     optuna.create_study(study_name="sweep", storage=f"sqlite:///{tmp_path}/s.db")
     result = ablate("report", "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "r"))
