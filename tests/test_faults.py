@@ -56,6 +56,24 @@ FAULTS = [
 ]
 
 
+def window_rows(resumed_at: int, every: int, last: int) -> list[int]:
+    """The training rows of a run resumed at step `resumed_at` (the CSV's step column: the
+    window's last step index, one below the step count). Windows end every `every` steps; after
+    the resume, one shorter than `every` is carried into the next row, except the last
+    (`TranslationModule.on_train_batch_end`): resumed at 13, the row at 15 would span 2 steps."""
+    ends, start = [end for end in range(every, last + 1, every) if end <= resumed_at], resumed_at
+    for end in range(every, last + 1, every):
+        if end > resumed_at and (end - start >= every or end == last):
+            ends.append(end)
+            start = end
+    return [end - 1 for end in ends]
+
+
+def test_window_rows_follow_the_carry_rule():
+    assert window_rows(5, 5, 20) == window_rows(20, 5, 20) == [4, 9, 14, 19]
+    assert window_rows(13, 5, 20) == [4, 9, 19] and window_rows(7, 5, 20) == [4, 14, 19]
+
+
 @pytest.mark.parametrize("fault,sig,saved_step", FAULTS)
 def test_killed_run_is_finished_by_the_same_command(tmp_path: Path, fault: str, sig: signal.Signals,
                                                     saved_step: int):
@@ -79,7 +97,7 @@ def test_killed_run_is_finished_by_the_same_command(tmp_path: Path, fault: str, 
     all_checkpoints_load(out / "checkpoints")
     # the curves survive the resumption: every training window, every validation that finished
     dev, train = read_curves(out / "logs")
-    assert [step for step, _ in train] == [4, 9, 14, 19]
+    assert [step for step, _ in train] == window_rows(resumed_at=saved_step, every=5, last=20)
     assert [step for step, _ in dev] == ([19, 20] if fault.startswith("validation") else [9, 19, 20])
     assert [step for step, _ in results["dev_ppl_curve"]] == [step for step, _ in dev]
 
