@@ -42,6 +42,29 @@ def _start_child() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+class StopRequests:
+    """SIGINT in a trial process: a KeyboardInterrupt as Python's own handler raises, and
+    remembered. CPython drops an exception raised inside a weakref callback or `__del__` (it prints
+    "Exception ignored in ..."), and the garbage collector runs those anywhere: a stop landing in one
+    was lost, and the trial trained on until the worker killed it two minutes later (seen once in
+    the kill cycles of `make test-slow`). `check()` raises it again where it is safe."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self.handler)
+
+    def handler(self, signum: int, frame: object) -> None:
+        self.requested = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise the stop asked for, if any (it may have been dropped where it was raised)."""
+        if self.requested:
+            raise KeyboardInterrupt
+
+
 def accept_interrupts(notice: bool = False) -> None:
     """Deliver the interrupts held since the process started (and the pre-emption notice, with
     `notice`) to the handlers it has by now. A training process leaves the notice to

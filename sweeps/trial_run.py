@@ -16,11 +16,19 @@ import os
 import sys
 from typing import Any
 
-from sweeps.processes import EXIT_PRUNED, JOB_ENV, accept_interrupts, die_with_parent, ignore_interrupts
+from sweeps.processes import (EXIT_PRUNED, JOB_ENV, StopRequests, accept_interrupts, die_with_parent,
+                               ignore_interrupts)
+
+STOP = StopRequests()
 
 
 def run_trial(job: dict[str, Any]) -> int:
-    """Train the trial described by `job` (storage, study, trial_id, out, overrides, ...)."""
+    """Train the trial described by `job` (storage, study, trial_id, out, overrides, ...).
+
+    Interrupts stay held while it loads the training stack (Lightning's imports make garbage
+    that a stop could be dropped in, see `StopRequests`); a stop asked for then arrives once they
+    are loaded, and one dropped later is raised at the next training batch."""
+    import lightning.pytorch as pl
     import optuna
 
     from ablations.resolve import resolve
@@ -30,6 +38,12 @@ def run_trial(job: dict[str, Any]) -> int:
     from sweeps.storage import make_storage
     from sweeps.study import make_pruner
 
+    class StopWhenAsked(pl.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            STOP.check()
+
+    STOP.install()
+    accept_interrupts()  # held since the process started (sweeps.processes.spawn)
     cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
     trial = None
     if is_rank_zero():
@@ -37,7 +51,7 @@ def run_trial(job: dict[str, Any]) -> int:
         study = optuna.load_study(study_name=job["study"], storage=storage, pruner=pruner)
         trial = RunningTrial(study, storage, job["trial_number"], pruner)
     callback = StepPruningCallback(trial, prune=job["pruner"][0] != "none")
-    callbacks = [callback] if job["report"] else []
+    callbacks = [StopWhenAsked(), *([callback] if job["report"] else [])]
     try:
         train(cfg, job["out"], group=job["study"], callbacks=callbacks)
     except optuna.TrialPruned as pruned:
@@ -59,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     if not is_rank_zero():
         die_with_parent()  # an extra DDP rank goes when its trial process goes
     try:
-        accept_interrupts()  # held since the process started (sweeps.processes.spawn)
         return run_trial(json.loads(args[0] if args else os.environ[JOB_ENV]))
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)

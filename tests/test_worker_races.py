@@ -317,3 +317,39 @@ def test_an_interrupt_while_a_child_starts_waits_until_it_can_be_handled(tmp_pat
     child.send_signal(signal.SIGINT)  # before the child handles interrupts: held, then delivered
     assert child.wait(timeout=30) == 130
     assert "Traceback" not in (tmp_path / "log").read_text()
+
+
+DROPPED_STOP = """
+import gc, os, signal, sys, weakref
+from sweeps.processes import StopRequests
+
+stop = StopRequests()
+stop.install()
+
+class Garbage:
+    pass
+
+def collected(_ref):  # the garbage collector's callback: where CPython drops an exception
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs here, between two of these bytecodes
+        pass
+
+item = Garbage()
+ref = weakref.ref(item, collected)
+del item
+gc.collect()
+print("trained on", flush=True)  # Python dropped the KeyboardInterrupt
+try:
+    stop.check()
+except KeyboardInterrupt:
+    print("stopped by check", flush=True)
+"""
+
+
+def test_a_stop_dropped_inside_a_garbage_callback_is_raised_again_by_check():
+    """CPython prints 'Exception ignored' and goes on when SIGINT's KeyboardInterrupt is raised in
+    a weakref callback: the trial process remembers the stop and raises it at its next batch."""
+    result = subprocess.run([sys.executable, "-c", DROPPED_STOP], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["trained on", "stopped by check"]
+    assert "Exception ignored" in result.stderr and "KeyboardInterrupt" in result.stderr
