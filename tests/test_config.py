@@ -15,7 +15,7 @@ from ablate.cli import main
 from lightning_modules.config import ACCELERATORS, PRECISIONS, TrainConfig, TransformerConfig
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides, resolve
-from ablations.spec import load_spec
+from ablations.spec import load_preset, load_spec
 from lightning_modules.transformer import count_parameters
 
 REPO = Path(__file__).resolve().parents[1]
@@ -440,6 +440,4 @@ def test_a_spec_is_read_again_once_its_file_changes_and_each_caller_gets_its_own
     spec.write_text("base: {group: base, model: {}}\nwide: {group: C, model: {d_model: 2048}}\n")
     os.utime(spec, ns=(0, spec.stat().st_mtime_ns + 1))  # a new version even on a coarse clock
     assert load_spec(spec)["wide"]["model"]["d_model"] == 2048
-    from ablations.spec import load_preset
-
     assert resolve("tiny", "wide", spec_path=spec).model.d_model == 2048 * load_preset("tiny")["scale"]["width"]

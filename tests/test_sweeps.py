@@ -267,9 +267,8 @@ def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, devices_per_
     assert not (Path(bad.user_attrs["run_dir"]) / "results.json").exists()
 
 
-@pytest.mark.parametrize("set_to, expected", [(None, lambda share: share), ("1", lambda share: 1),
-                                               ("999", lambda share: share), ("x", lambda share: share)])
-def test_cpu_workers_share_the_cores_within_a_thread_count_already_set(monkeypatch, set_to, expected):
+@pytest.mark.parametrize("set_to, cap", [(None, None), ("1", 1), ("999", None), ("x", None)])  # cap: what binds
+def test_cpu_workers_share_the_cores_within_a_thread_count_already_set(monkeypatch, set_to, cap):
     from sweeps.launch import worker_envs
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
@@ -280,7 +279,7 @@ def test_cpu_workers_share_the_cores_within_a_thread_count_already_set(monkeypat
     for workers, per_trial, share in ((1, 1, 8), (2, 1, 4), (2, 2, 2), (16, 1, 1)):
         envs = worker_envs(workers, None, per_trial)
         assert len(envs) == workers
-        assert {(e["OMP_NUM_THREADS"], e["MKL_NUM_THREADS"]) for e in envs} == {(str(expected(share)),) * 2}
+        assert {(e["OMP_NUM_THREADS"], e["MKL_NUM_THREADS"]) for e in envs} == {(str(cap or share),) * 2}
     assert [e.get("OMP_NUM_THREADS") for e in worker_envs(2, ["0", "1"])] == [set_to] * 2  # GPU workers: as set
 
 
