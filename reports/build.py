@@ -2,8 +2,8 @@
 
 Writes `table3.csv` (numbers), `table3.md`, `table3.tex`, `figures/*.png` and a self-contained
 `report.html`, each atomically; the same inputs give the same bytes (no timestamps; sacreBLEU's
-bootstrap has a fixed seed). With W&B on, the table and figures are logged as a `wandb.Table`
-and images too.
+bootstrap has a fixed seed). With W&B on, one run logs the table (`wandb.Table`), every figure,
+report.html, and the caveats and verdicts (the run's notes, and a table of lines).
 """
 
 from __future__ import annotations
@@ -222,12 +222,15 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
         put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
         put("report.html", render(title, cap, display_frame(frame), note_lines, pictures, caveats=caveat_lines))
     if wandb != "off":
-        log_to_wandb(data, frame, out, wandb)
+        log_to_wandb(data, frame, out, wandb, list(pictures), caveat_lines)
     return written
 
 
-def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str) -> None:
-    """The numeric table as a `wandb.Table` and the figures as images, in one run of the project."""
+def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str,
+                 figure_names: Sequence[str], caveat_lines: Sequence[str]) -> None:
+    """The report in one W&B run of the project: the numeric table as a `wandb.Table`, every
+    figure (learning curves per group too) as an image, report.html itself, and the caveats and
+    verdicts as the run's notes and as a table of lines."""
     from lightning_modules.run.preflight import wandb_mode
 
     mode = wandb_mode(setting)
@@ -235,11 +238,16 @@ def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str)
         return
     import wandb
 
+    lines = [("caveat", line) for line in caveat_lines]
+    lines += [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
     run = wandb.init(project="transformer-ablations", name=f"report-{data.study}", job_type="report",
                      group=data.study, mode=mode, dir=str(out), reinit="finish_previous",
+                     notes="\n".join(text for _, text in lines) or None,
                      config={"study": data.study, "preset": data.preset, "overrides": data.overrides})
     try:
         run.log({"table3": wandb.Table(dataframe=frame.reset_index()),
-                 **{f"figures/{name[:-4]}": wandb.Image(str(out / "figures" / name)) for name in figs.FIGURES}})
+                 "notes": wandb.Table(columns=["kind", "text"], data=[list(line) for line in lines]),
+                 "report": wandb.Html((out / "report.html").read_text(encoding="utf-8"), inject=False),
+                 **{f"figures/{name[:-4]}": wandb.Image(str(out / "figures" / name)) for name in figure_names}})
     finally:
         run.finish()

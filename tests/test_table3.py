@@ -286,17 +286,26 @@ def test_a_run_classified_under_an_older_rule_is_classified_again_where_its_logs
     assert frame.loc["D1", "convergence"] == "diverged (1/2)"
 
 
-def test_report_logs_table_and_figures_to_wandb_offline(table: Path, tmp_path: Path):
+def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Path, tmp_path: Path):
     out = tmp_path / "wb"
     result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--study", "table3-tiny",
                     "--out", str(out), "--wandb", "offline", "--bootstrap", "0")
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = list((out / "wandb").glob("offline-run-*"))
     tables = list(run.rglob("table3_*.table.json"))
-    images = list(run.rglob("*.png"))
-    assert tables and len(images) == 3
+    images = sorted(p.name.rsplit("_", 2)[0] for p in run.rglob("*.png"))
+    figures = sorted(p.stem for p in (out / "figures").glob("*.png"))
+    assert tables and images == figures and "curves_D" in figures  # the learning curves too
     data = json.loads(tables[0].read_text())
     assert "row" in data["columns"] and {r[data["columns"].index("row")] for r in data["data"]} == set(ROWS)
+    # the verdicts (and caveats, where a table has any) as lines, the same as in the markdown report
+    (notes,) = run.rglob("notes_*.table.json")
+    lines = json.loads(notes.read_text())["data"]
+    md = (out / "table3.md").read_text()
+    assert [kind for kind, _ in lines] == ["verdict D", "verdict E"]
+    assert [f"- Verdict, {text}" for _, text in lines] == [l for l in md.splitlines() if l.startswith("- Verdict")]
+    (page,) = run.rglob("report_*.html")  # the whole report, figures inline
+    assert page.read_text(encoding="utf-8") == (out / "report.html").read_text(encoding="utf-8")
 
 
 def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
