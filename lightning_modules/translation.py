@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torchmetrics import SumMetric
 
@@ -43,7 +45,9 @@ class TranslationModule(pl.LightningModule):
 
     The training step never waits for the GPU: loss, NLL, token counts and the gradient norm
     are summed on the device and read (one transfer) every `log_every_n_steps` steps, where they
-    are logged as window means; every window but the last spans at least that many steps (a resume
+    are logged as window means, with the window's target tokens per second of training (the host's
+    clock between window ends, where that transfer has waited for the device; validation inside
+    fit left out, a first window's compilation left in); every window but the last spans at least that many steps (a resume
     inside one carries its first steps into the next), since the spike rule compares them.
     `compile_step()` swaps the forward + loss for a
     `torch.compile`d one (dynamic shapes: one graph for every batch shape); validation and
@@ -62,6 +66,8 @@ class TranslationModule(pl.LightningModule):
         self._window: Tensor | None = None  # summed (loss, nll, tokens, batches, grad norm) since the last log
         self._grad_max: Tensor | None = None
         self._window_start = self._flushed_at = 0
+        self._window_s = 0.0  # seconds of training in the window so far
+        self._clock_at: float | None = None  # when the current stretch of training began
         self._lr = 0.0
 
     def forward_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, epsilon: float
@@ -122,6 +128,8 @@ class TranslationModule(pl.LightningModule):
         grad_max = self._grad_max if self._grad_max is not None else self._window.new_zeros(())
         host = torch.cat([self._window, grad_max[None]]).cpu()  # the window's one device-to-host copy
         self._window, self._grad_max, self._flushed_at = None, None, step
+        self._pause_clock()
+        seconds, self._window_s, self._clock_at = self._window_s, 0.0, time.perf_counter()
         loss_sum, nll_sum, tokens, batches, grad_sum, grad_max = host
         n = tokens.clamp(min=1)
         steps = max(1, step - self._window_start)
@@ -132,9 +140,25 @@ class TranslationModule(pl.LightningModule):
         self.log("train/grad_norm", grad_sum / steps)  # mean over the window's optimizer steps
         self.log("train/grad_norm_max", grad_max)
         self.log("train/lr", host.new_tensor(self._lr), prog_bar=True)
+        if seconds > 0:  # every rank trains its own shard for the same time
+            self.log("train/tokens_per_s", tokens * self.trainer.world_size / seconds)
+
+    def _pause_clock(self) -> None:
+        if self._clock_at is not None:
+            self._window_s += time.perf_counter() - self._clock_at
+            self._clock_at = None
 
     def on_train_start(self) -> None:
         self._window_start = self._flushed_at = self.trainer.global_step  # also after a resume
+        self._window_s, self._clock_at = 0.0, time.perf_counter()
+
+    def on_validation_start(self) -> None:
+        if self.trainer.state.fn == TrainerFn.FITTING:  # a validation inside fit: not training time
+            self._pause_clock()
+
+    def on_validation_end(self) -> None:
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            self._clock_at = time.perf_counter()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from ablate.cli import main
+from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.io import atomic_write_json
 
 # A model small enough to train in seconds; dev/test cut to 100 pairs so decoding is quick.
@@ -39,7 +40,7 @@ def finished_run(tmp_path_factory) -> Path:
     """One complete short run, with Weights & Biases in offline mode."""
     out = tmp_path_factory.mktemp("run") / "base"
     code = main(["train", "--out", str(out), "--max-steps", "12", "--seed", "3", "--wandb", "offline",
-                 *SMALL, "train.val_check_interval=6"])
+                 *SMALL, "train.val_check_interval=6", "train.log_every_n_steps=3"])
     assert code == 0
     return out
 
@@ -72,6 +73,20 @@ def test_dev_perplexity_is_logged_by_step(finished_run: Path):
     rows = [dict(zip(header, line.split(","))) for line in lines[1:]]
     steps = [int(r["step"]) for r in rows if r.get("val/ppl")]
     assert steps and all(s > 0 for s in steps)
+
+
+def test_every_training_row_logs_its_rate_and_the_rows_add_up_to_the_run(finished_run: Path):
+    """train/tokens_per_s per window: window tokens over window seconds of training. Over the
+    rows, the tokens add up to results.json's and the seconds to its training time."""
+    rows = [r for r in read_rows(finished_run / "logs") if r.get("train/loss")]
+    assert [int(r["step"]) for r in rows] == [2, 5, 8, 11]  # windows of 3 steps
+    tokens = [float(r["train/tokens"]) * 3 for r in rows]  # mean per batch x batches
+    seconds = [t / float(r["train/tokens_per_s"]) for t, r in zip(tokens, rows)]
+    results = json.loads((finished_run / "results.json").read_text())
+    assert sum(tokens) == pytest.approx(results["target_tokens"])
+    assert all(s > 0 for s in seconds)
+    # validation (two dev passes inside fit) is left out of both clocks; train_time_s has 1 decimal
+    assert abs(sum(seconds) - results["train_time_s"]) <= 0.1 + 0.2 * results["train_time_s"]
 
 
 def test_wandb_offline_run_is_written(finished_run: Path):
