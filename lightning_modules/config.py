@@ -28,6 +28,12 @@ MIN_MAX_LEN = 16
 MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes: 0 .. 2**32 - 1
 
 
+def check_seed(seed: int) -> None:
+    """A seed Lightning's seed_everything takes, else one line."""
+    if not 0 <= seed <= MAX_SEED:
+        raise UserError(f"train.seed must be between 0 and {MAX_SEED}, got {seed}")
+
+
 def _positive(owner: str, **values: int | float) -> None:
     for name, value in values.items():
         if value is None or value <= 0:
@@ -254,8 +260,7 @@ class TrainConfig:
             raise UserError(f"train.wandb_on_error must be fail or offline, got {self.wandb_on_error!r}")
         if self.max_memory_gb is not None:
             _positive("train", max_memory_gb=self.max_memory_gb)
-        if not 0 <= self.seed <= MAX_SEED:
-            raise UserError(f"train.seed must be between 0 and {MAX_SEED}, got {self.seed}")
+        check_seed(self.seed)
         _one_of("train.accelerator", self.accelerator, ACCELERATORS)
         _one_of("train.precision", self.precision, PRECISIONS)
         parse_devices(self.devices)

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 
 from ablations.resolve import resolve
 from ablations.spec import default_rows, default_seeds, load_spec, one_seed_rows
-from lightning_modules.config import TOKENIZER_KEYS, count_parameters
+from lightning_modules.config import TOKENIZER_KEYS, check_seed, count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
@@ -126,6 +126,8 @@ def parse_seeds(text: str | None, default: list[int]) -> list[int]:
         raise UserError(f"--seeds must be integers like 1,2,3; got {text!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds must list distinct integers like 1,2,3; got {text!r}")
+    for seed in seeds:  # before any data is prepared
+        check_seed(seed)
     return seeds
 
 
