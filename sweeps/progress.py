@@ -1,7 +1,9 @@
 """Where a table stands (`ablate table3 --dry-run` on a table that has run): which runs are finished,
 how far the unfinished ones got, and the device-hours left, by the preset's measured rate and by
-the rate this table's finished runs actually trained at (other work on the device, another
-machine, long-run effects that a short benchmark misses), over all of them and row by row.
+the rate this table's runs actually trained at (other work on the device, another machine,
+long-run effects that a short benchmark misses), over all of them and row by row: a finished
+run's tokens per training second, and for a run under way the median of its logged windows'
+`train/tokens_per_s`, so a first sitting shows its own rate before any run has finished.
 
 Read only, from what a sitting would see: each run's directory under `--runs-dir`, the `--archive`
 (a run it holds counts as it would once restored), and the study, where its storage exists already
@@ -42,7 +44,7 @@ class RunProgress:
     finished: bool
     step: int
     max_steps: int
-    tokens_per_s: float | None = None  # a finished run's target tokens per training second
+    tokens_per_s: float | None = None  # target tokens per training second, as measured (below)
     failed: bool = False
 
     @property
@@ -60,6 +62,20 @@ def last_step(log_dir: Path) -> int:
     if not log_dir.is_dir():
         return 0
     return max((int(row["step"]) for row in read_rows(log_dir) if row.get("step")), default=0)
+
+
+MIN_WINDOWS = 3  # a rate from fewer logged windows is mostly start-up and compilation
+
+
+def window_rate(log_dir: Path) -> float | None:
+    """The median `train/tokens_per_s` of a run's logged windows, every attempt joined (the
+    median passes over the few windows that held a compilation); None for fewer than
+    MIN_WINDOWS windows, or logs written before the rate was logged."""
+    if not log_dir.is_dir():
+        return None
+    rates = pd.Series([float(row["train/tokens_per_s"]) for row in read_rows(log_dir)
+                       if row.get("train/tokens_per_s")], dtype=float)
+    return float(rates.median()) if len(rates) >= MIN_WINDOWS else None
 
 
 def finished_in_study(plan: Table3Plan, wanted: dict[str, Any]) -> tuple[set[tuple[str, int]], set[tuple[str, int]],
@@ -112,24 +128,28 @@ def progress(plan: Table3Plan, max_steps: dict[str, int], archive: str | None = 
         results = next((r for r in written if r.complete), None)
         done = (row, seed) in in_study or results is not None
         step = max(last_step(place / "logs") for place in places)
-        found.append(RunProgress(row, seed, done, step, max_steps[row], results and results.tokens_per_s,
+        measured = results.tokens_per_s if results is not None else None
+        if not done and not written:  # under way: its logged windows (the furthest copy's)
+            furthest = max(places, key=lambda place: last_step(place / "logs"))
+            measured = window_rate(furthest / "logs")
+        found.append(RunProgress(row, seed, done, step, max_steps[row], measured,
                                  failed=not done and bool(written)))
     return found
 
 
 def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers: int) -> pd.Series:
-    """How fast each of this table's finished runs trained, as a share of the preset's rate:
-    parameters x target tokens/s against base's at the preset's rate split over `workers`,
-    indexed by row (empty without a finished run that measured it)."""
+    """How fast each of this table's runs trained (finished, or under way with enough logged
+    windows), as a share of the preset's rate: parameters x target tokens/s against base's at the
+    preset's rate split over `workers`, indexed by row (empty without a run that measured it)."""
     expected = params["base"] * rate.base_tokens_per_s / workers
-    done = [run for run in runs if run.finished and run.tokens_per_s]
+    done = [run for run in runs if run.tokens_per_s and not run.failed]
     return pd.Series([params[run.row] * run.tokens_per_s / expected for run in done],
                      index=[run.row for run in done], dtype=float)
 
 
 def hours_at_own_rate(left: pd.Series, found: pd.Series) -> float:
     """Device-hours left (`left`: per row, at the preset's rate) at each row's own measured share
-    (the median over its finished runs), or the median over all finished runs for a row with
+    (the median over its measured runs), or the median over all measured runs for a row with
     none: FLOPs alone miss what makes a row slow (on 2 cores, A3's 16 heads of 4 dimensions
     trained at two thirds of A2's tokens/s with the same parameters)."""
     own, elsewhere = found.groupby(level=0).median(), found.median()
@@ -139,7 +159,7 @@ def hours_at_own_rate(left: pd.Series, found: pd.Series) -> float:
 def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, workers: int,
              unread: str | None = None) -> str | None:
     """Per row: runs finished of planned and device-hours left; then the totals, the runs under
-    way and the finished runs' own rate. None if nothing has started."""
+    way and the rate this table's runs trained at. None if nothing has started."""
     if not any(run.finished or run.failed or run.under_way for run in runs):
         return None
     per_run = table["hours/run"]
@@ -165,8 +185,9 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
     found = shares(runs, table["params"], rate, workers)
     if len(found) and left > 0:
         share = float(found.median())
-        text += (f"\nThis table's finished runs trained at {share:.0%} of that rate (median over runs, "
-                 f"with {workers} worker{'s' * (workers != 1)} sharing the device): at their rate, "
+        text += (f"\nThis table's runs trained at {share:.0%} of that rate (median over {len(found)} "
+                 f"run{'s' * (len(found) != 1)}, finished or under way, with {workers} worker{'s' * (workers != 1)} sharing "
+                 f"the device): at their rate, "
                  f"about {left / share:.1f} device-hours left; at each row's own rate (the median "
                  f"elsewhere), about {hours_at_own_rate(rows['hours left'], found):.1f}.")
     if unread:

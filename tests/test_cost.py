@@ -195,6 +195,34 @@ def test_dry_run_of_a_table_under_way_counts_what_is_finished_and_the_hours_left
     assert at_own == pytest.approx(at_theirs, abs=0.1)  # only base measured: its own share is the median
 
 
+def _windows(log_dir: Path, rates: list[float]) -> None:
+    """Training rows every 20 steps with their window rates (target tokens per training second)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["epoch,step,train/loss,train/tokens_per_s"]
+    lines += [f"0,{20 * (k + 1) - 1},4.0,{rate}" for k, rate in enumerate(rates)]
+    (log_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_runs_under_way_show_the_tables_rate_before_any_run_has_finished(tmp_path, capsys):
+    """Nothing finished yet: a run under way counts with the median of its logged window rates
+    (its first window held start-up and compilation); one with fewer than 3 windows, or with logs
+    written before the rate was logged, counts with none."""
+    runs = tmp_path / "runs" / "table3-cpu"
+    per_worker = load_preset("cpu")["table3"]["cost"]["base_tokens_per_s"] / 2
+    _windows(runs / "base-s1" / "logs", [0.05 * per_worker, 0.5 * per_worker, 0.6 * per_worker,
+                                         0.5 * per_worker, 0.4 * per_worker])  # median: half
+    _windows(runs / "base-s2" / "logs", [2.0 * per_worker, 2.0 * per_worker])  # too few windows
+    _logged(runs / "C3-s1" / "logs", "metrics.csv", range(20, 201, 20))  # no rate column
+    result = dry_run_here(tmp_path, capsys, "--preset", "cpu", "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    standing = result.stdout.split("where the table stands:")[1]
+    assert "0 of 50 runs finished, 3 under way" in standing
+    assert "This table's runs trained at 50% of that rate (median over 1 run, finished or under way" in standing
+    total = float(standing.split("about ")[1].split(" device-hours")[0])
+    at_theirs = float(standing.split("at their rate, about ")[1].split(" device-hours")[0])
+    assert at_theirs == pytest.approx(total / 0.5, abs=0.15)
+
+
 def test_dry_run_with_redo_counts_the_runs_it_would_train_again_from_the_start(tmp_path, capsys):
     """`--redo C3` on a table whose C3 seeds are complete in the study: they count as not started
     (3 runs' hours left), until the redo is asked for; a dry run asks for nothing."""
