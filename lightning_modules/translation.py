@@ -45,11 +45,11 @@ class TranslationModule(pl.LightningModule):
 
     The training step never waits for the GPU: loss, NLL, token counts and the gradient norm
     are summed on the device and read (one transfer) every `log_every_n_steps` steps, where they
-    are logged as window means, with the window's target tokens per second of training (the host's
-    clock between window ends, where that transfer has waited for the device; validation inside
-    fit left out, a first window's compilation left in); every window but the last spans at least that many steps (a resume
-    inside one carries its first steps into the next), since the spike rule compares them.
-    `compile_step()` swaps the forward + loss for a
+    are logged as window means, with the window's target tokens per second of training (the
+    host's clock between window ends, where that transfer has waited for the device; validation
+    inside fit left out, a first window's compilation left in); every window but the last spans
+    at least that many steps (a resume inside one carries its first steps into the next), since
+    the spike rule compares them. `compile_step()` swaps the forward + loss for a
     `torch.compile`d one (dynamic shapes: one graph for every batch shape); validation and
     decoding stay eager.
     """

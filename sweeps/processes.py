@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from lightning_modules.run.slurm import REQUEUE_SIGNAL
@@ -47,13 +48,24 @@ class StopRequests:
     remembered. CPython drops an exception raised inside a weakref callback or `__del__` (it prints
     "Exception ignored in ..."), and the garbage collector runs those anywhere: a stop landing in one
     was lost, and the trial trained on until the worker killed it two minutes later (seen once in
-    the kill cycles of `make test-slow`). `check()` raises it again where it is safe."""
+    the kill cycles of `make test-slow`). `check()` raises it again where it is safe, and the
+    dropped stop is one line in the trial's log, not CPython's traceback (`sys.unraisablehook`;
+    other exceptions dropped there are printed as before)."""
 
     def __init__(self) -> None:
         self.requested = False
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self.handler)
+        previous = sys.unraisablehook
+
+        def dropped(unraisable: "sys.UnraisableHookArgs") -> None:
+            if self.requested and isinstance(unraisable.exc_value, KeyboardInterrupt):
+                print("ablate: stop noted; it takes effect before the next training step", file=sys.stderr, flush=True)
+            else:
+                previous(unraisable)
+
+        sys.unraisablehook = dropped
 
     def handler(self, signum: int, frame: object) -> None:
         self.requested = True

@@ -185,9 +185,10 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
     found = shares(runs, table["params"], rate, workers)
     if len(found) and left > 0:
         share = float(found.median())
+        runs_word, workers_word = "run" + "s" * (len(found) != 1), "worker" + "s" * (workers != 1)
         text += (f"\nThis table's runs trained at {share:.0%} of that rate (median over {len(found)} "
-                 f"run{'s' * (len(found) != 1)}, finished or under way, with {workers} worker{'s' * (workers != 1)} sharing "
-                 f"the device): at their rate, "
+                 f"{runs_word}, finished or under way, with {workers} {workers_word} sharing the "
+                 f"device): at their rate, "
                  f"about {left / share:.1f} device-hours left; at each row's own rate (the median "
                  f"elsewhere), about {hours_at_own_rate(rows['hours left'], found):.1f}.")
     if unread:

@@ -334,6 +334,11 @@ def collected(_ref):  # the garbage collector's callback: where CPython drops an
     for _ in range(1000):  # the handler runs here, between two of these bytecodes
         pass
 
+class Broken:
+    def __del__(self):
+        raise ValueError("not a stop")
+
+Broken()  # any other exception dropped by CPython is still printed as such
 item = Garbage()
 ref = weakref.ref(item, collected)
 del item
@@ -347,9 +352,13 @@ except KeyboardInterrupt:
 
 
 def test_a_stop_dropped_inside_a_garbage_callback_is_raised_again_by_check():
-    """CPython prints 'Exception ignored' and goes on when SIGINT's KeyboardInterrupt is raised in
-    a weakref callback: the trial process remembers the stop and raises it at its next batch."""
+    """CPython drops SIGINT's KeyboardInterrupt raised in a weakref callback and goes on: the
+    trial process remembers the stop and raises it at its next batch. The dropped stop is one
+    line in the log instead of CPython's traceback (which failed the kill cycles' no-traceback
+    check once); another exception dropped the same way still prints as CPython prints it."""
     result = subprocess.run([sys.executable, "-c", DROPPED_STOP], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == ["trained on", "stopped by check"]
-    assert "Exception ignored" in result.stderr and "KeyboardInterrupt" in result.stderr
+    assert "ablate: stop noted; it takes effect before the next training step" in result.stderr.splitlines()
+    assert "KeyboardInterrupt" not in result.stderr
+    assert result.stderr.count("Exception ignored") == 1 and "ValueError: not a stop" in result.stderr
