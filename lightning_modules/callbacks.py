@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_modules.run.faults import inject
 from lightning_modules.run.slurm import REQUEUE_SIGNAL, PreemptionNotice
+from lightning_modules.stopwatch import Stopwatch
 
 
 def process_age_s() -> float | None:
@@ -40,43 +41,38 @@ class TrainingClock(pl.Callback):
     """
 
     def __init__(self, every: int = 50) -> None:
-        self.train_time_s = 0.0
+        self.training = Stopwatch()  # validation inside fit left out
         self.target_tokens = 0
         self.every = max(1, every)
         self.startup_s: float | None = None
         self.first_step_s: float | None = None
         self._first_started: float | None = None
         self._marks: list[tuple[float, int]] = []  # (time, tokens) at window boundaries
-        self._started: float | None = None
 
     @property
     def state_key(self) -> str:
         return "TrainingClock"
 
-    def _start(self) -> None:
-        self._started = time.perf_counter()
-
-    def _stop(self) -> None:
-        if self._started is not None:
-            self.train_time_s += time.perf_counter() - self._started
-            self._started = None
+    @property
+    def train_time_s(self) -> float:
+        return self.training.seconds
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._start()
+        self.training.start()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._stop()
+        self.training.stop()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:  # validation inside fit: training goes on
-            self._start()
+            self.training.start()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._stop()
+        self.training.stop()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
-        self._stop()
+        self.training.stop()
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
@@ -111,11 +107,10 @@ class TrainingClock(pl.Callback):
         return (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
 
     def state_dict(self) -> dict[str, Any]:
-        running = time.perf_counter() - self._started if self._started is not None else 0.0
-        return {"train_time_s": self.train_time_s + running, "target_tokens": self.target_tokens}
+        return {"train_time_s": self.training.total, "target_tokens": self.target_tokens}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.train_time_s = float(state_dict.get("train_time_s", 0.0))
+        self.training.seconds = float(state_dict.get("train_time_s", 0.0))
         self.target_tokens = int(state_dict.get("target_tokens", 0))
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -17,6 +16,7 @@ from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.run.faults import corrupt_loss, inject
+from lightning_modules.stopwatch import Stopwatch
 from lightning_modules.transformer import Transformer, count_parameters
 
 
@@ -66,8 +66,7 @@ class TranslationModule(pl.LightningModule):
         self._window: Tensor | None = None  # summed (loss, nll, tokens, batches, grad norm) since the last log
         self._grad_max: Tensor | None = None
         self._window_start = self._flushed_at = 0
-        self._window_s = 0.0  # seconds of training in the window so far
-        self._clock_at: float | None = None  # when the current stretch of training began
+        self._window_clock = Stopwatch()  # the window's seconds of training
         self._lr = 0.0
 
     def forward_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, epsilon: float
@@ -128,8 +127,7 @@ class TranslationModule(pl.LightningModule):
         grad_max = self._grad_max if self._grad_max is not None else self._window.new_zeros(())
         host = torch.cat([self._window, grad_max[None]]).cpu()  # the window's one device-to-host copy
         self._window, self._grad_max, self._flushed_at = None, None, step
-        self._pause_clock()
-        seconds, self._window_s, self._clock_at = self._window_s, 0.0, time.perf_counter()
+        seconds = self._window_clock.lap()
         loss_sum, nll_sum, tokens, batches, grad_sum, grad_max = host
         n = tokens.clamp(min=1)
         steps = max(1, step - self._window_start)
@@ -143,22 +141,17 @@ class TranslationModule(pl.LightningModule):
         if seconds > 0:  # every rank trains its own shard for the same time
             self.log("train/tokens_per_s", tokens * self.trainer.world_size / seconds)
 
-    def _pause_clock(self) -> None:
-        if self._clock_at is not None:
-            self._window_s += time.perf_counter() - self._clock_at
-            self._clock_at = None
-
     def on_train_start(self) -> None:
         self._window_start = self._flushed_at = self.trainer.global_step  # also after a resume
-        self._window_s, self._clock_at = 0.0, time.perf_counter()
+        self._window_clock = Stopwatch()
+        self._window_clock.start()
 
     def on_validation_start(self) -> None:
-        if self.trainer.state.fn == TrainerFn.FITTING:  # a validation inside fit: not training time
-            self._pause_clock()
+        self._window_clock.stop()  # a validation inside fit is not training time
 
     def on_validation_end(self) -> None:
         if self.trainer.state.fn == TrainerFn.FITTING:
-            self._clock_at = time.perf_counter()
+            self._window_clock.start()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])
