@@ -127,11 +127,11 @@ def progress(plan: Table3Plan, max_steps: dict[str, int], archive: str | None = 
         written = [r for r in map(read_results, places) if r is not None]
         results = next((r for r in written if r.complete), None)
         done = (row, seed) in in_study or results is not None
-        step = max(last_step(place / "logs") for place in places)
+        steps = {place: last_step(place / "logs") for place in places}
+        step = max(steps.values())
         measured = results.tokens_per_s if results is not None else None
         if not done and not written:  # under way: its logged windows (the furthest copy's)
-            furthest = max(places, key=lambda place: last_step(place / "logs"))
-            measured = window_rate(furthest / "logs")
+            measured = window_rate(max(steps, key=steps.__getitem__) / "logs")
         found.append(RunProgress(row, seed, done, step, max_steps[row], measured,
                                  failed=not done and bool(written)))
     return found
@@ -142,7 +142,7 @@ def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers
     windows), as a share of the preset's rate: parameters x target tokens/s against base's at the
     preset's rate split over `workers`, indexed by row (empty without a run that measured it)."""
     expected = params["base"] * rate.base_tokens_per_s / workers
-    done = [run for run in runs if run.tokens_per_s and not run.failed]
+    done = [run for run in runs if run.tokens_per_s]  # a failed run has none
     return pd.Series([params[run.row] * run.tokens_per_s / expected for run in done],
                      index=[run.row for run in done], dtype=float)
 
