@@ -136,9 +136,14 @@ def _finished(run: Path, tokens_per_s: float) -> None:
     atomic_write_json(run / "results.json", RunResult(status="complete", tokens_per_s=tokens_per_s).to_json())
 
 
-def _logged(log_dir: Path, name: str, steps: range) -> None:
+def _logged(log_dir: Path, name: str, steps: range, rates: list[float] | None = None) -> None:
+    """Training rows at `steps`; with `rates`, each row's window rate (target tokens per second)."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["epoch,step,train/loss"] + [f"0,{step},4.0" for step in steps]
+    if rates is None:
+        lines = ["epoch,step,train/loss"] + [f"0,{step},4.0" for step in steps]
+    else:
+        lines = ["epoch,step,train/loss,train/tokens_per_s"]
+        lines += [f"0,{step},4.0,{rate}" for step, rate in zip(steps, rates, strict=True)]
     (log_dir / name).write_text("\n".join(lines) + "\n")
 
 
@@ -195,23 +200,17 @@ def test_dry_run_of_a_table_under_way_counts_what_is_finished_and_the_hours_left
     assert at_own == pytest.approx(at_theirs, abs=0.1)  # only base measured: its own share is the median
 
 
-def _windows(log_dir: Path, rates: list[float]) -> None:
-    """Training rows every 20 steps with their window rates (target tokens per training second)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    lines = ["epoch,step,train/loss,train/tokens_per_s"]
-    lines += [f"0,{20 * (k + 1) - 1},4.0,{rate}" for k, rate in enumerate(rates)]
-    (log_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
-
-
 def test_runs_under_way_show_the_tables_rate_before_any_run_has_finished(tmp_path, capsys):
     """Nothing finished yet: a run under way counts with the median of its logged window rates
     (its first window held start-up and compilation); one with fewer than 3 windows, or with logs
     written before the rate was logged, counts with none."""
     runs = tmp_path / "runs" / "table3-cpu"
     per_worker = load_preset("cpu")["table3"]["cost"]["base_tokens_per_s"] / 2
-    _windows(runs / "base-s1" / "logs", [0.05 * per_worker, 0.5 * per_worker, 0.6 * per_worker,
-                                         0.5 * per_worker, 0.4 * per_worker])  # median: half
-    _windows(runs / "base-s2" / "logs", [2.0 * per_worker, 2.0 * per_worker])  # too few windows
+    _logged(runs / "base-s1" / "logs", "metrics.csv", range(20, 101, 20),
+            rates=[0.05 * per_worker, 0.5 * per_worker, 0.6 * per_worker, 0.5 * per_worker,
+                   0.4 * per_worker])  # median: half
+    _logged(runs / "base-s2" / "logs", "metrics.csv", range(20, 41, 20),
+            rates=[2.0 * per_worker, 2.0 * per_worker])  # too few windows
     _logged(runs / "C3-s1" / "logs", "metrics.csv", range(20, 201, 20))  # no rate column
     result = dry_run_here(tmp_path, capsys, "--preset", "cpu", "--workers", "2")
     assert result.returncode == 0, result.stderr
