@@ -370,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--dry-run", action="store_true",
-                   help="print each row's parameters, steps, FLOPs and estimated device-hours and, for a "
-                        "table that has run, what is finished and the hours left; run nothing")
+                   help="print each row's parameters, steps, FLOPs and estimated device time (minutes for a "
+                        "table of under an hour) and, for a table that has run, what is finished and "
+                        "the time left; run nothing")
     p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
                    help="also log the report's table and figures to W&B (default off)")
     _add_run_options(p, table=True, workers=True)

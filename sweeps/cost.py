@@ -40,6 +40,19 @@ class DeviceRate:
                    str(cost["measured"]))
 
 
+@dataclass(frozen=True)
+class TimeUnit:
+    """How device time is printed: hours, or minutes for a table of under an hour (the demo's)."""
+
+    name: str  # in sentences: "device-hours"
+    short: str  # in column heads: "hours/run"
+    per_hour: float
+
+    @classmethod
+    def for_total(cls, hours: float) -> TimeUnit:
+        return cls("minutes", "min", 60.0) if hours < 1.0 else cls("hours", "hours", 1.0)
+
+
 def parameters(cfg: RunConfig) -> int:
     """The row's parameter count with the BPE vocabulary the tokenizer will have."""
     return count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
@@ -78,12 +91,14 @@ def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
 def describe(plan: Table3Plan) -> str:
     """The dry-run's printout: the table, the total and what the estimate assumes."""
     table, rate = estimate(plan)
-    total = table["hours"].sum()
-    shown = table.to_string(formatters={"params": "{:,}".format, "steps": "{:,}".format,
-                                        "tokens/step": "{:,}".format, "PFLOP": "{:.3g}".format,
-                                        "hours/run": "{:.2f}".format, "hours": "{:.2f}".format})
-    return (f"{shown}\n\n{len(table)} rows x {plan.describe_seeds()}, {int(table['seeds'].sum())} runs: "
-            f"about {total:.1f} device-hours on "
+    unit = TimeUnit.for_total(table["hours"].sum())
+    shown = table.assign(**{col: table[col] * unit.per_hour for col in ("hours/run", "hours")}) \
+        .rename(columns={"hours/run": f"{unit.short}/run", "hours": unit.short})
+    text = shown.to_string(formatters={"params": "{:,}".format, "steps": "{:,}".format,
+                                       "tokens/step": "{:,}".format, "PFLOP": "{:.3g}".format,
+                                       f"{unit.short}/run": "{:.2f}".format, unit.short: "{:.2f}".format})
+    return (f"{text}\n\n{len(table)} rows x {plan.describe_seeds()}, {int(table['seeds'].sum())} runs: "
+            f"about {shown[unit.short].sum():.1f} device-{unit.name} on "
             f"{rate.device} (base row at {rate.base_tokens_per_s:,.0f} target tokens/s, "
             f"{rate.overhead_s:.0f} s per run for start-up and decoding; measured: {rate.measured}). "
             f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.")

@@ -29,7 +29,7 @@ from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.results import read_results
 from sweeps import archive as kept
-from sweeps.cost import DeviceRate, estimate
+from sweeps.cost import DeviceRate, TimeUnit, estimate
 from sweeps.redo import redo_requests
 from sweeps.table3 import ADDED_LATER, Table3Plan, check_archive, identity, other_table, run_dir, status
 
@@ -147,37 +147,39 @@ def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers
                      index=[run.row for run in done], dtype=float)
 
 
-def hours_at_own_rate(left: pd.Series, found: pd.Series) -> float:
-    """Device-hours left (`left`: per row, at the preset's rate) at each row's own measured share
-    (the median over its measured runs), or the median over all measured runs for a row with
-    none: FLOPs alone miss what makes a row slow (on 2 cores, A3's 16 heads of 4 dimensions
+def left_at_own_rate(left: pd.Series, found: pd.Series) -> float:
+    """Device time left (`left`: per row, at the preset's rate, in any unit) at each row's own
+    measured share (the median over its measured runs), or the median over all measured runs for a
+    row with none: FLOPs alone miss what makes a row slow (on 2 cores, A3's 16 heads of 4 dimensions
     trained at two thirds of A2's tokens/s with the same parameters)."""
     own, elsewhere = found.groupby(level=0).median(), found.median()
-    return float(sum(hours / own.get(row, elsewhere) for row, hours in left.items()))
+    return float(sum(time / own.get(row, elsewhere) for row, time in left.items()))
 
 
 def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, workers: int,
              unread: str | None = None) -> str | None:
-    """Per row: runs finished of planned and device-hours left; then the totals, the runs under
-    way and the rate this table's runs trained at. None if nothing has started."""
+    """Per row: runs finished of planned and device time left; then the totals, the runs under
+    way and the rate this table's runs trained at, in the estimate's unit (minutes for a table of
+    under an hour). None if nothing has started."""
     if not any(run.finished or run.failed or run.under_way for run in runs):
         return None
-    per_run = table["hours/run"]
+    unit = TimeUnit.for_total(sum(table["hours/run"][run.row] for run in runs))  # the estimate's total
+    per_run, left_col = table["hours/run"] * unit.per_hour, f"{unit.short} left"
     frame = pd.DataFrame([{"row": run.row, "finished": int(run.finished),
                            "left": (1.0 - run.fraction) * per_run[run.row]} for run in runs])
     rows = frame.groupby("row", sort=False).agg(planned=("finished", "size"), finished=("finished", "sum"),
-                                                 left=("left", "sum")).rename(columns={"left": "hours left"})
-    left = float(rows["hours left"].sum())
+                                                 left=("left", "sum")).rename(columns={"left": left_col})
+    left = float(rows[left_col].sum())
     under_way = [run for run in runs if run.under_way]
     going = "; ".join(f"{run.row} seed {run.seed} at step {run.step:,} of {run.max_steps:,}" for run in under_way)
     longest = max((run for run in runs if run.fraction < 1.0),
                   key=lambda run: (1.0 - run.fraction) * per_run[run.row], default=None)
     failed = [f"{run.row} seed {run.seed}" for run in runs if run.failed]
-    text = (f"where the table stands:\n{rows.to_string(formatters={'hours left': '{:.2f}'.format})}\n\n"
+    text = (f"where the table stands:\n{rows.to_string(formatters={left_col: '{:.2f}'.format})}\n\n"
             f"{int(rows['finished'].sum())} of {len(runs)} runs finished"
             + (f", {len(under_way)} under way ({going})" if under_way else "")
             + (f", {len(failed)} failed and left failed ({', '.join(failed)})" if failed else "")
-            + f"; about {left:.1f} device-hours left by the rate above")
+            + f"; about {left:.1f} device-{unit.name} left by the rate above")
     if longest is not None:
         text += (f" (the longest run left, {longest.row} seed {longest.seed}, "
                  f"{(1.0 - longest.fraction) * per_run[longest.row]:.1f})")
@@ -189,8 +191,8 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
         text += (f"\nThis table's runs trained at {share:.0%} of that rate (median over {len(found)} "
                  f"{runs_word}, finished or under way, with {workers} {workers_word} sharing the "
                  f"device): at their rate, "
-                 f"about {left / share:.1f} device-hours left; at each row's own rate (the median "
-                 f"elsewhere), about {hours_at_own_rate(rows['hours left'], found):.1f}.")
+                 f"about {left / share:.1f} device-{unit.name} left; at each row's own rate (the median "
+                 f"elsewhere), about {left_at_own_rate(rows[left_col], found):.1f}.")
     if unread:
         text += f"\n(the study was not read: {unread}; runs finished elsewhere are not counted)"
     return text

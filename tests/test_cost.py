@@ -222,6 +222,39 @@ def test_runs_under_way_show_the_tables_rate_before_any_run_has_finished(tmp_pat
     assert at_theirs == pytest.approx(total / 0.5, abs=0.15)
 
 
+def test_a_table_of_under_an_hour_is_estimated_and_followed_in_minutes(tmp_path, capsys):
+    """The demo's ten runs: each row's minutes from its parameters and the preset's measured rate,
+    the total in device-minutes; once base has finished and A1 is half way, the minutes left."""
+    cost = load_preset("demo")["table3"]["cost"]
+    rows = load_preset("demo")["table3"]["rows"]
+    base = resolve("demo", "base")
+    base_params = count_parameters(base.model.with_vocabulary(base.data.vocab_size, base.model.pad_id))
+    result = dry_run_here(tmp_path, capsys, "--preset", "demo")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].split()[-3:] == ["min/run", "seeds", "min"]
+    minutes = {}
+    for row in rows:
+        cfg = resolve("demo", row)
+        params = count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+        seconds = (params / base_params) * cfg.train.max_steps * cfg.data.max_tokens \
+            / cost["base_tokens_per_s"] + cost["overhead_s"]
+        minutes[row] = float(row_line(result.stdout, row)[5])
+        assert minutes[row] == pytest.approx(seconds / 60, abs=0.006)
+    total = float(result.stdout.split("10 runs: about ")[1].split(" device-minutes on")[0])
+    assert total == pytest.approx(sum(minutes.values()), abs=0.06) and total < 60
+
+    runs = tmp_path / "runs" / "table3-demo"
+    _finished(runs / "base-s1", tokens_per_s=cost["base_tokens_per_s"] / 2)
+    _logged(runs / "A1-s1" / "logs", "metrics.csv", range(20, 251, 20))  # to step 240 of 500
+    standing = dry_run_here(tmp_path, capsys, "--preset", "demo").stdout.split("where the table stands:")[1]
+    assert standing.splitlines()[1].split() == ["planned", "finished", "min", "left"]
+    assert float(row_line(standing, "base")[3]) == 0.0
+    assert float(row_line(standing, "A1")[3]) == pytest.approx(minutes["A1"] * (1 - 240 / 500), abs=0.006)
+    left = float(standing.split("1 under way (A1 seed 1 at step 240 of 500); about ")[1]
+                 .split(" device-minutes left")[0])
+    assert left == pytest.approx(total - minutes["base"] - minutes["A1"] * 240 / 500, abs=0.06)
+
+
 def test_dry_run_with_redo_counts_the_runs_it_would_train_again_from_the_start(tmp_path, capsys):
     """`--redo C3` on a table whose C3 seeds are complete in the study: they count as not started
     (3 runs' hours left), until the redo is asked for; a dry run asks for nothing."""
