@@ -91,12 +91,25 @@ def in_memory_sqlite(url: str) -> bool:
 
 
 def _sqlite_tables(path: Path) -> set[str]:
-    """The table names of an SQLite file, read without writing to it (opened read-only)."""
+    """The table names of an SQLite file, read without writing to it (opened read-only), unless a
+    process killed inside a write transaction left a hot journal: a read-only connection cannot
+    roll that back (SQLITE_READONLY_ROLLBACK), so the file is opened as the next writer would open
+    it, and SQLite restores the last committed state before the tables are read."""
     try:
-        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=60)) as db:
-            return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return _read_tables(f"{path.absolute().as_uri()}?mode=ro")
     except sqlite3.DatabaseError as err:
-        raise UserError(f"{path} is not an SQLite database ({err})") from None
+        if getattr(err, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
+            raise UserError(f"{path} is not an SQLite database ({err})") from None
+    try:
+        return _read_tables(path.absolute().as_uri())
+    except sqlite3.DatabaseError as err:
+        raise UserError(f"{path}: a killed process left a transaction that SQLite cannot roll back "
+                        f"here ({err}); make the file and its folder writable") from None
+
+
+def _read_tables(uri: str) -> set[str]:
+    with closing(sqlite3.connect(uri, uri=True, timeout=60)) as db:
+        return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 def check_sqlite_file(path: Path, existing: bool) -> None:

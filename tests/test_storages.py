@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import optuna
@@ -29,6 +31,47 @@ from test_sweeps import EXPECTED_KEYS, SPACE, TINY, ablate, take_queued_trials_c
 
 
 
+
+
+# A writer that dies inside a transaction bigger than its page cache: SQLite has written pages to
+# the database file and their originals to `-journal`, which is now hot.
+KILLED_WRITER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA cache_size = 8")  # spill to the file at once
+db.execute("BEGIN IMMEDIATE")
+db.execute("CREATE TABLE half_written (x TEXT)")
+db.executemany("INSERT INTO half_written VALUES (?)", [("x" * 500,) for _ in range(2000)])
+print("inside", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_database_whose_writer_was_killed_mid_transaction_opens_as_last_committed(tmp_path: Path, capsys):
+    """SIGKILL inside a write (an `ablate table3` killed while Optuna wrote) leaves a hot journal;
+    the storage check's read-only look cannot roll it back (SQLITE_READONLY_ROLLBACK) and once
+    called the file "not an SQLite database". It now opens as SQLite's next writer would: the
+    half-written transaction is rolled back and the committed study is there."""
+    from ablate.cli import main
+
+    path = tmp_path / "sweeps.db"
+    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "inside"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=30)
+    journal = tmp_path / "sweeps.db-journal"
+    assert journal.stat().st_size > 0  # hot: the next connection must roll it back
+
+    assert main(["report", "--storage", f"sqlite:///{path}", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "holds 0 Table 3 studies" in err and "not an SQLite database" not in err, err  # read, and refused as before
+    assert not journal.exists()
+    assert [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{path}")] == ["a-sweep"]
+    with closing(sqlite3.connect(path)) as db:
+        assert not db.execute("SELECT name FROM sqlite_master WHERE name = 'half_written'").fetchall()
 
 
 @pytest.fixture
