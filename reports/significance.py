@@ -4,6 +4,11 @@ With several seeds the test pools them: each row's translations of every seed it
 base are concatenated (and so are base's and the references), and the bootstrap resamples
 (seed, sentence) pairs. sacreBLEU fixes its resampling seed (SACREBLEU_SEED, 12345 by default),
 so the p-values are reproducible.
+
+A row that scores exactly base's BLEU (identical translations, or both at 0 as in a smoke-scale
+run) gets p = 1: nothing differs. sacreBLEU would print its floor, 1 / (n + 1): its statistic
+counts resamples whose centred difference exceeds the observed one, and where every resample
+scores the two the same, none does.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ def paired_bootstrap(data: Table3Data, n_samples: int = 1000) -> dict[str, float
             test = PairedTest([("base", base_hyps), (row, hyps)], {"BLEU": BLEU(tokenize="13a")},
                               [refs], test_type="bs", n_samples=n_samples)
             _, scores = test()
-            p_values[row] = float(scores["BLEU"][1].p_value)
+            base_result, row_result = scores["BLEU"]
+            p_values[row] = 1.0 if row_result.score == base_result.score else float(row_result.p_value)
     return p_values
 
 

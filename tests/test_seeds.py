@@ -160,3 +160,38 @@ def test_the_report_says_why_a_p_vs_base_is_missing():
     assert missing_p(no_base, {}).startswith("p vs base is empty: base's runs carry no dev translations")
     everyone = data({(row, 1): (good if row == "base" else poor, refs) for row in ("base", "C5", "C7", "E")})
     assert missing_p(everyone, paired_bootstrap(everyone, 200)) is None
+
+
+def test_a_row_scoring_exactly_base_bleu_has_p_1_not_sacrebleus_floor():
+    """Identical translations, or both at BLEU 0 (a smoke-scale run): sacreBLEU's bootstrap
+    prints 1/(n+1), its smallest p, as if the rows differed; the report says p = 1. A row that
+    does differ keeps sacreBLEU's own p."""
+    import pandas as pd
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    from ablations.spec import load_spec
+    from reports.collect import Table3Data
+    from reports.significance import paired_bootstrap
+
+    refs = [f"the house number {i} is small ." for i in range(40)]
+    good = [f"the house number {i} is small ." for i in range(30)] + ["a dog ."] * 10
+    poor = [f"house {i} ." for i in range(40)]
+    nothing, other_nothing = ["zzz"] * 40, ["qqq ."] * 40  # BLEU 0 both
+    runs = pd.DataFrame([{"row": row, "group": row[0] if row != "base" else "base", "seed": 1, "ppl": 20.0,
+                          "bleu": 0.0, "params": 1e6, "train_time_s": 1.0, "tokens_per_s": 1.0, "steps": 10,
+                          "sacrebleu_signature": "sig", "device": "cpu"} for row in ("base", "A1", "C5")])
+
+    def p_of(base_hyp, row_hyp):
+        sacre = PairedTest([("base", base_hyp), ("A1", row_hyp)], {"BLEU": BLEU(tokenize="13a")}, [refs],
+                           test_type="bs", n_samples=200)()[1]["BLEU"][1].p_value
+        ours = paired_bootstrap(Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[],
+                                           setup={}, runs=runs,
+                                           translations={("base", 1): (base_hyp, refs), ("A1", 1): (row_hyp, refs)}),
+                                200)["A1"]
+        return sacre, ours
+
+    assert p_of(good, good) == (pytest.approx(1 / 201), 1.0)
+    assert p_of(nothing, other_nothing) == (pytest.approx(1 / 201), 1.0)
+    sacre, ours = p_of(good, poor)
+    assert ours == sacre < 0.05
