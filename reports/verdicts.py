@@ -28,7 +28,7 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
     rows = frame[frame["group"] == group]
     if rows.empty:
         return ""
-    topic = GROUP_TOPICS.get(group, group)
+    title = f"{group}, {GROUP_TOPICS[group]}" if group in GROUP_TOPICS else group  # yours: its name
     unconverged = [row for row, r in rows.iterrows() if r.get("convergence") not in (None, "converged")
                    and not pd.isna(r.get("convergence"))]
     beyond = rows[rows["beyond_noise"] == True]  # noqa: E712 (pandas: nullable booleans)
@@ -53,7 +53,7 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
     if unconverged:
         parts.append("not converged (read with care): " + ", ".join(
             f"{row} ({rows.loc[row].convergence})" for row in unconverged))
-    return f"{group}, {topic}: " + "; ".join(parts) + "."
+    return f"{title}: " + "; ".join(parts) + "."
 
 
 def verdicts(frame: pd.DataFrame) -> dict[str, str]:
