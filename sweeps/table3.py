@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ablations.resolve import resolve
+from ablations.resolve import parse_overrides, resolve
 from ablations.spec import default_rows, default_seeds, load_spec, one_seed_rows
 from lightning_modules.config import TOKENIZER_KEYS, check_seed, count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
@@ -214,8 +214,32 @@ def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
         raise refusal
 
 
+# Overrides that choose only where a run's output goes, not what it computes: one sitting may run
+# with `--no-wandb` and the next with W&B, and it is still the same table.
+OUTPUT_ONLY = {"train": ("wandb", "progress_bar")}
+
+
+def comparable(identity: Any) -> Any:
+    """A table's identity as two sittings compare it: its overrides as the settings they make (of
+    two for one key the later wins, so their order is not the table; `d_model` is `model.d_model`),
+    less those that only choose where output goes. Overrides this version cannot read (a key
+    since renamed) are compared as written."""
+    if not isinstance(identity, dict):
+        return identity
+    try:
+        settings = parse_overrides([str(item) for item in identity.get("overrides") or []])
+    except UserError:
+        return identity
+    for section, keys in OUTPUT_ONLY.items():
+        kept = {key: value for key, value in settings.pop(section, {}).items() if key not in keys}
+        if kept:
+            settings[section] = kept
+    return {**identity, "overrides": settings}
+
+
 def other_table(name: str, attrs: dict[str, Any], wanted: dict[str, Any]) -> UserError | None:
     """Why a stored Table 3 (its user attributes) is not the table `wanted`, or None if it is."""
+    attrs, wanted = comparable(attrs), comparable(wanted)
     for key, value in wanted.items():
         there = attrs.get(key)
         if there == value:
@@ -394,8 +418,8 @@ def check_archive(archive: Path, wanted: dict[str, Any]) -> None:
     from sweeps.archive import stored_identity
 
     there = stored_identity(archive)
-    here = json.loads(json.dumps(wanted))  # tuples as lists, as stored
-    if there is not None and there != here:
+    here = comparable(json.loads(json.dumps(wanted)))  # tuples as lists, as stored
+    if there is not None and (there := comparable(there)) != here:
         raise UserError(f"--archive {archive} holds another table ({describe_differences(there, here)}; "
                         f"there -> here): use another --archive")
 

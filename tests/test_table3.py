@@ -108,9 +108,24 @@ def test_a_study_keeps_its_settings(tmp_path):
     assert queued == 1 and queue(plan)[1] == 0  # already queued: not again
     assert study.user_attrs["kind"] == "table3" and study.user_attrs["setup"]["scale"]["width"] == 0.25
     plan.overrides = ["train.max_steps=20"]
-    with pytest.raises(UserError, match=r"differs in its overrides \(\['train.max_steps=10'\] -> "
-                                        r"\['train.max_steps=20'\]; there -> here\)"):
+    with pytest.raises(UserError, match=r"differs in its overrides \(train.max_steps: 10 -> 20; there -> here\)"):
         queue(plan)
+
+
+def test_a_study_is_the_same_table_whatever_the_overrides_order_or_where_output_goes(tmp_path):
+    """Overrides are compared as the settings they make: their order, a flat key for its dotted
+    one, and W&B or the progress bar (where output goes, not what is computed) do not make
+    another table; a changed value does, and so does a model key."""
+    plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
+                      seeds=[1], runs_dir=str(tmp_path / "runs"),
+                      overrides=["train.max_steps=10", "d_model=32", "train.wandb=off"])
+    assert queue(plan)[1] == 1
+    for same in (["model.d_model=32", "train.max_steps=10"],  # no --no-wandb this sitting
+                 ["d_model=32", "train.max_steps=10", "train.wandb=offline", "train.progress_bar=true"],
+                 ["train.max_steps=7", "d_model=32", "train.max_steps=10"]):  # the later wins
+        assert queue(replace(plan, overrides=same))[1] == 0, same
+    with pytest.raises(UserError, match=r"differs in its overrides \(model.d_model: 32 -> 48; there -> here\)"):
+        queue(replace(plan, overrides=["d_model=48", "train.max_steps=10"]))
 
 
 def test_a_study_refuses_a_changed_training_recipe_and_older_studies_record_theirs(tmp_path, capsys):
