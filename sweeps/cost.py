@@ -49,8 +49,9 @@ class TimeUnit:
     per_hour: float
 
     @classmethod
-    def for_total(cls, hours: float) -> TimeUnit:
-        return cls("minutes", "min", 60.0) if hours < 1.0 else cls("hours", "hours", 1.0)
+    def of(cls, table: pd.DataFrame) -> TimeUnit:
+        """The unit of an estimate (`estimate`'s table), by its total device-hours."""
+        return cls("minutes", "min", 60.0) if table["hours"].sum() < 1.0 else cls("hours", "hours", 1.0)
 
 
 def parameters(cfg: RunConfig) -> int:
@@ -91,7 +92,7 @@ def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
 def describe(plan: Table3Plan) -> str:
     """The dry-run's printout: the table, the total and what the estimate assumes."""
     table, rate = estimate(plan)
-    unit = TimeUnit.for_total(table["hours"].sum())
+    unit = TimeUnit.of(table)
     shown = table.assign(**{col: table[col] * unit.per_hour for col in ("hours/run", "hours")}) \
         .rename(columns={"hours/run": f"{unit.short}/run", "hours": unit.short})
     text = shown.to_string(formatters={"params": "{:,}".format, "steps": "{:,}".format,

@@ -163,7 +163,7 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
     under an hour). None if nothing has started."""
     if not any(run.finished or run.failed or run.under_way for run in runs):
         return None
-    unit = TimeUnit.for_total(sum(table["hours/run"][run.row] for run in runs))  # the estimate's total
+    unit = TimeUnit.of(table)
     per_run, left_col = table["hours/run"] * unit.per_hour, f"{unit.short} left"
     frame = pd.DataFrame([{"row": run.row, "finished": int(run.finished),
                            "left": (1.0 - run.fraction) * per_run[run.row]} for run in runs])

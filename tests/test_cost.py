@@ -281,7 +281,8 @@ def test_time_left_takes_each_rows_own_measured_rate_and_the_median_for_the_rest
     from sweeps.progress import RunProgress, describe
 
     rate = DeviceRate("2 cores", base_tokens_per_s=1000.0, overhead_s=0.0, measured="test")
-    table = pd.DataFrame({"params": [100, 100, 50], "hours/run": [1.0, 1.0, 2.0]}, index=["base", "A4", "C1"])
+    table = pd.DataFrame({"params": [100, 100, 50], "hours/run": [1.0, 1.0, 2.0], "hours": [2.0, 2.0, 2.0]},
+                         index=["base", "A4", "C1"])  # as `estimate` makes it: 2 seeds of base and A4, 1 of C1
     # per worker of 2 the preset's rate is 500 tokens/s on base's 100 parameters
     runs = [RunProgress("base", 1, True, 10, 10, tokens_per_s=500.0),  # share 1.0
             RunProgress("base", 2, True, 10, 10, tokens_per_s=400.0),  # 0.8
