@@ -417,9 +417,11 @@ def check_archive(archive: Path, wanted: dict[str, Any]) -> None:
     """Refuse an `--archive` of another table (see `sweeps.archive`)."""
     from sweeps.archive import stored_identity
 
-    there = stored_identity(archive)
-    here = comparable(json.loads(json.dumps(wanted)))  # tuples as lists, as stored
-    if there is not None and (there := comparable(there)) != here:
+    stored = stored_identity(archive)
+    if stored is None:
+        return
+    there, here = comparable(stored), comparable(json.loads(json.dumps(wanted)))  # tuples as lists, as stored
+    if there != here:
         raise UserError(f"--archive {archive} holds another table ({describe_differences(there, here)}; "
                         f"there -> here): use another --archive")
 
