@@ -47,6 +47,19 @@ def dry_run_args(tmp: Path, *args: str) -> list[str]:
     return ["table3", "--dry-run", "--storage", f"sqlite:///{tmp}/t.db", "--runs-dir", str(tmp / "runs"), *args]
 
 
+def parameters(cfg) -> int:
+    return count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+
+
+def expected_seconds(preset: str, row: str) -> float:
+    """One run of `row` at base's FLOP rate: its hours scale with parameters x steps x tokens per
+    step, at the preset's measured base-row rate, plus the per-run overhead."""
+    cost = load_preset(preset)["table3"]["cost"]
+    cfg = resolve(preset, row)
+    return (parameters(cfg) / parameters(resolve(preset, "base"))) * cfg.train.max_steps \
+        * cfg.data.max_tokens / cost["base_tokens_per_s"] + cost["overhead_s"]
+
+
 def row_line(stdout: str, row: str) -> list[str]:
     return next(line.split() for line in stdout.splitlines() if line.split()[:1] == [row])
 
@@ -61,18 +74,12 @@ def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_no
     seeds = load_preset(preset)["table3"]["seeds"]
     single = one_seed_rows(preset, load_spec())
     assert single == ["C1", "C4", "D1", "D4", "big"]  # paper PPL >= 10% off base's 4.92
-    totals = 0.0
     for row in ("base", "A1", "B1", "C5", "D1", "E", "big"):
         cfg = resolve(preset, row)
-        params = count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
         line = row_line(result.stdout, row)
-        assert int(line[1].replace(",", "")) == params
+        assert int(line[1].replace(",", "")) == parameters(cfg)
         assert int(line[2].replace(",", "")) == cfg.train.max_steps
-        # base's FLOP rate: a row's hours scale with its parameters x steps x tokens
-        base = resolve(preset, "base")
-        base_params = count_parameters(base.model.with_vocabulary(base.data.vocab_size, base.model.pad_id))
-        seconds = (params / base_params) * cfg.train.max_steps * cfg.data.max_tokens \
-            / cost["base_tokens_per_s"] + cost["overhead_s"]
+        seconds = expected_seconds(preset, row)
         assert float(line[5]) == pytest.approx(seconds / 3600, abs=0.006)
         n_seeds = 1 if row in single else len(seeds)
         assert int(line[6]) == n_seeds
@@ -226,20 +233,13 @@ def test_a_table_of_under_an_hour_is_estimated_and_followed_in_minutes(tmp_path,
     """The demo's ten runs: each row's minutes from its parameters and the preset's measured rate,
     the total in device-minutes; once base has finished and A1 is half way, the minutes left."""
     cost = load_preset("demo")["table3"]["cost"]
-    rows = load_preset("demo")["table3"]["rows"]
-    base = resolve("demo", "base")
-    base_params = count_parameters(base.model.with_vocabulary(base.data.vocab_size, base.model.pad_id))
     result = dry_run_here(tmp_path, capsys, "--preset", "demo")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].split()[-3:] == ["min/run", "seeds", "min"]
     minutes = {}
-    for row in rows:
-        cfg = resolve("demo", row)
-        params = count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
-        seconds = (params / base_params) * cfg.train.max_steps * cfg.data.max_tokens \
-            / cost["base_tokens_per_s"] + cost["overhead_s"]
+    for row in load_preset("demo")["table3"]["rows"]:
         minutes[row] = float(row_line(result.stdout, row)[5])
-        assert minutes[row] == pytest.approx(seconds / 60, abs=0.006)
+        assert minutes[row] == pytest.approx(expected_seconds("demo", row) / 60, abs=0.006)
     total = float(result.stdout.split("10 runs: about ")[1].split(" device-minutes on")[0])
     assert total == pytest.approx(sum(minutes.values()), abs=0.06) and total < 60
 
