@@ -72,6 +72,16 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return whole_number
 
 
+def study_name(text: str) -> str:
+    """An argparse type: a study name, which names its runs' folder (`lightning_modules.names`)."""
+    from lightning_modules.names import name_problem
+
+    problem = name_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} {problem}")
+    return text
+
+
 def _command(sub: argparse._SubParsersAction, name: str, summary: str, details: str) -> argparse.ArgumentParser:
     """A subcommand: `summary` is its line in the parent's --help, `details` follow it in its own."""
     return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {details}")
@@ -304,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "perplexity by step (for pruning) and stores its results on the trial. The study lives in "
                  "--storage: re-running the same command resumes it, and workers on other machines can "
                  "join it through PostgreSQL.")
-    o.add_argument("--study", required=True, help="study name (re-running the same command resumes it)")
+    o.add_argument("--study", required=True, type=study_name, help="study name (re-running the same command resumes it)")
     o.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     o.add_argument("--n-trials", type=at_least(1), default=20, help="finished trials the study should reach (default 20)")
     o.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
@@ -350,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every-seed", action="store_true",
                    help="run every row with every seed (by default the cpu and gpu presets run rows "
                         "whose paper dev PPL differs from base's by >= 10%% with the first seed only)")
-    p.add_argument("--study", help="study name (default table3-PRESET); re-running resumes it")
+    p.add_argument("--study", type=study_name, help="study name (default table3-PRESET); re-running resumes it")
     p.add_argument("--redo", metavar="ROWS",
                    help="train these rows' finished runs again, e.g. base,C5 (runs trained before runs kept "
                         "dev translations, or under older code): each run once, the same command resumes; "

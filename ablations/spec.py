@@ -20,6 +20,7 @@ import yaml
 
 from lightning_modules.config import ScaleConfig, TransformerConfig
 from lightning_modules.errors import UserError
+from lightning_modules.names import check_name
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -130,6 +131,7 @@ def _checked_row(where: str, name: Any, row: Any, schema: DictConfig) -> dict[st
     """One row of a spec, or a one-line UserError naming the row and key."""
     if not isinstance(name, str):
         raise UserError(f"{where}: a row name must be text (quote it: '{name}')")
+    check_name(name, "row name", where.rsplit(": row ", 1)[0])
     if not isinstance(row, dict) or not isinstance(row.get("model", {}), dict):
         raise UserError(f"{where} must be a mapping with a 'model' mapping")
     unknown = set(row) - set(ROW_KEYS)
@@ -141,6 +143,8 @@ def _checked_row(where: str, name: Any, row: Any, schema: DictConfig) -> dict[st
         raise UserError(f"{where}: train_steps must be a whole number of steps >= 1, got {steps!r}")
     if not isinstance(row.get("group", ""), str):
         raise UserError(f"{where}: group must be text, got {row['group']!r}")
+    if "group" in row:
+        check_name(row["group"], "group name", where)
     _check_paper(where, row.get("paper"))
     return {**row, "model": _typed_model(where, row.get("model", {}), schema)}
 

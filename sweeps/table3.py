@@ -26,6 +26,7 @@ from ablations.resolve import parse_overrides, resolve
 from ablations.spec import default_rows, default_seeds, load_spec, one_seed_rows
 from lightning_modules.config import TOKENIZER_KEYS, check_seed, count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.names import check_name, inside
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
 from lightning_modules.run.results import read_results
@@ -75,6 +76,7 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     `table3-PRESET`), rows to redo (`base,C5`: rows or groups of the table)."""
     from lightning_modules.run.preflight import check_hardware  # loads torch: not for the report's imports
 
+    name = check_name(study or f"table3-{preset}", "study name")  # before anything is written
     spec = load_spec(spec_path)
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
     base = resolve(preset, "base", config, overrides, spec_path)
@@ -86,7 +88,7 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     if outside := [row for row in again if row not in chosen]:
         raise UserError(f"--redo names rows the table does not run ({', '.join(outside)}); "
                         f"its rows: {', '.join(chosen)}")
-    return Table3Plan(study=study or f"table3-{preset}", storage=storage, preset=preset, rows=chosen,
+    return Table3Plan(study=name, storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
                       config=config, one_seed_rows=single, redo=again)
 
@@ -147,7 +149,7 @@ def check_data(plan: Table3Plan) -> None:
 
 
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
-    return str((Path(plan.runs_dir) / plan.study / f"{row}-s{seed}").resolve())
+    return str(inside(plan.runs_dir, plan.study, f"{row}-s{seed}"))
 
 
 # What a preset's training recipe is (base row, resolved): a preset file edited between two

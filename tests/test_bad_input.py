@@ -270,6 +270,23 @@ CASES: list[Case] = [
     ("preset-as-override", lambda t: ["table3", "preset=paper", *FAST], "choose the preset with --preset", {}),
     ("space-samples-the-row", lambda t: sweep(t, "params:\n  row: {type: categorical, choices: [base, A1]}\n"),
      "choose the row with --row", {}),
+    # Names that become paths (one rule, lightning_modules/names.py): checked before anything is written
+    ("spec-row-walks-out", lambda t: ["table3", "--spec", spec(t, "{model: {}}\n'../../../../x': {model: {}}"), *FAST],
+     "bad row name '../../../../x'", {}),
+    ("spec-row-absolute", lambda t: ["table3", "--spec", spec(t, f"{{model: {{}}}}\n'{t}/x': {{model: {{}}}}"), *FAST],
+     "bad row name", {}),
+    ("spec-row-300-characters", lambda t: ["table3", "--spec", spec(t, "{model: {}}\n" + "r" * 300 + ": {model: {}}"),
+                                           *FAST], "is 300 characters long", {}),
+    ("spec-row-nul-byte", lambda t: ["table3", "--spec", spec(t, '{model: {}}\n"a\\0b": {model: {}}'), *FAST],
+     "bad row name", {}),
+    ("spec-group-walks-out", lambda t: ["table3", "--spec", spec(t, "{model: {}}\nX: {group: ../../g, model: {}}"),
+                                        *FAST], "bad group name '../../g'", {}),
+    ("spec-group-in-params", lambda t: ["params", "--spec", spec(t, "{model: {}}\nX: {group: 'a/b', model: {}}")],
+     "bad group name 'a/b'", {}),
+    ("table3-study-walks-out", lambda t: ["table3", "--study", "../../x", *FAST], "argument --study", {}),
+    ("table3-study-absolute", lambda t: ["table3", "--study", str(t / "x"), *FAST], "argument --study", {}),
+    ("sweep-study-walks-out", lambda t: [*sweep(t, SPACE_OK), "--study", "../x"], "argument --study", {}),
+    ("sweep-study-too-long", lambda t: [*sweep(t, SPACE_OK), "--study", "s" * 300], "at most 64", {}),
     # Damaged or odd input that crashed
     *[(f"gzip-corpus-{damage}", lambda t, damage=damage: ["train", "--out", str(t / "run"), *gzip_corpus(t, damage),
                                                            *FAST], "train.en.gz: damaged gzip file", {})
@@ -560,3 +577,24 @@ def test_preset_help_lists_the_presets_and_devices_help_says_what_it_means(capsy
         one_worker_per_gpu = "--devices IDS GPU ids, one worker per id" in out
         assert one_worker_per_gpu == (name in ("table3", "sweep optuna")), name
         assert ("Lightning devices of the run" in out) == (not one_worker_per_gpu), name
+
+
+def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path):
+    """The library entry point checks the study name as the command line does, before it writes
+    anything; and a path built from names is refused once it leads outside its folder."""
+    from lightning_modules.errors import UserError
+    from lightning_modules.names import check_name, inside
+    from sweeps.table3 import make_plan
+
+    with pytest.raises(UserError, match="bad study name '../escape'"):
+        make_plan("demo", f"sqlite:///{tmp_path}/s.db", str(tmp_path / "runs"), [], study="../escape")
+    assert not list(tmp_path.iterdir())
+    assert inside(tmp_path, "study", "base-s1") == (tmp_path / "study" / "base-s1").resolve()
+    for parts in (("..", "x"), ("a", "../../x"), ("/etc",)):
+        with pytest.raises(UserError, match="leads outside"):
+            inside(tmp_path, *parts)
+    for good in ("base", "A1", "table3-cpu", "pre_ln", "big+", "C5.v2"):
+        assert check_name(good, "row name") == good
+    for bad in ("", ".", "..", ".hidden", "a/b", "a b", "a\0b", "x" * 65, 3):
+        with pytest.raises(UserError):
+            check_name(bad, "row name")
