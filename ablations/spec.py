@@ -21,6 +21,7 @@ import yaml
 from lightning_modules.config import ScaleConfig, TransformerConfig
 from lightning_modules.errors import UserError
 from lightning_modules.names import check_name
+from lightning_modules.run.io import check_readable_file
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -52,9 +53,7 @@ def _ablations_dir() -> Path:
 
 def load_yaml(path: str | Path, what: str = "file", unique_keys: bool = False) -> dict[str, Any]:
     """A YAML mapping from `path`, or a one-line UserError (`unique_keys`: a key given twice too)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} not found: {path}")
+    path = check_readable_file(path, what)
     try:
         text = path.read_text(encoding="utf-8")
         data = yaml.load(text, Loader=_UniqueKeyLoader) if unique_keys else yaml.safe_load(text)

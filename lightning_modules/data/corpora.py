@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lightning_modules.config import DataConfig
 from lightning_modules.errors import UserError
-from lightning_modules.run.io import atomic_write_text
+from lightning_modules.run.io import atomic_write_text, check_readable_file
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
@@ -93,8 +93,7 @@ class Corpus:
 
 def _read_bytes(path: Path) -> bytes:
     """Whole file content, gunzipped when it starts with the gzip magic bytes."""
-    if not path.is_file():
-        raise UserError(f"{path}: file not found")
+    check_readable_file(path)
     gzipped = False
     try:
         with open(path, "rb") as handle:
@@ -127,7 +126,12 @@ def read_lines(path: str | Path) -> list[str]:
         lines.pop()
     if not lines:
         raise UserError(f"{path}: file is empty")
-    return [line.rstrip("\r") for line in lines]
+    lines = [line.rstrip("\r") for line in lines]
+    for line_no, line in enumerate(lines, start=1):
+        if "\r" in line:  # one line of many: sentencepiece would drop it as too long, or train on it
+            raise UserError(f"{path}: line {line_no} holds a carriage return inside it: the file has "
+                            f"CR-only (classic Mac) or mixed line endings; convert them to LF")
+    return lines
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:

@@ -59,6 +59,9 @@ def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
             if match:
                 raise UserError(f"data.vocab_size={vocab_size} is too large for this corpus: "
                                 f"sentencepiece allows at most {match.group(2)}") from None
+            if "sentences_.empty()" in str(err):
+                raise UserError("sentencepiece found no sentence to train the BPE on: every training line "
+                                "is empty or longer than its limit of 4,192 bytes") from None
             raise UserError(f"sentencepiece training failed: {err}") from err
         os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
         os.replace(f"{prefix}.model", model_path)

@@ -129,3 +129,17 @@ def check_writable_file(path: str | Path, what: str) -> None:
         problem = _unwritable(path.parent)
     if problem:
         raise UserError(f"cannot write {what} to {path}: {problem}")
+
+
+def check_readable_file(path: str | Path, what: str = "file") -> Path:
+    """`path` when it is a regular file, else a one-line UserError saying what it is instead: not
+    there, a directory, or something that is not a file (a FIFO, a device such as /dev/null, a
+    socket), which reading would block on or find empty."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: {what} not found")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not a {what}")
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file (a FIFO, device or socket); give a {what}")
+    return path
