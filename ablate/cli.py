@@ -268,7 +268,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 def cmd_storage_proxy(args: argparse.Namespace) -> int:
     from sweeps.proxy import serve
 
-    return serve(args.storage, args.host, args.port)
+    return serve(args.storage, args.host, args.port, create=args.create)
 
 
 def cmd_params(args: argparse.Namespace) -> int:
@@ -419,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; no authentication: trusted networks only)")
     p.add_argument("--port", type=int, default=13000, help="port to listen on (default 13000)")
+    p.add_argument("--create", action="store_true",
+                   help="create the database when it does not exist yet (by default it must exist and "
+                        "hold Optuna's tables, as for ablate dashboard: a mistyped path is an error)")
     p.set_defaults(func=cmd_storage_proxy)
 
     p = _command(sub, "params", "parameter count of every Table 3 row",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 import threading
 from wsgiref.simple_server import WSGIServer, make_server
 
 from lightning_modules.errors import UserError
-from sweeps.storage import make_storage, safe_url
+from sweeps.storage import exposure_warning, make_storage, safe_url
 
 
 def _cannot_listen(host: str, port: int, err: OSError) -> UserError:
@@ -43,6 +44,8 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 8080) -> int:
         raise _cannot_listen(host, port, err) from None
     with server:
         stop_on_signals(server)
+        if warning := exposure_warning("dashboard", storage_url, host):
+            print(warning, file=sys.stderr, flush=True)
         print(banner(storage_url, host, port), flush=True)
         try:
             server.serve_forever()

@@ -8,26 +8,39 @@ a trusted cluster network only (or through an SSH tunnel).
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import sys
 from typing import Any
 
 from lightning_modules.errors import UserError
 from sweeps.optuna_api import serve_grpc_proxy
-from sweeps.storage import GRPC_SCHEME, GRPC_HINT, journal_path, make_storage, safe_url
+from sweeps.storage import GRPC_SCHEME, GRPC_HINT, exposure_warning, journal_path, make_storage, safe_url
 
 
-def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000) -> int:
-    """Serve the RDB at `storage_url` on host:port until interrupted (exit status 0)."""
+def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: bool = False) -> int:
+    """Serve the RDB at `storage_url` on host:port until interrupted (exit status 0).
+
+    The database must exist and hold Optuna's tables, as for `ablate dashboard` (a mistyped SQLite
+    path would otherwise become a new, empty database), unless `create` asks for a new one. The
+    port is tried before anything is printed."""
     if journal_path(storage_url) or storage_url.startswith(GRPC_SCHEME):
         raise UserError(f"the storage proxy serves an RDB (sqlite:///..., postgresql+psycopg2://...), "
                         f"not {safe_url(storage_url)}")
     if not 0 < port < 65536:
         raise UserError(f"--port must be between 1 and 65535, not {port}")
-    storage = make_storage(storage_url, heartbeat_s=None)  # the clients beat (sweeps.optuna_api)
+    storage = make_storage(storage_url, heartbeat_s=None, existing=not create)  # the clients beat
+    _check_port(host, port)
+    if warning := exposure_warning("storage proxy", storage_url, host):
+        print(warning, file=sys.stderr, flush=True)
+    # gRPC's C core writes its own log lines to stderr (a port taken between the check and the
+    # bind, say) before the error reaches us: ours is the one line
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     shown = f"[{host}]" if ":" in host else host
-    print(f"storage proxy for {safe_url(storage_url)} at grpc://{shown}:{port} (Ctrl-C to stop)", flush=True)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # before the banner: it promises a clean stop
     try:
+        print(f"storage proxy for {safe_url(storage_url)} at grpc://{shown}:{port} (Ctrl-C to stop)", flush=True)
         serve_grpc_proxy(storage, host, port)
     except KeyboardInterrupt:
         pass
@@ -38,6 +51,18 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind host:port once and let it go (SO_REUSEADDR, as gRPC binds): a port in use or a host
+    that is not this machine's is one line before the banner."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as err:
+        raise UserError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
 
 
 def _interrupt(signum: int, frame: Any) -> None:

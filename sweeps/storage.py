@@ -81,6 +81,22 @@ def safe_url(url: str) -> str:
         return url
 
 
+def exposure_warning(what: str, storage_url: str, host: str) -> str | None:
+    """The one line that `ablate dashboard` and `ablate storage-proxy` print when they listen
+    beyond this machine (`host` not a loopback address): neither has authentication, so whoever
+    reaches the port can read and edit every study of the storage."""
+    import ipaddress
+
+    try:
+        local = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        local = host == "localhost"
+    if local:
+        return None
+    return (f"ablate: warning: the {what} listens on {host}, beyond this machine, with no authentication: "
+            f"whoever reaches the port can read and edit every study in {safe_url(storage_url)}")
+
+
 def in_memory_sqlite(url: str) -> bool:
     """An SQLite URL without a file (`sqlite://`, `sqlite:///:memory:`): each process has its own."""
     try:

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -84,6 +85,12 @@ def sweep(tmp: Path, space: str, *extra: str) -> list[str]:
 def spec(tmp: Path, base: str) -> str:
     """An ablation spec whose base row is `base` (YAML flow text; more rows may follow)."""
     return files(tmp, rows_yaml=f"base: {base}\n")["rows_yaml"]
+
+
+def fifo(tmp: Path) -> str:
+    path = tmp / "corpus.fifo"
+    os.mkfifo(path)
+    return str(path)
 
 
 def a_file(tmp: Path) -> Path:
@@ -172,6 +179,8 @@ CASES: list[Case] = [
     ("storage-proxy-url-malformed", lambda t: ["sweep", "optuna", "--study", "s", "--storage", "grpc://h:port",
                                                "--space", files(t, space_yaml=SPACE_OK)["space_yaml"], *FAST],
      "grpc://HOST:PORT", {}),
+    ("storage-proxy-mistyped-sqlite-path", lambda t: ["storage-proxy", "--storage", f"sqlite:///{t}/tpyo.db"],
+     "no database", {}),
     ("storage-proxy-of-a-journal", lambda t: ["storage-proxy", "--storage", "journal:///s.journal"], "serves an RDB", {}),
     ("report-negative-bootstrap", lambda t: ["report", "--out", str(t / "r"), "--bootstrap", "-1"], "--bootstrap", {}),
     ("params-bad-vocab", lambda t: ["params", "--vocab-size", "0"], "vocab", {}),
@@ -287,6 +296,17 @@ CASES: list[Case] = [
     ("table3-study-absolute", lambda t: ["table3", "--study", str(t / "x"), *FAST], "argument --study", {}),
     ("sweep-study-walks-out", lambda t: [*sweep(t, SPACE_OK), "--study", "../x"], "argument --study", {}),
     ("sweep-study-too-long", lambda t: [*sweep(t, SPACE_OK), "--study", "s" * 300], "at most 64", {}),
+    # Messages from below: ours, one line, naming the file and the cause
+    ("corpus-cr-only-line-ends", lambda t: ["train", "--out", str(t / "run"),
+                                            *corpus(t, src="a b\rc d\r", tgt="x y\rz w\r"), *FAST],
+     "line 1 holds a carriage return", {}),
+    ("corpus-is-a-directory", lambda t: ["train", "--out", str(t / "run"), *corpus(t)[:2], "--train-tgt", str(t),
+                                         *corpus(t)[4:], *FAST], "is a directory, not a file", {}),
+    ("corpus-is-dev-null", lambda t: ["train", "--out", str(t / "run"), "--train-src", "/dev/null", *corpus(t)[2:],
+                                      *FAST], "/dev/null: not a regular file", {}),
+    ("corpus-is-a-fifo", lambda t: ["train", "--out", str(t / "run"), "--train-src", fifo(t), *corpus(t)[2:], *FAST],
+     "not a regular file (a FIFO", {}),
+    ("spec-is-a-directory", lambda t: ["table3", "--spec", str(t), *FAST], "is a directory", {}),
     # Damaged or odd input that crashed
     *[(f"gzip-corpus-{damage}", lambda t, damage=damage: ["train", "--out", str(t / "run"), *gzip_corpus(t, damage),
                                                            *FAST], "train.en.gz: damaged gzip file", {})
@@ -487,6 +507,50 @@ def test_dashboard_on_a_busy_port_says_so_before_printing_anything(tmp_path: Pat
     out, err = capsys.readouterr()
     assert code == 2 and out == "", out  # no "optuna-dashboard for ..." nor "Listening on" first
     assert err == f"ablate: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_storage_proxy_on_a_busy_port_is_our_one_line_and_nothing_else(tmp_path: Path):
+    """A real process: gRPC's C core logged its own line before ours, and the banner came first."""
+    pytest.importorskip("grpc", reason="grpcio is not installed")
+    path = tmp_path / "sweeps.db"
+    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "ablate", "storage-proxy", "--storage", f"sqlite:///{path}",
+                                 "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert result.stderr == f"ablate: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+@pytest.mark.parametrize("command", ["dashboard", "storage-proxy"])
+def test_listening_beyond_this_machine_is_said_in_one_line(command: str, tmp_path: Path):
+    """`--host 0.0.0.0` serves an unauthenticated study to the network: a warning names it; on the
+    default 127.0.0.1 there is none."""
+    if command == "storage-proxy":
+        pytest.importorskip("grpc", reason="grpcio is not installed")
+    path = tmp_path / "sweeps.db"
+    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "ablate", command, "--storage", f"sqlite:///{path}",
+                                 "--host", host, "--port", str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            banner = proc.stdout.readline()  # printed once it is about to listen
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        assert f":{port}" in banner and proc.returncode == 0, (banner, err)
+        lines = [line for line in err.splitlines() if line.strip()]
+        if warned:
+            assert len(lines) == 1 and lines[0].startswith("ablate: warning: ") and "no authentication" in lines[0] \
+                and "0.0.0.0" in lines[0] and str(path) in lines[0], err
+        else:
+            assert not lines, err
 
 
 def test_dashboard_banner_masks_the_database_password():

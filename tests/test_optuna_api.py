@@ -119,7 +119,7 @@ def _proxy(db: Path) -> tuple[subprocess.Popen, int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-W", "error::FutureWarning", "-m", "ablate", "storage-proxy",
-                             "--storage", f"sqlite:///{db}", "--port", str(port)],
+                             "--storage", f"sqlite:///{db}", "--create", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, port
 

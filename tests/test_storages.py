@@ -81,7 +81,7 @@ def proxy(tmp_path: Path) -> Iterator[str]:
     pytest.importorskip("grpc", reason="grpcio is not installed (pip install 'transformer-ablations[grpc]')")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ablate", "storage-proxy", "--storage",
-                             f"sqlite:///{tmp_path}/proxied.db", "--port", str(port)],
+                             f"sqlite:///{tmp_path}/proxied.db", "--create", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for_port(port, proc)
     try:
