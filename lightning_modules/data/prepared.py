@@ -125,6 +125,8 @@ class TranslationData:
         valid_ids = self._encode_split(corpus.valid)
         self.valid_set, valid_dropped = self._filter(*valid_ids, self.max_len - 1)
         self._check_left("dev", self.valid_set, valid_dropped, self.max_len - 1, f"model.max_len ({self.max_len})")
+        for split, kept in (("training", self.train_set), ("dev", self.valid_set)):
+            self._check_budget(split, kept)
         sampler = TokenBucketBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
                                           self.cfg.max_tokens, shuffle=True, seed=self.seed,
                                           num_replicas=1, rank=0, pad_multiple=self.pad_multiple)
@@ -193,6 +195,17 @@ class TranslationData:
                 ) -> tuple[EncodedPairs, int]:
         keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
         return EncodedPairs([src[i] for i in keep], [tgt[i] for i in keep]), len(src) - len(keep)
+
+    def _check_budget(self, split: str, kept: EncodedPairs) -> None:
+        """Every pair must fit a batch of `data.max_tokens` tokens per side (its longer side with
+        BOS/EOS, rounded up to `data.pad_multiple`): a wider one would make a batch of its own over
+        the cap, unseen."""
+        widest = int(np.maximum(kept.src_lengths, kept.tgt_lengths).max()) + 1
+        widest = -(-widest // self.pad_multiple) * self.pad_multiple
+        if widest > self.cfg.max_tokens:
+            raise UserError(f"data.max_tokens={self.cfg.max_tokens} is smaller than the longest {split} pair "
+                            f"({widest} tokens on a side, with BOS/EOS); raise data.max_tokens to at least "
+                            f"{widest}, or lower data.max_train_len or model.max_len")
 
     @staticmethod
     def _check_left(split: str, kept: EncodedPairs, dropped: int, limit: int, limited_by: str) -> None:

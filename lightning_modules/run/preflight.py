@@ -162,27 +162,53 @@ def estimate_memory_gb(cfg: RunConfig) -> tuple[float, float]:
     Activations: per token and layer, the residual-stream tensors (~10·d_model), the FFN (2·d_ff),
     the attention projections (3·h·(d_k + d_v)), and the attention weights (h · sequence length,
     taken as 256 tokens); the decoder has two attention blocks, and the pre-softmax logits are
-    vocab_size per target token. Float32, `data.max_tokens` tokens per side.
+    vocab_size per target token. Float32, `data.max_tokens` tokens per side. The sinusoidal
+    position table (model.max_len x d_model) counts with the weights.
     """
     m, tokens, seq = _model_estimate(cfg), cfg.data.max_tokens, 256
     attention = 3 * m.n_heads * (m.d_k + m.d_v) + m.n_heads * seq
     per_layer = 10 * m.d_model + 2 * m.d_ff + attention
     activations = tokens * m.n_layers * (2 * per_layer + attention) + tokens * 2 * m.vocab_size
-    return 16 * count_parameters(m) / GB, 4 * activations / GB
+    table = 0 if m.positional == "learned" else 4 * m.max_len * m.d_model  # the sinusoid buffer
+    return (16 * count_parameters(m) + table) / GB, 4 * activations / GB
+
+
+def machine_memory_gb(cfg: RunConfig) -> tuple[float, str]:
+    """The memory one training process of `cfg` may use, and what it is: the smallest chosen GPU's
+    memory, or on the CPU the machine's RAM (a cgroup's limit where it is lower), per process."""
+    if uses_gpu(cfg):
+        ids = parse_devices(cfg.train.devices)
+        ids = ids if isinstance(ids, list) else range(torch.cuda.device_count())
+        sizes = [torch.cuda.get_device_properties(i).total_memory for i in ids] or [0]
+        return min(sizes) / GB, "the GPU's memory"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        ram = min(ram, int(limit)) if limit.isdigit() else ram
+    except OSError:
+        pass
+    devices = parse_devices(cfg.train.devices)
+    processes = devices if isinstance(devices, int) else 1  # CPU DDP: one process a device
+    return ram / processes / GB, "this machine's memory" + (f" per process ({processes})" if processes > 1 else "")
 
 
 def check_memory(cfg: RunConfig) -> None:
-    """Refuse a configuration whose estimate exceeds `train.max_memory_gb` (when the user set it)."""
+    """Refuse, before any work, a configuration whose estimated training memory exceeds
+    `train.max_memory_gb` or, when that is not set, the memory of the machine or GPU it would
+    train on (`machine_memory_gb`): a model that cannot fit fails here in one line, not after
+    minutes of data loading in a MemoryError."""
     limit = cfg.train.max_memory_gb
+    what = f"train.max_memory_gb={limit:g}" if limit is not None else ""
     if limit is None:
-        return
+        limit, machine = machine_memory_gb(cfg)
+        what = f"{machine} ({limit:.1f} GB)"
     states, activations = estimate_memory_gb(cfg)
     if states + activations > limit:
         raise UserError(
-            f"estimated training memory {states + activations:.1f} GB exceeds train.max_memory_gb={limit:g} "
+            f"estimated training memory {states + activations:.1f} GB exceeds {what} "
             f"(weights and Adam states {states:.1f} GB, activations ~{activations:.1f} GB at "
             f"data.max_tokens={cfg.data.max_tokens}); lower n_heads*d_k, d_ff, d_model, n_layers or "
-            f"data.max_tokens")
+            f"data.max_tokens (train.max_memory_gb sets another limit)")
 
 
 def check_disk_space(out: Path, cfg: RunConfig) -> None:
