@@ -150,7 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from lightning_modules.run.train import summary_table, train  # heavy (Lightning): after validation
 
     out = args.out or f"runs/{cfg.row}-{cfg.preset}-s{cfg.train.seed}"
-    results = train(cfg, out)
+    results = train(cfg, out, wait=args.wait)
     if results:
         print("\n" + summary_table(results))
     return 0
@@ -302,7 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
                  "in its own run directory, then its dev (and test) set is translated with beam search and "
                  "scored; the numbers go to results.json. The same command resumes an interrupted run.")
     _add_run_options(p)
-    p.add_argument("--out", help="run directory (default: runs/ROW-PRESET-sSEED)")
+    p.add_argument("--out", help="run directory (default: runs/ROW-PRESET-sSEED); a new or empty folder, "
+                                 "or one of our run directories")
+    p.add_argument("--wait", action="store_true",
+                   help="when another command is training this run directory, wait for it instead of "
+                        "stopping (then resume or reuse what it left)")
     p.set_defaults(func=cmd_train)
 
     p = _command(sub, "sweep", "hyperparameter sweeps (Optuna, Weights & Biases)",

@@ -87,6 +87,15 @@ def spec(tmp: Path, base: str) -> str:
     return files(tmp, rows_yaml=f"base: {base}\n")["rows_yaml"]
 
 
+def users_folder(tmp: Path) -> str:
+    """A folder of the user's own that holds files named as a run's are."""
+    folder = tmp / "mine"
+    (folder / "logs").mkdir(parents=True)
+    for name, text in {"results.json": '{"bleu": 99}', "logs/metrics.csv": "step,loss\n", "dev.hyp.txt": "x\n"}.items():
+        (folder / name).write_text(text)
+    return str(folder)
+
+
 def fifo(tmp: Path) -> str:
     path = tmp / "corpus.fifo"
     os.mkfifo(path)
@@ -314,6 +323,9 @@ CASES: list[Case] = [
     ("corpus-is-a-fifo", lambda t: ["train", "--out", str(t / "run"), "--train-src", fifo(t), *corpus(t)[2:], *FAST],
      "not a regular file (a FIFO", {}),
     ("spec-is-a-directory", lambda t: ["table3", "--spec", str(t), *FAST], "is a directory", {}),
+    # A folder that is not a run of ours: refused before anything in it is touched
+    ("train-out-a-users-own-folder", lambda t: ["train", "--out", users_folder(t), *FAST],
+     "is not an ablate run directory (it holds dev.hyp.txt, logs, results.json", {}),
     # Damaged or odd input that crashed
     *[(f"gzip-corpus-{damage}", lambda t, damage=damage: ["train", "--out", str(t / "run"), *gzip_corpus(t, damage),
                                                            *FAST], "train.en.gz: damaged gzip file", {})
@@ -669,3 +681,53 @@ def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path
     for bad in ("", ".", "..", ".hidden", "a/b", "a b", "a\0b", "x" * 65, 3):
         with pytest.raises(UserError):
             check_name(bad, "row name")
+
+
+def _train(out: Path, *extra: str, steps: int = 2) -> subprocess.Popen:
+    args = [sys.executable, "-m", "ablate", "train", "--out", str(out), *FAST[:1], "--max-steps", str(steps),
+            *FAST[3:], *extra]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out.parent)
+
+
+def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(tmp_path: Path):
+    """A run directory of ours whose config.yaml is a list, whose spm.model is text and whose
+    checkpoint does not load under weights_only: each is set aside as NAME.corrupt with one warning
+    line, and the same command trains the run to the end (no traceback, no weights_only=False
+    advice)."""
+    import torch
+
+    out = tmp_path / "run"
+    first = _train(out)
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    (out / "results.json").unlink()
+    (out / "config.yaml").write_text("- 1\n- 2\n")
+    (out / "spm.model").write_text("not a model\n")
+    torch.save({"state_dict": argparse.Namespace(x=1), "global_step": 9}, out / "checkpoints" / "last.ckpt")
+    again = _train(out)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0 and "Traceback" not in err and "weights_only=False" not in err, err
+    warned = [line for line in err.splitlines() if line.startswith("ablate: warning: ")]
+    for name in ("config.yaml", "spm.model", "last.ckpt"):
+        assert (out / name if name != "last.ckpt" else out / "checkpoints" / name).with_name(f"{name}.corrupt").is_file()
+        assert sum(f"{name} is damaged" in line for line in warned) == 1, warned
+    assert json.loads((out / "results.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize("wait", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["refused", "waits"])
+def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path):
+    """Two `ablate train` on one --out started together: one trains, the other names the process
+    that holds the run and exits 1; with --wait it waits and then reuses the finished run. Either
+    way every logged window appears once and no stray `-v1` checkpoint is left."""
+    out = tmp_path / "run"
+    extra = ("--wait",) if wait else ()
+    procs = [_train(out, *extra, steps=40), _train(out, *extra, steps=40)]
+    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
+    if wait:
+        assert sorted(code for code, _ in results) == [0, 0], results
+    else:
+        assert sorted(code for code, _ in results) == [0, 1], results
+        refused = next(err for code, err in results if code == 1)
+        assert refused.count("\n") == 1 and "is being trained by pid " in refused, refused
+    rows = [tuple(line.split(",")) for line in (out / "logs" / "metrics.csv").read_text().splitlines()[1:]]
+    assert rows and len(rows) == len(set(rows)), "a window logged twice"
+    assert not list((out / "checkpoints").glob("*-v1*")), list((out / "checkpoints").iterdir())

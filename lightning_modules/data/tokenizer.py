@@ -11,6 +11,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from lightning_modules.errors import UserError
+from lightning_modules.run.io import set_aside
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _TOO_LARGE = re.compile(r"[Vv]ocabulary size (?:is )?too high \((\d+)\).*?<=\s*(\d+)", re.S)
@@ -36,7 +37,12 @@ def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
     """
     model_path = Path(model_path)
     if model_path.is_file():
-        return load(model_path)
+        try:
+            return load(model_path)
+        except (OSError, RuntimeError) as err:  # not a sentencepiece model: set aside, trained anew
+            set_aside(model_path, f"not a sentencepiece model: {str(err).splitlines()[0][:120]}")
+            if model_path.with_suffix(".vocab").is_file():
+                set_aside(model_path.with_suffix(".vocab"), "the vocabulary of a damaged spm.model")
     model_path.parent.mkdir(parents=True, exist_ok=True)
     spm.set_random_generator_seed(seed)
     with tempfile.TemporaryDirectory(dir=model_path.parent, prefix=".spm-") as tmp:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -143,3 +144,20 @@ def check_readable_file(path: str | Path, what: str = "file") -> Path:
     if not path.is_file():
         raise UserError(f"{path}: not a regular file (a FIFO, device or socket); give a {what}")
     return path
+
+
+def set_aside(path: str | Path, why: str) -> Path:
+    """Move a damaged file of ours out of the way, never deleting it: `NAME` becomes
+    `NAME.corrupt` (`NAME.corrupt.2`, ... when taken), with one warning line saying why. A file
+    another process (a DDP rank) set aside first is left to it."""
+    path = Path(path)
+    target, k = path.with_name(path.name + ".corrupt"), 1
+    while target.exists():
+        k += 1
+        target = path.with_name(f"{path.name}.corrupt.{k}")
+    try:
+        path.replace(target)
+    except FileNotFoundError:
+        return target
+    print(f"ablate: warning: {path} is damaged ({why}); set aside as {target.name}", file=sys.stderr, flush=True)
+    return target

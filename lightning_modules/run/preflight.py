@@ -21,6 +21,7 @@ import yaml
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
 from lightning_modules.errors import UserError
+from lightning_modules.run.io import set_aside
 from lightning_modules.run.results import RunResult
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
@@ -114,8 +115,11 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
         return
     try:
         saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
-        raise UserError(f"{saved_path} is not valid YAML; use another --out (or delete {out})") from None
+    except (yaml.YAMLError, UnicodeDecodeError):
+        saved = None
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(s), dict) for s in IDENTITY_KEYS):
+        set_aside(saved_path, "not the configuration a run writes")  # a new one is written
+        return
     current = asdict(cfg)
     for section, keys in IDENTITY_KEYS.items():
         old, new = saved.get(section) or {}, current[section]
@@ -288,19 +292,19 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
         except (zipfile.BadZipFile, OSError):
             damaged = True
         if damaged:
-            try:
-                path.replace(path.with_suffix(".ckpt.corrupt"))
-            except FileNotFoundError:  # another DDP rank set it aside first
-                pass
-            from lightning.pytorch.utilities import rank_zero_warn
-
-            rank_zero_warn(f"{path} is damaged; set aside as {path.name}.corrupt")
+            set_aside(path, "its zip data fails its CRC check")
             continue
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             mtime = path.stat().st_mtime
         except FileNotFoundError:
             continue  # removed since the listing
+        except Exception:  # noqa: BLE001 (an unpickling refusal under weights_only, a foreign zip)
+            set_aside(path, "not a checkpoint this harness writes: it does not load with weights_only")
+            continue
+        if not isinstance(saved, dict):
+            set_aside(path, "not a checkpoint this harness writes")
+            continue
         old = saved.get("hyper_parameters", {}).get("model", {})
         for key, value in wanted.items():
             if key in old and old[key] != value:

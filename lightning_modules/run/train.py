@@ -7,6 +7,7 @@ is configured), the dev/test sources, references and translations, and `results.
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import shutil
 import socket
@@ -39,6 +40,7 @@ from lightning_modules.run.faults import inject
 from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
+from lightning_modules.run.rundir import claim, training_lock
 from lightning_modules.run.slurm import NOTICE, PreemptionNotice, on_slurm
 from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_result, check_same_run, remove_stale_temporaries,
@@ -123,11 +125,13 @@ def evaluate_split(module: TranslationModule, dm: TranslationDataModule, cfg: Ru
 
 
 def train(cfg: RunConfig, out: str | Path, group: str | None = None,
-          callbacks: list[pl.Callback] | None = None) -> RunResult | None:
+          callbacks: list[pl.Callback] | None = None, wait: bool = False) -> RunResult | None:
     """Train (or resume, or reuse) the run in `out` and return its results (None on DDP ranks
     other than 0, which do not evaluate).
 
-    `callbacks` are added to the Trainer's (a sweep passes its pruning callback here).
+    `callbacks` are added to the Trainer's (a sweep passes its pruning callback here). `out` must
+    be new, empty or one of our run directories (`run/rundir.py`); while it trains it is locked,
+    and another command on it stops in one line, or with `wait` waits for the lock.
     """
     inject("startup")
     out = Path(out)
@@ -136,6 +140,23 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
     created = first_missing(out)  # the outermost directory this run creates: removed if a check fails
     check_output_dir(out)
+    rank_zero = rank_zero_only.rank == 0  # the other DDP ranks are rank 0's children
+    try:
+        if rank_zero:
+            claim(out)
+    except UserError:
+        if created:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
+        return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks)
+
+
+def _checked_and_trained(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
+                         created: Path | None, group: str | None,
+                         callbacks: list[pl.Callback] | None) -> RunResult | None:
+    """`train` under the run directory's lock: what a killed run left, the checks against what
+    the directory holds, then the work."""
     remove_stale_temporaries(out)
     try:
         check_same_run(out, cfg)

@@ -1,0 +1,101 @@
+"""What makes a folder one of our run directories, and who is training it now.
+
+**The marker.** A run writes `ablate-run.json` (`{"format": "ablate run directory", "id": ...}`)
+into its folder when it first takes it, and only into a folder that is new or empty. A folder that
+holds anything else and no marker is not ours: `ablate train --out DIR` refuses it in one line, so
+a user's own `results.json`, `logs/` or translations are never overwritten. What a folder holds is
+recognised by the marker's content, not by file names. A run directory written before markers
+existed (its `config.yaml` is one of ours: a mapping with `preset`, `model`, `train` and `data`)
+gets its marker on its next run. Hidden files (the lock, atomic writes' temporaries of a run
+starting at the same moment) do not make a folder someone else's.
+
+**The lock.** While a run trains, its process holds an exclusive `flock` on `.ablate-run.lock`
+(with its pid and host written inside). The operating system drops the lock with the process,
+SIGKILL included, so a lock is never stale. A second command on the same run directory says who
+holds it and stops with exit status 1, or waits for it (`ablate train --wait`). Only the rank-0
+process of a DDP run takes the marker and the lock; the other ranks are its children.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from lightning_modules.errors import RunFailed, UserError
+from lightning_modules.run.io import atomic_write_json
+
+MARKER = "ablate-run.json"  # a run directory's; a report directory has `ablate-report.json`
+LOCK = ".ablate-run.lock"
+
+
+def _marker(out: Path, kind: str) -> Path:
+    return Path(out) / f"ablate-{kind}.json"
+
+
+def is_ours(out: Path, kind: str = "run") -> bool:
+    """Whether `out` holds our marker of `kind` ("run" or "report"), with our format in it."""
+    try:
+        data = json.loads(_marker(out, kind).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == f"ablate {kind} directory"
+
+
+def mark(out: Path, kind: str = "run") -> None:
+    """Write the marker of `kind` into `out` (a folder this process has just made ours)."""
+    if not is_ours(out, kind):
+        atomic_write_json(_marker(out, kind), {"format": f"ablate {kind} directory", "id": uuid.uuid4().hex})
+
+
+def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
+    """Make `out` (which exists) a directory of ours of `kind`, or refuse it in one line when it
+    holds files and no marker (a report directory: the same rule, `ablate-report.json`)."""
+    out = Path(out)
+    if is_ours(out, kind):
+        return
+    marker = _marker(out, kind)
+    if marker.exists():
+        raise UserError(f"{marker} is not a marker of ours; {out} is not an ablate {kind} directory: "
+                        f"give an empty or new {option}")
+    held = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # hidden: ours or nobody's
+    if held and not (kind == "run" and _written_before_markers(out)):
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise UserError(f"{out} is not an ablate {kind} directory (it holds {shown} and no {marker.name}); "
+                        f"give an empty or new {option}")
+    mark(out, kind)
+
+
+def _written_before_markers(out: Path) -> bool:
+    try:
+        saved = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(saved, dict) and "preset" in saved and all(
+        isinstance(saved.get(section), dict) for section in ("model", "train", "data"))
+
+
+@contextmanager
+def training_lock(out: Path, wait: bool = False) -> Iterator[None]:
+    """Hold the run directory's lock while the block runs (see the module's docstring)."""
+    path = Path(out) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+            raise RunFailed(f"{out} is being trained by {holder}; wait for it to finish, or pass --wait "
+                            f"to start when it does") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
