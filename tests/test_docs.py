@@ -2,8 +2,8 @@
 every relative link in them leads somewhere real.
 
 - every relative link (`[text](path)`, `[text](path#anchor)`, `[text](#anchor)`) in README.md,
-  docs/*.md and the benchmark index names an existing file or folder, and an anchor names a
-  heading of the linked page;
+  docs/*.md, the benchmark index and the results pages names an existing file or folder, and an
+  anchor names a heading of the linked page;
 - docs/tests.md has a row for every test file;
 - README.md is at most 250 lines, a results page (reports/results/*/README.md) at most 80: history
   belongs in the LOG.md beside it;
@@ -83,7 +83,7 @@ def test_docs_exist_and_readme_links_them() -> None:
     assert not missing, f"README.md does not link these docs pages: {missing}"
 
 
-@pytest.mark.parametrize("page", [*PAGES, INDEX], ids=rel)
+@pytest.mark.parametrize("page", [*PAGES, INDEX, *RESULTS_PAGES], ids=rel)
 def test_every_relative_link_resolves(page: Path) -> None:
     links = relative_links(page)
     broken = []
