@@ -114,7 +114,7 @@ def redone(data: Table3Data) -> list[str]:
 
 
 def caveats(data: Table3Data) -> list[str]:
-    """What a reader must know before reading the numbers, shown above the table: a table still
+    """What a reader must know before reading the numbers, shown first in the report: a table still
     running, one without base, the preset's own word on what its table is (demo: a smoke test)."""
     out = []
     if (planned := sum(data.planned.values())) > len(data.runs):
