@@ -17,13 +17,13 @@ SUMMARY, TABLE, FIGURES, METHODS = "What this table says", "The table", "Figures
 # Fits a 1,280-px window: the cells wrap only where `_breakable` lets them, so the table shrinks to
 # the window; the figures shrink to it too.
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 h2 { font-size: 1.15em; margin: 1.2em 0 0.4em; }
 table { border-collapse: collapse; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 2px 5px; text-align: right; }
+th, td { border: 1px solid #ccc; padding: 2px 4px; text-align: right; }
 th { background: #f2f2f2; font-weight: 600; }
 td:first-child, th:first-child { text-align: left; font-weight: bold; }
-td.text { text-align: left; min-width: 8em; }
+th.text, td.text { text-align: left; min-width: 7em; }
 .paper { display: block; color: #707070; font-weight: normal; }
 td.converged { background: #dff0d8; } td.still-improving { background: #fcf3cf; }
 td.overfitting { background: #fde0c5; } td.unstable, td.diverged { background: #f5c6cb; }
@@ -81,7 +81,9 @@ def _cell(value: object, column: str, class_column: str, text_column: str) -> st
     return f'<td class="{css}">{inner}</td>' if css else f"<td>{inner}</td>"
 
 
-def _header(column: str) -> str:
+def _header(column: str, text_column: str) -> str:
+    if column == text_column:
+        return f'<th class="text">{html.escape(column)}</th>'
     if column.endswith(PAPER):
         return f'<th>{html.escape(column[:-len(PAPER)])} <span class="paper">{html.escape(PAPER[1:])}</span></th>'
     return f"<th>{html.escape(column)}</th>"
@@ -89,7 +91,7 @@ def _header(column: str) -> str:
 
 def _table(table: pd.DataFrame, class_column: str, text_column: str) -> str:
     """The table with each cell of `class_column` coloured by its convergence class."""
-    head = "".join(_header(str(c)) for c in table.columns)
+    head = "".join(_header(str(c), text_column) for c in table.columns)
     body = []
     for values in table.itertuples(index=False):
         cells = "".join(_cell(v, c, class_column, text_column) for c, v in zip(table.columns, values))
