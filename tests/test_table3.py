@@ -212,7 +212,7 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     md = (report / "table3.md").read_text()
     for row in ROWS:
         assert f"| {row} " in md
-    assert "Spearman rank correlation of our dev PPL" in md and "±" in md and "| E " in md
+    assert "- **Spearman rank correlation with the paper's**: dev PPL" in md and "±" in md and "| E " in md
     assert "p vs base is empty" not in md  # every run kept its dev translations
     # seeds as noise: the difference to base with its interval (two seeds, paired by seed)
     assert frame.loc["E", "d_ppl_low"] < frame.loc["E", "d_ppl"] < frame.loc["E", "d_ppl_high"]
@@ -225,7 +225,7 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     assert "older convergence rule" not in md  # every run recorded the rule's version, the current one
     assert {t.user_attrs["convergence_rule"]["version"] for t in trials(table)
             if t.state == TrialState.COMPLETE} == {ConvergenceRule.VERSION}
-    assert "Verdict, D, regularisation" in md and "Verdict, E, learned" in md
+    assert "- **D, regularisation" in md and "- **E, learned" in md
     assert "\\begin{tabular}" in (report / "table3.tex").read_text()
     for name in REPORT_FILES:
         if name.endswith(".png"):
@@ -313,12 +313,14 @@ def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Pat
     assert tables and images == figures and "curves_D" in figures  # the learning curves too
     data = json.loads(tables[0].read_text())
     assert "row" in data["columns"] and {r[data["columns"].index("row")] for r in data["data"]} == set(ROWS)
-    # the verdicts (and caveats, where a table has any) as lines, the same as in the markdown report
+    # what the report opens with (caveats, where a table has any, then what the table says) as
+    # lines, in the order of the markdown report
     (notes,) = run.rglob("notes_*.table.json")
     lines = json.loads(notes.read_text())["data"]
     md = (out / "table3.md").read_text()
-    assert [kind for kind, _ in lines] == ["verdict D", "verdict E"]
-    assert [f"- Verdict, {text}" for _, text in lines] == [l for l in md.splitlines() if l.startswith("- Verdict")]
+    assert [kind for kind, _ in lines] == ["verdict D", "verdict E", "rank correlation"]
+    opening = md.split("## What this table says\n\n")[1].split("\n\n")[0].splitlines()
+    assert opening == [f"- **{text.replace(': ', '**: ', 1)}" for _, text in lines]
     (page,) = run.rglob("report_*.html")  # the whole report, figures inline
     assert page.read_text(encoding="utf-8") == (out / "report.html").read_text(encoding="utf-8")
 
@@ -330,7 +332,7 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     browser.get(page.as_uri())
     cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
     assert [c[0].text for c in cells] == ROWS
-    headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
+    headers = [h.get_attribute("textContent") for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
     assert {"PPL (paper)", "BLEU (paper)", "ΔBLEU [95% CI]", "p vs base", "ΔPPL [95% CI] (paper)",
             "beyond noise", "sign = paper", "converged", "changes from base"} <= set(headers)
     by_header = {h: i for i, h in enumerate(headers)}
@@ -359,7 +361,7 @@ def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path
     table = pd.DataFrame({"row": [f"r{i}" for i in range(len(classes))], "converged": classes,
                           "PPL (paper)": ["4.92"] * len(classes)})
     page = tmp_path / "report.html"
-    page.write_text(render("t", "c", table, [], {}))
+    page.write_text(render("t", "c", table, {}))
     browser.get(page.as_uri())
     colour = "return getComputedStyle(arguments[0]).backgroundColor"
     rows = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
@@ -371,9 +373,10 @@ def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path
     assert len(set(cell[:-1])) == 5, cell  # converged, still improving, overfitting, unstable/diverged, unknown
 
 
-def test_report_html_fits_a_normal_window_with_the_widest_rows_of_a_full_table(browser, tmp_path: Path):
+def test_report_html_fits_a_1280_px_window_with_the_widest_rows_of_a_full_table(browser, tmp_path: Path):
     """The cpu table's widest cells (big's five changes, D1's ΔPPL) in every column of the report:
-    the changes wrap between items, never inside one, and the table fits 1,400 px."""
+    cells wrap only between their parts (the changes between items, an interval as a whole), and
+    the page needs no horizontal scroll in a 1,280-px window."""
     from selenium.webdriver.common.by import By
 
     from reports.html import render
@@ -394,15 +397,62 @@ def test_report_html_fits_a_normal_window_with_the_widest_rows_of_a_full_table(b
         "p vs base": ["", "0.001", "0.001", "0.001"], "params ×10⁶ (paper)": ["0.48 (65)", "1.25 (168)", "0.48", "1.64 (213)"],
         "train s": ["5024", "6464", "3324", "33761"]}
     page = tmp_path / "report.html"
-    page.write_text(render("t", "c", pd.DataFrame(rows), [], {}))
+    page.write_text(render("t", "c", pd.DataFrame(rows), {}))
+    browser.set_window_size(1280, 900)
     browser.get(page.as_uri())
-    width = browser.execute_script("return document.getElementById('table3').scrollWidth")
-    assert width <= 1400, f"the table needs {width} px"
-    d1, big = [browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")[i].find_elements(By.TAG_NAME, "td")[1]
-               for i in (2, 3)]
-    assert big.size["height"] > 1.5 * d1.size["height"]  # big's changes take several lines
+    assert no_horizontal_scroll(browser) and browser.execute_script("return window.innerWidth") <= 1280
+    cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
+    d1, big = cells[2][1], cells[3][1]
+    assert text_lines(browser, big) > 1 == text_lines(browser, d1)  # big's changes take several lines
     assert big.get_attribute("innerHTML") == ("d_model&nbsp;1024, d_ff&nbsp;4096, h&nbsp;16, P_drop&nbsp;0.3, "
                                               "steps&nbsp;300K")  # each change kept on one line
+    # ours with its interval on one line, the paper's value on the next
+    assert cells[2][4].get_attribute("innerHTML") == ('+100.86&nbsp;[+99.20,&nbsp;+102.51] '
+                                                      '<span class="paper">(+0.85)</span>')
+    assert text_lines(browser, cells[2][4]) == 2 and cells[2][4].text == "+100.86 [+99.20, +102.51]\n(+0.85)"
+    assert cells[1][7].get_attribute("innerHTML") == "still&nbsp;improving (2/3)"
+
+
+def text_lines(browser, element) -> int:
+    """How many lines the text of `element` takes as laid out."""
+    return browser.execute_script("const r = document.createRange(); r.selectNodeContents(arguments[0]); "
+                                  "return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size", element)
+
+
+def no_horizontal_scroll(browser) -> bool:
+    return browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_report_answers_first_and_fits_a_1280_px_window(table: Path, browser):
+    """The report of a real table, in Chromium at 1,280 px: what the table says (a sentence per
+    group, then the rank correlation) above the table, then the figures, then the methods, collapsed;
+    no horizontal scroll, with the methods closed or open. table3.md is in the same order."""
+    from selenium.webdriver.common.by import By
+
+    report = table / "runs" / "table3-tiny" / "report"
+    browser.set_window_size(1280, 900)
+    browser.get((report / "report.html").as_uri())
+    assert browser.execute_script("return window.innerWidth") <= 1280 and no_horizontal_scroll(browser)
+    said = browser.find_elements(By.CSS_SELECTOR, "#summary li")
+    assert [li.text.split(":")[0] for li in said] == [
+        "D, regularisation (dropout, label smoothing)", "E, learned instead of sinusoidal positions",
+        "Spearman rank correlation with the paper's"]
+    assert said[0].find_element(By.TAG_NAME, "b").text == "D, regularisation (dropout, label smoothing)"
+    summary, table3 = browser.find_element(By.ID, "summary"), browser.find_element(By.ID, "table3")
+    figures, methods = browser.find_element(By.ID, "figures"), browser.find_element(By.ID, "methods")
+    bottom = [e.location["y"] + e.size["height"] for e in (summary, table3, figures)]
+    assert bottom[0] <= table3.location["y"] and bottom[1] <= figures.location["y"]
+    assert bottom[2] <= methods.location["y"]  # methods last
+    rule = next(li for li in methods.find_elements(By.TAG_NAME, "li") if li.get_attribute("textContent")
+                .startswith("Convergence rule"))
+    assert methods.get_attribute("open") is None and not rule.is_displayed()  # collapsed
+    methods.find_element(By.TAG_NAME, "summary").click()
+    assert methods.get_attribute("open") is not None and rule.is_displayed() and no_horizontal_scroll(browser)
+
+    md = (report / "table3.md").read_text()
+    order = ["## What this table says", "- **D, regularisation", "- **E, learned", "- **Spearman rank",
+             "## The table", "| row", "## Figures", "![change_vs_base.png]", "## Methods", "- Convergence rule"]
+    assert [md.index(mark) for mark in order] == sorted(md.index(mark) for mark in order)
 
 
 @pytest.mark.parametrize("preset", ["demo", "tiny"])
