@@ -95,7 +95,7 @@ def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path, fail
     other = sitting(tmp_path, archive, "--study", "other", "--max-steps", "12")
     lines = other.stderr.strip().splitlines()
     assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
-    assert "holds another table (" in lines[0] and "recipe.train.max_steps: 10 -> 12" in lines[0]
+    assert "holds another table (" in lines[0] and "overrides: train.max_steps: 10 -> 12" in lines[0]
     assert not (tmp_path / "runs" / "other").exists()
 
 
