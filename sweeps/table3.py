@@ -454,10 +454,12 @@ def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
 
 @dataclass
 class Table3Outcome:
-    """How a Table 3 run ended: the workers' exit status and the (row, seed) runs not complete."""
+    """How a Table 3 run ended: the workers' exit status, the (row, seed) runs not complete, and
+    the report's files (`reports.make.make_table3`; none when not asked for, or interrupted)."""
 
     workers_status: int
     missing: list[str]
+    report: list[Path] = field(default_factory=list)
 
     @property
     def interrupted(self) -> bool:
@@ -474,15 +476,17 @@ class Table3Outcome:
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
                devices_per_trial: int = 1, heartbeat_s: int = 60, archive: str | None = None,
                stop_after_s: float | None = None) -> Table3Outcome:
-    """Queue every planned (row, seed) not complete, run the queue-only workers until it is empty
-    (or they are interrupted), and print one line per planned run. The report is the caller's
-    (`reports.build.build_report`), from the database.
+    """Check the planned rows' data (`check_data`: one line, before anything is queued), queue
+    every planned (row, seed) not complete, run the queue-only workers until it is empty (or they
+    are interrupted), and print one line per planned run. The report is built from the database
+    after it: `reports.make.make_table3` runs the table, then the report, as `ablate table3` does.
 
     `archive`: a folder that keeps the runs for a sitting on another machine (`sweeps.archive`):
     restored from before the queue is made, saved to while the workers run and when they end.
     `stop_after_s`: stop the workers that long after they start, as if interrupted."""
     from sweeps import archive as kept
 
+    check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     inject("startup")
     if archive is None:
         return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s)

@@ -294,6 +294,48 @@ def test_report_is_regenerated_identically_from_the_database_alone(table: Path, 
         assert (tmp_path / "again" / name).read_bytes() == (report / name).read_bytes(), name
 
 
+def test_a_table_made_from_python_writes_its_report_when_asked(table: Path, tmp_path: Path):
+    """`reports.make.make_table3`, the library entry point `ablate table3` calls: the same table
+    from Python (nothing left to run) writes the same report where asked, and none when not."""
+    from reports.make import make_table3
+
+    overrides = [item for item in SMALL if "=" in item] + ["train.max_steps=10", "train.wandb=off"]
+    plan = make_plan("tiny", f"sqlite:///{table}/t3.db", str(table / "runs"), overrides, rows=",".join(ROWS),
+                     seeds="1,2")
+    before = [(t.number, t.state) for t in trials(table)]
+    assert make_table3(plan, report=False).report == []
+    outcome = make_table3(plan, report_dir=tmp_path / "report")
+    assert outcome.exit_status == 0 and [(t.number, t.state) for t in trials(table)] == before
+    written = {str(path.relative_to(tmp_path / "report")) for path in outcome.report}
+    assert set(REPORT_FILES) <= written
+    for name in REPORT_FILES:
+        assert (tmp_path / "report" / name).read_bytes() == (table / "runs" / "table3-tiny" / "report" / name).read_bytes()
+
+
+def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_path: Path, capsys):
+    """A length limit that leaves no training pairs: from Python as from `ablate table3`, the
+    same one line before any study or report folder is made."""
+    from ablate.cli import main
+    from reports.make import make_table3
+    from test_bad_input import LETTERS, corpus
+
+    files = corpus(tmp_path)
+    settings = ["data.max_train_len=1", "train.max_steps=2", "data.valid_size=50", "data.test_size=50", *LETTERS]
+    storage, runs = f"sqlite:///{tmp_path}/t3.db", str(tmp_path / "runs")
+    assert main(["table3", "--storage", storage, "--runs-dir", runs, "--rows", "base", "--no-wandb", *files,
+                 *settings]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    paths = dict(zip(files[::2], files[1::2]))
+    overrides = [*settings, "data.corpus=files", "train.wandb=off",
+                 *(f"data.{split}_{side}={paths[f'--{split}-{side}']}" for split in ("train", "valid")
+                   for side in ("src", "tgt"))]
+    plan = make_plan("tiny", storage, runs, overrides, rows="base")
+    with pytest.raises(UserError) as refused:
+        make_table3(plan)
+    assert f"ablate: error: {refused.value}" == line and "no training pairs left" in line
+    assert not (tmp_path / "t3.db").exists() and not (Path(runs) / "table3-tiny" / "report").exists()
+
+
 def test_a_run_classified_under_an_older_rule_is_classified_again_where_its_logs_are(table: Path, tmp_path: Path):
     """A run that finished before the rule recorded its version (as most of the cpu table's did),
     with a class the current rule would not give: where its run directory is here (also where a
