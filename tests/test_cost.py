@@ -20,7 +20,7 @@ from ablations.spec import load_preset, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
 from lightning_modules.run.io import atomic_write_json
 from lightning_modules.run.results import RunResult
-from sweeps.table3 import make_plan, queue
+from sweeps.table3 import Table3Plan, make_plan, queue
 
 
 def dry_run(tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -266,9 +266,9 @@ def test_time_left_takes_each_rows_own_measured_rate_and_the_median_for_the_rest
 
 
 def test_dry_run_refuses_a_study_of_another_table_in_one_line(tmp_path, capsys):
-    study = optuna.create_study(study_name="table3-cpu", storage=f"sqlite:///{tmp_path}/t.db")
-    study.set_user_attr("kind", "table3")
-    study.set_user_attr("preset", "gpu")
+    gpu = Table3Plan(study="table3-cpu", storage=f"sqlite:///{tmp_path}/t.db", preset="gpu", rows=["base"],
+                     seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=[])
+    queue(gpu)  # a study of the gpu preset's table named as the cpu table's would be
     result = dry_run_here(tmp_path, capsys, "--preset", "cpu")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "differs in its preset ('gpu' -> 'cpu'" in result.stderr

@@ -128,38 +128,79 @@ def test_a_study_is_the_same_table_whatever_the_overrides_order_or_where_output_
         queue(replace(plan, overrides=["d_model=48", "train.max_steps=10"]))
 
 
-def test_a_study_refuses_a_changed_training_recipe_and_older_studies_record_theirs(tmp_path, capsys):
-    """Editing the settings file between sittings would train the rows still queued differently:
-    the table refuses and names what changed. A study stored before the recipe was part of its
-    identity records it at its next sitting."""
-    from sweeps.table3 import identity
+def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
+    """Editing the settings between sittings would train the rows still queued differently: the
+    table refuses and names what changed and the file that sets it (the --config file, the preset's
+    file). Output-only settings in the file do not make another table. A study stored by an older
+    version, without its runs' configurations, is refused: it cannot be compared."""
+    from sweeps.table3 import identity, table_difference
 
     config = tmp_path / "recipe.yaml"
     config.write_text("train: {warmup_steps: 5, max_steps: 10}\n")
     plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
                       seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=[], config=str(config))
     study, _ = queue(plan)
-    assert study.user_attrs["recipe"]["train"]["warmup_steps"] == 5
+    assert study.user_attrs["runs"]["base-s1"]["train"]["warmup_steps"] == 5
     config.write_text("train: {warmup_steps: 7, max_steps: 10}\n")
-    with pytest.raises(UserError,
-                       match=r"differs in its training recipe \(train.warmup_steps: 5 -> 7; there -> here\)"):
+    with pytest.raises(UserError, match=rf"differs in its configuration from the --config file {config} "
+                                        r"\(train.warmup_steps: 5 -> 7; there -> here\)"):
         queue(plan)
-    config.write_text("train: {warmup_steps: 5, max_steps: 10, log_every_n_steps: 3}\n")  # not the recipe
+    config.write_text("train: {warmup_steps: 5, max_steps: 10, log_every_n_steps: 3}\n")  # output only
     assert queue(plan)[1] == 0
 
-    older = Table3Plan(study="old", storage=plan.storage, preset="tiny", rows=["base"], seeds=[1],
-                       runs_dir=plan.runs_dir, overrides=[], config=str(config))
-    stored = identity(older, load_spec(older.spec_path))
-    del stored["recipe"]
+    plan.config = None
+    edited = identity(plan)  # as if the preset's file had said warmup_steps 300 and says 400 now
+    edited["base-s1"]["train"]["warmup_steps"] = 300
+    assert table_difference({"runs": edited}, plan, identity(plan)) == \
+        ("configuration from the preset's file ablations/presets/tiny.yaml",
+         "train.warmup_steps: 300 -> 400; there -> here")
+
+    older = {key: value for key, value in study.user_attrs.items() if key != "runs"}
     old_study = optuna.create_study(study_name="old", storage=plan.storage)
-    for key, value in stored.items():
+    for key, value in older.items():
         old_study.set_user_attr(key, value)
-    capsys.readouterr()
-    assert queue(older)[1] == 1
-    assert "predates the recipe check" in capsys.readouterr().err
-    config.write_text("train: {warmup_steps: 9, max_steps: 10}\n")
-    with pytest.raises(UserError, match="differs in its training recipe"):
-        queue(older)
+    with pytest.raises(UserError, match=r"study 'old' is a Table 3 that differs in its runs' configurations "
+                                        r"\(none recorded there: an older version stored it\).*Use another --study"):
+        queue(replace(plan, study="old"))
+
+
+def test_identity_leaves_out_exactly_the_fields_marked_output_only():
+    """Every field of the run's configuration, this version's and any added later: changing one
+    marked output-only leaves a run's identity as it was; changing any other changes it (the
+    tokenizer's model keys excepted: `requested_config` leaves them to the tokenizer). A field a
+    stored identity lacks (one added to the config since) reads as its default."""
+    from dataclasses import fields, is_dataclass
+
+    from lightning_modules.config import TOKENIZER_KEYS, RunConfig, computed_config
+    from sweeps.table3 import identity, run_config, table_difference
+
+    def other(value):  # a different value of the same kind
+        if isinstance(value, bool) or value is None:
+            return not value
+        return value + (1 if isinstance(value, int) else 0.5 if isinstance(value, float) else "-changed")
+
+    plan = Table3Plan(study="t", storage="sqlite:///unused.db", preset="tiny", rows=["base"], seeds=[1],
+                      runs_dir="runs", overrides=[])
+    wanted, resolved, defaults = identity(plan), run_config(plan, "base", 1), computed_config(RunConfig())
+    assert wanted["base-s1"] == computed_config(resolved)
+    keys = [(f, None) for f in fields(resolved) if not is_dataclass(getattr(resolved, f.name))]
+    keys += [(f, part.name) for part in fields(resolved) if is_dataclass(getattr(resolved, part.name))
+             for f in fields(getattr(resolved, part.name)) if not (part.name == "model" and f.name in TOKENIZER_KEYS)]
+    marked = []
+    for f, part in keys:
+        cfg = run_config(plan, "base", 1)
+        owner = cfg if part is None else getattr(cfg, part)
+        setattr(owner, f.name, other(getattr(owner, f.name)))
+        output_only = bool(f.metadata.get("output_only"))
+        assert (computed_config(cfg) == wanted["base-s1"]) == output_only, (part, f.name)
+        marked += [f"{part}.{f.name}"] * output_only
+        if part is not None and not output_only:  # stored before the field was added
+            lacking = {key: value for key, value in wanted["base-s1"][part].items() if key != f.name}
+            stored = {"runs": {"base-s1": {**wanted["base-s1"], part: lacking}}}
+            same = table_difference(stored, plan, wanted) is None
+            assert same == (wanted["base-s1"][part][f.name] == defaults[part][f.name]), (part, f.name)
+    assert len(keys) > 60 and {"train.wandb", "train.progress_bar", "train.wandb_group"} <= set(marked)
+    assert not {"train.seed", "train.max_steps", "model.d_model", "data.corpus"} & set(marked)
 
 
 # --- the table end to end -----------------------------------------------------------------
@@ -251,6 +292,48 @@ def test_report_is_regenerated_identically_from_the_database_alone(table: Path, 
         shutil.move(saved, table / "runs")
     for name in REPORT_FILES:
         assert (tmp_path / "again" / name).read_bytes() == (report / name).read_bytes(), name
+
+
+def test_a_table_made_from_python_writes_its_report_when_asked(table: Path, tmp_path: Path):
+    """`reports.make.make_table3`, the library entry point `ablate table3` calls: the same table
+    from Python (nothing left to run) writes the same report where asked, and none when not."""
+    from reports.make import make_table3
+
+    overrides = [item for item in SMALL if "=" in item] + ["train.max_steps=10", "train.wandb=off"]
+    plan = make_plan("tiny", f"sqlite:///{table}/t3.db", str(table / "runs"), overrides, rows=",".join(ROWS),
+                     seeds="1,2")
+    before = [(t.number, t.state) for t in trials(table)]
+    assert make_table3(plan, report=False).report == []
+    outcome = make_table3(plan, report_dir=tmp_path / "report")
+    assert outcome.exit_status == 0 and [(t.number, t.state) for t in trials(table)] == before
+    written = {str(path.relative_to(tmp_path / "report")) for path in outcome.report}
+    assert set(REPORT_FILES) <= written
+    for name in REPORT_FILES:
+        assert (tmp_path / "report" / name).read_bytes() == (table / "runs" / "table3-tiny" / "report" / name).read_bytes()
+
+
+def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_path: Path, capsys):
+    """A length limit that leaves no training pairs: from Python as from `ablate table3`, the
+    same one line before any study or report folder is made."""
+    from ablate.cli import main
+    from reports.make import make_table3
+    from test_bad_input import LETTERS, corpus
+
+    files = corpus(tmp_path)
+    settings = ["data.max_train_len=1", "train.max_steps=2", "data.valid_size=50", "data.test_size=50", *LETTERS]
+    storage, runs = f"sqlite:///{tmp_path}/t3.db", str(tmp_path / "runs")
+    assert main(["table3", "--storage", storage, "--runs-dir", runs, "--rows", "base", "--no-wandb", *files,
+                 *settings]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    paths = dict(zip(files[::2], files[1::2]))
+    overrides = [*settings, "data.corpus=files", "train.wandb=off",
+                 *(f"data.{split}_{side}={paths[f'--{split}-{side}']}" for split in ("train", "valid")
+                   for side in ("src", "tgt"))]
+    plan = make_plan("tiny", storage, runs, overrides, rows="base")
+    with pytest.raises(UserError) as refused:
+        make_table3(plan)
+    assert f"ablate: error: {refused.value}" == line and "no training pairs left" in line
+    assert not (tmp_path / "t3.db").exists() and not (Path(runs) / "table3-tiny" / "report").exists()
 
 
 def test_a_run_classified_under_an_older_rule_is_classified_again_where_its_logs_are(table: Path, tmp_path: Path):
