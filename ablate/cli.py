@@ -198,8 +198,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
-    from lightning_modules.run.io import check_writable_dir
-    from sweeps.table3 import check_data, make_plan, run_table3
+    from sweeps.table3 import make_plan
 
     overrides, devices = _sweep_run_args(args)
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
@@ -214,19 +213,13 @@ def cmd_table3(args: argparse.Namespace) -> int:
         if where:
             print(f"\n{where}")
         return 0
-    report_dir = args.report_dir or str(Path(args.runs_dir) / plan.study / "report")
-    if not args.no_report:  # before the table runs, not after
-        check_writable_dir(report_dir, "the report (--report-dir)")
-    check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
-    outcome = run_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat,
-                         archive=args.archive, stop_after_s=args.stop_after)
-    if outcome.interrupted:
-        return outcome.exit_status
-    if not args.no_report:
-        from reports.build import build_report
+    from reports.make import make_table3
 
-        written = build_report(args.storage, plan.study, report_dir, wandb=args.wandb_report)
-        print(f"report: {', '.join(str(p) for p in written)}", flush=True)
+    outcome = make_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat,
+                          archive=args.archive, stop_after_s=args.stop_after, report=not args.no_report,
+                          report_dir=args.report_dir, wandb_report=args.wandb_report)
+    if outcome.report:
+        print(f"report: {', '.join(str(p) for p in outcome.report)}", flush=True)
     return outcome.exit_status
 
 

@@ -7,7 +7,7 @@ and `EvalConfig` hold everything else a run needs; `RunConfig` groups them. Vali
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 import yaml
@@ -26,6 +26,10 @@ PRECISIONS = ("auto", "transformer-engine", "transformer-engine-float16", "16-tr
 # translation. (A model alone may be smaller: the unit tests build some.)
 MIN_MAX_LEN = 16
 MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes: 0 .. 2**32 - 1
+# The marker of a field that changes only where, or how often, a run writes or shows its output
+# (logging, checkpoints, caches), never what it trains or measures: `computed_config` leaves such
+# fields out, so two runs that differ only in them are the same run of a table.
+OUTPUT_ONLY = {"output_only": True}
 
 
 def check_seed(seed: int) -> None:
@@ -170,7 +174,7 @@ class DataConfig:
     # --data multi30k | wmt14: a local directory with the files, or a mirror URL
     data_dir: str | None = None
     base_url: str | None = None
-    cache_dir: str = "~/.cache/ablate"
+    cache_dir: str = field(default="~/.cache/ablate", metadata=OUTPUT_ONLY)
     vocab_size: int = 37000  # sentencepiece BPE vocabulary, shared by both languages
     spm_input_sentence_size: int = 2_000_000  # sentences sampled to train the BPE model
     max_tokens: int = 25000  # tokens per batch and side, padding included (fairseq --max-tokens)
@@ -213,8 +217,9 @@ class TrainConfig:
     accumulate_grad_batches: int = 1  # reach ~25K+25K tokens per step on fewer GPUs
     gradient_clip_val: float = 0.0  # 0 = off, as in the paper
     val_check_interval: int = 1000  # validate (dev perplexity) every this many steps
-    checkpoint_every: int = 1000  # save a resumable checkpoint every this many steps
-    log_every_n_steps: int = 50
+    # save a resumable checkpoint every this many steps (a resumed run trains on as if never stopped)
+    checkpoint_every: int = field(default=1000, metadata=OUTPUT_ONLY)
+    log_every_n_steps: int = field(default=50, metadata=OUTPUT_ONLY)  # log the window means this often
     seed: int = 1
     accelerator: str = "auto"
     devices: str = "auto"  # "auto", a count ("2") or a list ("0,1")
@@ -232,12 +237,14 @@ class TrainConfig:
     # torch's intra-op threads; None = torch's default (the cores, or $OMP_NUM_THREADS). The order
     # in which matmuls and reductions add up depends on it: pin it to reproduce a run bit for bit.
     threads: int | None = None
-    wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | off
-    wandb_project: str = "transformer-ablations"
-    wandb_group: str | None = None
-    wandb_on_error: str = "fail"  # online without a valid API key: "fail" or fall back to "offline"
+    # auto (online with an API key, else offline) | online | offline | off
+    wandb: str = field(default="auto", metadata=OUTPUT_ONLY)
+    wandb_project: str = field(default="transformer-ablations", metadata=OUTPUT_ONLY)
+    wandb_group: str | None = field(default=None, metadata=OUTPUT_ONLY)
+    # online without a valid API key: "fail" or fall back to "offline"
+    wandb_on_error: str = field(default="fail", metadata=OUTPUT_ONLY)
     max_memory_gb: float | None = None  # refuse configurations whose estimated training memory exceeds this
-    progress_bar: bool = True
+    progress_bar: bool = field(default=True, metadata=OUTPUT_ONLY)
     # Under SLURM (SLURM_NTASKS set): SIGUSR1 (`#SBATCH --signal=USR1@90`) saves a checkpoint at
     # the end of the step, requeues the job (`scontrol requeue`) and stops; see run/slurm.py
     slurm_requeue: bool = True
@@ -336,6 +343,22 @@ def requested_config(cfg: RunConfig) -> dict[str, Any]:
     out = {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in out.items()}
     out["model"] = {k: v for k, v in cfg.model.requested().items() if k not in TOKENIZER_KEYS}
     return out
+
+
+def computed_config(cfg: RunConfig) -> dict[str, Any]:
+    """`requested_config` less the fields marked OUTPUT_ONLY: what the run trains and measures.
+    Two runs with equal ones are the same run of a table (`sweeps.table3.identity`)."""
+    return _without_output_only(cfg, requested_config(cfg))
+
+
+def _without_output_only(owner: Any, values: dict[str, Any]) -> dict[str, Any]:
+    kept = {}
+    for f in fields(owner):
+        if f.name not in values or f.metadata.get("output_only"):
+            continue
+        value = getattr(owner, f.name)
+        kept[f.name] = _without_output_only(value, values[f.name]) if is_dataclass(value) else values[f.name]
+    return kept
 
 
 def model_identity(model: dict[str, Any]) -> dict[str, Any]:

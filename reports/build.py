@@ -2,8 +2,10 @@
 
 Writes `table3.csv` (numbers), `table3.md`, `table3.tex`, `figures/*.png` and a self-contained
 `report.html`, each atomically; the same inputs give the same bytes (no timestamps; sacreBLEU's
-bootstrap has a fixed seed). With W&B on, one run logs the table (`wandb.Table`), every figure,
-report.html, and the caveats and verdicts (the run's notes, and a table of lines).
+bootstrap has a fixed seed). The report answers first: any caveats, then "What this table says"
+(a verdict per group and the rank correlation with the paper), then the table, the figures, and
+the methods last (collapsed in report.html). With W&B on, one run logs the table (`wandb.Table`),
+every figure, report.html, and the report's opening lines (the run's notes, and a table of lines).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, che
                                      disk_full_ends_the_run)
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
-from reports.html import render
+from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
 from reports.significance import missing_p, paired_bootstrap
 from reports.seeds import PAPER_THRESHOLD
 from reports.table3 import display_frame, spearman, table3_frame, to_latex, to_markdown
@@ -112,7 +114,7 @@ def redone(data: Table3Data) -> list[str]:
 
 
 def caveats(data: Table3Data) -> list[str]:
-    """What a reader must know before reading the numbers, shown above the table: a table still
+    """What a reader must know before reading the numbers, shown first in the report: a table still
     running, one without base, the preset's own word on what its table is (demo: a smoke test)."""
     out = []
     if (planned := sum(data.planned.values())) > len(data.runs):
@@ -126,14 +128,31 @@ def caveats(data: Table3Data) -> list[str]:
     return out
 
 
-def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
-    """The notes below the table: redos, rank correlations, significance, the convergence rule,
-    verdicts per group, setups and devices."""
-    out = [f"{line}." for line in redone(data)]
+def summary(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """What the report opens with ("What this table says"), as (kind, line): one verdict per group
+    (`reports.verdicts`), then how our ordering of the rows agrees with the paper's."""
+    out = [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
+    ranks = []
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
-        out.append(f"Spearman rank correlation of our {name} with the paper's over {n} rows: "
-                   + ("n/a" if math.isnan(rho) else f"{rho:+.3f}"))
+        ranks.append(f"{name} {'n/a' if math.isnan(rho) else f'{rho:+.3f}'} over {n} rows")
+    converged = frame[frame["convergence"] == "converged"] if "convergence" in frame else frame.iloc[:0]
+    if len(converged) >= 3:
+        rho, n = spearman(converged, "ppl", "paper_ppl")
+        ranks[0] += f" ({'n/a' if math.isnan(rho) else f'{rho:+.3f}'} over the {n} converged rows only)"
+    out.append(("rank correlation", f"Spearman rank correlation with the paper's: {'; '.join(ranks)}."))
+    return out
+
+
+def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
+    """The notes at the end of the report: how to read the table's columns (intervals, p vs base,
+    convergence classes and the rule), the sacreBLEU signature, redos, setups and devices."""
+    out = [f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
+           f"paired by seed when the seeds match (Welch otherwise; a one-seed row against base's 95% "
+           f"prediction interval, i.e. assuming base's seed noise); 'beyond noise' = that interval "
+           f"excludes zero. 'sign = paper' compares our ΔPPL's sign with the paper's where the "
+           f"paper's |ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within "
+           f"what a second single run could change)."]
     if n_bootstrap:
         out.append(f"p vs base: sacreBLEU paired bootstrap ({n_bootstrap} resamples) of each row's dev "
                    f"translations against base's, seeds pooled; p < 0.05 means the BLEU difference is "
@@ -142,25 +161,14 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
         p_values = frame["p_bleu_vs_base"].dropna().to_dict() if "p_bleu_vs_base" in frame else {}
         if why := missing_p(data, p_values):
             out.append(f"{why}.")
-    signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
-    out += [f"sacreBLEU signature: {s}" for s in signatures]
     if "convergence" in frame and frame["convergence"].notna().any():
         out.append(f"Convergence rule: {ConvergenceRule().describe()}. Column 'converged': the worst "
                    "class over a row's seeds (with how many seeds had it); in report.html its cell is coloured: green "
                    "converged, yellow still improving, orange overfitting, red unstable or diverged, grey unknown.")
         out += [f"{line}." for line in older_rule(data.runs)]
-    out.append(f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
-               f"paired by seed when the seeds match (Welch otherwise; a one-seed row against base's 95% "
-               f"prediction interval, i.e. assuming base's seed noise); 'beyond noise' = that interval "
-               f"excludes zero. 'sign = paper' compares our ΔPPL's sign with the paper's where the "
-               f"paper's |ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within "
-               f"what a second single run could change).")
-    converged = frame[frame["convergence"] == "converged"] if "convergence" in frame else frame.iloc[:0]
-    if len(converged) >= 3:
-        rho, n = spearman(converged, "ppl", "paper_ppl")
-        out.append(f"Spearman rank correlation of dev PPL over the {n} converged rows only: "
-                   + ("n/a" if math.isnan(rho) else f"{rho:+.3f}"))
-    out += [f"Verdict, {sentence}" for sentence in verdicts(frame).values() if sentence]
+    signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
+    out += [f"sacreBLEU signature: {s}" for s in signatures]
+    out += [f"{line}." for line in redone(data)]
     setups = sorted(set(data.runs["setup"].dropna())) if "setup" in data.runs else []
     if len(setups) > 1:
         out.append(f"The runs come from {len(setups)} different setups (the same seed on another CPU, "
@@ -175,13 +183,20 @@ def notes(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
     return out
 
 
-def markdown_report(title: str, cap: str, frame: pd.DataFrame, note_lines: list[str],
-                    figure_names: list[str], caveat_lines: Sequence[str] = ()) -> str:
-    parts = [f"# {title}", "", cap, ""]
+def markdown_report(title: str, cap: str, frame: pd.DataFrame, summary_lines: Sequence[str],
+                    method_lines: Sequence[str], figure_names: Sequence[str],
+                    caveat_lines: Sequence[str] = ()) -> str:
+    """The report in markdown, in the order of report.html: caveats, what the table says, the
+    table, the figures, the methods."""
+    parts = [f"# {title}", ""]
     parts += [f"> **{line}**\n" for line in caveat_lines]
-    parts += [to_markdown(frame), ""]
-    parts += [f"- {line}" for line in note_lines] + [""]
-    parts += [f"![{name}](figures/{name})" for name in figure_names] + [""]
+    if summary_lines:
+        parts += [f"## {SUMMARY}", ""] + [f"- **{head}**: {rest}" if head else f"- {rest}"
+                                           for head, rest in map(lead, summary_lines)] + [""]
+    parts += [f"## {TABLE}", "", cap, "", to_markdown(frame), ""]
+    if figure_names:
+        parts += [f"## {FIGURES}", ""] + [f"![{name}](figures/{name})" for name in figure_names] + [""]
+    parts += [f"## {METHODS}", ""] + [f"- {line}" for line in method_lines] + [""]
     return "\n".join(parts)
 
 
@@ -201,7 +216,8 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     frame = table3_frame(data, p_values)
     title = f"Table 3 replica: {data.study}"
     cap = caption(data, frame)
-    note_lines, caveat_lines = notes(data, frame, bootstrap), caveats(data)
+    summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data)
+    method_lines = methods(data, frame, bootstrap)
     pictures = figs.render_all(frame, data.curves)
 
     written: list[Path] = []
@@ -218,9 +234,11 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
         for name, png in pictures.items():
             put(f"figures/{name}", png)
         put("table3.csv", frame.to_csv(float_format="%.6g"))
-        put("table3.md", markdown_report(title, cap, frame, note_lines, list(pictures), caveat_lines))
+        put("table3.md", markdown_report(title, cap, frame, summary_lines, method_lines, list(pictures),
+                                         caveat_lines))
         put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
-        put("report.html", render(title, cap, display_frame(frame), note_lines, pictures, caveats=caveat_lines))
+        put("report.html", render(title, cap, display_frame(frame), pictures, summary=summary_lines,
+                                  methods=method_lines, caveats=caveat_lines))
     if wandb != "off":
         log_to_wandb(data, frame, out, wandb, list(pictures), caveat_lines)
     return written
@@ -229,8 +247,8 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
 def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str,
                  figure_names: Sequence[str], caveat_lines: Sequence[str]) -> None:
     """The report in one W&B run of the project: the numeric table as a `wandb.Table`, every
-    figure (learning curves per group too) as an image, report.html itself, and the caveats and
-    verdicts as the run's notes and as a table of lines."""
+    figure (learning curves per group too) as an image, report.html itself, and the lines the
+    report opens with (caveats, then what the table says) as the run's notes and as a table of lines."""
     from lightning_modules.run.preflight import wandb_mode
 
     mode = wandb_mode(setting)
@@ -238,8 +256,7 @@ def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str,
         return
     import wandb
 
-    lines = [("caveat", line) for line in caveat_lines]
-    lines += [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
+    lines = [("caveat", line) for line in caveat_lines] + summary(frame)  # the report's opening, in its order
     run = wandb.init(project="transformer-ablations", name=f"report-{data.study}", job_type="report",
                      group=data.study, mode=mode, dir=str(out), reinit="finish_previous",
                      notes="\n".join(text for _, text in lines) or None,

@@ -1,9 +1,13 @@
-"""The report's figures (matplotlib, PNG bytes): BLEU vs parameters, PPL vs training time, and the
-change of every row against base, ours beside the paper's."""
+"""The report's figures (matplotlib, PNG bytes): the change of every row against base, ours beside
+the paper's, BLEU vs parameters, PPL vs training time, and learning curves per group. A row far off
+the others does not flatten an axis: the axis keeps to the rest (`robust_limits`), and that row is
+drawn at the edge with its value written there."""
 
 from __future__ import annotations
 
 import io
+import math
+from collections.abc import Iterable
 
 import matplotlib
 
@@ -26,17 +30,79 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
-def _scatter(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabel: str, title: str) -> bytes:
+def kept_range(values: Iterable[float]) -> tuple[float, float, int, int]:
+    """The range an axis shows so that a few far-off values do not flatten the rest: the fewest
+    largest values (at most a quarter of them) whose gap to the others exceeds the others' own
+    range are left out, then likewise the smallest. Returns (low, high) of the values kept and
+    how many were left out above and below."""
+    v = sorted(x for x in values if x is not None and math.isfinite(x))
+    n, most = len(v), len(v) // 4
+
+    def far(rest: list[float], k: int, side: int) -> bool:
+        inner = rest[-k - 1] if side > 0 else rest[k]
+        outer = rest[-k] if side > 0 else rest[k - 1]
+        kept = rest[:-k] if side > 0 else rest[k:]
+        return abs(outer - inner) > kept[-1] - kept[0] > 0
+
+    above = next((k for k in range(1, most + 1) if far(v, k, +1)), 0)
+    v = v[:n - above]
+    below = next((k for k in range(1, most - above + 1) if far(v, k, -1)), 0)
+    v = v[below:]
+    return (v[0], v[-1], above, below) if v else (math.nan, math.nan, 0, 0)
+
+
+def robust_limits(values: Iterable[float]) -> tuple[float, float] | None:
+    """Axis limits around the values `kept_range` keeps, with room at a side where values were left
+    out for the marks drawn there; None when none were (the axis scales itself)."""
+    low, high, above, below = kept_range(values)
+    if not (above or below):
+        return None
+    pad = 0.06 * ((high - low) or abs(high) or 1.0)
+    return low - (3 if below else 1) * pad, high + (3 if above else 1) * pad
+
+
+def _edge(value: float, limits: tuple[float, float] | None) -> tuple[float, int]:
+    """Where a value is drawn on an axis with `limits`: itself, or just inside the edge it lies
+    beyond, with the side (+1 above, -1 below, 0 inside)."""
+    if limits is None or math.isnan(value) or limits[0] <= value <= limits[1]:
+        return value, 0
+    inset = 0.04 * (limits[1] - limits[0])
+    return (limits[1] - inset, 1) if value > limits[1] else (limits[0] + inset, -1)
+
+
+def _scatter(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabel: str, title: str,
+             robust_x: bool = False) -> bytes:
+    """One point per row with its error bar; a row far off the others (`robust_limits`, on y and
+    where `robust_x` on x) is drawn as an arrow at the edge with its value written beside it."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    xlim = robust_limits(frame[x]) if robust_x else None
+    ylim = robust_limits(frame[y])
+    arrows = {(0, 0): "o", (1, 0): ">", (-1, 0): "<", (0, 1): "^", (0, -1): "v"}
     for row, r in frame.iterrows():
-        ax.errorbar(r[x], r[y], yerr=None if pd.isna(r[y_err]) else r[y_err], fmt="o",
-                    color=_color(r.group), capsize=3)
-        ax.annotate(str(row), (r[x], r[y]), textcoords="offset points", xytext=(4, 3), fontsize=8)
+        (px, sx), (py, sy) = _edge(r[x], xlim), _edge(r[y], ylim)
+        marker = arrows.get((sx, sy), "D")
+        error = None if sx or sy or pd.isna(r[y_err]) else r[y_err]
+        ax.errorbar(px, py, yerr=error, fmt=marker, color=_color(r.group), capsize=3)
+        off = [_short(r[x])] * bool(sx) + [_short(r[y])] * bool(sy)  # its value on the axis it is off
+        label = f"{row}: {', '.join(off)}" if off else str(row)
+        ax.annotate(label, (px, py), textcoords="offset points", fontsize=8,
+                    xytext=(-4 if sx > 0 else 4, -9 if sy > 0 else 3), ha="right" if sx > 0 else "left")
+    if xlim:
+        ax.set_xlim(*xlim)
+    if ylim:
+        ax.set_ylim(*ylim)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title + (OFF_SCALE if xlim or ylim else ""), fontsize=10)
     ax.grid(alpha=0.3)
     return _png(fig)
+
+
+OFF_SCALE = "\n(a row far off the others: an arrow at the edge, its value beside it)"
+
+
+def _short(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def bleu_vs_params(frame: pd.DataFrame) -> bytes:
@@ -46,31 +112,46 @@ def bleu_vs_params(frame: pd.DataFrame) -> bytes:
 
 def ppl_vs_time(frame: pd.DataFrame) -> bytes:
     return _scatter(frame, "train_time_s", "ppl", "ppl_std", "training time (s)",
-                    "dev perplexity (per wordpiece)", "Dev perplexity against training time")
+                    "dev perplexity (per wordpiece)", "Dev perplexity against training time", robust_x=True)
 
 
 def change_vs_base(frame: pd.DataFrame) -> bytes:
     """Per-row bars of the relative change of PPL and BLEU against base (%): ours solid, the
-    paper's hatched (relative, since our CPU-scale values and the paper's differ in magnitude)."""
+    paper's hatched (relative, since our CPU-scale values and the paper's differ in magnitude). A
+    bar far beyond the others (`robust_limits`) is cut at the axis edge, its value written there."""
     rows = [r for r in frame.index if r != "base"]
     fig, axes = plt.subplots(2, 1, figsize=(max(6.4, 0.45 * len(rows) + 2), 6.0), sharex=True)
     positions = range(len(rows))
+    cut = False
     for ax, metric, label in ((axes[0], "ppl", "PPL vs base, % (lower is better)"),
                               (axes[1], "bleu", "BLEU vs base, % (higher is better)")):
         colors = [_color(frame.loc[r, "group"]) for r in rows]
-        ours = [frame.loc[r, f"d_{metric}_pct"] if f"d_{metric}_pct" in frame else 0.0 for r in rows]
-        paper = [frame.loc[r, f"d_paper_{metric}_pct"] if f"d_paper_{metric}_pct" in frame else 0.0
-                 for r in rows]
-        ax.bar([p - 0.2 for p in positions], [0.0 if pd.isna(v) else v for v in ours], width=0.4,
-               color=colors, label="ours")
-        ax.bar([p + 0.2 for p in positions], [0.0 if pd.isna(v) else v for v in paper], width=0.4,
-               color="white", edgecolor=colors, hatch="///", label="paper")
+        bars = {}
+        for name in (f"d_{metric}_pct", f"d_paper_{metric}_pct"):
+            column = frame[name] if name in frame else pd.Series(0.0, index=frame.index)
+            bars[name] = [0.0 if pd.isna(column[r]) else float(column[r]) for r in rows]
+        ours, paper = bars.values()
+        ax.bar([p - 0.2 for p in positions], ours, width=0.4, color=colors, label="ours")
+        ax.bar([p + 0.2 for p in positions], paper, width=0.4, color="white", edgecolor=colors, hatch="///",
+               label="paper")
+        if limits := robust_limits([0.0, *ours, *paper]):
+            ax.set_ylim(*limits)
+            cut = True
+            for shift, values in ((-0.2, ours), (0.2, paper)):
+                for p, v in zip(positions, values):
+                    edge, side = _edge(v, limits)
+                    if side:
+                        ax.annotate(f"{v:+.0f}%", (p + shift, edge), ha="center", va="top" if side > 0 else "bottom",
+                                    fontsize=7, fontweight="bold",
+                                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none"})
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_ylabel(label, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
     axes[1].set_xticks(list(positions), rows, rotation=0, fontsize=8)
-    axes[0].set_title("Relative change against base, per Table 3 row", fontsize=10)
+    axes[0].set_title("Relative change against base, per Table 3 row"
+                      + ("\n(a bar far beyond the others is cut at the edge, its value written there)" if cut else ""),
+                      fontsize=10)
     return _png(fig)
 
 
@@ -105,8 +186,9 @@ def learning_curves(curves: pd.DataFrame, group: str, groups: dict[str, str]) ->
     return _png(fig)
 
 
-FIGURES = {"bleu_vs_params.png": bleu_vs_params, "ppl_vs_time.png": ppl_vs_time,
-           "change_vs_base.png": change_vs_base}
+# the change against base first: it answers the table's question row by row
+FIGURES = {"change_vs_base.png": change_vs_base, "bleu_vs_params.png": bleu_vs_params,
+           "ppl_vs_time.png": ppl_vs_time}
 
 
 def render_all(frame: pd.DataFrame, curves: pd.DataFrame | None = None) -> dict[str, bytes]:

@@ -1,4 +1,5 @@
-"""A self-contained `report.html`: the table, the rank correlations and the figures inlined."""
+"""A self-contained `report.html` that answers first: caveats, what the table says, the table, the
+figures (inlined), and the methods last, collapsed."""
 
 from __future__ import annotations
 
@@ -10,20 +11,53 @@ import pandas as pd
 
 from lightning_modules.convergence import CLASSES
 
+# the headings, in table3.md too
+SUMMARY, TABLE, FIGURES, METHODS = "What this table says", "The table", "Figures", "Methods"
+
+# Fits a 1,280-px window: the cells wrap only where `_breakable` lets them, so the table shrinks to
+# the window; the figures shrink to it too.
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h2 { font-size: 1.15em; margin: 1.2em 0 0.4em; }
 table { border-collapse: collapse; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; white-space: nowrap; }
-th { background: #f2f2f2; white-space: normal; max-width: 9em; }
+th, td { border: 1px solid #ccc; padding: 2px 4px; text-align: right; }
+th { background: #f2f2f2; font-weight: 600; }
 td:first-child, th:first-child { text-align: left; font-weight: bold; }
-figure { display: inline-block; margin: 1em 1em 0 0; }
+th.text, td.text { text-align: left; min-width: 7em; }
+.paper { display: block; color: #707070; font-weight: normal; }
 td.converged { background: #dff0d8; } td.still-improving { background: #fcf3cf; }
 td.overfitting { background: #fde0c5; } td.unstable, td.diverged { background: #f5c6cb; }
 td.unknown { background: #e2e3e5; }
-td.wrap { white-space: normal; min-width: 8em; max-width: 12em; text-align: left; }
-.meta { color: #555; font-size: 13px; }
+figure { display: inline-block; margin: 1em 1em 0 0; max-width: calc(100% - 1em); }
+figure img { max-width: 100%; height: auto; }
+#summary li { margin: 0.3em 0; max-width: 75em; }
+.meta { color: #555; font-size: 13px; overflow-wrap: anywhere; }
 .caveat { font-weight: bold; border-left: 4px solid #c0392b; padding: 2px 8px; max-width: 60em; }
+details#methods { margin-top: 1.5em; }
+details#methods > summary { cursor: pointer; font-weight: 600; font-size: 1.15em; }
 """
+
+
+def lead(line: str) -> tuple[str, str]:
+    """A summary line split into what it is about and what it says ("A, number of heads ...",
+    "higher PPL ..."); ("", line) when it has no such head."""
+    head, sep, rest = line.partition(": ")
+    return (head, rest) if sep else ("", line)
+
+
+def _breakable(text: str) -> str:
+    """Escaped `text` that a browser may wrap only between its parts: before a parenthesis
+    ("still improving (1/3)") and after a comma between items ("d_model 1024, d_ff 4096"), never
+    inside a value with its interval ("+100.87 [+98.63, +103.11]") or a setting."""
+    out, depth = [], 0
+    for i, ch in enumerate(text):
+        depth += (ch in "[(") - (ch in "])")
+        if ch == " ":
+            free = depth == 0 and (text[i + 1:i + 2] == "(" or text[i - 1:i] == ",")
+            out.append(" " if free else "&nbsp;")
+        else:
+            out.append(html.escape(ch))
+    return "".join(out)
 
 
 def _class_of(cell: str) -> str:
@@ -32,42 +66,67 @@ def _class_of(cell: str) -> str:
     return label.replace(" ", "-") if label in CLASSES else ""
 
 
-def _cell(value: object, column: str, class_column: str, wrap_column: str) -> str:
-    """One `<td>`: a `class_column` cell classed by its convergence class; a `wrap_column` cell
-    breaking between a row's changes ("d_model 1024, d_k 128"), never inside one."""
-    text = html.escape(str(value))
-    if column == wrap_column:
-        return '<td class="wrap">' + ", ".join(item.replace(" ", "&nbsp;") for item in text.split(", ")) + "</td>"
-    css = _class_of(str(value)) if column == class_column else ""
-    return f'<td class="{css}">{text}</td>' if css else f"<td>{text}</td>"
+PAPER = " (paper)"  # a column whose name ends so holds ours, then the paper's value in parentheses
 
 
-def _table(table: pd.DataFrame, class_column: str, wrap_column: str) -> str:
-    """The table with each cell of `class_column` coloured by its convergence class, and the cells of
-    `wrap_column` (the long lists of a row's changes) wrapped, so the table fits a normal window."""
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in table.columns)
+def _cell(value: object, column: str, class_column: str, text_column: str) -> str:
+    """One `<td>`, wrapping only between its parts: a `class_column` cell classed by its convergence
+    class, a `text_column` cell (a row's changes from base) aligned left, and in a column of ours
+    beside the paper's the paper's value on a line of its own, in grey."""
+    text = str(value)
+    css = _class_of(text) if column == class_column else "text" if column == text_column else ""
+    ours, sep, paper = text.rpartition(" (") if column.endswith(PAPER) and text.endswith(")") else ("", "", "")
+    inner = (f'{_breakable(ours)} <span class="paper">({html.escape(paper)}</span>' if sep
+             else _breakable(text))
+    return f'<td class="{css}">{inner}</td>' if css else f"<td>{inner}</td>"
+
+
+def _header(column: str, text_column: str) -> str:
+    if column == text_column:
+        return f'<th class="text">{html.escape(column)}</th>'
+    if column.endswith(PAPER):
+        return f'<th>{html.escape(column[:-len(PAPER)])} <span class="paper">{html.escape(PAPER[1:])}</span></th>'
+    return f"<th>{html.escape(column)}</th>"
+
+
+def _table(table: pd.DataFrame, class_column: str, text_column: str) -> str:
+    """The table with each cell of `class_column` coloured by its convergence class."""
+    head = "".join(_header(str(c), text_column) for c in table.columns)
     body = []
     for values in table.itertuples(index=False):
-        cells = "".join(_cell(v, c, class_column, wrap_column) for c, v in zip(table.columns, values))
+        cells = "".join(_cell(v, c, class_column, text_column) for c, v in zip(table.columns, values))
         body.append(f"<tr>{cells}</tr>")
     rows = "\n".join(body)
     return f'<table id="table3">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>'
 
 
-def render(title: str, caption: str, table: pd.DataFrame, notes: list[str], figures: dict[str, bytes],
-           class_column: str = "converged", wrap_column: str = "changes from base",
-           caveats: Sequence[str] = ()) -> str:
-    """The report page; `table` holds display strings (its `class_column` cells coloured by
-    convergence class, its `wrap_column` cells wrapped), `figures` PNG bytes by file name,
-    `caveats` what to read before the table (shown above it)."""
-    rows_html = _table(table, class_column, wrap_column)
+def _summary_item(line: str) -> str:
+    head, rest = lead(line)
+    return f"<li><b>{html.escape(head)}</b>: {html.escape(rest)}</li>" if head else f"<li>{html.escape(rest)}</li>"
+
+
+def render(title: str, caption: str, table: pd.DataFrame, figures: dict[str, bytes],
+           summary: Sequence[str] = (), methods: Sequence[str] = (), caveats: Sequence[str] = (),
+           class_column: str = "converged", text_column: str = "changes from base") -> str:
+    """The report page, in this order: `caveats` (what to read before anything else), `summary`
+    (what the table says), the caption and `table` (display strings; its `class_column` cells
+    coloured by convergence class), `figures` (PNG bytes by file name), and `methods` last, in a
+    collapsed <details>."""
+    warnings = "".join(f'<p class="caveat">{html.escape(c)}</p>\n' for c in caveats)
+    said = ""
+    if summary:
+        items = "\n".join(_summary_item(line) for line in summary)
+        said = f'<section id="summary">\n<h2>{SUMMARY}</h2>\n<ul>\n{items}\n</ul>\n</section>\n'
     images = "\n".join(
         f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"><figcaption>{html.escape(name)}</figcaption></figure>'
         for name, png in figures.items())
-    items = "\n".join(f"<li>{html.escape(n)}</li>" for n in notes)
-    warnings = "".join(f'<p class="caveat">{html.escape(c)}</p>\n' for c in caveats)
+    shown = f'<section id="figures">\n<h2>{FIGURES}</h2>\n{images}\n</section>\n' if figures else ""
+    notes = "\n".join(f"<li>{html.escape(n)}</li>" for n in methods)
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
-            f"<h1>{html.escape(title)}</h1>\n<p class=\"meta\">{html.escape(caption)}</p>\n"
-            f"{warnings}{rows_html}\n<ul class=\"meta\">\n{items}\n</ul>\n{images}\n</body>\n</html>\n")
+            f"<h1>{html.escape(title)}</h1>\n{warnings}{said}"
+            f"<h2>{TABLE}</h2>\n<p class=\"meta\" id=\"caption\">{html.escape(caption)}</p>\n"
+            f"{_table(table, class_column, text_column)}\n{shown}"
+            f"<details id=\"methods\">\n<summary>{METHODS}</summary>\n<ul class=\"meta\">\n{notes}\n</ul>\n"
+            f"</details>\n</body>\n</html>\n")

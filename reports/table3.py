@@ -196,7 +196,7 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
 
 def to_markdown(frame: pd.DataFrame) -> str:
     table = display_frame(frame)
-    align = ["left" if c in ("row", "pos") else "right" for c in table.columns]
+    align = ["left" if c in ("row", "changes from base", "converged") else "right" for c in table.columns]
     return table.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import METRICS, read_rows
 from lightning_modules.run.io import atomic_write_bytes, atomic_write_json, check_writable_dir
+from lightning_modules.run.rundir import mark
 from lightning_modules.run.results import RESULTS, read_results
 
 SAVE_EVERY_S = 600.0
@@ -162,6 +163,7 @@ def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:
         check_writable_dir(run_dir, f"the run directory of {row} seed {seed}")
         for path in sorted(p for p in src.rglob("*") if p.is_file()):
             _copy(path, run_dir / path.relative_to(src))
+        mark(run_dir)  # ours: restored by the table into its own run directory
         done = read_results(src)
         restored.append(f"{row} seed {seed} ({'checkpoint' if done is None else done.status})")
     return restored

@@ -15,7 +15,6 @@ slight under-estimate for it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,13 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
-from ablations.spec import load_spec
 from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.results import read_results
 from sweeps import archive as kept
 from sweeps.cost import DeviceRate, TimeUnit, estimate
 from sweeps.redo import redo_requests
-from sweeps.table3 import ADDED_LATER, Table3Plan, check_archive, identity, other_table, run_dir, status
+from sweeps.table3 import Table3Plan, check_archive, check_study, identity, run_dir, status
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ def finished_in_study(plan: Table3Plan, wanted: dict[str, Any]) -> tuple[set[tup
     """The planned runs the study holds as complete, those of them the plan's `--redo` would train
     again, and why the study was not read (or None).
     Opens only a storage that exists (a dry run creates nothing); a study of another table is
-    refused as the table itself would refuse it (`wanted`: `table3.identity`)."""
+    refused as the table itself refuses it (`table3.check_study`; `wanted`: `table3.identity`)."""
     from sweeps.storage import journal_path, make_storage, sqlite_path
 
     local = sqlite_path(plan.storage) or journal_path(plan.storage)
@@ -95,16 +93,7 @@ def finished_in_study(plan: Table3Plan, wanted: dict[str, Any]) -> tuple[set[tup
         return set(), set(), str(err)
     except KeyError:
         return set(), set(), None
-    attrs = study.user_attrs
-    if "kind" not in attrs:  # as `table3.check_study`: an empty study becomes the table's
-        if study.get_trials(deepcopy=False):
-            raise UserError(f"study {plan.study!r} holds a sweep, not a Table 3: use another --study")
-        return set(), set(), None
-    stored = {key: value for key, value in json.loads(json.dumps(wanted)).items()
-              if key in attrs or key not in ADDED_LATER}
-    refusal = other_table(plan.study, attrs, stored)
-    if refusal is not None:
-        raise refusal
+    check_study(study, plan, wanted, record=False)
     latest = status(study, plan)
     done = {key for key, trial in latest.items() if trial is not None and trial.state == TrialState.COMPLETE}
     again = set(redo_requests(study, [key for key in latest if key[0] in plan.redo], latest))
@@ -200,9 +189,9 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
 
 def standing(plan: Table3Plan, archive: str | None = None, workers: int = 1) -> str | None:
     """The dry run's second part: where the planned table stands (None if nothing has started)."""
-    wanted = identity(plan, load_spec(plan.spec_path))
+    wanted = identity(plan)
     if archive is not None:
-        check_archive(Path(archive), wanted)
+        check_archive(Path(archive), plan, wanted)
     in_study, again, unread = finished_in_study(plan, wanted)
     table, rate = estimate(plan)
     runs = progress(plan, table["steps"].to_dict(), archive, in_study, again)

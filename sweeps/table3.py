@@ -5,9 +5,10 @@ the GPUs of one machine, or on many machines sharing a PostgreSQL study, like an
 Each (row, seed) trains in `<runs_dir>/<study>/<row>-s<seed>`; a re-run queues only what is not
 complete, and a killed trial resumes there from its checkpoint.
 
-The study remembers what it is a table of (preset, spec rows, fixed overrides) in its user
-attributes, so the report needs nothing but the database, and a re-run with different settings
-is refused instead of mixing two tables.
+The study remembers what it is a table of in its user attributes (`table_record`): each planned
+run's configuration (`identity`), and the preset, spec rows and overrides the report reads, so the
+report needs nothing but the database; a re-run that would train any of those runs differently is
+refused (`table_difference`) instead of mixing two tables.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from ablations.resolve import parse_overrides, resolve
-from ablations.spec import default_rows, default_seeds, load_spec, one_seed_rows
-from lightning_modules.config import TOKENIZER_KEYS, check_seed, count_parameters
+from ablations.resolve import load_config_file, parse_overrides, resolve
+from ablations.spec import default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
+from lightning_modules.config import RunConfig, check_seed, computed_config, count_parameters
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.names import check_name, inside
 from lightning_modules.run.faults import inject
@@ -148,110 +149,168 @@ def check_data(plan: Table3Plan) -> None:
             prepare(cfg)
 
 
+def run_name(row: str, seed: int) -> str:
+    """A planned run's name: its run directory's, and its key in the table's identity."""
+    return f"{row}-s{seed}"
+
+
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
-    return str(inside(plan.runs_dir, plan.study, f"{row}-s{seed}"))
+    return str(inside(plan.runs_dir, plan.study, run_name(row, seed)))
 
 
-# What a preset's training recipe is (base row, resolved): a preset file edited between two
-# sittings of one table would otherwise train its remaining rows differently without a word.
-# Paths, devices, logging and checkpoint cadence are not the recipe; a row's own changes are in
-# the spec; corpus, vocabulary, batch tokens, beam and length penalty are in `setup` already.
-RECIPE_KEYS = {
-    "train": ("max_steps", "warmup_steps", "lr_scale", "lr_decay", "adam_beta1", "adam_beta2",
-              "adam_eps", "accumulate_grad_batches", "gradient_clip_val"),
-    "data": ("src_lang", "tgt_lang", "ding_dictionary", "valid_size", "test_size",
-             "spm_input_sentence_size", "max_train_len", "train_pairs", "pad_multiple"),
-    "eval": ("max_len_offset",),
-}
-# Identity keys added after tables were first stored: an older study lacking one records it at
-# its next sitting (with a notice) instead of refusing.
-ADDED_LATER = ("recipe",)
+def run_config(plan: Table3Plan, row: str, seed: int) -> RunConfig:
+    """The configuration a planned (row, seed) trains with (its queued trial's worker resolves the same)."""
+    return resolve(plan.preset, row, plan.config, [*plan.overrides, *seed_overrides(seed)], plan.spec_path)
 
 
-def identity(plan: Table3Plan, spec: dict[str, Any]) -> dict[str, Any]:
-    """What makes two runs of the command the same table (stored on the study)."""
+def table_record(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What a study's user attributes and an archive's `table3.json` hold: `runs`, the identity of
+    every run the table has planned so far (`identity`), and what the report reads: the preset, the
+    spec's rows, the overrides, the --config file and the setup its caption names."""
     cfg = resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
     setup = {"scale": asdict(cfg.scale), "corpus": cfg.data.corpus, "vocab_size": cfg.data.vocab_size,
              "max_tokens": cfg.data.max_tokens, "beam_size": cfg.eval.beam_size,
              "length_penalty": cfg.eval.length_penalty}
-    recipe = {part: {key: getattr(getattr(cfg, part), key) for key in keys}
-              for part, keys in RECIPE_KEYS.items()}
-    recipe["model"] = {key: value for key, value in cfg.model.requested().items()
-                       if key not in TOKENIZER_KEYS}
-    return {"kind": KIND, "preset": plan.preset, "spec": spec, "overrides": plan.overrides,
-            "config": plan.config, "setup": setup, "recipe": recipe}
+    return {"kind": KIND, "preset": plan.preset, "spec": load_spec(plan.spec_path), "overrides": plan.overrides,
+            "config": plan.config, "setup": setup, "runs": runs}
 
 
-def describe_differences(there: Any, here: Any) -> str:
-    """`a.b: 1 -> 2; c: ...` for two identities (nested dicts), or the two values."""
-    both_dicts = isinstance(there, dict) and isinstance(here, dict)
-    return "; ".join(_differences(there, here)) if both_dicts else f"{there!r} -> {here!r}"
+def identity(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> dict[str, dict[str, Any]]:
+    """What the table is, the one answer to "is this the same table": for each planned (row,
+    seed) (or each of `runs`), by its run's name, the configuration it trains with as requested,
+    less the fields marked as choosing only where output goes (`config.computed_config`; e.g.
+    W&B, the progress bar, checkpoint cadence), as JSON stores it."""
+    planned = plan.runs() if runs is None else runs
+    return identity_of({(row, seed): run_config(plan, row, seed) for row, seed in planned})
 
 
-def _differences(there: Any, here: Any, prefix: str = "") -> list[str]:
-    """`key: there -> here` for each leaf where two nested dicts differ."""
+def identity_of(configs: dict[tuple[str, int], RunConfig]) -> dict[str, dict[str, Any]]:
+    """`identity` from the runs' configurations at hand."""
+    return json.loads(json.dumps({run_name(row, seed): computed_config(cfg) for (row, seed), cfg in configs.items()}))
+
+
+def table_difference(stored: dict[str, Any], plan: Table3Plan,
+                     wanted: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
+    """How the table `stored` (a study's user attributes, an archive's table3.json) differs from
+    the one `plan` makes (`wanted`: its identity): what differs (the preset, the overrides, or the
+    configuration from the files that set the changed keys, named), and the changes, there -> here;
+    None for the same table.
+
+    Every run `stored` names is compared with the same run as `plan` would train it, planned
+    this time or not, so a sitting of other rows or seeds is checked too. A field its
+    configuration lacks (one added to the config since) reads as that field's default, as an
+    older config.yaml does when loaded."""
+    there = stored.get("runs")
+    if not isinstance(there, dict) or not there:
+        return "runs' configurations", "none recorded there: an older version stored it"
+    spec = load_spec(plan.spec_path)
+    gone = sorted({str(config.get("row")) for config in there.values()} - set(spec))
+    if gone:
+        return "rows", f"{', '.join(gone)} not in the ablation spec {plan.spec_path or default_spec_path()} here"
+    more = [(config["row"], config["train"]["seed"]) for name, config in there.items() if name not in wanted]
+    here = {**wanted, **identity(plan, more)}
+    defaults = computed_config(RunConfig())
+    changes: dict[tuple[str, Any, Any], list[str]] = {}
+    for name, config in there.items():
+        for change in _differences(_with_defaults(config, defaults), here[name]):
+            changes.setdefault(change, []).append(name)
+    if not changes:
+        return None
+    if preset := [(old, new) for path, old, new in changes if path == "preset"]:
+        return "preset", f"{preset[0][0]!r} -> {preset[0][1]!r}; there -> here"
+    shown = [f"{path}: {old!r} -> {new!r}" + ("" if len(names) == len(there) else f" in {_some(names)}")
+             for (path, old, new), names in changes.items()]
+    more_text = f"; and {len(shown) - 4} more" if len(shown) > 4 else ""
+    return (_changed_by(plan, stored, {path for path, _, _ in changes}),
+            "; ".join(shown[:4]) + more_text + "; there -> here")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names) if len(names) <= 3 else f"{len(names)} runs ({', '.join(names[:2])}, ...)"
+
+
+def _differences(there: Any, here: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(key, there, here) for each leaf where two nested dicts differ."""
     if isinstance(there, dict) and isinstance(here, dict):
-        return [line for key in sorted(set(there) | set(here), key=str)
-                for line in _differences(there.get(key), here.get(key), f"{prefix}{key}.")]
-    return [] if there == here else [f"{prefix.rstrip('.')}: {there!r} -> {here!r}"]
+        return [change for key in sorted(set(there) | set(here), key=str)
+                for change in _differences(there.get(key), here.get(key), f"{prefix}{key}.")]
+    return [] if there == here else [(prefix.rstrip("."), there, here)]
 
 
-def check_study(study: optuna.Study, wanted: dict[str, Any]) -> None:
-    """Store the table's identity on a new study; refuse to add a different table to an old one."""
+def _with_defaults(stored: Any, defaults: Any) -> Any:
+    """A stored configuration with the fields it lacks at their defaults."""
+    if not (isinstance(stored, dict) and isinstance(defaults, dict)):
+        return stored
+    return {**defaults, **{key: _with_defaults(value, defaults.get(key)) for key, value in stored.items()}}
+
+
+def _changed_by(plan: Table3Plan, stored: dict[str, Any], keys: set[str]) -> str:
+    """What sets the changed `keys`: "overrides" when this sitting's or the stored table's do, else
+    the configuration from the file that sets each here, the first of the --config file, the
+    ablation spec and the preset's file (as `resolve` ranks them), or the defaults in
+    lightning_modules/config.py."""
+    if keys & (_override_keys(plan.overrides) | _override_keys(stored.get("overrides") or [])):
+        return "overrides"
+    spec = load_spec(plan.spec_path)
+    row_keys = {f"model.{key}" for row in spec.values() for key in row.get("model", {})}
+    row_keys |= {"train.max_steps"} if any("train_steps" in row for row in spec.values()) else set()
+    files = {f"the --config file {plan.config}": _leaf_keys(load_config_file(plan.config)) if plan.config else set(),
+             f"the ablation spec {plan.spec_path or default_spec_path()}": row_keys,
+             f"the preset's file ablations/presets/{plan.preset}.yaml": _leaf_keys(load_preset(plan.preset))}
+    named = dict.fromkeys(next((name for name, set_there in files.items() if key in set_there),
+                               "the defaults in lightning_modules/config.py") for key in sorted(keys))
+    return "configuration from " + " and ".join(named)
+
+
+def _override_keys(items: list[Any]) -> set[str]:
+    try:
+        return _leaf_keys(parse_overrides([str(item) for item in items]))
+    except UserError:  # overrides of an older version (a key since renamed) set none of this one's
+        return set()
+
+
+def _leaf_keys(values: dict[str, Any], prefix: str = "") -> set[str]:
+    """`model.d_model`, ... for each leaf of a nested dict."""
+    return {key for name, value in values.items()
+            for key in (_leaf_keys(value, f"{prefix}{name}.") if isinstance(value, dict) else [f"{prefix}{name}"])}
+
+
+def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[str, Any]],
+                record: bool = True) -> None:
+    """Refuse a study of another table, or of a sweep (`table_difference`). With `record`, store
+    the table on a new study (`table_record`), and on an old one the runs this sitting adds."""
     attrs = study.user_attrs
     if "kind" not in attrs:
         if study.get_trials(deepcopy=False):
             raise UserError(f"study {study.study_name!r} holds a sweep, not a Table 3: use another --study")
-        for key, value in wanted.items():
-            study.set_user_attr(key, value)
+        if record:
+            for key, value in table_record(plan, wanted).items():
+                study.set_user_attr(key, value)
         return
-    for key in ADDED_LATER:
-        if key in wanted and key not in attrs:
-            print(f"table3 {study.study_name}: this study predates the {key} check; recording "
-                  f"this command's {key} for its later sittings", file=sys.stderr, flush=True)
-            study.set_user_attr(key, wanted[key])
-            attrs = {**attrs, key: wanted[key]}
-    refusal = other_table(study.study_name, attrs, wanted)
-    if refusal is not None:
-        raise refusal
+    difference = table_difference(attrs, plan, wanted)
+    if difference is not None:
+        what, changes = difference
+        raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changes}): the "
+                        f"runs still queued would not be comparable to those done. Use another --study")
+    if record:  # the runs this sitting adds, and the spec's rows as the report is to read them (a row added since)
+        for key, value in {"runs": {**attrs["runs"], **wanted}, "spec": load_spec(plan.spec_path)}.items():
+            if attrs.get(key) != value:
+                study.set_user_attr(key, value)
 
 
-# Overrides that choose only where a run's output goes, not what it computes: one sitting may run
-# with `--no-wandb` and the next with W&B, and it is still the same table.
-OUTPUT_ONLY = {"train": ("wandb", "progress_bar")}
+def check_archive(archive: Path, plan: Table3Plan, wanted: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Refuse an `--archive` of another table (see `sweeps.archive`); returns the record its
+    table3.json is to hold from now on (`table_record`: its runs and this sitting's)."""
+    from sweeps.archive import stored_identity
 
-
-def comparable(identity: Any) -> Any:
-    """A table's identity as two sittings compare it: its overrides as the settings they make (of
-    two for one key the later wins, so their order is not the table; `d_model` is `model.d_model`),
-    less those that only choose where output goes. Overrides this version cannot read (a key
-    since renamed) are compared as written."""
-    if not isinstance(identity, dict):
-        return identity
-    try:
-        settings = parse_overrides([str(item) for item in identity.get("overrides") or []])
-    except UserError:
-        return identity
-    for section, keys in OUTPUT_ONLY.items():
-        kept = {key: value for key, value in settings.pop(section, {}).items() if key not in keys}
-        if kept:
-            settings[section] = kept
-    return {**identity, "overrides": settings}
-
-
-def other_table(name: str, attrs: dict[str, Any], wanted: dict[str, Any]) -> UserError | None:
-    """Why a stored Table 3 (its user attributes) is not the table `wanted`, or None if it is."""
-    attrs, wanted = comparable(attrs), comparable(wanted)
-    for key, value in wanted.items():
-        there = attrs.get(key)
-        if there == value:
-            continue
-        changed = describe_differences(there, value)
-        what = {"spec": "rows of the ablation spec", "recipe": "training recipe"}.get(key, key)
-        return UserError(f"study {name!r} is a Table 3 that differs in its {what} ({changed}; "
-                         f"there -> here): the runs still queued would not be comparable to those "
-                         f"done. Use another --study")
-    return None
+    stored = stored_identity(archive)
+    if stored is None:
+        return table_record(plan, wanted)
+    difference = table_difference(stored, plan, wanted)
+    if difference is not None:
+        what, changes = difference
+        raise UserError(f"--archive {archive} holds another table ({what}: {changes}): use another --archive")
+    return table_record(plan, {**stored["runs"], **wanted})
 
 
 def finished(run_dir: Path) -> bool:
@@ -265,15 +324,14 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
     the plan asks for (`sweeps.redo`; `archive`: the table's --archive, whose entries of redone
     runs are set aside too). Returns the study and the number queued now."""
     spec = load_spec(plan.spec_path)
+    configs = {(row, seed): run_config(plan, row, seed) for row, seed in plan.runs()}
     jobs = []
-    for row, seed in plan.runs():
-        overrides = seed_overrides(seed)
-        cfg = resolve(plan.preset, row, plan.config, [*plan.overrides, *overrides], plan.spec_path)
+    for (row, seed), cfg in configs.items():
         model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
         cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
-        jobs.append((cost, row, seed, overrides))
+        jobs.append((cost, row, seed, seed_overrides(seed)))
     study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
-    check_study(study, identity(plan, spec))
+    check_study(study, plan, identity_of(configs))
     replaced = restore_history(plan, study, spec, archive) if archive is not None else {}
     redone = redo(plan, study, spec, archive)
     # Longest first: the big model starts at once instead of last, which shortens the table;
@@ -398,10 +456,12 @@ def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
 
 @dataclass
 class Table3Outcome:
-    """How a Table 3 run ended: the workers' exit status and the (row, seed) runs not complete."""
+    """How a Table 3 run ended: the workers' exit status, the (row, seed) runs not complete, and
+    the report's files (`reports.make.make_table3`; none when not asked for, or interrupted)."""
 
     workers_status: int
     missing: list[str]
+    report: list[Path] = field(default_factory=list)
 
     @property
     def interrupted(self) -> bool:
@@ -415,42 +475,31 @@ class Table3Outcome:
         return 1 if self.missing or self.workers_status else 0
 
 
-def check_archive(archive: Path, wanted: dict[str, Any]) -> None:
-    """Refuse an `--archive` of another table (see `sweeps.archive`)."""
-    from sweeps.archive import stored_identity
-
-    stored = stored_identity(archive)
-    if stored is None:
-        return
-    there, here = comparable(stored), comparable(json.loads(json.dumps(wanted)))  # tuples as lists, as stored
-    if there != here:
-        raise UserError(f"--archive {archive} holds another table ({describe_differences(there, here)}; "
-                        f"there -> here): use another --archive")
-
-
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
                devices_per_trial: int = 1, heartbeat_s: int = 60, archive: str | None = None,
                stop_after_s: float | None = None) -> Table3Outcome:
-    """Queue every planned (row, seed) not complete, run the queue-only workers until it is empty
-    (or they are interrupted), and print one line per planned run. The report is the caller's
-    (`reports.build.build_report`), from the database.
+    """Check the planned rows' data (`check_data`: one line, before anything is queued), queue
+    every planned (row, seed) not complete, run the queue-only workers until it is empty (or they
+    are interrupted), and print one line per planned run. The report is built from the database
+    after it: `reports.make.make_table3` runs the table, then the report, as `ablate table3` does.
 
     `archive`: a folder that keeps the runs for a sitting on another machine (`sweeps.archive`):
     restored from before the queue is made, saved to while the workers run and when they end.
     `stop_after_s`: stop the workers that long after they start, as if interrupted."""
     from sweeps import archive as kept
 
+    check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     inject("startup")
     if archive is None:
         return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s)
-    folder, wanted = Path(archive), identity(plan, load_spec(plan.spec_path))
-    check_archive(folder, wanted)
+    folder = Path(archive)
+    record = check_archive(folder, plan, identity(plan))
     check_writable_dir(folder, "the archive (--archive)")
     runs = {(row, seed): Path(run_dir(plan, row, seed)) for row, seed in plan.runs()}
     restored = kept.restore(runs, folder)
     if restored:
         print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)
-    with kept.kept_in(runs, folder, wanted):
+    with kept.kept_in(runs, folder, record):
         return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, folder)
 
 

@@ -41,6 +41,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
+from lightning_modules.run.rundir import claim
 from lightning_modules.errors import UserError, exit_status
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
@@ -151,6 +152,7 @@ class Objective:
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
+        claim(Path(run_dir))  # ours before its trial.log is written (lightning_modules/run/rundir.py)
         row = trial.user_attrs.get("row")
         # W&B: a sweep's trials form one group; a table's rows each form one, its seeds the runs
         group = f"{self.s.study}/{row}" if row else self.s.study

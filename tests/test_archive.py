@@ -95,8 +95,27 @@ def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path, fail
     other = sitting(tmp_path, archive, "--study", "other", "--max-steps", "12")
     lines = other.stderr.strip().splitlines()
     assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
-    assert "holds another table (" in lines[0] and "recipe.train.max_steps: 10 -> 12" in lines[0]
+    assert "holds another table (" in lines[0] and "overrides: train.max_steps: 10 -> 12" in lines[0]
     assert not (tmp_path / "runs" / "other").exists()
+
+
+def test_the_committed_cpu_archive_is_the_table_its_results_page_runs(tmp_path: Path):
+    """The committed cpu table's archive/table3.json is what its results page's command plans (so
+    a sitting there is not refused), and each archived run's config.yaml, the configuration it
+    trained with, has that identity too: an edit to the preset or a config default that would
+    retrain its runs differently fails here first."""
+    from lightning_modules.config import computed_config
+    from sweeps.table3 import check_archive, identity, make_plan
+
+    archive = Path(__file__).parents[1] / "reports" / "results" / "cpu-converged-2026-11-22" / "archive"
+    plan = make_plan("cpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), ["train.wandb=off"],
+                     study="table3-cpu-v2")
+    wanted = identity(plan)
+    assert check_archive(archive, plan, wanted) == json.loads((archive / "table3.json").read_text())
+    for row, seed in plan.runs():
+        trained = computed_config(resolve("cpu", row, archive / f"{row}-s{seed}" / "config.yaml", None))
+        assert json.loads(json.dumps(trained)) == wanted[f"{row}-s{seed}"], (row, seed)
+    assert len(wanted) == 50
 
 
 def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path, failed_sitting):

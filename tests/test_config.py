@@ -1,4 +1,5 @@
-"""Configuration: validation, preset/row/file/override resolution, `ablate params`, CLI errors."""
+"""Configuration: validation, spec files, presets (tiny, paper, gpu), preset/row/file/override
+resolution, `ablate params`, CLI errors."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,11 @@ import yaml
 
 from ablate.cli import main
 from lightning_modules.config import ACCELERATORS, PRECISIONS, TrainConfig, TransformerConfig
+from lightning_modules.data.corpora import WMT14_SPLITS
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides, resolve
 from ablations.spec import load_preset, load_spec
-from lightning_modules.transformer import count_parameters
+from lightning_modules.transformer import Transformer, count_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE3 = yaml.safe_load((REPO / "ablations" / "table3.yaml").read_text())
@@ -290,6 +293,13 @@ def test_spec_validation(tmp_path):
     assert (cfg.model.d_model, cfg.model.d_ff, cfg.train.max_steps) == (64, 300, 10)
 
 
+def test_spec_with_a_row_given_twice_is_refused(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {model: {d_model: 8}}\nX1: {model: {d_ff: 3}}\nX1: {model: {d_ff: 4}}\n")
+    with pytest.raises(UserError, match="'X1' is given twice"):
+        load_spec(spec)
+
+
 # --------------------------------------------------------------------------- ablate params
 
 
@@ -429,6 +439,35 @@ def test_paper_preset_has_the_papers_training_setup():
     assert (base.model.dropout, base.model.label_smoothing) == (0.1, 0.1)
     assert (big.model.d_model, big.model.d_ff, big.model.n_heads, big.model.dropout) == (1024, 4096, 16, 0.3)
     assert (base.model.d_k, base.model.d_v, big.model.d_k, big.model.d_v) == (64, 64, 64, 64)
+
+
+def test_gpu_preset_is_the_papers_architecture_on_a_wmt14_subset_with_newstest2013_dev():
+    for row in ("base", "C3", "big"):
+        ours, paper = resolve("gpu", row), resolve("paper", row)
+        assert replace(ours.model, max_len=paper.model.max_len) == paper.model  # no width or depth scaling
+    cfg = resolve("gpu", "base")
+    assert cfg.data.corpus == "wmt14" and WMT14_SPLITS["valid"] == "newstest2013"
+    assert cfg.data.train_pairs == 1_000_000 and cfg.train.lr_decay == "cosine"
+    assert cfg.eval.beam_size == 4 and cfg.eval.length_penalty == 0.6
+    model = Transformer(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(
+        cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
+
+
+def test_gpu_preset_warms_up_as_the_paper_to_the_papers_peak():
+    """The preset's warmup and peak are the paper's for every row (a 1,000-step warmup doubled the
+    peak and collapsed base on an H100: benchmarks/results/gpu-h100-2026-11-23)."""
+    from lightning_modules.translation import lrate
+
+    for row in ("base", "C3", "big"):
+        ours, paper = resolve("gpu", row), resolve("paper", row)
+        d_model, warmup = ours.model.d_model, paper.train.warmup_steps
+        assert ours.train.warmup_steps == warmup == 4000
+        peak = lrate(warmup, d_model, ours.train)
+        assert peak == pytest.approx(lrate(warmup, d_model, paper.train))
+        assert max(lrate(s, d_model, ours.train) for s in range(1, ours.train.max_steps + 1, 50)) <= peak
+        assert lrate(ours.train.max_steps, d_model, ours.train) == pytest.approx(0.0, abs=1e-12)
+    assert lrate(4000, 512, resolve("gpu", "base").train) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
 
 
 def test_a_spec_is_read_again_once_its_file_changes_and_each_caller_gets_its_own_copy(tmp_path):

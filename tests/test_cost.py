@@ -1,5 +1,5 @@
 """`ablate table3 --dry-run`: what a table will cost, from the preset's measured throughput, with
-nothing run or written; and the `gpu` preset it is written for."""
+nothing run or written (the `gpu` preset itself: tests/test_config.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import contextlib
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -19,11 +18,9 @@ from ablate.cli import main
 from ablations.resolve import resolve
 from ablations.spec import load_preset, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
-from lightning_modules.data.corpora import WMT14_SPLITS
 from lightning_modules.run.io import atomic_write_json
 from lightning_modules.run.results import RunResult
-from sweeps.table3 import make_plan, queue
-from lightning_modules.transformer import Transformer
+from sweeps.table3 import Table3Plan, make_plan, queue
 
 
 def dry_run(tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -96,35 +93,6 @@ def test_dry_run_of_a_preset_without_a_measured_rate_is_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "states no table3.cost" in err[0]
     assert list(tmp_path.iterdir()) == []
-
-
-def test_gpu_preset_is_the_papers_architecture_on_a_wmt14_subset_with_newstest2013_dev():
-    for row in ("base", "C3", "big"):
-        ours, paper = resolve("gpu", row), resolve("paper", row)
-        assert replace(ours.model, max_len=paper.model.max_len) == paper.model  # no width or depth scaling
-    cfg = resolve("gpu", "base")
-    assert cfg.data.corpus == "wmt14" and WMT14_SPLITS["valid"] == "newstest2013"
-    assert cfg.data.train_pairs == 1_000_000 and cfg.train.lr_decay == "cosine"
-    assert cfg.eval.beam_size == 4 and cfg.eval.length_penalty == 0.6
-    model = Transformer(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
-    assert sum(p.numel() for p in model.parameters()) == count_parameters(
-        cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
-
-
-def test_gpu_preset_warms_up_as_the_paper_to_the_papers_peak():
-    """The preset's warmup and peak are the paper's for every row (a 1,000-step warmup doubled the
-    peak and collapsed base on an H100: benchmarks/results/gpu-h100-2026-11-23)."""
-    from lightning_modules.translation import lrate
-
-    for row in ("base", "C3", "big"):
-        ours, paper = resolve("gpu", row), resolve("paper", row)
-        d_model, warmup = ours.model.d_model, paper.train.warmup_steps
-        assert ours.train.warmup_steps == warmup == 4000
-        peak = lrate(warmup, d_model, ours.train)
-        assert peak == pytest.approx(lrate(warmup, d_model, paper.train))
-        assert max(lrate(s, d_model, ours.train) for s in range(1, ours.train.max_steps + 1, 50)) <= peak
-        assert lrate(ours.train.max_steps, d_model, ours.train) == pytest.approx(0.0, abs=1e-12)
-    assert lrate(4000, 512, resolve("gpu", "base").train) == pytest.approx(512 ** -0.5 * 4000 ** -0.5)
 
 
 def test_tokens_per_step_count_every_device_and_accumulated_batch():
@@ -298,9 +266,9 @@ def test_time_left_takes_each_rows_own_measured_rate_and_the_median_for_the_rest
 
 
 def test_dry_run_refuses_a_study_of_another_table_in_one_line(tmp_path, capsys):
-    study = optuna.create_study(study_name="table3-cpu", storage=f"sqlite:///{tmp_path}/t.db")
-    study.set_user_attr("kind", "table3")
-    study.set_user_attr("preset", "gpu")
+    gpu = Table3Plan(study="table3-cpu", storage=f"sqlite:///{tmp_path}/t.db", preset="gpu", rows=["base"],
+                     seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=[])
+    queue(gpu)  # a study of the gpu preset's table named as the cpu table's would be
     result = dry_run_here(tmp_path, capsys, "--preset", "cpu")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "differs in its preset ('gpu' -> 'cpu'" in result.stderr

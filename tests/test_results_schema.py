@@ -1,15 +1,11 @@
 """`RunResult`: one schema for results.json, the trial's attributes, the report's columns and the
-W&B summary; files of other versions still read. And the spec refuses a row given twice."""
+W&B summary; files of other versions still read."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import fields
 
-import pytest
-
-from ablations.spec import load_spec
-from lightning_modules.errors import UserError
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from reports.collect import RUN_COLUMNS
 
@@ -50,10 +46,3 @@ def test_unreadable_results_are_none(tmp_path):
     assert read_results(tmp_path) is None
     (tmp_path / RESULTS).write_text("{not json")
     assert read_results(tmp_path) is None
-
-
-def test_spec_with_a_row_given_twice_is_refused(tmp_path):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("base: {model: {d_model: 8}}\nX1: {model: {d_ff: 3}}\nX1: {model: {d_ff: 4}}\n")
-    with pytest.raises(UserError, match="'X1' is given twice"):
-        load_spec(spec)

@@ -98,7 +98,7 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     from optuna.trial import TrialState, create_trial
 
     from ablations.spec import load_spec
-    from reports.build import caveats, notes
+    from reports.build import caveats, methods, summary
     from reports.collect import load_table3
     from reports.table3 import display_frame, table3_frame
     from sweeps.table3 import KIND
@@ -121,7 +121,7 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     assert shown.loc["base", "seeds"] == "3" and shown.loc["C3", "seeds"] == "1 of 3"
     assert shown.loc["C3", "PPL (paper)"] == "27.00 (4.88)"  # over the seed done
     assert caveats(data)[0].startswith("In progress: 4 of the 6 runs queued are complete")  # above the table
-    assert not any(n.startswith("In progress") for n in notes(data, frame, 0))
+    assert not any(n.startswith("In progress") for n in methods(data, frame, 0) + [s for _, s in summary(frame)])
 
 
 def test_the_report_says_why_a_p_vs_base_is_missing():
@@ -131,7 +131,7 @@ def test_the_report_says_why_a_p_vs_base_is_missing():
     import pandas as pd
 
     from ablations.spec import load_spec
-    from reports.build import notes
+    from reports.build import methods
     from reports.collect import Table3Data
     from reports.significance import missing_p, paired_bootstrap
     from reports.table3 import table3_frame
@@ -153,7 +153,7 @@ def test_the_report_says_why_a_p_vs_base_is_missing():
     assert set(p_values) == {"C5"} and p_values["C5"] < 0.05  # E's seed 2 has no base translation
     assert missing_p(paired, p_values) == ("p vs base is empty for C7, E: none of their runs carries dev "
                                            "translations of a seed base has them for (1), or of the same dev set")
-    line = [n for n in notes(paired, table3_frame(paired, p_values), 200) if n.startswith("p vs base is empty")]
+    line = [n for n in methods(paired, table3_frame(paired, p_values), 200) if n.startswith("p vs base is empty")]
     assert line == [missing_p(paired, p_values) + "."]
     no_base = data({("C5", 1): (poor, refs)})
     assert paired_bootstrap(no_base, 200) == {}

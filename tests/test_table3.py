@@ -128,38 +128,79 @@ def test_a_study_is_the_same_table_whatever_the_overrides_order_or_where_output_
         queue(replace(plan, overrides=["d_model=48", "train.max_steps=10"]))
 
 
-def test_a_study_refuses_a_changed_training_recipe_and_older_studies_record_theirs(tmp_path, capsys):
-    """Editing the settings file between sittings would train the rows still queued differently:
-    the table refuses and names what changed. A study stored before the recipe was part of its
-    identity records it at its next sitting."""
-    from sweeps.table3 import identity
+def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
+    """Editing the settings between sittings would train the rows still queued differently: the
+    table refuses and names what changed and the file that sets it (the --config file, the preset's
+    file). Output-only settings in the file do not make another table. A study stored by an older
+    version, without its runs' configurations, is refused: it cannot be compared."""
+    from sweeps.table3 import identity, table_difference
 
     config = tmp_path / "recipe.yaml"
     config.write_text("train: {warmup_steps: 5, max_steps: 10}\n")
     plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
                       seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=[], config=str(config))
     study, _ = queue(plan)
-    assert study.user_attrs["recipe"]["train"]["warmup_steps"] == 5
+    assert study.user_attrs["runs"]["base-s1"]["train"]["warmup_steps"] == 5
     config.write_text("train: {warmup_steps: 7, max_steps: 10}\n")
-    with pytest.raises(UserError,
-                       match=r"differs in its training recipe \(train.warmup_steps: 5 -> 7; there -> here\)"):
+    with pytest.raises(UserError, match=rf"differs in its configuration from the --config file {config} "
+                                        r"\(train.warmup_steps: 5 -> 7; there -> here\)"):
         queue(plan)
-    config.write_text("train: {warmup_steps: 5, max_steps: 10, log_every_n_steps: 3}\n")  # not the recipe
+    config.write_text("train: {warmup_steps: 5, max_steps: 10, log_every_n_steps: 3}\n")  # output only
     assert queue(plan)[1] == 0
 
-    older = Table3Plan(study="old", storage=plan.storage, preset="tiny", rows=["base"], seeds=[1],
-                       runs_dir=plan.runs_dir, overrides=[], config=str(config))
-    stored = identity(older, load_spec(older.spec_path))
-    del stored["recipe"]
+    plan.config = None
+    edited = identity(plan)  # as if the preset's file had said warmup_steps 300 and says 400 now
+    edited["base-s1"]["train"]["warmup_steps"] = 300
+    assert table_difference({"runs": edited}, plan, identity(plan)) == \
+        ("configuration from the preset's file ablations/presets/tiny.yaml",
+         "train.warmup_steps: 300 -> 400; there -> here")
+
+    older = {key: value for key, value in study.user_attrs.items() if key != "runs"}
     old_study = optuna.create_study(study_name="old", storage=plan.storage)
-    for key, value in stored.items():
+    for key, value in older.items():
         old_study.set_user_attr(key, value)
-    capsys.readouterr()
-    assert queue(older)[1] == 1
-    assert "predates the recipe check" in capsys.readouterr().err
-    config.write_text("train: {warmup_steps: 9, max_steps: 10}\n")
-    with pytest.raises(UserError, match="differs in its training recipe"):
-        queue(older)
+    with pytest.raises(UserError, match=r"study 'old' is a Table 3 that differs in its runs' configurations "
+                                        r"\(none recorded there: an older version stored it\).*Use another --study"):
+        queue(replace(plan, study="old"))
+
+
+def test_identity_leaves_out_exactly_the_fields_marked_output_only():
+    """Every field of the run's configuration, this version's and any added later: changing one
+    marked output-only leaves a run's identity as it was; changing any other changes it (the
+    tokenizer's model keys excepted: `requested_config` leaves them to the tokenizer). A field a
+    stored identity lacks (one added to the config since) reads as its default."""
+    from dataclasses import fields, is_dataclass
+
+    from lightning_modules.config import TOKENIZER_KEYS, RunConfig, computed_config
+    from sweeps.table3 import identity, run_config, table_difference
+
+    def other(value):  # a different value of the same kind
+        if isinstance(value, bool) or value is None:
+            return not value
+        return value + (1 if isinstance(value, int) else 0.5 if isinstance(value, float) else "-changed")
+
+    plan = Table3Plan(study="t", storage="sqlite:///unused.db", preset="tiny", rows=["base"], seeds=[1],
+                      runs_dir="runs", overrides=[])
+    wanted, resolved, defaults = identity(plan), run_config(plan, "base", 1), computed_config(RunConfig())
+    assert wanted["base-s1"] == computed_config(resolved)
+    keys = [(f, None) for f in fields(resolved) if not is_dataclass(getattr(resolved, f.name))]
+    keys += [(f, part.name) for part in fields(resolved) if is_dataclass(getattr(resolved, part.name))
+             for f in fields(getattr(resolved, part.name)) if not (part.name == "model" and f.name in TOKENIZER_KEYS)]
+    marked = []
+    for f, part in keys:
+        cfg = run_config(plan, "base", 1)
+        owner = cfg if part is None else getattr(cfg, part)
+        setattr(owner, f.name, other(getattr(owner, f.name)))
+        output_only = bool(f.metadata.get("output_only"))
+        assert (computed_config(cfg) == wanted["base-s1"]) == output_only, (part, f.name)
+        marked += [f"{part}.{f.name}"] * output_only
+        if part is not None and not output_only:  # stored before the field was added
+            lacking = {key: value for key, value in wanted["base-s1"][part].items() if key != f.name}
+            stored = {"runs": {"base-s1": {**wanted["base-s1"], part: lacking}}}
+            same = table_difference(stored, plan, wanted) is None
+            assert same == (wanted["base-s1"][part][f.name] == defaults[part][f.name]), (part, f.name)
+    assert len(keys) > 60 and {"train.wandb", "train.progress_bar", "train.wandb_group"} <= set(marked)
+    assert not {"train.seed", "train.max_steps", "model.d_model", "data.corpus"} & set(marked)
 
 
 # --- the table end to end -----------------------------------------------------------------
@@ -212,7 +253,7 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     md = (report / "table3.md").read_text()
     for row in ROWS:
         assert f"| {row} " in md
-    assert "Spearman rank correlation of our dev PPL" in md and "±" in md and "| E " in md
+    assert "- **Spearman rank correlation with the paper's**: dev PPL" in md and "±" in md and "| E " in md
     assert "p vs base is empty" not in md  # every run kept its dev translations
     # seeds as noise: the difference to base with its interval (two seeds, paired by seed)
     assert frame.loc["E", "d_ppl_low"] < frame.loc["E", "d_ppl"] < frame.loc["E", "d_ppl_high"]
@@ -225,7 +266,7 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     assert "older convergence rule" not in md  # every run recorded the rule's version, the current one
     assert {t.user_attrs["convergence_rule"]["version"] for t in trials(table)
             if t.state == TrialState.COMPLETE} == {ConvergenceRule.VERSION}
-    assert "Verdict, D, regularisation" in md and "Verdict, E, learned" in md
+    assert "- **D, regularisation" in md and "- **E, learned" in md
     assert "\\begin{tabular}" in (report / "table3.tex").read_text()
     for name in REPORT_FILES:
         if name.endswith(".png"):
@@ -251,6 +292,48 @@ def test_report_is_regenerated_identically_from_the_database_alone(table: Path, 
         shutil.move(saved, table / "runs")
     for name in REPORT_FILES:
         assert (tmp_path / "again" / name).read_bytes() == (report / name).read_bytes(), name
+
+
+def test_a_table_made_from_python_writes_its_report_when_asked(table: Path, tmp_path: Path):
+    """`reports.make.make_table3`, the library entry point `ablate table3` calls: the same table
+    from Python (nothing left to run) writes the same report where asked, and none when not."""
+    from reports.make import make_table3
+
+    overrides = [item for item in SMALL if "=" in item] + ["train.max_steps=10", "train.wandb=off"]
+    plan = make_plan("tiny", f"sqlite:///{table}/t3.db", str(table / "runs"), overrides, rows=",".join(ROWS),
+                     seeds="1,2")
+    before = [(t.number, t.state) for t in trials(table)]
+    assert make_table3(plan, report=False).report == []
+    outcome = make_table3(plan, report_dir=tmp_path / "report")
+    assert outcome.exit_status == 0 and [(t.number, t.state) for t in trials(table)] == before
+    written = {str(path.relative_to(tmp_path / "report")) for path in outcome.report}
+    assert set(REPORT_FILES) <= written
+    for name in REPORT_FILES:
+        assert (tmp_path / "report" / name).read_bytes() == (table / "runs" / "table3-tiny" / "report" / name).read_bytes()
+
+
+def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_path: Path, capsys):
+    """A length limit that leaves no training pairs: from Python as from `ablate table3`, the
+    same one line before any study or report folder is made."""
+    from ablate.cli import main
+    from reports.make import make_table3
+    from test_bad_input import LETTERS, corpus
+
+    files = corpus(tmp_path)
+    settings = ["data.max_train_len=1", "train.max_steps=2", "data.valid_size=50", "data.test_size=50", *LETTERS]
+    storage, runs = f"sqlite:///{tmp_path}/t3.db", str(tmp_path / "runs")
+    assert main(["table3", "--storage", storage, "--runs-dir", runs, "--rows", "base", "--no-wandb", *files,
+                 *settings]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    paths = dict(zip(files[::2], files[1::2]))
+    overrides = [*settings, "data.corpus=files", "train.wandb=off",
+                 *(f"data.{split}_{side}={paths[f'--{split}-{side}']}" for split in ("train", "valid")
+                   for side in ("src", "tgt"))]
+    plan = make_plan("tiny", storage, runs, overrides, rows="base")
+    with pytest.raises(UserError) as refused:
+        make_table3(plan)
+    assert f"ablate: error: {refused.value}" == line and "no training pairs left" in line
+    assert not (tmp_path / "t3.db").exists() and not (Path(runs) / "table3-tiny" / "report").exists()
 
 
 def test_a_run_classified_under_an_older_rule_is_classified_again_where_its_logs_are(table: Path, tmp_path: Path):
@@ -313,12 +396,14 @@ def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Pat
     assert tables and images == figures and "curves_D" in figures  # the learning curves too
     data = json.loads(tables[0].read_text())
     assert "row" in data["columns"] and {r[data["columns"].index("row")] for r in data["data"]} == set(ROWS)
-    # the verdicts (and caveats, where a table has any) as lines, the same as in the markdown report
+    # what the report opens with (caveats, where a table has any, then what the table says) as
+    # lines, in the order of the markdown report
     (notes,) = run.rglob("notes_*.table.json")
     lines = json.loads(notes.read_text())["data"]
     md = (out / "table3.md").read_text()
-    assert [kind for kind, _ in lines] == ["verdict D", "verdict E"]
-    assert [f"- Verdict, {text}" for _, text in lines] == [l for l in md.splitlines() if l.startswith("- Verdict")]
+    assert [kind for kind, _ in lines] == ["verdict D", "verdict E", "rank correlation"]
+    opening = md.split("## What this table says\n\n")[1].split("\n\n")[0].splitlines()
+    assert opening == [f"- **{text.replace(': ', '**: ', 1)}" for _, text in lines]
     (page,) = run.rglob("report_*.html")  # the whole report, figures inline
     assert page.read_text(encoding="utf-8") == (out / "report.html").read_text(encoding="utf-8")
 
@@ -330,7 +415,7 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     browser.get(page.as_uri())
     cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
     assert [c[0].text for c in cells] == ROWS
-    headers = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
+    headers = [h.get_attribute("textContent") for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
     assert {"PPL (paper)", "BLEU (paper)", "ΔBLEU [95% CI]", "p vs base", "ΔPPL [95% CI] (paper)",
             "beyond noise", "sign = paper", "converged", "changes from base"} <= set(headers)
     by_header = {h: i for i, h in enumerate(headers)}
@@ -359,7 +444,7 @@ def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path
     table = pd.DataFrame({"row": [f"r{i}" for i in range(len(classes))], "converged": classes,
                           "PPL (paper)": ["4.92"] * len(classes)})
     page = tmp_path / "report.html"
-    page.write_text(render("t", "c", table, [], {}))
+    page.write_text(render("t", "c", table, {}))
     browser.get(page.as_uri())
     colour = "return getComputedStyle(arguments[0]).backgroundColor"
     rows = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
@@ -371,9 +456,10 @@ def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path
     assert len(set(cell[:-1])) == 5, cell  # converged, still improving, overfitting, unstable/diverged, unknown
 
 
-def test_report_html_fits_a_normal_window_with_the_widest_rows_of_a_full_table(browser, tmp_path: Path):
+def test_report_html_fits_a_1280_px_window_with_the_widest_rows_of_a_full_table(browser, tmp_path: Path):
     """The cpu table's widest cells (big's five changes, D1's ΔPPL) in every column of the report:
-    the changes wrap between items, never inside one, and the table fits 1,400 px."""
+    cells wrap only between their parts (the changes between items, an interval as a whole), and
+    the page needs no horizontal scroll in a 1,280-px window."""
     from selenium.webdriver.common.by import By
 
     from reports.html import render
@@ -394,15 +480,62 @@ def test_report_html_fits_a_normal_window_with_the_widest_rows_of_a_full_table(b
         "p vs base": ["", "0.001", "0.001", "0.001"], "params ×10⁶ (paper)": ["0.48 (65)", "1.25 (168)", "0.48", "1.64 (213)"],
         "train s": ["5024", "6464", "3324", "33761"]}
     page = tmp_path / "report.html"
-    page.write_text(render("t", "c", pd.DataFrame(rows), [], {}))
+    page.write_text(render("t", "c", pd.DataFrame(rows), {}))
+    browser.set_window_size(1280, 900)
     browser.get(page.as_uri())
-    width = browser.execute_script("return document.getElementById('table3').scrollWidth")
-    assert width <= 1400, f"the table needs {width} px"
-    d1, big = [browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")[i].find_elements(By.TAG_NAME, "td")[1]
-               for i in (2, 3)]
-    assert big.size["height"] > 1.5 * d1.size["height"]  # big's changes take several lines
+    assert no_horizontal_scroll(browser) and browser.execute_script("return window.innerWidth") <= 1280
+    cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
+    d1, big = cells[2][1], cells[3][1]
+    assert text_lines(browser, big) > 1 == text_lines(browser, d1)  # big's changes take several lines
     assert big.get_attribute("innerHTML") == ("d_model&nbsp;1024, d_ff&nbsp;4096, h&nbsp;16, P_drop&nbsp;0.3, "
                                               "steps&nbsp;300K")  # each change kept on one line
+    # ours with its interval on one line, the paper's value on the next
+    assert cells[2][4].get_attribute("innerHTML") == ('+100.86&nbsp;[+99.20,&nbsp;+102.51] '
+                                                      '<span class="paper">(+0.85)</span>')
+    assert text_lines(browser, cells[2][4]) == 2 and cells[2][4].text == "+100.86 [+99.20, +102.51]\n(+0.85)"
+    assert cells[1][7].get_attribute("innerHTML") == "still&nbsp;improving (2/3)"
+
+
+def text_lines(browser, element) -> int:
+    """How many lines the text of `element` takes as laid out."""
+    return browser.execute_script("const r = document.createRange(); r.selectNodeContents(arguments[0]); "
+                                  "return new Set([...r.getClientRects()].map(b => Math.round(b.top))).size", element)
+
+
+def no_horizontal_scroll(browser) -> bool:
+    return browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_report_answers_first_and_fits_a_1280_px_window(table: Path, browser):
+    """The report of a real table, in Chromium at 1,280 px: what the table says (a sentence per
+    group, then the rank correlation) above the table, then the figures, then the methods, collapsed;
+    no horizontal scroll, with the methods closed or open. table3.md is in the same order."""
+    from selenium.webdriver.common.by import By
+
+    report = table / "runs" / "table3-tiny" / "report"
+    browser.set_window_size(1280, 900)
+    browser.get((report / "report.html").as_uri())
+    assert browser.execute_script("return window.innerWidth") <= 1280 and no_horizontal_scroll(browser)
+    said = browser.find_elements(By.CSS_SELECTOR, "#summary li")
+    assert [li.text.split(":")[0] for li in said] == [
+        "D, regularisation (dropout, label smoothing)", "E, learned instead of sinusoidal positions",
+        "Spearman rank correlation with the paper's"]
+    assert said[0].find_element(By.TAG_NAME, "b").text == "D, regularisation (dropout, label smoothing)"
+    summary, table3 = browser.find_element(By.ID, "summary"), browser.find_element(By.ID, "table3")
+    figures, methods = browser.find_element(By.ID, "figures"), browser.find_element(By.ID, "methods")
+    bottom = [e.location["y"] + e.size["height"] for e in (summary, table3, figures)]
+    assert bottom[0] <= table3.location["y"] and bottom[1] <= figures.location["y"]
+    assert bottom[2] <= methods.location["y"]  # methods last
+    rule = next(li for li in methods.find_elements(By.TAG_NAME, "li") if li.get_attribute("textContent")
+                .startswith("Convergence rule"))
+    assert methods.get_attribute("open") is None and not rule.is_displayed()  # collapsed
+    methods.find_element(By.TAG_NAME, "summary").click()
+    assert methods.get_attribute("open") is not None and rule.is_displayed() and no_horizontal_scroll(browser)
+
+    md = (report / "table3.md").read_text()
+    order = ["## What this table says", "- **D, regularisation", "- **E, learned", "- **Spearman rank",
+             "## The table", "| row", "## Figures", "![change_vs_base.png]", "## Methods", "- Convergence rule"]
+    assert [md.index(mark) for mark in order] == sorted(md.index(mark) for mark in order)
 
 
 @pytest.mark.parametrize("preset", ["demo", "tiny"])

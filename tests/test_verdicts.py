@@ -3,26 +3,43 @@
 import numpy as np
 import pandas as pd
 
+from ablations.spec import load_spec
+from reports.collect import Table3Data
 from reports.seeds import sign_agrees
+from reports.table3 import table3_frame
 from reports.verdicts import group_verdict
 
 
+def _table(differences: dict[str, list[float]]) -> Table3Data:
+    """A table of base and the given rows of Table 3 (the paper's values from its spec), three seeds
+    each: base at 24.0, 24.1, 23.9 dev PPL, each row that plus its difference for that seed."""
+    base = [24.0, 24.1, 23.9]
+    runs = pd.DataFrame.from_records(
+        {"row": row, "seed": seed, "ppl": b + d, "bleu": 4.0, "params": 480_000, "train_time_s": 3600.0,
+         "tokens_per_s": 900.0, "steps": 24_000}
+        for row, diffs in {"base": [0.0, 0.0, 0.0], **differences}.items()
+        for seed, b, d in zip((1, 2, 3), base, diffs))
+    spec = load_spec()
+    return Table3Data(study="t", storage="sqlite://", preset="cpu", overrides=[], setup={}, runs=runs,
+                      spec={row: spec[row] for row in ("base", *differences)})
+
+
 def test_sign_agreement_is_counted_over_the_table_s_column():
-    # the table fills 'ppl_sign_agrees' row by row from numpy differences, as here; a numpy
-    # boolean there would add as a logical or (True + True is True)
+    # the table fills 'ppl_sign_agrees' row by row from numpy differences; a numpy boolean there
+    # would add as a logical or (True + True is True)
     assert sign_agrees(np.float64(1.19), np.float64(0.20)) is True
-    frame = pd.DataFrame({"group": ["C"] * 4, "d_ppl": [3.29, 1.32, 1.19, -0.37],
-                          "d_paper_ppl": [-0.04, -0.26, 0.20, -0.17],
-                          "beyond_noise": [True, False, True, False]},
-                         index=["C3", "C5", "C6", "C7"])
-    frame["ppl_sign_agrees"] = None
-    for row in frame.index:
-        frame.loc[row, "ppl_sign_agrees"] = sign_agrees(frame.loc[row, "d_ppl"], frame.loc[row, "d_paper_ppl"])
+    frame = table3_frame(_table({"C3": [3.28, 3.29, 3.30], "C5": [-2.0, 1.32, 4.64],
+                                 "C6": [1.18, 1.19, 1.20], "C7": [-3.0, -0.37, 2.26]}))
+    assert frame["d_ppl"].round(2).tolist() == [0.0, 3.29, 1.32, 1.19, -0.37]
+    assert frame["d_paper_ppl"].round(2).tolist() == [0.0, -0.04, -0.26, 0.20, -0.17]
+    assert frame["beyond_noise"].tolist()[1:] == [True, False, True, False]
     assert frame["ppl_sign_agrees"].dropna().tolist() == [False, True, True]  # C3's paper gap is too small
     sentence = group_verdict(frame, "C")
     assert "signs agree with the paper for 2 of 3 rows" in sentence
     # each row's paper difference and sign in its own parentheses, so the list reads unambiguously
-    assert "beyond seed noise: C3 +3.29 PPL (paper -0.04), C6 +1.19 PPL (paper +0.20, same sign)" in sentence
+    c3, c6 = (f"[{frame.loc[r, 'd_ppl_low']:+.2f}, {frame.loc[r, 'd_ppl_high']:+.2f}]" for r in ("C3", "C6"))
+    assert (f"beyond seed noise: C3 +3.29 PPL {c3} (paper -0.04), C6 +1.19 PPL {c6} (paper +0.20, same sign)"
+            in sentence)
 
 
 def test_a_group_of_your_own_is_named_once_and_a_papers_group_with_its_topic():

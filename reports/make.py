@@ -1,0 +1,36 @@
+"""Make a Table 3: run it, then write its report. The one entry point that `ablate table3` and a
+notebook share.
+
+It lives here, not in `sweeps.table3`, because imports run one way (ablate -> reports -> sweeps):
+the table's runs are `sweeps.table3.run_table3` (which checks the data before anything is queued),
+and the report is this package's `build_report`, from the database. Only this layer sees both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from lightning_modules.run.io import check_writable_dir
+from sweeps.table3 import Table3Outcome, Table3Plan, run_table3
+
+
+def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None, devices_per_trial: int = 1,
+                heartbeat_s: int = 60, archive: str | None = None, stop_after_s: float | None = None,
+                report: bool = True, report_dir: str | Path | None = None, wandb_report: str = "off") -> Table3Outcome:
+    """`run_table3` (see it for the arguments), then, unless interrupted and when `report`, the
+    report (`build_report`) in `report_dir` (default RUNS_DIR/STUDY/report), whose files the
+    outcome lists. The report's folder is checked before the table runs, not after.
+
+    Here rather than in `run_table3`: the report is this package's and sweeps may not import it
+    (a report callback passed to `run_table3` would leave every caller to wire the two together)."""
+    folder = Path(report_dir) if report_dir is not None else Path(plan.runs_dir) / plan.study / "report"
+    if report:
+        check_writable_dir(folder, "the report (--report-dir)")
+    outcome = run_table3(plan, workers, devices, devices_per_trial, heartbeat_s, archive=archive,
+                         stop_after_s=stop_after_s)
+    if outcome.interrupted or not report:
+        return outcome
+    from reports.build import build_report  # pandas, matplotlib: once the table is done
+
+    return replace(outcome, report=build_report(plan.storage, plan.study, folder, wandb=wandb_report))

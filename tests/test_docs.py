@@ -1,0 +1,158 @@
+"""The documentation holds together: README.md is a front page, docs/ has one page per topic, and
+every relative link in them leads somewhere real.
+
+- every relative link (`[text](path)`, `[text](path#anchor)`, `[text](#anchor)`) in README.md,
+  docs/*.md, the benchmark index and the results pages names an existing file or folder, and an
+  anchor names a heading of the linked page;
+- docs/tests.md has a row for every test file;
+- README.md is at most 250 lines, a results page (reports/results/*/README.md) at most 80: history
+  belongs in the LOG.md beside it;
+- README.md and docs/ carry no commit hash, no session diary ("sitting") and no dated figure: dated
+  measurements live in their results folder's page.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+INDEX = ROOT / "benchmarks" / "results" / "README.md"  # links checked too; dated by nature
+TESTS_PAGE = ROOT / "docs" / "tests.md"
+RESULTS_PAGES = sorted((ROOT / "reports" / "results").glob("*/README.md"))
+
+README_MAX_LINES = 250
+RESULTS_PAGE_MAX_LINES = 80
+
+# [text](target) or [text](target "title"); images ![..](..) too. Code spans and fenced blocks are
+# left out first: a `[x](y)` inside code is an example, not a link.
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1\s*$", re.S | re.M)
+CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
+# a commit hash: 7 to 40 hex digits with at least one digit and one letter (so that neither a
+# number like 5242880 nor a word like "defaced" counts)
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+SITTING = re.compile(r"\bsittings?\b", re.I)
+# a date standing alone ("on 2026-11-26"), not part of a dated folder's name (".../cpu-2026-11-21/")
+DATE = re.compile(r"(?<![\w/-])20\d\d-\d\d-\d\d(?![\w-])")
+
+
+def prose(text: str) -> str:
+    """The text without fenced code blocks and code spans."""
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup dropped, lower case, punctuation removed, spaces -> '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
+    text = text.replace("`", "").replace("*", "").lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for _, title in HEADING.findall(FENCE.sub("", page.read_text(encoding="utf-8"))):
+        base = slug(title)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def relative_links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(page.read_text(encoding="utf-8")))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I)]  # http:, https:, mailto: are not ours
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_docs_exist_and_readme_links_them() -> None:
+    assert DOCS, "docs/ has no pages"
+    linked = {(README.parent / t.split("#")[0]).resolve() for t in relative_links(README) if t.split("#")[0]}
+    missing = [rel(p) for p in DOCS if p.resolve() not in linked]
+    assert not missing, f"README.md does not link these docs pages: {missing}"
+
+
+@pytest.mark.parametrize("page", [*PAGES, INDEX, *RESULTS_PAGES], ids=rel)
+def test_every_relative_link_resolves(page: Path) -> None:
+    links = relative_links(page)
+    broken = []
+    for target in links:
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file or folder")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {rel(dest)}")
+        elif anchor and dest.suffix != ".md":
+            broken.append(f"{target}: an anchor into a file that is not markdown")
+    assert not broken, f"{rel(page)}: broken links:\n  " + "\n  ".join(broken)
+
+
+def test_the_link_checker_catches_a_broken_link(tmp_path: Path) -> None:
+    """The checker itself: a missing file and a missing anchor are both found, good links are not."""
+    (tmp_path / "other.md").write_text("# A heading, with `code`\n\n## Twice\n## Twice\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text("[a](other.md#a-heading-with-code) [b](other.md#twice-1) [c](missing.md) "
+                    "[d](other.md#nowhere) `[e](in-code.md)` [f](https://example.org/x)\n", encoding="utf-8")
+    assert relative_links(page) == ["other.md#a-heading-with-code", "other.md#twice-1", "missing.md",
+                                    "other.md#nowhere"]
+    assert {"a-heading-with-code", "twice", "twice-1"} <= anchors(tmp_path / "other.md")
+
+
+def test_every_test_file_is_described() -> None:
+    """docs/tests.md says what each test file checks: a new file gets its row there."""
+    text = TESTS_PAGE.read_text(encoding="utf-8")
+    missing = [p.name for p in sorted((ROOT / "tests").glob("test_*.py")) if f"`{p.name}`" not in text]
+    assert not missing, f"docs/tests.md has no row for {missing}"
+
+
+def test_readme_is_a_front_page() -> None:
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    head = "\n".join(README.read_text(encoding="utf-8").splitlines()[:20])
+    assert "make demo" in head and "make test" in head
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_no_commit_hashes_diary_or_dated_figures(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    problems = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for rule, pattern in (("a commit hash", COMMIT), ('"sitting"', SITTING), ("a date", DATE)):
+            if m := pattern.search(line):
+                problems.append(f"line {number}: {rule} ({m.group(0)!r})")
+    assert not problems, (f"{rel(page)}: dated or session-specific content belongs in a results folder's "
+                          "page (reports/results/*/, benchmarks/results/*/):\n  " + "\n  ".join(problems))
+
+
+def test_the_patterns_catch_what_they_should() -> None:
+    assert COMMIT.search("at ddf6508 later") and COMMIT.search("a5e5899") and not COMMIT.search("defaced")
+    assert not COMMIT.search("5242880") and not COMMIT.search("63,082,496")
+    assert SITTING.search("Sittings on machines") and not SITTING.search("babysitting")
+    assert DATE.search("on 2026-11-26, 12 min") and not DATE.search("reports/results/cpu-2026-11-21/")
+
+
+@pytest.mark.parametrize("page", RESULTS_PAGES, ids=rel)
+def test_results_pages_are_short(page: Path) -> None:
+    lines = page.read_text(encoding="utf-8").count("\n")
+    assert lines <= RESULTS_PAGE_MAX_LINES, (
+        f"{rel(page)} has {lines} lines (at most {RESULTS_PAGE_MAX_LINES}): "
+        "the table, how to read it, the command and its cost; history goes in LOG.md beside it")
+
+
+def test_results_pages_exist() -> None:
+    assert RESULTS_PAGES, "no reports/results/*/README.md found"

@@ -1,0 +1,50 @@
+"""The report's figures keep an axis to the bulk of the rows when one lies far off (the cpu table's
+D1 at +418% PPL against base flattened every other bar), and draw that row at the edge."""
+
+import math
+
+import pandas as pd
+
+from reports.figures import change_vs_base, kept_range, ppl_vs_time, robust_limits
+
+# the cpu table's changes against base, % (ours and the paper's, rows A1..big): D1 at +418
+PPL_PCT = [3.0, -2.8, 5.0, 15.1, 11.0, 8.6, 23.1, 1.7, 13.7, 44.8, 7.3, 5.0, -1.1, 417.8, 17.1, 2.2, 7.3, -3.0,
+           23.8, 7.5, 1.6, -0.2, 1.8, 4.9, 1.8, 24.2, 5.5, -0.8, 16.9, -5.3, 4.1, -3.5, 17.3, 0.6, -5.1, 11.2,
+           0.0, -12.0]
+
+
+def test_a_value_far_off_the_rest_is_left_out_of_the_axis_and_the_rest_kept():
+    assert kept_range([0.0, *PPL_PCT]) == (-12.0, 44.8, 1, 0)  # D1 only: C4's +44.8 is not far off
+    low, high = robust_limits([0.0, *PPL_PCT])
+    assert low < -12.0 and 44.8 < high < 417.8
+    # two together far off, above and below (at most a quarter of the values)
+    assert kept_range([1, 2, 3, 4, 5, 6, 7, 8, -90, 300, 310, 2.5]) == (1, 8, 2, 1)
+    assert kept_range([1, 2, 3, 4, 5, 1000, 2000, 3000]) == (1, 1000, 2, 0)  # 3 of 8 would be over a quarter
+
+
+def test_a_spread_without_a_gap_keeps_the_axis_as_it_is():
+    # the cpu table's BLEU changes reach -87% (big), but the others span -50..+23: not flattened
+    assert robust_limits([0.0, -87.4, -50.3, -49.9, -41.1, 22.6, 18.7, 9.3, 2.2, -2.6]) is None
+    assert robust_limits([0.48] * 10 + [1.64]) is None  # the others all alike: nothing to flatten
+    assert robust_limits([math.nan, 1.0, 2.0]) is None and robust_limits([]) is None
+
+
+def _frame(d1_ppl: float) -> pd.DataFrame:
+    rows = ["base", "A1", "A2", "C1", "C2", "D1", "D2", "E"]
+    ppl = [24.0, 24.9, 23.5, 29.7, 24.5, d1_ppl, 28.3, 23.4]
+    frame = pd.DataFrame({"group": [r if r == "base" else r[0] for r in rows], "ppl": ppl, "ppl_std": 0.5,
+                          "train_time_s": [3600.0, 3300, 2700, 1500, 2200, 3300, 3700, 3500]}, index=rows)
+    frame["d_ppl_pct"] = 100 * (frame["ppl"] - 24.0) / 24.0
+    return frame
+
+
+def test_the_axis_keeps_to_the_rest_however_far_off_a_row_is():
+    """The limits around the other rows are the same whether D1 lies at 125 or 2,000 PPL; D1 in the
+    bulk leaves the axis to scale itself. Each figure draws either way."""
+    near, far, farther = _frame(27.0), _frame(125.0), _frame(2000.0)
+    assert robust_limits(near["ppl"]) is None
+    assert robust_limits(far["ppl"]) == robust_limits(farther["ppl"]) is not None
+    assert robust_limits([0.0, *far["d_ppl_pct"]]) == robust_limits([0.0, *farther["d_ppl_pct"]]) is not None
+    for draw in (change_vs_base, ppl_vs_time):
+        pictures = {draw(f) for f in (near, far, farther)}
+        assert len(pictures) == 3 and all(p.startswith(b"\x89PNG") for p in pictures)
