@@ -21,8 +21,10 @@ import pandas as pd
 from lightning_modules.convergence import RULE_CHANGES, ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import table3_section
+from lightning_modules.names import inside
 from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, check_writable_dir,
                                      disk_full_ends_the_run)
+from lightning_modules.run.rundir import mark, refuse_foreign
 from reports import figures as figs
 from reports.collect import Table3Data, load_table3
 from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
@@ -206,6 +208,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     if bootstrap < 0:
         raise UserError(f"--bootstrap must be 0 or more, got {bootstrap}")
     check_writable_dir(out, "the report")
+    refuse_foreign(Path(out), "report")  # a folder of the user's own is never written into
     data = load_table3(storage, study)
     if data.runs.empty:
         raise UserError(f"study {data.study!r} has no complete runs yet: nothing to report")
@@ -223,7 +226,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     written: list[Path] = []
 
     def put(name: str, content: str | bytes) -> None:
-        path = out / name
+        path = inside(out, *name.split("/"))  # a figure's name holds a group's
         if isinstance(content, bytes):
             atomic_write_bytes(path, content)
         else:
@@ -231,6 +234,8 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
         written.append(path)
 
     with disk_full_ends_the_run(out):
+        out.mkdir(parents=True, exist_ok=True)
+        mark(out, "report")
         for name, png in pictures.items():
             put(f"figures/{name}", png)
         put("table3.csv", frame.to_csv(float_format="%.6g"))

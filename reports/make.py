@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lightning_modules.run.io import check_writable_dir
+from lightning_modules.run.rundir import refuse_foreign
 from sweeps.table3 import Table3Outcome, Table3Plan, run_table3
 
 
@@ -27,6 +28,7 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
     folder = Path(report_dir) if report_dir is not None else Path(plan.runs_dir) / plan.study / "report"
     if report:
         check_writable_dir(folder, "the report (--report-dir)")
+        refuse_foreign(folder, "report", "--report-dir")
     outcome = run_table3(plan, workers, devices, devices_per_trial, heartbeat_s, archive=archive,
                          stop_after_s=stop_after_s)
     if outcome.interrupted or not report:

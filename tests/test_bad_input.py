@@ -96,6 +96,13 @@ def users_folder(tmp: Path) -> str:
     return str(folder)
 
 
+def users_report(tmp: Path) -> str:
+    folder = tmp / "my-report"
+    folder.mkdir()
+    (folder / "report.html").write_text("<p>mine</p>")
+    return str(folder)
+
+
 def fifo(tmp: Path) -> str:
     path = tmp / "corpus.fifo"
     os.mkfifo(path)
@@ -326,6 +333,10 @@ CASES: list[Case] = [
     # A folder that is not a run of ours: refused before anything in it is touched
     ("train-out-a-users-own-folder", lambda t: ["train", "--out", users_folder(t), *FAST],
      "is not an ablate run directory (it holds dev.hyp.txt, logs, results.json", {}),
+    ("report-out-a-users-own-folder", lambda t: ["report", "--storage", f"sqlite:///{t}/none.db", "--out",
+                                                 users_report(t)], "is not an ablate report directory", {}),
+    ("table3-report-dir-a-users-own-folder", lambda t: ["table3", "--rows", "base", "--report-dir", users_report(t),
+                                                        *FAST], "is not an ablate report directory", {}),
     # Damaged or odd input that crashed
     *[(f"gzip-corpus-{damage}", lambda t, damage=damage: ["train", "--out", str(t / "run"), *gzip_corpus(t, damage),
                                                            *FAST], "train.en.gz: damaged gzip file", {})

@@ -58,8 +58,14 @@ def mark(out: Path, kind: str = "run") -> None:
 def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
     """Make `out` (which exists) a directory of ours of `kind`, or refuse it in one line when it
     holds files and no marker (a report directory: the same rule, `ablate-report.json`)."""
+    refuse_foreign(out, kind, option)
+    mark(out, kind)
+
+
+def refuse_foreign(out: Path, kind: str = "run", option: str = "--out") -> None:
+    """`claim`'s check alone, writing nothing: a missing or empty folder, or one of ours, passes."""
     out = Path(out)
-    if is_ours(out, kind):
+    if not out.is_dir() or is_ours(out, kind):
         return
     marker = _marker(out, kind)
     if marker.exists():
@@ -70,7 +76,6 @@ def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
         shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
         raise UserError(f"{out} is not an ablate {kind} directory (it holds {shown} and no {marker.name}); "
                         f"give an empty or new {option}")
-    mark(out, kind)
 
 
 def _written_before_markers(out: Path) -> bool:
