@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -519,7 +520,36 @@ def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, device
                                   runs_dir=plan.runs_dir, preset=plan.preset, config=plan.config,
                                   spec=plan.spec_path, overrides=plan.overrides, pruner="none",
                                   heartbeat_s=heartbeat_s, queue_only=True, keep_translations=True)
-        code = run_workers(settings, workers, devices, devices_per_trial, quiet=True, stop_after_s=stop_after_s)
-        if code == EXIT_INTERRUPTED:
-            return Table3Outcome(code, [])
+        while True:
+            code = run_workers(settings, workers, devices, devices_per_trial, quiet=True, stop_after_s=stop_after_s)
+            if code == EXIT_INTERRUPTED:
+                return Table3Outcome(code, [])
+            if not wait_for_others(study, plan, heartbeat_s):  # nothing went back to the queue
+                break
     return Table3Outcome(code, print_summary(study, plan))
+
+
+def running_elsewhere(study: optuna.Study, plan: Table3Plan) -> list[str]:
+    """The planned runs whose latest trial is running: by another launcher's workers, once ours
+    have stopped (several launchers on one study share its queue)."""
+    return [f"{row} seed {seed}" for (row, seed), trial in status(study, plan).items()
+            if trial is not None and trial.state == TrialState.RUNNING]
+
+
+def wait_for_others(study: optuna.Study, plan: Table3Plan, heartbeat_s: int) -> bool:
+    """Once this launcher's workers found the queue empty, wait while another launcher trains the
+    table's last runs, so that every launcher ends when the table does, with its exit status and
+    report (`test_table3.py`). A run whose launcher died goes back to the queue when its heartbeat
+    stops (`fail_stale_trials`): then True, and the caller runs its workers again."""
+    from sweeps.optuna_api import fail_stale_trials
+
+    running = running_elsewhere(study, plan)
+    if running:
+        print(f"table3 {plan.study}: waiting for {', '.join(running)}, trained by another launcher", flush=True)
+    while running:
+        time.sleep(min(5.0, heartbeat_s / 4))
+        fail_stale_trials(study)
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return True
+        running = running_elsewhere(study, plan)
+    return False
