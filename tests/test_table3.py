@@ -617,11 +617,11 @@ def test_two_launchers_on_one_study_both_end_with_exit_0(tmp_path):
     """Two `ablate table3` started together share the queue: the one whose workers run out of work
     first waits for the other's last run instead of reporting it as not complete, and both end with
     exit status 0 once every row is done by either; each row trained once."""
-    args = [sys.executable, "-m", "ablate", *table3_args(tmp_path, "--rows", "base,E", "--no-report")]
+    args = [sys.executable, "-m", "ablate", *table3_args(tmp_path, "--rows", "base,D1,E", "--no-report")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for _ in range(2)]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     done = [t for t in trials(tmp_path) if t.state == TrialState.COMPLETE]
-    assert sorted(t.user_attrs["row"] for t in done) == ["E", "base"]
+    assert sorted(t.user_attrs["row"] for t in done) == ["D1", "E", "base"]
