@@ -13,6 +13,10 @@ process-wide too) and looks at it where stopping leaves nothing half done:
   training had finished (no interrupted checkpoint, `on_train_end`, then the evaluation);
 - the dashboard's main thread, which shuts its server down.
 
+`ablate train` run by hand keeps Python's Ctrl-C (a KeyboardInterrupt at once, also while it
+prepares data or decodes; inside `fit` Lightning saves `interrupted.ckpt`) and Lightning's own
+SIGTERM (recorded, acted on at the step's end); under SLURM its notice is recorded here.
+
 A handler that raises could land anywhere: inside a claim, inside Optuna's record of a trial's
 end, or in a garbage-collector callback, where CPython drops the exception and the stop is lost.
 Recording has none of these cases. Where waiting is impossible a handler still raises, and says
@@ -64,9 +68,6 @@ class StopRequest:
     @property
     def interrupted(self) -> bool:
         return bool(self.signals & INTERRUPTS)
-
-    def clear(self) -> None:
-        self.signals, self.at = set(), None
 
     def install(self, *signums: int) -> dict[int, Any]:
         """Record `signums` from now on (the main thread only: Python's rule), and let through any
