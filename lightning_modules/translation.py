@@ -47,9 +47,8 @@ class TranslationModule(pl.LightningModule):
     are logged as window means, with the window's target tokens per second of training (a lap of
     the run's one training clock, `callbacks.TrainingClock`, read at window ends, where that
     transfer has waited for the device; validation inside fit left out, a first window's
-    compilation left in); every window but the last spans
-    at least that many steps (a resume inside one carries its first steps into the next), since
-    the spike rule compares them. `compile_step()` swaps the forward + loss for a
+    compilation left in); every window but the last spans at least that many steps (a resume
+    inside one carries its first steps into the next), since the spike rule compares them. `compile_step()` swaps the forward + loss for a
     `torch.compile`d one (dynamic shapes: one graph for every batch shape); validation and
     decoding stay eager.
     """
