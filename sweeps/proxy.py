@@ -8,10 +8,8 @@ a trusted cluster network only (or through an SSH tunnel).
 
 from __future__ import annotations
 
-import signal
-from typing import Any
-
 from lightning_modules.errors import UserError
+from lightning_modules.run.stop import INTERRUPTS, interrupting
 from sweeps.optuna_api import serve_grpc_proxy
 from sweeps.storage import GRPC_SCHEME, GRPC_HINT, journal_path, make_storage, safe_url
 
@@ -26,19 +24,15 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000) -> int:
     storage = make_storage(storage_url, heartbeat_s=None)  # the clients beat (sweeps.optuna_api)
     shown = f"[{host}]" if ":" in host else host
     print(f"storage proxy for {safe_url(storage_url)} at grpc://{shown}:{port} (Ctrl-C to stop)", flush=True)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # The one stop that raises in sweeps: Optuna's `run_grpc_proxy_server` blocks until the process
+    # ends and hands out no server to shut down, so there is no point at which to look at a request.
     try:
-        serve_grpc_proxy(storage, host, port)
+        with interrupting(*INTERRUPTS):
+            serve_grpc_proxy(storage, host, port)
     except KeyboardInterrupt:
         pass
     except ImportError:
         raise UserError(GRPC_HINT) from None
     except RuntimeError as err:  # grpc: the port is taken, or the host is not this machine's
         raise UserError(f"cannot listen on {host}:{port}: {err}") from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return 0
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
