@@ -1,5 +1,7 @@
-"""Callbacks of a run: what it measures (training wall time, target tokens/s), fault points, the
-divergence guard, and how signals stop it (SIGTERM while compiling, SLURM's pre-emption notice)."""
+"""Callbacks of a run: what it measures (training wall time, target tokens/s), fault points, and
+how it stops at a step's end, every rank together: on a stop request (a signal recorded in
+`run.stop.STOP`, SLURM's pre-emption notice included) or a non-finite loss; and at once on SIGTERM
+while compiling."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_modules.run.faults import inject
-from lightning_modules.run.slurm import REQUEUE_SIGNAL, PreemptionNotice
+from lightning_modules.run.stop import REQUEUE_SIGNAL, StopRequest
 from lightning_modules.stopwatch import Stopwatch
 
 
@@ -33,6 +35,9 @@ def process_age_s() -> float | None:
 class TrainingClock(pl.Callback):
     """Accumulates training time and target tokens; the totals survive checkpoint/resume.
 
+    Its stopwatch is the run's one training clock: `lap()` gives the training seconds since the
+    previous lap, which `TranslationModule` divides a logging window's tokens by.
+
     Also measures this process's start-up (process start to the first training step, the data,
     model and Trainer set-up included), the first step's own time (which holds torch.compile's
     compilation) and the steady-state rate: target tokens/s between the log-window boundaries
@@ -48,6 +53,7 @@ class TrainingClock(pl.Callback):
         self.first_step_s: float | None = None
         self._first_started: float | None = None
         self._marks: list[tuple[float, int]] = []  # (time, tokens) at window boundaries
+        self._lapped = 0.0  # the training seconds at the previous lap
 
     @property
     def state_key(self) -> str:
@@ -57,7 +63,19 @@ class TrainingClock(pl.Callback):
     def train_time_s(self) -> float:
         return self.training.seconds
 
+    @staticmethod
+    def of(trainer: pl.Trainer) -> TrainingClock | None:
+        """The trainer's clock, if it has one."""
+        return next((c for c in trainer.callbacks if isinstance(c, TrainingClock)), None)
+
+    def lap(self) -> float:
+        """Seconds of training since the previous lap (or since training started in this process)."""
+        total = self.training.total
+        seconds, self._lapped = total - self._lapped, total
+        return seconds
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._lapped = self.training.seconds  # restored from a checkpoint, if resumed
         self.training.start()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -131,48 +149,34 @@ class NonFiniteLoss(Exception):
     """The training loss became NaN or infinite."""
 
 
-class DivergenceGuard(pl.Callback):
-    """Stops training when the loss is NaN or infinite, checked every `every` steps.
-
-    Checking reads the loss on the host, a device sync: every few steps is enough, since a
-    non-finite loss poisons the weights and every later loss.
-    """
-
-    def __init__(self, every: int = 10) -> None:
-        self.every = max(1, every)
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = trainer.global_step
-        if step % self.every and step != trainer.max_steps:
-            return
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        finite = loss is None or bool(torch.isfinite(loss.detach()).all())
-        # Every rank stops together (a rank alone raising would leave the others waiting).
-        if not trainer.strategy.reduce_boolean_decision(finite, all=True):
-            value = "nan" if loss is None or torch.isnan(loss.detach()).any() else "infinite"
-            raise NonFiniteLoss(f"the training loss became {value} (detected at step {step})")
-
-
 class PromptInterruptWhileCompiling(pl.Callback):
-    """SIGTERM during torch.compile's compilation stops the run at once.
+    """A stop during torch.compile's compilation stops the run at once: one of the two handlers
+    that raise instead of recording (`run.stop`), because waiting is impossible here.
 
-    Lightning defers SIGTERM to the end of the current batch, so that no checkpoint holds a half-
+    A stop waits for the end of the current step (Lightning's own SIGTERM handling, and
+    `StopAtStepEnd` for the requests in `run.stop.STOP`), so that no checkpoint holds a half-
     applied optimizer step; but a compiled run's first batch compiles for minutes, and a later
-    batch may recompile (a guard that fails; seen on an H100: ~50 s for the base model), and the
-    signal would wait for all of it. From every batch's start until its optimizer step (no weight
-    has changed yet) this handler raises Lightning's own `SIGTERMException` at once; from the
-    optimizer step on, Lightning's deferred handler is back.
+    batch may recompile (a guard that fails; seen on an H100: ~50 s for the base model), longer
+    than a sweep worker waits for its trial's clean stop. From every batch's start until its
+    optimizer step (no weight has changed yet) SIGTERM and SIGINT record the request and raise
+    Lightning's own `SIGTERMException` at once; from the optimizer step on, the handlers that
+    wait are back. (Raised inside a garbage-collector callback, CPython would drop it; the
+    request is recorded first, so the step's end acts on it then.)
     """
 
-    def __init__(self) -> None:
-        self._previous: Any = None
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, stop: StopRequest) -> None:
+        self.stop = stop
+        self._previous: dict[int, Any] = {}
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
-        if self._previous is not None or threading.current_thread() is not threading.main_thread():
+        if self._previous or threading.current_thread() is not threading.main_thread():
             return
-        self._previous = signal.signal(signal.SIGTERM, _raise_sigterm)
+        if self.stop.interrupted:  # asked for before this batch: do not compile first
+            raise SIGTERMException()
+        self._previous = {signum: signal.signal(signum, self._raise) for signum in self.SIGNALS}
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: Any) -> None:
@@ -183,49 +187,78 @@ class PromptInterruptWhileCompiling(pl.Callback):
         self._restore()
 
     def _restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        self.stop.record(signum)
+        raise SIGTERMException()
 
 
-def _raise_sigterm(signum: int, frame: Any) -> None:
-    raise SIGTERMException()
+class StopAtStepEnd(pl.Callback):
+    """Ends training at a step's end, every DDP rank together, on a non-finite loss (`NonFiniteLoss`)
+    or on the process's stop request (`run.stop`: the trial process's stop from its worker, SLURM's
+    pre-emption notice; Lightning's `SIGTERMException`, so that `OnExceptionCheckpoint` saves the
+    step just ended and the run exits as interrupted).
 
+    The ranks agree at a logging window's end (every `every` steps), at the first step this
+    process trains (a request from start-up) and at the last: one all-reduce of (non-finite loss,
+    stop, pre-empted) and one read on the host, where the window's metrics are read anyway. The loss
+    is checked there only (a non-finite loss poisons the weights and every later loss). A single
+    process has no one to agree with: it acts on a request at every step's end, without touching
+    the device.
 
-class RequeueAtStepEnd(pl.Callback):
-    """Under SLURM: Lightning's requeue handler at the end of a training step, then stop.
-
-    Lightning installs its SIGUSR1 handler (save `hpc_ckpt_N.ckpt` in the Trainer's
-    `default_root_dir`, `scontrol requeue`) just before training, and only where no handler is
-    installed; it would run inside whatever the step is doing. So: the notice's recorder is put
-    aside when fitting starts (Lightning installs its handler), Lightning's handler is put aside
-    when training starts (the recorder is back), and at the end of the step that saw the signal,
-    on every DDP rank together, Lightning's handler runs and the run stops like on SIGTERM
-    (Lightning's `SIGTERMException`). Only the newest hpc checkpoint is kept, and none once
-    training finishes (`last.ckpt` holds the end). See `lightning_modules/run/slurm.py`.
+    Under SLURM with `requeue`, a pre-emption runs Lightning's requeue handler first (save
+    `hpc_ckpt_N.ckpt` in the Trainer's `default_root_dir`, `scontrol requeue`). Lightning installs
+    that handler just before training, only where no handler is installed, and it would run inside
+    whatever the step is doing: so the request's recorder is put aside when fitting starts
+    (Lightning installs its handler), Lightning's handler is taken and the recorder put back when
+    training starts. Only the newest hpc checkpoint is kept, and none once training finishes
+    (`last.ckpt` holds the end). See `lightning_modules/run/slurm.py`.
     """
 
-    def __init__(self, notice: PreemptionNotice) -> None:
-        self.notice = notice
-        self._lightning: Any = None
+    def __init__(self, stop: StopRequest, every: int, requeue: bool = False) -> None:
+        self.stop, self.every, self.requeue = stop, max(1, every), requeue
+        self._lightning: Any = None  # Lightning's requeue handler
+        self._started = False  # whether this process has trained a step
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if threading.current_thread() is threading.main_thread():
+        if self.requeue and threading.current_thread() is threading.main_thread():
             signal.signal(REQUEUE_SIGNAL, signal.SIG_DFL)  # so that Lightning installs its own
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if threading.current_thread() is threading.main_thread():
+        if self.requeue and threading.current_thread() is threading.main_thread():
             self._lightning = signal.getsignal(REQUEUE_SIGNAL)
-            self.notice.install()
+            self.stop.install(REQUEUE_SIGNAL)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:  # not a step boundary
             return
-        if not trainer.strategy.reduce_boolean_decision(self.notice.pending, all=False):
+        step, first = trainer.global_step, not self._started
+        self._started = True
+        window_end = step % self.every == 0 or step == trainer.max_steps
+        preempted = self.stop.preempted and self.requeue
+        stop = self.stop.interrupted or preempted
+        if trainer.world_size == 1:
+            if not (window_end or stop):
+                return
+        elif not (window_end or first):
             return
-        self.notice.pending = False
-        if callable(self._lightning):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        flags = torch.tensor([0.0, float(stop), float(preempted)], device=pl_module.device)
+        if window_end and loss is not None:
+            flags[0] = (~torch.isfinite(loss.detach()).all()).float()
+        if trainer.world_size > 1:
+            flags = trainer.strategy.reduce(flags, reduce_op="sum")  # the ranks' one agreement
+        non_finite, stop, preempted = (bool(x) for x in flags.tolist())  # the host reads it here
+        if non_finite:
+            value = "nan" if loss is None or torch.isnan(loss.detach()).any() else "infinite"
+            raise NonFiniteLoss(f"the training loss became {value} (detected at step {step})")
+        if not stop:
+            return
+        if preempted and callable(self._lightning):
             self._lightning(REQUEUE_SIGNAL, None)  # saves hpc_ckpt_N.ckpt, scontrol requeue
             self._remove_hpc_checkpoints(trainer, keep_newest=True)
         raise SIGTERMException()

@@ -4,8 +4,8 @@
    stepped batches (`fit_loop.epoch_loop._batches_that_stepped`, private), and decides on that
    count, not on `trainer.global_step`, at which batches to write the logged values. The two are
    equal in a run, and after a resume from a checkpoint written between steps. A checkpoint
-   written inside a step (Ctrl-C or SIGINT in the forward or backward pass: Lightning's
-   `OnExceptionCheckpoint`, the sweep worker's stop) restores the count one ahead (checked in
+   written inside a step (Ctrl-C in the forward or backward pass of `ablate train`, or a stop
+   while a step compiles: Lightning's `OnExceptionCheckpoint`) restores the count one ahead (checked in
    Lightning 2.6, `_TrainingEpochLoop.reset`): from then on each window of
    `log_every_n_steps` steps is written up to a window late under a later step, and the window
    whose write falls after an epoch's end is dropped (one training row per epoch lost; seen in the

@@ -24,10 +24,3 @@ class Stopwatch:
     def total(self) -> float:
         """The seconds so far, the running stretch included."""
         return self.seconds + (time.perf_counter() - self._since if self._since is not None else 0.0)
-
-    def lap(self) -> float:
-        """The seconds so far; then from zero again, running."""
-        self.stop()
-        seconds, self.seconds = self.seconds, 0.0
-        self.start()
-        return seconds

@@ -8,15 +8,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torchmetrics import SumMetric
 
+from lightning_modules.callbacks import TrainingClock
 from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.run.faults import corrupt_loss, inject
-from lightning_modules.stopwatch import Stopwatch
 from lightning_modules.transformer import Transformer, count_parameters
 
 
@@ -45,11 +44,11 @@ class TranslationModule(pl.LightningModule):
 
     The training step never waits for the GPU: loss, NLL, token counts and the gradient norm
     are summed on the device and read (one transfer) every `log_every_n_steps` steps, where they
-    are logged as window means, with the window's target tokens per second of training (the
-    host's clock between window ends, where that transfer has waited for the device; validation
-    inside fit left out, a first window's compilation left in); every window but the last spans
-    at least that many steps (a resume inside one carries its first steps into the next), since
-    the spike rule compares them. `compile_step()` swaps the forward + loss for a
+    are logged as window means, with the window's target tokens per second of training (a lap of
+    the run's one training clock, `callbacks.TrainingClock`, read at window ends, where that
+    transfer has waited for the device; validation inside fit left out, a first window's
+    compilation left in); every window but the last spans at least that many steps (a resume
+    inside one carries its first steps into the next), since the spike rule compares them. `compile_step()` swaps the forward + loss for a
     `torch.compile`d one (dynamic shapes: one graph for every batch shape); validation and
     decoding stay eager.
     """
@@ -66,7 +65,7 @@ class TranslationModule(pl.LightningModule):
         self._window: Tensor | None = None  # summed (loss, nll, tokens, batches, grad norm) since the last log
         self._grad_max: Tensor | None = None
         self._window_start = self._flushed_at = 0
-        self._window_clock = Stopwatch()  # the window's seconds of training
+        self._clock: TrainingClock | None = None  # the trainer's, whose laps time the windows
         self._lr = 0.0
 
     def forward_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, epsilon: float
@@ -127,7 +126,7 @@ class TranslationModule(pl.LightningModule):
         grad_max = self._grad_max if self._grad_max is not None else self._window.new_zeros(())
         host = torch.cat([self._window, grad_max[None]]).cpu()  # the window's one device-to-host copy
         self._window, self._grad_max, self._flushed_at = None, None, step
-        seconds = self._window_clock.lap()
+        seconds = self._clock.lap() if self._clock is not None else 0.0
         loss_sum, nll_sum, tokens, batches, grad_sum, grad_max = host
         n = tokens.clamp(min=1)
         steps = max(1, step - self._window_start)
@@ -143,15 +142,7 @@ class TranslationModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self._window_start = self._flushed_at = self.trainer.global_step  # also after a resume
-        self._window_clock = Stopwatch()
-        self._window_clock.start()
-
-    def on_validation_start(self) -> None:
-        self._window_clock.stop()  # a validation inside fit is not training time
-
-    def on_validation_end(self) -> None:
-        if self.trainer.state.fn == TrainerFn.FITTING:
-            self._window_clock.start()
+        self._clock = TrainingClock.of(self.trainer)  # its lap starts with training (callbacks go first)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])

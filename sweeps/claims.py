@@ -13,25 +13,21 @@ Three ways a RUNNING trial's worker can be gone, and who takes the trial back:
   `UnrecordedClaims` fails it once it has stayed unrecorded for the heartbeat's grace period (a
   live worker records itself at once), measured on the watching worker's own clock.
 
-SIGTERM/SIGINT, and under SLURM the pre-emption notice (SIGUSR1), are held back (`Interrupts`)
-except while a trial trains or the worker waits, so an interrupt or a pre-emption never leaves a
-claim without its record, or a trial failed without its retry copy.
+SIGTERM/SIGINT, and under SLURM the pre-emption notice (SIGUSR1), are only recorded
+(`lightning_modules.run.stop`) and acted on between claims, so an interrupt or a pre-emption never
+leaves a claim without its record, or a trial failed without its retry copy.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from lightning_modules.run.slurm import REQUEUE_SIGNAL
 from sweeps.optuna_api import fail_running_trial, frozen_trial, queue_retry
 
 
@@ -118,49 +114,3 @@ class UnrecordedClaims:
     def pending(self) -> bool:
         """Whether some claim may still turn out to be a dead worker's (then it is queued again)."""
         return self.grace_s is not None and bool(self.first_seen)
-
-
-class Preempted(KeyboardInterrupt):
-    """SLURM's pre-emption notice (REQUEUE_SIGNAL) reached the worker: stop as on SIGTERM, except
-    that the trial's child gets the notice too (it saves a checkpoint and requeues the job)."""
-
-
-class Interrupts:
-    """SIGTERM/SIGINT as KeyboardInterrupt, and REQUEUE_SIGNAL (installed under SLURM only) as
-    Preempted, held back between `hold` and `release` (the worker holds them except while a trial
-    trains or the worker waits), and raised at the release. A pre-emption held back with an
-    interrupt wins (the trial must still requeue the job), and is raised once: SLURM and the
-    launcher may both send it, so REQUEUE_SIGNAL is ignored from then on."""
-
-    def __init__(self) -> None:
-        self.held = False
-        self.pending: type[KeyboardInterrupt] | None = None
-
-    def handler(self, signum: int, frame: Any) -> None:
-        stop = Preempted if signum == REQUEUE_SIGNAL else KeyboardInterrupt
-        if self.held:
-            if self.pending is not Preempted:
-                self.pending = stop
-            return
-        self._raise(stop)
-
-    def hold(self) -> None:
-        self.held = True
-
-    def release(self) -> None:
-        self.held = False
-        if self.pending is not None:
-            stop, self.pending = self.pending, None
-            self._raise(stop)
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep with interrupts let through, then hold them again."""
-        self.release()
-        time.sleep(seconds)
-        self.hold()
-
-    @staticmethod
-    def _raise(stop: type[KeyboardInterrupt]) -> None:
-        if stop is Preempted and threading.current_thread() is threading.main_thread():
-            signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)
-        raise stop

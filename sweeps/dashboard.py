@@ -8,13 +8,13 @@ is printed or written. The storage URL is printed with its password masked.
 
 from __future__ import annotations
 
-import signal
 import socket
 import sys
 import threading
 from wsgiref.simple_server import WSGIServer, make_server
 
 from lightning_modules.errors import UserError
+from lightning_modules.run.stop import INTERRUPTS, STOP
 from sweeps.storage import exposure_warning, make_storage, safe_url
 
 
@@ -42,15 +42,11 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 8080) -> int:
         server = make_server(host, port, wsgi(storage), server_class=_server_class(host))
     except OSError as err:  # port in use, host not on this machine
         raise _cannot_listen(host, port, err) from None
-    with server:
-        stop_on_signals(server)
+    with server, STOP.recording(*INTERRUPTS):
         if warning := exposure_warning("dashboard", storage_url, host):
             print(warning, file=sys.stderr, flush=True)
         print(banner(storage_url, host, port), flush=True)
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:  # a second Ctrl-C while the first was stopping the server
-            pass
+        serve_until_stopped(server)
     return 0
 
 
@@ -59,19 +55,17 @@ def _server_class(host: str) -> type[WSGIServer]:
     return type("DashboardServer", (WSGIServer,), {"address_family": family})
 
 
-def stop_on_signals(server: WSGIServer) -> None:
-    """SIGINT and SIGTERM stop `server.serve_forever()` between requests.
+def serve_until_stopped(server: WSGIServer) -> None:
+    """Serve in a thread until SIGINT or SIGTERM is recorded (`lightning_modules.run.stop`), then
+    shut the server down between requests.
 
     Not by KeyboardInterrupt: wsgiref's request handler catches every exception raised while it
-    serves a request (a bare `except:`, to answer 500), so a Ctrl-C that lands there is lost and
-    the dashboard went on serving (seen on a loaded machine). A second signal raises
-    KeyboardInterrupt as usual."""
-    signals = (signal.SIGINT, signal.SIGTERM)
-
-    def stop(signum: int, frame: object) -> None:
-        for sig in signals:
-            signal.signal(sig, signal.default_int_handler)
-        threading.Thread(target=server.shutdown, daemon=True).start()  # waits for serve_forever
-
-    for sig in signals:
-        signal.signal(sig, stop)
+    serves a request (a bare `except:`, to answer 500), so a Ctrl-C raised there was lost and the
+    dashboard went on serving (seen on a loaded machine). Requests are served in another thread; the
+    main thread, where Python runs signal handlers, only waits for a stop request."""
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    while not STOP.wait(60):
+        pass
+    server.shutdown()  # returns once serve_forever has stopped
+    serving.join()

@@ -4,15 +4,15 @@
 group like "0,1"); on CPU, `--workers K` runs K
 workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting
 (an `OMP_NUM_THREADS` already set, e.g. on a machine shared with other jobs, caps that share).
-Ctrl-C or SIGTERM is passed on to the workers as SIGTERM (see `sweeps.worker`); under SLURM,
-SIGUSR1 (the pre-emption notice) is passed on as it is. `--stop-after` does the same at a set time,
-so a sitting on a machine lent for a few hours ends with every running trial checkpointed.
+Ctrl-C or SIGTERM is recorded (`lightning_modules.run.stop`) and passed on to the workers as SIGTERM
+(see `sweeps.worker`); under SLURM, SIGUSR1 (the pre-emption notice) is passed on as it is.
+`--stop-after` does the same at a set time, so a sitting on a machine lent for a few hours ends
+with every running trial checkpointed.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +21,8 @@ from dataclasses import replace
 import optuna
 
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
-from lightning_modules.run.slurm import NOTICE, REQUEUE_SIGNAL, on_slurm, requeue_job
+from lightning_modules.run.slurm import on_slurm, requeue_job
+from lightning_modules.run.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_WORKERS
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import counts
@@ -98,7 +99,7 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
     """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted (Ctrl-C, SIGTERM,
     or `stop_after_s` seconds after they started, as if interrupted then), else 1."""
     envs = worker_envs(workers, devices, devices_per_trial)
-    if NOTICE.pending:  # pre-empted during start-up: no trial can save and requeue, so this does
+    if STOP.preempted:  # pre-empted during start-up: no trial can save and requeue, so this does
         job = requeue_job()
         print(f"sweep {settings.study}: pre-empted (SLURM) before any worker started; requeued job "
               f"{job}, which runs the same command again", file=sys.stderr)
@@ -110,41 +111,29 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
     print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "
           f"{'the queued trials' if settings.queue_only else f'{settings.n_trials} trials'}, "
           f"storage {safe_url(settings.storage)}", flush=True)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM acts like Ctrl-C
-    preempted: list[int] = []
+    deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
+    stopped = False
+    passed_on: set[int] = set()  # the signals sent to the workers
 
-    def pass_on(signum: int, frame: object) -> None:
-        preempted.append(signum)
+    def pass_on(signum: int) -> None:
+        passed_on.add(signum)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
 
-    previous_notice = signal.signal(REQUEUE_SIGNAL, pass_on) if on_slurm() else None
-    interrupted = stopped = False
-    deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
-
-    def stop_all() -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    try:
+    with STOP.recording(*INTERRUPTS, *([REQUEUE_SIGNAL] if on_slurm() else [])):
         while any(p.poll() is None for p in procs):
-            try:
-                for p in procs:
-                    p.wait(None if deadline is None or stopped else max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if deadline is not None and not stopped and time.monotonic() >= deadline:
                 stopped = True
                 print(f"sweep {settings.study}: --stop-after {describe_duration(stop_after_s or 0)} reached; "
                       f"stopping the workers (each running trial saves a checkpoint)", file=sys.stderr, flush=True)
-                stop_all()
-            except KeyboardInterrupt:
-                interrupted = True
-                stop_all()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if previous_notice is not None:
-            signal.signal(REQUEUE_SIGNAL, previous_notice)
+                pass_on(TO_WORKERS)
+            if STOP.interrupted and TO_WORKERS not in passed_on:
+                pass_on(TO_WORKERS)
+            if STOP.preempted and REQUEUE_SIGNAL not in passed_on:
+                pass_on(REQUEUE_SIGNAL)
+            time.sleep(POLL_S)
+    interrupted, preempted = STOP.interrupted, STOP.preempted
     codes = [p.returncode for p in procs]
     bad = [f"worker {i} (pid {p.pid}) exited with status {c}" for i, (p, c) in enumerate(zip(procs, codes)) if c]
     if not quiet:

@@ -9,12 +9,11 @@ a trusted cluster network only (or through an SSH tunnel).
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
-from typing import Any
 
 from lightning_modules.errors import UserError
+from lightning_modules.run.stop import INTERRUPTS, interrupting
 from sweeps.optuna_api import serve_grpc_proxy
 from sweeps.storage import GRPC_SCHEME, GRPC_HINT, exposure_warning, journal_path, make_storage, safe_url
 
@@ -38,18 +37,20 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: 
     # bind, say) before the error reaches us: ours is the one line
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     shown = f"[{host}]" if ":" in host else host
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # before the banner: it promises a clean stop
+    # The one stop that raises in sweeps: Optuna's `run_grpc_proxy_server` blocks until the process
+    # ends and hands out no server to shut down, so there is no point at which to look at a request.
+    # Set before the banner, which promises a clean stop (a SIGTERM right after it killed the proxy).
     try:
-        print(f"storage proxy for {safe_url(storage_url)} at grpc://{shown}:{port} (Ctrl-C to stop)", flush=True)
-        serve_grpc_proxy(storage, host, port)
+        with interrupting(*INTERRUPTS):
+            print(f"storage proxy for {safe_url(storage_url)} at grpc://{shown}:{port} (Ctrl-C to stop)",
+                  flush=True)
+            serve_grpc_proxy(storage, host, port)
     except KeyboardInterrupt:
         pass
     except ImportError:
         raise UserError(GRPC_HINT) from None
     except RuntimeError as err:  # grpc: the port is taken, or the host is not this machine's
         raise UserError(f"cannot listen on {host}:{port}: {err}") from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -63,7 +64,3 @@ def _check_port(host: str, port: int) -> None:
             probe.bind((host, port))
     except OSError as err:
         raise UserError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt

@@ -16,19 +16,18 @@ import os
 import sys
 from typing import Any
 
-from sweeps.processes import (EXIT_PRUNED, JOB_ENV, StopRequests, accept_interrupts, die_with_parent,
-                               ignore_interrupts)
-
-STOP = StopRequests()
+from lightning_modules.run.slurm import keep_notices
+from lightning_modules.run.stop import INTERRUPTS, STOP
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, die_with_parent
 
 
 def run_trial(job: dict[str, Any]) -> int:
     """Train the trial described by `job` (storage, study, trial_id, out, overrides, ...).
 
-    Interrupts stay held while it loads the training stack (Lightning's imports make garbage
-    that a stop could be dropped in, see `StopRequests`); a stop asked for then arrives once they
-    are loaded, and one dropped later is raised at the next training batch."""
-    import lightning.pytorch as pl
+    The worker's stop (SIGINT) is recorded from the start (`lightning_modules.run.stop`): the
+    run saves and stops at the end of its next training step (`callbacks.StopAtStepEnd`), or at
+    its first one if the stop came while it started; one after training lets the evaluation
+    finish."""
     import optuna
 
     from ablations.resolve import resolve
@@ -37,13 +36,6 @@ def run_trial(job: dict[str, Any]) -> int:
     from sweeps.pruning import StepPruningCallback
     from sweeps.storage import make_storage
     from sweeps.study import make_pruner
-
-    class StopWhenAsked(pl.Callback):
-        def on_train_batch_start(self, *args: Any) -> None:
-            STOP.check()
-
-    STOP.install()
-    accept_interrupts()  # held since the process started (sweeps.processes.spawn)
     cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
     trial = None
     if is_rank_zero():
@@ -51,9 +43,8 @@ def run_trial(job: dict[str, Any]) -> int:
         study = optuna.load_study(study_name=job["study"], storage=storage, pruner=pruner)
         trial = RunningTrial(study, storage, job["trial_number"], pruner)
     callback = StepPruningCallback(trial, prune=job["pruner"][0] != "none")
-    callbacks = [StopWhenAsked(), *([callback] if job["report"] else [])]
     try:
-        train(cfg, job["out"], group=job["study"], callbacks=callbacks)
+        train(cfg, job["out"], group=job["study"], callbacks=[callback] if job["report"] else [])
     except optuna.TrialPruned as pruned:
         if trial is not None:
             print(f"trial {trial.number}: {pruned}", file=sys.stderr)
@@ -70,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_modules.errors import UserError
 
     args = sys.argv[1:] if argv is None else argv
+    STOP.install(*INTERRUPTS)  # held since the process started (sweeps.processes.spawn)
+    keep_notices()
     if not is_rank_zero():
         die_with_parent()  # an extra DDP rank goes when its trial process goes
     try:
@@ -77,10 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a run stopped at a step's end (train.py says it so)
         return 130
-    finally:
-        ignore_interrupts()
 
 
 if __name__ == "__main__":

@@ -10,18 +10,17 @@ The worker stops when the finished (COMPLETE + PRUNED) plus running trials reach
 (`MaxTrialsCallback` ends the current `optimize` call; the check before each trial keeps K
 workers from overshooting), when a grid is exhausted, or after `n_trials` failures.
 
-On SIGTERM/SIGINT the running trial's child gets SIGINT (Lightning saves an interrupted
-checkpoint), Optuna records the trial FAIL, and the worker queues a retry copy through the same
-`RetryHeartbeatStaleTrialCallback`: re-running the sweep resumes it. Under SLURM, SIGUSR1 (the
-pre-emption notice of `#SBATCH --signal=USR1@90`) does the same, except that the child gets
-SIGUSR1: it saves a checkpoint at the end of its step and requeues the job
-(`lightning_modules/run/slurm.py`). Interrupts and pre-emption notices are held back except while
-a trial trains or the worker waits, so they never cut a claim or a storage update in two; once
-stopping, the worker holds back (and ignores) further SIGTERM/SIGUSR1 (a requeue sends SIGTERM to
-the whole job) until its trial is re-queued. A SIGKILLed worker takes its child with it
-(parent-death signal); `sweeps.claims` says who takes its trial back, and when. Killed,
-interrupted or pre-empted trials (they have a retry copy) and empty claims (a spare worker's, or a
-copy of a row queued twice) are not failures.
+SIGTERM/SIGINT, and under SLURM SIGUSR1 (the pre-emption notice of `#SBATCH --signal=USR1@90`),
+are only recorded (`lightning_modules.run.stop`); the worker acts on them where stopping cuts
+nothing in two: before it claims a trial, while it waits, and while a trial's process trains. Then
+the process gets SIGINT (SIGUSR1 for a pre-emption: it also requeues the job,
+`lightning_modules/run/slurm.py`) and saves a checkpoint at the end of its step; Optuna records the
+trial FAIL, and the worker queues a retry copy through the same `RetryHeartbeatStaleTrialCallback`:
+re-running the sweep resumes it. A claim or a storage update is never cut in two, and a second
+signal (a requeue sends SIGTERM to the whole job) never cuts the trial's clean stop short. A
+SIGKILLed worker takes its child with it (parent-death signal); `sweeps.claims` says who takes its
+trial back, and when. Killed, interrupted or pre-empted trials (they have a retry copy) and empty
+claims (a spare worker's, or a copy of a row queued twice) are not failures.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -44,11 +42,12 @@ from optuna.trial import TrialState
 from lightning_modules.run.rundir import claim
 from lightning_modules.errors import UserError, exit_status
 from lightning_modules.run.results import RunResult, read_results
-from lightning_modules.run.slurm import REQUEUE_SIGNAL, on_slurm
-from sweeps.claims import Interrupts, Preempted, UnrecordedClaims, reclaim_dead_local_trials, worker_record
+from lightning_modules.run.slurm import on_slurm
+from lightning_modules.run.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_TRIAL, StopRequest
+from sweeps.claims import UnrecordedClaims, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_trial, queue_retry, retried_numbers,
                                retried_trial_number)
-from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, accept_interrupts, ignore_interrupts, spawn
+from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.redo import superseded
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
@@ -81,10 +80,17 @@ class WorkerSettings:
 
 
 CLAIM_POLL_S = 2.0  # how often a queue-only worker looks again at a claim without its worker
+STOP_GRACE_S = 120  # how long a trial's process may take to save and stop when asked to
 
 
 class TrialFailed(RuntimeError):
     """A trial's training process failed (its output is in the trial's run directory log)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """The worker was asked to stop while its trial trained (or was about to): raised by the
+    objective, at its own safe point, so that Optuna records the trial FAIL; the worker then queues
+    its retry copy."""
 
 
 class NothingQueued(RuntimeError):
@@ -101,9 +107,8 @@ class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
     def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage,
-                 interrupts: Interrupts | None = None) -> None:
-        self.s, self.space, self.storage = settings, space, storage
-        self.interrupts = interrupts or Interrupts()  # let through only while a trial trains
+                 stop: StopRequest = STOP) -> None:
+        self.s, self.space, self.storage, self.stop = settings, space, storage, stop
         self.current: int | None = None  # the trial being run now (an interrupt queues its retry)
         self.last: int | None = None  # the trial run last
 
@@ -119,7 +124,7 @@ class Objective:
         self.current = self.last = trial.number
         try:
             value = self.run(trial)
-        except KeyboardInterrupt:
+        except Stopped:
             raise  # still current: the worker queues its retry
         except BaseException:
             self.current = None
@@ -134,7 +139,7 @@ class Objective:
             raise NothingQueued(trial.number)
         # First of all, so that no claim stays without its worker (see sweeps.claims).
         trial.set_user_attr("worker", worker_record(trial.number))
-        # Interrupts are held: a copy of a row queued twice ends as an empty claim, with its worker.
+        # A stop waits: a copy of a row queued twice ends as an empty claim, with its worker.
         twin = owner_of_run_dir(trial.study.get_trials(deepcopy=False), trial.number,
                                 trial.user_attrs.get("run_dir"))
         if twin is not None:
@@ -166,22 +171,24 @@ class Objective:
         return self.collect(trial, Path(run_dir), code)
 
     def train(self, job: dict[str, Any], run_dir: Path) -> int:
-        """The trial process's exit status. Only while it runs can an interrupt stop the worker:
-        the child then gets SIGINT (SIGUSR1 for a pre-emption) and saves a checkpoint."""
+        """The trial process's exit status. A stop asked for before it starts keeps it from
+        starting; one asked for while it runs is passed on (`_stop_child`). Either way the trial
+        ends as `Stopped`, unless its process finished it meanwhile."""
+        if self.stop.requested:
+            raise Stopped()
         env = {k: v for k, v in os.environ.items() if k != WORKER_ENV}
-        child = None
-        try:
-            self.interrupts.release()
-            child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
-                          log=run_dir / "trial.log")
-            return child.wait()
-        except KeyboardInterrupt as stop:
-            self.interrupts.hold()  # a second signal does not cut the child's clean stop short
-            if child is not None:
-                _stop_child(child, stop)
-            raise
-        finally:
-            self.interrupts.hold()
+        child = spawn([sys.executable, "-m", "sweeps.trial_run"], env={**env, JOB_ENV: json.dumps(job)},
+                      log=run_dir / "trial.log")
+        while True:
+            try:
+                return child.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stop.requested:
+                code = _stop_child(child, self.stop.preempted)
+                if code in (0, EXIT_PRUNED):  # it finished (or was pruned) before it could stop
+                    return code
+                raise Stopped()
 
     def collect(self, trial: optuna.Trial, run_dir: Path, code: int) -> float:
         """The trial's objective value from its results.json, its results as user attributes."""
@@ -262,16 +269,15 @@ def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     return finished + running < settings.n_trials
 
 
-def _stop_child(child: subprocess.Popen, stop: KeyboardInterrupt) -> None:
-    """Pass the stop on to the trial (SIGUSR1 for a pre-emption notice, else SIGINT) and give it
-    two minutes to save its checkpoint; further stop signals are ignored meanwhile."""
-    for sig in (signal.SIGTERM, REQUEUE_SIGNAL):
-        signal.signal(sig, signal.SIG_IGN)
-    child.send_signal(REQUEUE_SIGNAL if isinstance(stop, Preempted) else signal.SIGINT)
+def _stop_child(child: subprocess.Popen, preempted: bool) -> int:
+    """Pass the stop on to the trial's process (SIGUSR1 for a pre-emption notice, else SIGINT) and
+    give it `STOP_GRACE_S` to save its checkpoint; its exit status."""
+    child.send_signal(REQUEUE_SIGNAL if preempted else TO_TRIAL)
     try:
-        child.wait(timeout=120)
+        return child.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         child.kill()
+        return child.wait()
 
 
 class _NoTrialTracebacks(logging.Filter):
@@ -297,17 +303,10 @@ class _NoTrialTracebacks(logging.Filter):
 
 
 def run_worker(settings: WorkerSettings) -> int:
-    """Optimise until the study has `n_trials` finished trials; 130 when interrupted."""
-    interrupts = Interrupts()
-    # Interrupts are held except while a trial trains (Objective.train) and while the worker waits:
-    # an interrupt inside a claim, in Optuna's record of a trial's end, or between failing a dead
-    # worker's trial and queueing its retry left trials nothing took back, or crashed Optuna 5.0
-    # (UnboundLocalError); one that comes while the worker opens its study stops it in the loop.
-    # Under SLURM the pre-emption notice is one of them (raised as Preempted).
-    interrupts.hold()
-    for signum in (signal.SIGTERM, signal.SIGINT, *([REQUEUE_SIGNAL] if on_slurm() else [])):
-        signal.signal(signum, interrupts.handler)
-    accept_interrupts(notice=on_slurm())  # held since the process started (sweeps.processes.spawn)
+    """Optimise until the study has `n_trials` finished trials; 130 when stopped."""
+    # Held since the process started (sweeps.processes.spawn); from now on only recorded, and
+    # acted on between trials, while the worker waits, and while a trial trains (Objective.train).
+    STOP.install(*INTERRUPTS, *([REQUEUE_SIGNAL] if on_slurm() else []))
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
         handler.addFilter(_NoTrialTracebacks())
     if settings.queue_only:
@@ -318,30 +317,28 @@ def run_worker(settings: WorkerSettings) -> int:
     study = RetriesFirstStudy(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps))
-    objective = Objective(settings, space, storage, interrupts)
+    objective = Objective(settings, space, storage)
     unrecorded = UnrecordedClaims(2 * settings.heartbeat_s if settings.heartbeat_s else None)
     try:
-        while next_trial_needed(study, storage, settings, sampler, unrecorded, interrupts):
+        while not STOP.requested and next_trial_needed(study, storage, settings, sampler, unrecorded, STOP):
             run_one_trial(study, objective, settings)
-        interrupts.release()  # one that came while nothing could be stopped
-    except KeyboardInterrupt as stop:
-        interrupts.hold()  # a second signal does not interrupt the clean-up
-        for sig in (signal.SIGTERM, REQUEUE_SIGNAL):  # a requeue's SIGTERM must not cut this short
-            signal.signal(sig, signal.SIG_IGN)
-        _requeue_interrupted(study, objective.current)
-        how = "pre-empted" if isinstance(stop, Preempted) else "interrupted"
-        resumes = f"; trial {objective.current} resumes from its checkpoint when the same command runs " \
-                  f"again" if objective.current is not None else ""
-        print(f"worker {os.getpid()}: {how}{resumes}", file=sys.stderr)
-        return 130
-    return 0
+    except Stopped:  # Optuna has recorded the trial FAIL
+        pass
+    if not STOP.requested:
+        return 0
+    _requeue_interrupted(study, objective.current)
+    how = "pre-empted" if STOP.preempted else "interrupted"
+    resumes = f"; trial {objective.current} resumes from its checkpoint when the same command runs " \
+              f"again" if objective.current is not None else ""
+    print(f"worker {os.getpid()}: {how}{resumes}", file=sys.stderr)
+    return 130
 
 
 def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage, settings: WorkerSettings,
                       sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims,
-                      interrupts: Interrupts) -> bool:
+                      stop: StopRequest) -> bool:
     """Take back dead workers' trials, then say whether to run another; a queue-only worker waits
-    while a claim without its worker may still be queued again."""
+    while a claim without its worker may still be queued again (and not once asked to stop)."""
     while True:
         fail_stale_trials(study)  # before counting: a dead worker's trial is not "running"
         reclaim_dead_local_trials(study, storage)
@@ -354,9 +351,8 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
             return False
         if not settings.queue_only or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return True
-        if not unrecorded.pending:
+        if not unrecorded.pending or stop.wait(CLAIM_POLL_S):
             return False
-        interrupts.sleep(CLAIM_POLL_S)
 
 
 def run_one_trial(study: optuna.Study, objective: Objective, settings: WorkerSettings) -> None:
@@ -387,8 +383,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:  # e.g. the database went away
         print(f"worker {os.getpid()}: error: {err}", file=sys.stderr)
         return exit_status(err)
-    finally:
-        ignore_interrupts()
 
 
 def settings_json(settings: WorkerSettings) -> str:

@@ -242,3 +242,73 @@ def test_notice_while_a_trial_process_starts_is_held_until_it_can_requeue(tmp_pa
     first, retry = study.get_trials()
     assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
     assert checkpoint_steps(Path(first.user_attrs["run_dir"]) / "checkpoints")["hpc_ckpt_1.ckpt"] == 1
+
+
+COUNTED_RANK = """
+import json, os, sys
+import lightning.pytorch as pl
+import torch.distributed as dist
+import lightning_modules.run.train as training
+from ablate.cli import main
+
+training_step = [None]  # the optimizer step being trained; None during validation
+agreements: dict[int, int] = {}
+
+def counted(collective):
+    def call(*args, **kwargs):
+        if training_step[0] is not None:
+            agreements[training_step[0]] = agreements.get(training_step[0], 0) + 1
+        return collective(*args, **kwargs)
+    return call
+
+dist.all_reduce, dist.all_gather = counted(dist.all_reduce), counted(dist.all_gather)
+
+class Steps(pl.Callback):
+    def on_train_batch_start(self, trainer, *args):
+        training_step[0] = trainer.global_step + 1
+    def on_validation_start(self, *args):
+        training_step[0] = None
+
+train = training.train
+training.train = lambda *args, **kwargs: train(*args, **{**kwargs, "callbacks": [Steps()]})
+try:
+    code = main(sys.argv[1:])
+finally:
+    rank = os.environ["SLURM_PROCID"]
+    with open(os.path.join(os.environ["COUNTS_DIR"], f"rank{rank}.json"), "w") as f:
+        json.dump(agreements, f)
+sys.exit(code)
+"""
+
+
+def test_ddp_ranks_agree_on_a_notice_once_per_logging_window_and_stop_together(tmp_path: Path):
+    """Two DDP ranks (gloo) started as srun starts them. The ranks agree on a pending notice (and
+    a non-finite loss) in one all-reduce at the first step and at each logging window's end (every
+    5 steps), never in between: counted per step in both ranks. Only rank 1 gets SIGUSR1, at step 7;
+    both stop together at the window's end, step 10, after one checkpoint and one requeue.
+    (Lightning 2.6 also broadcasts its own SIGTERM flag from rank 0 at every DDP step, which this
+    project cannot turn off; it is not counted here.)"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    env = slurm_env(tmp_path, SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="2", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port), COUNTS_DIR=str(tmp_path), OMP_NUM_THREADS="1",
+                    PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    args = ["train", "--out", str(out), "--devices", "2", "--accelerator", "cpu", *SMALL,
+            "train.checkpoint_every=1000"]
+    ranks = [subprocess.Popen([sys.executable, "-c", COUNTED_RANK, *args],
+                              env={**env, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
+                                   **({"ABLATE_FAULT": "train_step@7:SIGUSR1"} if rank else {})},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=400)[0] for rank in ranks]
+    for rank, output in zip(ranks, outputs):
+        assert rank.returncode == 130, output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+    counts = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert counts[0] == counts[1] == {"1": 1, "5": 1, "10": 1}, counts  # steps 1-10, one agreement each
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
+    assert checkpoint_steps(out / "checkpoints") == {"hpc_ckpt_1.ckpt": 10, "interrupted.ckpt": 10}

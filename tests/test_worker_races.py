@@ -22,16 +22,15 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from lightning_modules.run.slurm import REQUEUE_SIGNAL
-from sweeps.claims import (Interrupts, Preempted, UnrecordedClaims, pid_alive, reclaim_dead_local_trials,
-                           worker_record)
+from lightning_modules.run.stop import INTERRUPTS, REQUEUE_SIGNAL, StopRequest
+from sweeps.claims import UnrecordedClaims, pid_alive, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import frozen_trial, queue_retry
 from sweeps.processes import spawn
 from sweeps.space import SearchSpace
 from sweeps.storage import make_storage
 from sweeps.study import open_study
-from sweeps.worker import (NothingQueued, Objective, TrialFailed, WorkerSettings, _NoTrialTracebacks,
-                           counted_failures, owner_of_run_dir, should_start)
+from sweeps.worker import (NothingQueued, Objective, Stopped, TrialFailed, WorkerSettings, _NoTrialTracebacks,
+                           _stop_child, counted_failures, owner_of_run_dir, should_start)
 
 
 def dead_pid() -> int:
@@ -47,11 +46,11 @@ def study(tmp_path: Path) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
 
 
 def queue_only_objective(tmp_path: Path, storage: optuna.storages.BaseStorage, n_trials: int,
-                         interrupts: Interrupts | None = None) -> tuple[WorkerSettings, Objective]:
+                         stop: StopRequest | None = None) -> tuple[WorkerSettings, Objective]:
     """A Table 3 worker's settings and objective (queued trials only) on the races study."""
     settings = WorkerSettings(study="races", storage="", space=None, n_trials=n_trials,
                               runs_dir=str(tmp_path), queue_only=True)
-    return settings, Objective(settings, SearchSpace(path="", params=()), storage, interrupts)
+    return settings, Objective(settings, SearchSpace(path="", params=()), storage, stop or StopRequest())
 
 
 @contextlib.contextmanager
@@ -188,36 +187,48 @@ def test_a_claim_whose_worker_died_before_recording_itself_is_queued_again(tmp_p
     assert UnrecordedClaims(grace_s=None).reclaim(s, storage) == []  # no heartbeat: never
 
 
-def test_an_interrupt_is_held_back_while_a_trial_is_claimed(tmp_path: Path):
-    interrupts = Interrupts()
-    previous = signal.signal(signal.SIGTERM, interrupts.handler)
-    try:
-        interrupts.hold()
+def test_a_stop_signal_is_only_recorded_with_which_signal_and_when(tmp_path: Path):
+    """A stop signal raises nowhere (not between a claim and its record, not inside Optuna's
+    record of a trial's end): it is noted, and the worker's loop acts on it at its safe points."""
+    stop = StopRequest()
+    previous = signal.getsignal(signal.SIGTERM)
+    with stop.recording(*INTERRUPTS):
         os.kill(os.getpid(), signal.SIGTERM)  # between the claim and the record: nothing happens
         time.sleep(0.1)
-        with pytest.raises(KeyboardInterrupt):
-            interrupts.release()  # the worker has recorded itself: now it stops
-        interrupts.release()  # once
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        assert stop.requested and stop.interrupted and not stop.preempted and stop.signals == {signal.SIGTERM}
+        first = stop.at
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
+        assert stop.signals == set(INTERRUPTS) and stop.at == first  # when the first came
+        assert stop.wait(30)  # a waiting loop returns at once once asked
+    assert signal.getsignal(signal.SIGTERM) == previous  # the handler it had is back
+
+
+def test_a_claimed_trial_with_a_stop_asked_for_is_not_started_and_is_queued_again(tmp_path: Path):
+    s, storage = study(tmp_path)
+    s.enqueue_trial({}, user_attrs={"row": "base", "enqueued_overrides": ["train.seed=1"],
+                                    "run_dir": str(tmp_path / "base-s1")})
+    stop = StopRequest()
+    _, objective = queue_only_objective(tmp_path, storage, 1, stop)
+    trial = s.ask()
+    stop.record(signal.SIGTERM)  # during the claim
+    with pytest.raises(Stopped):
+        objective(trial)
+    assert trial.user_attrs["worker"] == worker_record(trial.number)  # recorded first
+    assert objective.current == trial.number  # the worker queues its retry copy
+    assert not (tmp_path / "base-s1" / "trial.log").exists()  # no trial process was started
 
 
 def test_an_empty_claim_is_not_the_trial_an_interrupt_queues_again(tmp_path: Path):
     s, storage = study(tmp_path)
-    interrupts = Interrupts()
-    interrupts.hold()  # as the worker claims
-    _, objective = queue_only_objective(tmp_path, storage, 4, interrupts)
+    stop = StopRequest()
+    _, objective = queue_only_objective(tmp_path, storage, 4, stop)
     trial = s.ask()
-    interrupts.handler(signal.SIGTERM, None)  # SIGTERM during the claim
+    stop.record(signal.SIGTERM)  # SIGTERM during the claim
     with pytest.raises(NothingQueued):
         objective(trial)
     assert objective.current is None and objective.last == trial.number
-    assert interrupts.held and interrupts.pending  # until Optuna has recorded the trial's end
-    with pytest.raises(KeyboardInterrupt):
-        interrupts.release()
+    assert stop.requested  # the worker stops once Optuna has recorded the trial's end
 
 
 def test_a_killed_but_unreaped_worker_is_dead():
@@ -247,19 +258,18 @@ def test_empty_claims_and_interrupts_print_no_traceback_and_failed_runs_one_line
 
 
 def test_a_duplicate_copy_records_its_worker_and_ends_as_an_empty_claim(tmp_path: Path):
-    """The copy that yields records its worker first (no claim stays without its worker), with
-    interrupts held back; an interrupt then does not queue it again; it is no failure and prints no
+    """The copy that yields records its worker first (no claim stays without its worker), a stop
+    only recorded meanwhile; an interrupt then does not queue it again; it is no failure and prints no
     traceback."""
     s, storage = study(tmp_path)
     attrs = {"row": "base", "seed": 1, "run_dir": str(tmp_path / "base-s1")}
     for _ in range(3):
         s.enqueue_trial({}, user_attrs={**attrs, "enqueued_overrides": ["train.seed=1"]})
     first = s.ask()  # another worker's claim: it trains
-    interrupts = Interrupts()
-    interrupts.hold()  # as the worker claims
-    _, objective = queue_only_objective(tmp_path, storage, 2, interrupts)
+    stop = StopRequest()
+    _, objective = queue_only_objective(tmp_path, storage, 2, stop)
     with optuna_log() as out:
-        interrupts.handler(signal.SIGTERM, None)  # SIGTERM during the claim
+        stop.record(signal.SIGTERM)  # SIGTERM during the claim
         s.optimize(objective, n_trials=2, catch=(NothingQueued, TrialFailed))  # the two other copies
     copies = s.get_trials()[first.number + 1:]
     assert [t.state for t in copies] == [TrialState.FAIL] * 2
@@ -267,50 +277,51 @@ def test_a_duplicate_copy_records_its_worker_and_ends_as_an_empty_claim(tmp_path
         assert copy.user_attrs["worker"] == worker_record(copy.number)
         assert copy.user_attrs["nothing_queued"] and copy.user_attrs["duplicate_of"] == first.number
     assert objective.current is None  # an interrupt does not queue an empty claim again
-    assert interrupts.held and interrupts.pending  # until the worker lets interrupts through
-    with pytest.raises(KeyboardInterrupt):
-        interrupts.release()
+    assert stop.requested  # acted on by the worker's loop, after the claims
     assert counted_failures(s.get_trials()) == [] and not (tmp_path / "base-s1").exists()
     lines = out.getvalue().splitlines()
     assert "Traceback" not in out.getvalue(), lines
     assert not any(line.startswith(tuple(f"Trial {t.number} " for t in copies)) for line in lines), lines
 
 
-def test_a_preemption_is_held_back_while_a_trial_is_claimed_and_raised_once(tmp_path: Path):
-    """Under SLURM, SIGUSR1 (the pre-emption notice) is held back like SIGTERM and raised as
-    Preempted at the release; it wins over a SIGTERM held back with it; a second notice (SLURM and
-    the launcher both send one) is ignored."""
-    interrupts = Interrupts()
-    previous = {sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGTERM, REQUEUE_SIGNAL)}
-    try:
-        interrupts.hold()
+CHILD = """
+import sys
+from lightning_modules.run.stop import INTERRUPTS, REQUEUE_SIGNAL, STOP
+STOP.install(*INTERRUPTS, REQUEUE_SIGNAL)
+STOP.wait(60)
+print(sorted(STOP.signals), flush=True)
+sys.exit(130 if STOP.requested else 0)
+"""
+
+
+def test_a_preemption_wins_over_an_interrupt_and_is_passed_on_once(tmp_path: Path):
+    """Under SLURM, SIGUSR1 (the pre-emption notice) is recorded like SIGTERM; it wins over a
+    SIGTERM recorded with it (the trial must still requeue the job); a second notice (SLURM and
+    the launcher both send one) changes nothing; the worker passes it on to its trial as it is."""
+    stop = StopRequest()
+    with stop.recording(signal.SIGTERM, REQUEUE_SIGNAL):
         os.kill(os.getpid(), REQUEUE_SIGNAL)
         os.kill(os.getpid(), signal.SIGTERM)  # the requeue's SIGTERM after the notice
         time.sleep(0.1)
-        with pytest.raises(Preempted):
-            interrupts.release()
-        assert signal.getsignal(REQUEUE_SIGNAL) == signal.SIG_IGN
-        os.kill(os.getpid(), REQUEUE_SIGNAL)  # ignored
+        assert stop.preempted and stop.interrupted
+        first = (set(stop.signals), stop.at)
+        os.kill(os.getpid(), REQUEUE_SIGNAL)  # the launcher's copy
         time.sleep(0.1)
-        interrupts.release()
-        with pytest.raises(KeyboardInterrupt) as stop:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)
-        assert not isinstance(stop.value, Preempted)
-        signal.signal(REQUEUE_SIGNAL, interrupts.handler)
-        with pytest.raises(Preempted):  # not held back: at once
-            os.kill(os.getpid(), REQUEUE_SIGNAL)
-            time.sleep(1)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        assert (stop.signals, stop.at) == first
+    root = str(Path(__file__).resolve().parents[1])
+    for preempted, sent in ((True, REQUEUE_SIGNAL), (False, signal.SIGINT)):
+        log = tmp_path / f"child-{int(preempted)}.log"
+        child = spawn([sys.executable, "-c", CHILD], env={**os.environ, "PYTHONPATH": root}, log=log)
+        time.sleep(0.3)  # held back until the child records it, if it has not yet
+        assert _stop_child(child, preempted) == 130
+        assert log.read_text().strip() == str([int(sent)])
 
 
 def test_an_interrupt_while_a_child_starts_waits_until_it_can_be_handled(tmp_path: Path):
     """A worker or trial process signalled while Python starts (or while it exits) printed a
     KeyboardInterrupt traceback; a spawned child holds interrupts until it accepts them."""
-    code = ("import sys, time\ntime.sleep(1)\nfrom sweeps.processes import accept_interrupts\n"
-            "try:\n    accept_interrupts()\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    sys.exit(130)\n")
+    code = ("import sys, time\ntime.sleep(1)\nfrom lightning_modules.run.stop import INTERRUPTS, STOP\n"
+            "STOP.install(*INTERRUPTS)\nsys.exit(130 if STOP.wait(30) else 0)\n")
     root = str(Path(__file__).resolve().parents[1])
     child = spawn([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}, log=tmp_path / "log")
     time.sleep(0.3)
@@ -320,11 +331,13 @@ def test_an_interrupt_while_a_child_starts_waits_until_it_can_be_handled(tmp_pat
 
 
 DROPPED_STOP = """
-import gc, os, signal, sys, weakref
-from sweeps.processes import StopRequests
+import gc, os, signal, weakref
+from lightning_modules.callbacks import PromptInterruptWhileCompiling
+from lightning_modules.run.stop import INTERRUPTS, STOP
 
-stop = StopRequests()
-stop.install()
+STOP.install(*INTERRUPTS)
+compiling = PromptInterruptWhileCompiling(STOP)
+compiling.on_train_batch_start(None, None, None, 0)  # a batch starts: a stop raises at once
 
 class Garbage:
     pass
@@ -334,31 +347,22 @@ def collected(_ref):  # the garbage collector's callback: where CPython drops an
     for _ in range(1000):  # the handler runs here, between two of these bytecodes
         pass
 
-class Broken:
-    def __del__(self):
-        raise ValueError("not a stop")
-
-Broken()  # any other exception dropped by CPython is still printed as such
 item = Garbage()
 ref = weakref.ref(item, collected)
 del item
 gc.collect()
-print("trained on", flush=True)  # Python dropped the KeyboardInterrupt
-try:
-    stop.check()
-except KeyboardInterrupt:
-    print("stopped by check", flush=True)
+print("trained on", flush=True)  # Python dropped the SIGTERMException
+compiling.on_before_optimizer_step(None, None, None)
+print("requested" if STOP.interrupted else "lost", flush=True)
 """
 
 
-def test_a_stop_dropped_inside_a_garbage_callback_is_raised_again_by_check():
-    """CPython drops SIGINT's KeyboardInterrupt raised in a weakref callback and goes on: the
-    trial process remembers the stop and raises it at its next batch. The dropped stop is one
-    line in the log instead of CPython's traceback (which failed the kill cycles' no-traceback
-    check once); another exception dropped the same way still prints as CPython prints it."""
-    result = subprocess.run([sys.executable, "-c", DROPPED_STOP], capture_output=True, text=True, timeout=60)
+def test_a_stop_dropped_inside_a_garbage_callback_is_still_recorded():
+    """The one raising stop handler of a training process (`PromptInterruptWhileCompiling`)
+    records the request before it raises: where CPython drops the exception (a weakref callback,
+    `__del__`), the stop is not lost, and the step's end acts on it (`StopAtStepEnd`). Every other
+    stop handler only records, so nothing can be dropped."""
+    result = subprocess.run([sys.executable, "-c", DROPPED_STOP], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:2] == ["trained on", "stopped by check"]
-    assert "ablate: stop noted; it takes effect before the next training step" in result.stderr.splitlines()
-    assert "KeyboardInterrupt" not in result.stderr
-    assert result.stderr.count("Exception ignored") == 1 and "ValueError: not a stop" in result.stderr
+    assert result.stdout.split("\n")[:2] == ["trained on", "requested"]
+    assert "Exception ignored" in result.stderr  # CPython did drop the raise

@@ -23,8 +23,8 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from lightning_modules.callbacks import (DivergenceGuard, FaultPoints, NonFiniteLoss,
-                                         PromptInterruptWhileCompiling, RequeueAtStepEnd, TrainingClock)
+from lightning_modules.callbacks import (FaultPoints, NonFiniteLoss, PromptInterruptWhileCompiling, StopAtStepEnd,
+                                         TrainingClock)
 from lightning_modules.compiling import compiled_graphs
 from lightning_modules.config import RunConfig, parse_devices
 from lightning_modules.convergence import classify_run
@@ -41,7 +41,8 @@ from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.rundir import claim, training_lock
-from lightning_modules.run.slurm import NOTICE, PreemptionNotice, on_slurm
+from lightning_modules.run.slurm import on_slurm
+from lightning_modules.run.stop import REQUEUE_SIGNAL, STOP
 from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_result, check_same_run, remove_stale_temporaries,
                                         resume_checkpoint, uses_gpu, wandb_mode)
@@ -71,15 +72,14 @@ def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
             "precision": precision, "num_nodes": t.num_nodes}
 
 
-def slurm_requeue(cfg: RunConfig) -> tuple[list[SLURMEnvironment], PreemptionNotice | None]:
-    """Under SLURM: Lightning's SLURMEnvironment (auto-requeue as train.slurm_requeue says) and,
-    with auto-requeue, the notice that records SIGUSR1 from now on (run/slurm.py)."""
-    if not on_slurm():
-        return [], None
-    notice = NOTICE if cfg.train.slurm_requeue else None  # may hold a notice from start-up
-    if notice:
-        notice.install()
-    return [SLURMEnvironment(auto_requeue=cfg.train.slurm_requeue)], notice
+def slurm_requeue(cfg: RunConfig) -> tuple[list[SLURMEnvironment], bool]:
+    """Under SLURM: Lightning's SLURMEnvironment (auto-requeue as train.slurm_requeue says), and
+    whether a pre-emption notice requeues the job; with auto-requeue, `STOP` records SIGUSR1 from
+    now on (it may hold a notice from start-up; run/slurm.py)."""
+    requeue = on_slurm() and cfg.train.slurm_requeue
+    if requeue:
+        STOP.install(REQUEUE_SIGNAL)
+    return ([SLURMEnvironment(auto_requeue=cfg.train.slurm_requeue)] if on_slurm() else []), requeue
 
 
 def compile_enabled(cfg: RunConfig) -> bool:
@@ -183,7 +183,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
     (`created`: the directory the run made, removed if the corpus turns out unusable)."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    slurm, notice = slurm_requeue(cfg)
+    slurm, requeue = slurm_requeue(cfg)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
 
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len,
@@ -222,14 +222,13 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         default_root_dir=ckpt_dir,  # where Lightning's SLURM requeue saves hpc_ckpt_N.ckpt
         plugins=[AtomicCheckpointIO(), *slurm],
         callbacks=[CountBatches(), RandomState(), StepCountsAfterResume(), clock, FaultPoints(),
-                   DivergenceGuard(cfg.train.log_every_n_steps),
+                   StopAtStepEnd(STOP, cfg.train.log_every_n_steps, requeue),  # a NaN loss, a stop request
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
                                    every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
                                    auto_insert_metric_name=False),
                    # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
                    OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
-                   *([PromptInterruptWhileCompiling()] if compiled else []),
-                   *([RequeueAtStepEnd(notice)] if notice else []),
+                   *([PromptInterruptWhileCompiling(STOP)] if compiled else []),
                    *(callbacks or [])],
     )
     try:
@@ -245,8 +244,8 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         raise KeyboardInterrupt(f"stopped at step {trainer.global_step}; the checkpoint is saved") from None
     if trainer.interrupted:
         raise UserError("training was interrupted; run the same command again to resume")
-    if notice:
-        notice.install()  # a notice during the evaluation lets it finish
+    if requeue:
+        STOP.install(REQUEUE_SIGNAL)  # (Lightning put its own back) a notice during the evaluation lets it finish
 
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     if trainer.global_rank != 0:

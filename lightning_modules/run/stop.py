@@ -1,0 +1,126 @@
+"""Stop requests: a signal that asks a process to stop only records the request; the process acts
+on it at its next safe point.
+
+Every level of a sweep records its stop signals in the process's one `STOP` (a signal handler is
+process-wide too) and looks at it where stopping leaves nothing half done:
+
+- the launcher (`sweeps.launch`) between its polls of the workers: it passes the request on;
+- a worker (`sweeps.worker`) before it claims a trial, while it waits, and while its trial's
+  process trains (it passes the request on to that process and waits for its clean stop);
+- a training process at the end of a training step (`callbacks.StopAtStepEnd`, every DDP rank
+  together). It raises Lightning's `SIGTERMException` there, as Lightning does for its own
+  recorded SIGTERM, rather than setting `trainer.should_stop`: that would end `fit` as if
+  training had finished (no interrupted checkpoint, `on_train_end`, then the evaluation);
+- the dashboard's main thread, which shuts its server down.
+
+`ablate train` run by hand keeps Python's Ctrl-C (a KeyboardInterrupt at once, also while it
+prepares data or decodes; inside `fit` Lightning saves `interrupted.ckpt`) and Lightning's own
+SIGTERM (recorded, acted on at the step's end); under SLURM its notice is recorded here.
+
+A handler that raises could land anywhere: inside a claim, inside Optuna's record of a trial's
+end, or in a garbage-collector callback, where CPython drops the exception and the stop is lost.
+Recording has none of these cases. Where waiting is impossible a handler still raises, and says
+why there: `sweeps.proxy` (Optuna's blocking proxy call has no point to look at a request) and
+`callbacks.PromptInterruptWhileCompiling` (a compilation holds the step for minutes).
+
+Nothing here loads torch: the sweep processes use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+REQUEUE_SIGNAL = signal.SIGUSR1  # SLURM's pre-emption notice (`#SBATCH --signal=USR1@90`); Lightning's default
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM})
+POLL_S = 0.1  # how often a waiting loop looks at the request
+# How a stop is passed down a sweep (a pre-emption notice is passed on as it is):
+TO_WORKERS = signal.SIGTERM  # the launcher's to its workers
+TO_TRIAL = signal.SIGINT  # a worker's to its trial's process
+
+
+class StopRequest:
+    """Which stop signals this process has received, and when the first came (monotonic clock)."""
+
+    def __init__(self) -> None:
+        self.signals: set[int] = set()
+        self.at: float | None = None
+
+    def record(self, signum: int, frame: Any = None) -> None:
+        """The signal handler: note the request, nothing else."""
+        self.signals.add(signum)
+        if self.at is None:
+            self.at = time.monotonic()
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.signals)
+
+    @property
+    def preempted(self) -> bool:
+        """SLURM's notice came: it wins over an interrupt (the job must still be requeued)."""
+        return REQUEUE_SIGNAL in self.signals
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.signals & INTERRUPTS)
+
+    def install(self, *signums: int) -> dict[int, Any]:
+        """Record `signums` from now on (the main thread only: Python's rule), and let through any
+        of them held back since the process started (`sweeps.processes.spawn`). Returns the
+        handlers they had."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {signum: signal.signal(signum, self.record) for signum in signums}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signums))
+        return previous
+
+    @contextlib.contextmanager
+    def recording(self, *signums: int) -> Iterator[StopRequest]:
+        """Record `signums` while inside; their handlers are put back after."""
+        previous = self.install(*signums)
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds`, less if a stop is asked for meanwhile; whether one was."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(POLL_S, left))
+        return self.requested
+
+
+STOP = StopRequest()  # the process's one request
+
+
+@contextlib.contextmanager
+def interrupting(*signums: int) -> Iterator[None]:
+    """`signums` raise KeyboardInterrupt while inside, as Ctrl-C does by default. Only around a
+    call that blocks with no point at which to look at a request; say why where it is used."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, signal.default_int_handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def hold_stop_signals() -> None:
+    """In a new child process, before it runs: its stop signals wait (blocked, not lost) until it
+    records them (`StopRequest.install`): an interrupt while Python starts would be a traceback, a
+    pre-emption notice (SIGUSR1) would kill it.
+
+    A sweep started as `nohup ablate ... &` from a script has SIGINT ignored, and an ignored signal
+    stays ignored across exec; a child that records no SIGINT itself would ignore the Ctrl-C it is
+    stopped with: it gets the default back (blocked until it is ready)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS | {REQUEUE_SIGNAL})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
