@@ -24,6 +24,7 @@ from pathlib import Path
 from lightning_modules.config import CORPORA
 from lightning_modules.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
 from lightning_modules.run.slurm import keep_notices
+from lightning_modules.run.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
 
 # $ABLATE_STORAGE keeps a database password off the command line (and out of `ps`).
@@ -444,6 +445,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
 
 def main(argv: Sequence[str] | None = None) -> int:
     keep_notices()  # under SLURM a pre-emption notice during start-up is kept, not fatal
+    hangup_as_sigterm()  # a closed terminal stops a run as SIGTERM does, with its checkpoint
     try:
         args = parse_args(build_parser(), argv)
     except SystemExit as done:  # --help, --version, or a usage error (its one line is printed)

@@ -13,7 +13,6 @@ with every running trial checkpointed.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from dataclasses import replace

@@ -49,6 +49,7 @@ FAULTS = [
     # in the middle of training (test_reproducibility's "killed mid-epoch" checks it bit for bit in `make test`)
     pytest.param("train_step@7", signal.SIGKILL, 5, id="train_step@7", marks=SLOW),
     pytest.param("train_step@13:SIGTERM", signal.SIGTERM, 13, id="SIGTERM@13", marks=SLOW),  # interrupted ckpt
+    pytest.param("train_step@13:SIGHUP", signal.SIGHUP, 13, id="SIGHUP@13"),  # a closed terminal = SIGTERM
     pytest.param("validation@10", signal.SIGKILL, 10, id="validation@10", marks=SLOW),  # during validation
     pytest.param("checkpoint_write@15", signal.SIGKILL, 10, id="checkpoint_write@15"),  # half a checkpoint written
     pytest.param("decode", signal.SIGKILL, 20, id="decode", marks=SLOW),  # during the final beam search

@@ -36,7 +36,9 @@ from collections.abc import Iterator
 from typing import Any
 
 REQUEUE_SIGNAL = signal.SIGUSR1  # SLURM's pre-emption notice (`#SBATCH --signal=USR1@90`); Lightning's default
-INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM})
+# SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM: it used to kill `ablate train`
+# with no interrupted checkpoint, losing up to `checkpoint_every` steps.
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 POLL_S = 0.1  # how often a waiting loop looks at the request
 # How a stop is passed down a sweep (a pre-emption notice is passed on as it is):
 TO_WORKERS = signal.SIGTERM  # the launcher's to its workers
@@ -112,6 +114,16 @@ def interrupting(*signums: int) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def hangup_as_sigterm() -> None:
+    """`ablate train` run by hand: SIGHUP is passed on as SIGTERM, which Lightning records and acts
+    on at the step's end (the interrupted checkpoint), as for any SIGTERM. The sweep processes
+    record SIGHUP with the other stops (`INTERRUPTS`) and replace this handler."""
+    import os
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
 
 
 def hold_stop_signals() -> None:
