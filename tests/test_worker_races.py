@@ -198,8 +198,10 @@ def test_a_stop_signal_is_only_recorded_with_which_signal_and_when(tmp_path: Pat
         assert stop.requested and stop.interrupted and not stop.preempted and stop.signals == {signal.SIGTERM}
         first = stop.at
         os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGHUP)  # a closed terminal: a stop like the others
         time.sleep(0.1)
-        assert stop.signals == set(INTERRUPTS) and stop.at == first  # when the first came
+        assert stop.signals == set(INTERRUPTS) == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+        assert stop.at == first  # when the first came
         assert stop.wait(30)  # a waiting loop returns at once once asked
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler it had is back
 
