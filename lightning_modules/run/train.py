@@ -80,6 +80,12 @@ def slurm_requeue(cfg: RunConfig) -> tuple[list[SLURMEnvironment], PreemptionNot
     return [SLURMEnvironment(auto_requeue=cfg.train.slurm_requeue)], notice
 
 
+def keep_newest(k: int) -> dict[str, Any]:
+    """ModelCheckpoint settings that keep the K newest step checkpoints (Lightning keeps one without
+    a monitor; ranking by "step", highest first, keeps the newest K)."""
+    return {"save_top_k": 1} if k == 1 else {"save_top_k": k, "monitor": "step", "mode": "max"}
+
+
 def compile_enabled(cfg: RunConfig) -> bool:
     """train.compile, with auto (None) = on for CUDA runs of >= COMPILE_MIN_STEPS steps."""
     if cfg.train.compile is not None:
@@ -203,8 +209,8 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         callbacks=[CountBatches(), RandomState(), StepCountsAfterResume(), clock, FaultPoints(),
                    DivergenceGuard(cfg.train.log_every_n_steps),
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
-                                   every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
-                                   auto_insert_metric_name=False),
+                                   every_n_train_steps=cfg.train.checkpoint_every,
+                                   auto_insert_metric_name=False, **keep_newest(cfg.train.keep_checkpoints)),
                    # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
                    OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
                    *([PromptInterruptWhileCompiling()] if compiled else []),
