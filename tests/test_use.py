@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from ablate.cli import main
-from lightning_modules.run.attention import KINDS, attention_maps
+from lightning_modules.run.attention import ATTENTION_FILE, KINDS, attention_maps, fixed_sentence, load_attention
 from lightning_modules.run.use import average_state_dicts, load_run, load_weights, translate_lines
 from lightning_modules.metrics_log import read_rows
-from reports.attention import attention_figure
+from reports.attention import ATTENTION_FILE as REPORT_ATTENTION_FILE
+from reports.attention import attention_figure, group_attention_figure, group_attention_pictures
 
 SMALL = ["--max-steps", "12", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=2",
          "model.max_len=40", "data.vocab_size=500", "data.ding_dictionary=false", "data.valid_size=40",
@@ -210,3 +211,33 @@ def test_bad_inputs(run_dir: Path, tmp_path: Path, capsys):
                             capture_output=True, text=True, timeout=120)
     assert closed.returncode == 2 and closed.stdout == ""
     assert closed.stderr.startswith("ablate: error: stdin is closed") and closed.stderr.count("\n") == 1
+
+
+# --- the attention every finished run keeps, and the report's group A figure -----------------------
+
+def test_finished_run_keeps_its_fixed_sentences_attention(run_dir: Path, loaded):
+    path = run_dir / ATTENTION_FILE
+    assert path.is_file() and path.stat().st_size < 100_000 and ATTENTION_FILE == REPORT_ATTENTION_FILE
+    weights, source, target, line = load_attention(path)
+    dev = (run_dir / "dev.src.txt").read_text().splitlines()
+    src = loaded.encode([dev[line - 1]])[0]
+    assert line - 1 == fixed_sentence(loaded.encode(dev)) and source == [*loaded.pieces(src), "</s>"]
+    tgt = [loaded.tokenizer.piece_to_id(p) for p in target[1:]]  # the run's translation, after BOS
+    maps = attention_maps(loaded.model, src, tgt, loaded.pieces)
+    assert maps.target == target
+    for kind in KINDS:
+        assert weights[kind].shape == tuple(maps.weights[kind].shape)
+        assert torch.allclose(torch.from_numpy(weights[kind]), maps.weights[kind], atol=2e-3)  # float16
+
+
+def test_group_a_figure_puts_every_rows_heads_side_by_side(run_dir: Path):
+    import pandas as pd
+
+    runs = pd.DataFrame([{"row": "A1", "group": "A", "seed": 1, "run_dir": str(run_dir)},
+                         {"row": "base", "group": "base", "seed": 1, "run_dir": str(run_dir)},
+                         {"row": "D1", "group": "D", "seed": 1, "run_dir": str(run_dir)}])
+    assert group_attention_pictures(runs)["attention_A.png"].startswith(b"\x89PNG")
+    assert group_attention_pictures(runs[runs["row"] != "base"]) == {}
+    weights, source, _, _ = load_attention(run_dir / ATTENTION_FILE)
+    rows = [("base", weights[KINDS[0]], source), ("A1", weights[KINDS[0]][:, :1], source)]
+    assert len(group_attention_figure(rows).axes) == 4 + 1

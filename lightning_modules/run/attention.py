@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -90,3 +91,72 @@ def attention_maps(model: Transformer, src: list[int], tgt: list[int], pieces) -
     labels = {KINDS[0]: (source, source), KINDS[1]: (target, target), KINDS[2]: (target, source)}
     return AttentionMaps({kind: torch.stack(w) for kind, w in found.items()}, source, target,
                          worst[0], labels)
+
+
+ATTENTION_FILE = "attention.npz"
+FIXED_PIECES = (8, 30)  # the fixed dev sentence: the first with this many wordpieces (inclusive)
+
+
+def fixed_sentence(sources: list[list[int]]) -> int | None:
+    """Index of the run's fixed dev sentence: the first of FIXED_PIECES wordpieces (the same in
+    every row of a table, whose runs share the corpus and so the BPE), else the first non-empty."""
+    low, high = FIXED_PIECES
+    for i, ids in enumerate(sources):
+        if low <= len(ids) <= high:
+            return i
+    return next((i for i, ids in enumerate(sources) if ids), None)
+
+
+def save_attention(model: Transformer, sources: list[list[int]], translate_one, pieces, path) -> bool:
+    """Store every head's weights on the fixed dev sentence and its translation (`translate_one`:
+    source ids -> target ids) as a compressed npz of float16 arrays, atomically; False when the dev
+    set has no sentence to use."""
+    import io
+
+    import numpy as np
+
+    from lightning_modules.run.io import atomic_write_bytes
+
+    index = fixed_sentence(sources)
+    if index is None:
+        return False
+    limit = model.config.max_len - 1
+    src = list(sources[index][:limit])
+    tgt = list(translate_one(src))[:limit]
+    maps = attention_maps(model, src, tgt, pieces)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, line=np.int64(index + 1), source=np.array(maps.source),
+                        target=np.array(maps.target),
+                        **{_key(kind): maps.weights[kind].numpy().astype(np.float16) for kind in KINDS})
+    atomic_write_bytes(path, buffer.getvalue())
+    return True
+
+
+def _key(kind: str) -> str:
+    return kind.replace("-", "_").replace(" ", "_")
+
+
+def load_attention(path) -> tuple[dict[str, Any], list[str], list[str], int]:
+    """A saved `attention.npz`: (weights by kind, source pieces, target pieces, dev line from 1)."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as saved:
+        weights = {kind: saved[_key(kind)].astype(np.float32) for kind in KINDS}
+        return weights, saved["source"].tolist(), saved["target"].tolist(), int(saved["line"])
+
+
+def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:
+    """A finished run's `attention.npz`: the fixed dev sentence of `data` (a prepared
+    `TranslationData`), translated with the run's decoding settings (`eval_cfg`)."""
+    from pathlib import Path
+
+    from lightning_modules.evaluate import translate
+
+    def translate_one(src: list[int]) -> list[int]:
+        return translate(model, [src], BOS_ID, EOS_ID, eval_cfg)[0]
+
+    def pieces(ids: list[int]) -> list[str]:
+        return [data.tokenizer.id_to_piece(i) for i in ids]
+
+    return save_attention(model, data.encode(list(data.corpus.valid.src)), translate_one, pieces,
+                          Path(out) / ATTENTION_FILE)

@@ -2,7 +2,8 @@
 
 Everything lands in the run directory: `config.yaml`, `spm.model`, `checkpoints/` (resumable:
 the same command continues from `last.ckpt`), `logs/` (CSV), `wandb/` (offline unless an API key
-is configured), the dev/test sources, references and translations, and `results.json`.
+is configured), the dev/test sources, references and translations, `attention.npz` (every head's
+weights on one fixed dev sentence) and `results.json`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
+from lightning_modules.run.attention import save_run_attention
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
 from lightning_modules.run.faults import inject
@@ -249,6 +251,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         test_bleu = None
         if cfg.eval.decode_test and dm.corpus.test.src:
             test_bleu, _ = evaluate_split(module, dm, cfg, "test", out)
+        save_run_attention(module.model, dm, cfg.eval, out)  # attention.npz: one dev sentence's heads
 
     results = RunResult(
         row=cfg.row, preset=cfg.preset, corpus=cfg.data.corpus,
