@@ -17,6 +17,7 @@ scoring is `evaluate.corpus_bleu` (sacreBLEU with its signature).
 from __future__ import annotations
 
 import math
+import pickle
 import re
 import sys
 from collections.abc import Iterable, Iterator
@@ -91,7 +92,7 @@ def _step_checkpoints(ckpt_dir: Path) -> dict[int, Path]:
         try:
             step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", 0))
             mtime = path.stat().st_mtime
-        except (OSError, RuntimeError, EOFError):
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError):
             continue  # damaged or gone: `resume_checkpoint` sets damaged ones aside
         if step not in by_step or mtime > by_step[step][0]:
             by_step[step] = (mtime, path)
@@ -283,8 +284,9 @@ def translate_lines(run: LoadedRun, lines: list[str], cfg: EvalConfig, first_lin
 
 
 def chunks(stream: Iterable[str], batch_tokens: int, interactive: bool) -> Iterator[list[str]]:
-    """Input lines (newline removed) in groups of about `batch_tokens` characters' worth of
-    words (one line at a time from a terminal, so each line is answered as it is typed)."""
+    """Input lines (newline removed) in groups of about `batch_tokens` source tokens, counted
+    before BPE as words + EOS (one line at a time from a terminal, so each line is answered as it
+    is typed)."""
     group: list[str] = []
     words = 0
     for raw in stream:
