@@ -1,5 +1,5 @@
 """`ablate`: the command line. Thin: it parses arguments and calls the library (about 300 lines,
-nearly all of them the option declarations of seven commands; each handler is a few library calls).
+nearly all of them the option declarations of its commands; each handler is a few library calls).
 
     ablate train [--preset tiny] [--row base] [--config FILE] [key=value ...]
     ablate params [--vocab-size 37000] [--json]
@@ -9,6 +9,9 @@ nearly all of them the option declarations of seven commands; each handler is a 
     ablate report [--storage URL] [--study NAME] --out DIR
     ablate dashboard [--storage URL] [--host 127.0.0.1] [--port 8080]
     ablate storage-proxy --storage RDB-URL [--host 127.0.0.1] [--port 13000]
+    ablate translate RUN [--input FILE] [--checkpoint last|best|average:K] [--beam 4] ...
+    ablate evaluate RUN [--split valid|test | --src F --ref F] [--checkpoint ...] ...
+    ablate attention RUN --sentence "..." | --line N [--layer L] [--head H] --out DIR
 """
 
 from __future__ import annotations
@@ -276,6 +279,57 @@ def cmd_params(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_translate(args: argparse.Namespace) -> int:
+    from lightning_modules.run.use import decoding, load_run, open_input, translate_stream
+
+    stream, interactive = open_input(args.input)
+    run = load_run(args.run, args.checkpoint, args.device)
+    cfg = decoding(run, args.beam, args.alpha, args.max_len_offset, args.batch_tokens)
+    translate_stream(run, stream, sys.stdout, cfg, interactive)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from lightning_modules.run.use import decoding, evaluate, evaluation_texts, load_run, read_run_config
+
+    name, sources, references, label = evaluation_texts(
+        read_run_config(Path(args.run)), args.split, args.src, args.ref, args.data, args.data_dir, args.base_url)
+    run = load_run(args.run, args.checkpoint, args.device)
+    cfg = decoding(run, args.beam, args.alpha, args.max_len_offset, args.batch_tokens)
+    numbers, path = evaluate(run, name, sources, references, cfg, args.checkpoint, label)
+    print(f"{label}: BLEU {numbers['bleu']} ({numbers['sacrebleu_signature']}), PPL {numbers['ppl']}, "
+          f"{numbers['sentences']} sentences, {run.weights}\nwrote {path}")
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from lightning_modules.run.io import check_writable_dir
+    from lightning_modules.run.use import load_run
+    from reports.attention import dev_line, write_attention
+
+    check_writable_dir(args.out, "the attention maps")
+    run = load_run(args.run, args.checkpoint, args.device)
+    sentence = args.sentence if args.sentence is not None else dev_line(run, args.line)
+    for path in write_attention(run, sentence, args.out, args.layer, args.head):
+        print(f"wrote {path}")
+    return 0
+
+
+def _add_use_options(p: argparse.ArgumentParser) -> None:
+    """Options of the commands that load a run's model: which weights, where, how to decode."""
+    p.add_argument("run", metavar="RUN", help="run directory (with config.yaml, spm.model, checkpoints/)")
+    p.add_argument("--checkpoint", default="last", metavar="last|best|average:K",
+                   help="the weights: the newest checkpoint (default), the one with the lowest logged dev "
+                        "PPL, or the parameter mean of the K newest (train.keep_checkpoints=K keeps them)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the first GPU, else cpu)")
+    p.add_argument("--beam", type=at_least(1), help="beam size (default: the run's eval.beam_size)")
+    p.add_argument("--alpha", type=float, help="length penalty alpha (default: the run's eval.length_penalty)")
+    p.add_argument("--max-len-offset", type=at_least(0),
+                   help="output length limit = source length + this (default: the run's eval.max_len_offset)")
+    p.add_argument("--batch-tokens", type=at_least(1),
+                   help="source tokens per decoding batch (default: the run's eval.batch_tokens)")
+
+
 def _version() -> str:
     """The installed distribution's version (the source tree's pyproject.toml when installed -e)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -429,6 +483,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", help="ablation spec YAML (default: ablations/table3.yaml)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_params)
+
+    p = _command(sub, "translate", "translate sentences with a trained run",
+                 "Reads one sentence a line from stdin (or --input FILE) and writes its detokenized "
+                 "translation to stdout, in order, as each batch is done; an empty line gives an empty "
+                 "line, a line longer than the model's max_len is cut (with a warning naming it).")
+    _add_use_options(p)
+    p.add_argument("--input", metavar="FILE", help="read sentences from FILE instead of stdin")
+    p.set_defaults(func=cmd_translate)
+
+    p = _command(sub, "evaluate", "score a trained run on a split or on your files",
+                 "Translates with beam search and scores with sacreBLEU (with its signature) and "
+                 "per-wordpiece perplexity; prints the numbers and saves them, with the hypotheses, as "
+                 "RUN/evaluate-NAME-SETTINGS.json (results.json is left as it is).")
+    _add_use_options(p)
+    p.add_argument("--split", choices=["valid", "test"], help="a split of the run's corpus (default valid)")
+    p.add_argument("--data", choices=CORPORA, help="score that corpus's --split instead of the run's")
+    p.add_argument("--data-dir", help="local directory with the corpus files (multi30k, wmt14)")
+    p.add_argument("--base-url", help="mirror URL to download the corpus from (multi30k, wmt14)")
+    p.add_argument("--src", metavar="FILE", help="your source sentences, one a line (plain or .gz)")
+    p.add_argument("--ref", metavar="FILE", help="their reference translations, one a line")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = _command(sub, "attention", "draw a run's attention maps for one sentence",
+                 "Translates the sentence, then writes one PNG per kind of attention (encoder self, "
+                 "decoder self, encoder-decoder) into --out: a grid of layers x heads with the "
+                 "wordpieces on the axes. The weights are softmax(QK^T/sqrt(d_k) + mask) computed from "
+                 "the model's own projections.")
+    p.add_argument("run", metavar="RUN", help="run directory (with config.yaml, spm.model, checkpoints/)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--sentence", help="the source sentence")
+    which.add_argument("--line", type=at_least(1), help="line N (from 1) of the run's dev set")
+    p.add_argument("--layer", type=at_least(1), help="only this layer (from 1)")
+    p.add_argument("--head", type=at_least(1), help="only this head (from 1)")
+    p.add_argument("--out", required=True, help="directory for the PNGs")
+    p.add_argument("--checkpoint", default="last", metavar="last|best|average:K",
+                   help="the weights (as for translate; default last)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the first GPU, else cpu)")
+    p.set_defaults(func=cmd_attention)
     return parser
 
 

@@ -219,6 +219,9 @@ class TrainConfig:
     val_check_interval: int = 1000  # validate (dev perplexity) every this many steps
     # save a resumable checkpoint every this many steps (a resumed run trains on as if never stopped)
     checkpoint_every: int = field(default=1000, metadata=OUTPUT_ONLY)
+    # keep the last K of those step checkpoints (besides last.ckpt), for `--checkpoint average:K`
+    # (the paper's Table 2 averages the last 5 for base, 20 for big, written every 10 minutes)
+    keep_checkpoints: int = field(default=1, metadata=OUTPUT_ONLY)
     log_every_n_steps: int = field(default=50, metadata=OUTPUT_ONLY)  # log the window means this often
     seed: int = 1
     accelerator: str = "auto"
@@ -254,7 +257,7 @@ class TrainConfig:
                   lr_scale=self.lr_scale, adam_eps=self.adam_eps,
                   accumulate_grad_batches=self.accumulate_grad_batches,
                   val_check_interval=self.val_check_interval,
-                  checkpoint_every=self.checkpoint_every,
+                  checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints,
                   log_every_n_steps=self.log_every_n_steps, num_nodes=self.num_nodes)
         _unit_interval("train", adam_beta1=self.adam_beta1, adam_beta2=self.adam_beta2)
         if self.lr_decay not in ("rsqrt", "cosine"):

@@ -26,6 +26,7 @@ from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, che
                                      disk_full_ends_the_run)
 from lightning_modules.run.rundir import mark, refuse_foreign
 from reports import figures as figs
+from reports.attention import group_attention_pictures
 from reports.collect import Table3Data, load_table3
 from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
 from reports.significance import missing_p, paired_bootstrap
@@ -221,7 +222,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     cap = caption(data, frame)
     summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data)
     method_lines = methods(data, frame, bootstrap)
-    pictures = figs.render_all(frame, data.curves)
+    pictures = {**figs.render_all(frame, data.curves), **group_attention_pictures(data.runs)}
 
     written: list[Path] = []
 

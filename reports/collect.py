@@ -101,7 +101,8 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
                   **{c: a.get(c) for c in RUN_COLUMNS},
                   "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device"),
                   "rule_version": rule_version(a), "recorded_rule_version": rule_version(recorded),
-                  "recorded_convergence": recorded.get("convergence"), "setup": setup_key(a.get("environment"))}
+                  "recorded_convergence": recorded.get("convergence"), "setup": setup_key(a.get("environment")),
+                  "run_dir": a.get("run_dir")}
         record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
         records.append(record)
         curve_points += [{"row": row, "seed": seed, "step": step, "ppl": ppl,

@@ -2,7 +2,8 @@
 
 Everything lands in the run directory: `config.yaml`, `spm.model`, `checkpoints/` (resumable:
 the same command continues from `last.ckpt`), `logs/` (CSV), `wandb/` (offline unless an API key
-is configured), the dev/test sources, references and translations, and `results.json`.
+is configured), the dev/test sources, references and translations, `attention.npz` (every head's
+weights on one fixed dev sentence) and `results.json`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from lightning_modules.errors import RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
+from lightning_modules.run.attention import save_run_attention
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
 from lightning_modules.run.faults import inject
@@ -80,6 +82,12 @@ def slurm_requeue(cfg: RunConfig) -> tuple[list[SLURMEnvironment], bool]:
     if requeue:
         STOP.install(REQUEUE_SIGNAL)
     return ([SLURMEnvironment(auto_requeue=cfg.train.slurm_requeue)] if on_slurm() else []), requeue
+
+
+def keep_newest(k: int) -> dict[str, Any]:
+    """ModelCheckpoint settings that keep the K newest step checkpoints (Lightning keeps one without
+    a monitor; ranking by "step", highest first, keeps the newest K)."""
+    return {"save_top_k": 1} if k == 1 else {"save_top_k": k, "monitor": "step", "mode": "max"}
 
 
 def compile_enabled(cfg: RunConfig) -> bool:
@@ -224,8 +232,8 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         callbacks=[CountBatches(), RandomState(), StepCountsAfterResume(), clock, FaultPoints(),
                    StopAtStepEnd(STOP, cfg.train.log_every_n_steps, requeue),  # a NaN loss, a stop request
                    ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
-                                   every_n_train_steps=cfg.train.checkpoint_every, save_top_k=1,
-                                   auto_insert_metric_name=False),
+                                   every_n_train_steps=cfg.train.checkpoint_every,
+                                   auto_insert_metric_name=False, **keep_newest(cfg.train.keep_checkpoints)),
                    # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
                    OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
                    *([PromptInterruptWhileCompiling(STOP)] if compiled else []),
@@ -263,6 +271,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         test_bleu = None
         if cfg.eval.decode_test and dm.corpus.test.src:
             test_bleu, _ = evaluate_split(module, dm, cfg, "test", out)
+        save_run_attention(module.model, dm, cfg.eval, out)  # attention.npz: one dev sentence's heads
 
     results = RunResult(
         row=cfg.row, preset=cfg.preset, corpus=cfg.data.corpus,

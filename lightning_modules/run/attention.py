@@ -1,0 +1,162 @@
+"""The attention weights of a run's model on one sentence pair, computed explicitly.
+
+The model attends through PyTorch's SDPA kernels, which never hand out their weights. Forward
+hooks on every `MultiHeadAttention` see each call's inputs and output; from the inputs, with the
+module's own projection weights, they compute softmax(QKᵀ/√d_k + mask) and from it the sub-layer's
+output, W_o·concat(softmax(·)V). That explicit output is compared with the one SDPA produced
+(`AttentionMaps.max_difference`): the weights drawn are the ones of the model that was trained.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
+from lightning_modules.transformer import MultiHeadAttention, Transformer
+
+KINDS = ("encoder self-attention", "decoder self-attention", "encoder-decoder attention")
+
+
+def explicit_attention(module: MultiHeadAttention, x: Tensor, memory: Tensor, mask: Tensor | None = None,
+                       is_causal: bool = False) -> tuple[Tensor, Tensor]:
+    """(weights (B, h, T_q, T_k), output (B, T_q, d_model)) of `module` for queries from `x` over
+    keys/values from `memory`; `mask` is True where attending is allowed (as SDPA's boolean mask)."""
+    h, d_k = module.n_heads, module.d_k
+    q = module.w_q(x).unflatten(-1, (h, d_k)).transpose(1, 2)
+    k, v = module.project_kv(memory)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if is_causal:
+        t_q, t_k = scores.shape[-2:]
+        causal = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return weights, module.w_o((weights @ v).transpose(1, 2).flatten(2))
+
+
+@dataclass
+class AttentionMaps:
+    """Per kind (KINDS), a (layers, heads, T_q, T_k) array; the wordpieces on each axis."""
+
+    weights: dict[str, Tensor]
+    source: list[str]  # source pieces, EOS included (keys of encoder self and cross attention)
+    target: list[str]  # decoder inputs: BOS then the translation's pieces
+    max_difference: float = 0.0  # largest |explicit - SDPA| over every sub-layer output
+    labels: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # (queries, keys)
+
+
+@torch.no_grad()
+def attention_maps(model: Transformer, src: list[int], tgt: list[int], pieces) -> AttentionMaps:
+    """Run `model` (teacher-forced) on source ids `src` and target ids `tgt` (both without
+    specials) and collect every head's weights; `pieces(ids)` names the wordpieces."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    modules = {KINDS[0]: [layer.self_attn for layer in model.encoder],
+               KINDS[1]: [layer.self_attn for layer in model.decoder],
+               KINDS[2]: [layer.cross_attn for layer in model.decoder]}
+    found: dict[str, list[Tensor]] = {kind: [] for kind in KINDS}
+    worst = [0.0]
+    handles = []
+
+    def hook_for(kind: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
+            bound = inspect.signature(module.forward).bind(*args, **kwargs)
+            bound.apply_defaults()
+            weights, out = explicit_attention(module, **bound.arguments)
+            worst[0] = max(worst[0], float((out.float() - output.float()).abs().max()))
+            found[kind].append(weights[0].float().cpu())
+        return hook
+
+    try:
+        for kind, mods in modules.items():
+            for m in mods:
+                handles.append(m.register_forward_hook(hook_for(kind), with_kwargs=True))
+        src_t = torch.tensor([list(src) + [EOS_ID]], device=device)
+        tgt_t = torch.tensor([[BOS_ID, *tgt]], device=device)
+        model(src_t, tgt_t)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    source = [*pieces(list(src)), "</s>"]
+    target = ["<s>", *pieces(list(tgt))]
+    labels = {KINDS[0]: (source, source), KINDS[1]: (target, target), KINDS[2]: (target, source)}
+    return AttentionMaps({kind: torch.stack(w) for kind, w in found.items()}, source, target,
+                         worst[0], labels)
+
+
+ATTENTION_FILE = "attention.npz"
+FIXED_PIECES = (8, 30)  # the fixed dev sentence: the first with this many wordpieces (inclusive)
+
+
+def fixed_sentence(sources: list[list[int]]) -> int | None:
+    """Index of the run's fixed dev sentence: the first of FIXED_PIECES wordpieces (the same in
+    every row of a table, whose runs share the corpus and so the BPE), else the first non-empty."""
+    low, high = FIXED_PIECES
+    for i, ids in enumerate(sources):
+        if low <= len(ids) <= high:
+            return i
+    return next((i for i, ids in enumerate(sources) if ids), None)
+
+
+def save_attention(model: Transformer, sources: list[list[int]], translate_one, pieces, path) -> bool:
+    """Store every head's weights on the fixed dev sentence and its translation (`translate_one`:
+    source ids -> target ids) as a compressed npz of float16 arrays, atomically; False when the dev
+    set has no sentence to use."""
+    import io
+
+    import numpy as np
+
+    from lightning_modules.run.io import atomic_write_bytes
+
+    index = fixed_sentence(sources)
+    if index is None:
+        return False
+    limit = model.config.max_len - 1
+    src = list(sources[index][:limit])
+    tgt = list(translate_one(src))[:limit]
+    maps = attention_maps(model, src, tgt, pieces)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, line=np.int64(index + 1), source=np.array(maps.source),
+                        target=np.array(maps.target),
+                        **{_key(kind): maps.weights[kind].numpy().astype(np.float16) for kind in KINDS})
+    atomic_write_bytes(path, buffer.getvalue())
+    return True
+
+
+def _key(kind: str) -> str:
+    return kind.replace("-", "_").replace(" ", "_")
+
+
+def load_attention(path) -> tuple[dict[str, Any], list[str], list[str], int]:
+    """A saved `attention.npz`: (weights by kind, source pieces, target pieces, dev line from 1)."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as saved:
+        weights = {kind: saved[_key(kind)].astype(np.float32) for kind in KINDS}
+        return weights, saved["source"].tolist(), saved["target"].tolist(), int(saved["line"])
+
+
+def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:
+    """A finished run's `attention.npz`: the fixed dev sentence of `data` (a prepared
+    `TranslationData`), translated with the run's decoding settings (`eval_cfg`)."""
+    from pathlib import Path
+
+    from lightning_modules.evaluate import translate
+
+    def translate_one(src: list[int]) -> list[int]:
+        return translate(model, [src], BOS_ID, EOS_ID, eval_cfg)[0]
+
+    def pieces(ids: list[int]) -> list[str]:
+        return [data.tokenizer.id_to_piece(i) for i in ids]
+
+    return save_attention(model, data.encode(list(data.corpus.valid.src)), translate_one, pieces,
+                          Path(out) / ATTENTION_FILE)

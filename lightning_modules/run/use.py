@@ -1,0 +1,437 @@
+"""Using a finished (or checkpointed) run: load its model once, translate, evaluate.
+
+A run directory holds everything needed: `config.yaml` (decoding settings, corpus), `spm.model`
+(the shared BPE vocabulary) and `checkpoints/` (Lightning checkpoints whose `hyper_parameters`
+hold the model as built). `--checkpoint` picks the weights:
+
+- `last`: the checkpoint with the highest step (the one a resume would start from);
+- `best`: the checkpoint whose step has the lowest dev perplexity in `logs/metrics.csv`;
+- `average:K`: the parameter mean of the K newest step checkpoints (`train.keep_checkpoints`
+  keeps them; the paper's Table 2 averages the last 5 for base, 20 for big). Only parameters are
+  averaged; optimizer state is not read.
+
+Decoding is `evaluate.translate` (beam search with the run's `eval` settings unless overridden);
+scoring is `evaluate.corpus_bleu` (sacreBLEU with its signature).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import yaml
+
+from lightning_modules.config import DataConfig, EvalConfig, TransformerConfig
+from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load
+from lightning_modules.errors import UserError
+from lightning_modules.evaluate import corpus_bleu, length_batches, translate
+from lightning_modules.run.io import atomic_write_json, check_writable_file, write_lines
+from lightning_modules.run.preflight import resume_checkpoint
+from lightning_modules.run.results import RESULTS
+from lightning_modules.transformer import Transformer
+
+_AVERAGE = re.compile(r"average:(\d+)$")
+
+
+def _known(cls: type, values: dict[str, Any]) -> Any:
+    """A config dataclass from a saved section, ignoring keys this version does not have."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in (values or {}).items() if k in names})
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config.yaml as saved (one line if it is missing or not YAML)."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"{run_dir} is not a run directory (no config.yaml)")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        raise UserError(f"{path} is not valid YAML") from None
+
+
+def pick_device(name: str | None) -> torch.device:
+    """`--device`: cpu, cuda, cuda:N or mps (default: the first GPU if there is one, else cpu)."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device must be cpu, cuda, cuda:N or mps; got {name!r}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise UserError(f"--device {name}: no CUDA GPU is visible on this machine")
+        if (device.index or 0) >= count:
+            raise UserError(f"--device {name}: no such GPU here ({count} visible: ids 0 to {count - 1})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {name}: this machine has no MPS device")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device must be cpu, cuda, cuda:N or mps; got {name!r}")
+    return device
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _step_checkpoints(ckpt_dir: Path) -> dict[int, Path]:
+    """One readable checkpoint per step (the newest file of a step), by step."""
+    by_step: dict[int, tuple[float, Path]] = {}
+    for path in ckpt_dir.glob("*.ckpt"):
+        try:
+            step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step", 0))
+            mtime = path.stat().st_mtime
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError):
+            continue  # damaged or gone: `resume_checkpoint` sets damaged ones aside
+        if step not in by_step or mtime > by_step[step][0]:
+            by_step[step] = (mtime, path)
+    return {step: path for step, (_, path) in by_step.items()}
+
+
+def _best_step(run_dir: Path, steps: Iterable[int]) -> int:
+    """The step among `steps` with the lowest dev perplexity logged at it."""
+    from lightning_modules.metrics_log import read_rows
+
+    ppl = {}
+    if (run_dir / "logs").is_dir():
+        for row in read_rows(run_dir / "logs"):
+            if row.get("val/ppl"):
+                ppl[int(row["step"])] = float(row["val/ppl"])
+    scored = [(ppl[s], s) for s in steps if s in ppl]
+    if not scored:
+        raise UserError(f"--checkpoint best: no checkpoint in {run_dir / 'checkpoints'} is at a step with a "
+                        f"logged dev perplexity (set train.checkpoint_every to a multiple of "
+                        f"train.val_check_interval); use last or average:K")
+    return min(scored)[1]
+
+
+def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of each tensor over `states` (summed in float64, kept in its dtype)."""
+    keys = states[0].keys()
+    for other in states[1:]:
+        if other.keys() != keys:
+            raise UserError("the checkpoints to average hold different parameters")
+    return {k: (sum(s[k].double() for s in states) / len(states)).to(states[0][k].dtype)
+            if states[0][k].is_floating_point() else states[0][k] for k in keys}
+
+
+def _model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The Transformer's parameters and buffers from a TranslationModule checkpoint."""
+    return {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+
+
+@dataclass
+class Weights:
+    model: TransformerConfig
+    state: dict[str, torch.Tensor]
+    description: str  # e.g. "last (step 10)" or "average of 3 (steps 6, 8, 10)"
+    steps: list[int]
+
+
+def load_weights(run_dir: Path, choice: str = "last") -> Weights:
+    """The model config and parameters that `choice` (last | best | average:K) names."""
+    ckpt_dir = run_dir / "checkpoints"
+    average = _AVERAGE.match(choice)
+    if choice not in ("last", "best") and not average:
+        raise UserError(f"--checkpoint must be last, best or average:K (K >= 1); got {choice!r}")
+    found = resume_checkpoint(ckpt_dir)
+    if found is None:
+        raise UserError(f"{run_dir} has no checkpoint (nothing in {ckpt_dir})")
+    if choice == "last":
+        paths, steps = [found[0]], [found[1]]
+    else:
+        by_step = _step_checkpoints(ckpt_dir)
+        if choice == "best":
+            steps = [_best_step(run_dir, by_step)]
+        else:
+            k = int(average.group(1))
+            if k < 1:
+                raise UserError("--checkpoint average:K needs K >= 1")
+            if len(by_step) < k:
+                raise UserError(f"--checkpoint {choice}: {ckpt_dir} keeps {len(by_step)} checkpoint(s) "
+                                f"(steps {', '.join(map(str, sorted(by_step)))}); train with "
+                                f"train.keep_checkpoints={k} (or more) to average {k}")
+            steps = sorted(by_step)[-k:]
+        paths = [by_step[s] for s in steps]
+    checkpoints = [_load_checkpoint(p) for p in paths]
+    model = _known(TransformerConfig, checkpoints[0]["hyper_parameters"]["model"])
+    states = [_model_state(c) for c in checkpoints]
+    state = states[0] if len(states) == 1 else average_state_dicts(states)
+    if choice == "last" or choice == "best":
+        description = f"{choice} (step {steps[0]})"
+    else:
+        description = f"average of {len(steps)} (steps {', '.join(map(str, steps))})"
+    return Weights(model, state, description, steps)
+
+
+# ---------------------------------------------------------------------------------- the model
+
+@dataclass
+class LoadedRun:
+    """A run's model (in eval mode, on its device), tokenizer and saved settings."""
+
+    run_dir: Path
+    config: dict[str, Any]  # config.yaml as saved
+    model: Transformer
+    tokenizer: Any  # sentencepiece.SentencePieceProcessor
+    device: torch.device
+    weights: str  # which checkpoint(s)
+    steps: list[int]
+    bf16: bool  # decode under bf16 autocast, as the run's own evaluation did on a GPU
+
+    @property
+    def eval_config(self) -> EvalConfig:
+        return _known(EvalConfig, self.config.get("eval"))
+
+    @property
+    def data_config(self) -> DataConfig:
+        return _known(DataConfig, self.config.get("data"))
+
+    @property
+    def max_len(self) -> int:
+        return self.model.config.max_len
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer.encode(list(texts))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode([i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)])
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.id_to_piece(i) for i in ids]
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+
+
+def load_run(run_dir: str | Path, checkpoint: str = "last", device: str | None = None) -> LoadedRun:
+    """Load a run's model once: its checkpoint(s), its tokenizer, on `device`."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a directory")
+    where = pick_device(device)
+    config = read_run_config(run_dir)
+    if not (run_dir / "spm.model").is_file():
+        raise UserError(f"{run_dir} has no spm.model (the run's tokenizer)")
+    weights = load_weights(run_dir, checkpoint)
+    model = Transformer(weights.model)
+    model.load_state_dict(weights.state)
+    model.to(where).eval()
+    precision = _saved_precision(run_dir)
+    bf16 = where.type == "cuda" and precision.startswith("bf16")
+    return LoadedRun(run_dir, config, model, load(run_dir / "spm.model"), where, weights.description,
+                     weights.steps, bf16)
+
+
+def _saved_precision(run_dir: Path) -> str:
+    """The precision the run trained (and decoded) in, from results.json or its config."""
+    import json
+
+    try:
+        return str(json.loads((run_dir / RESULTS).read_text(encoding="utf-8")).get("precision") or "")
+    except (OSError, ValueError):
+        return str((read_run_config(run_dir).get("train") or {}).get("precision") or "")
+
+
+def decoding(run: LoadedRun, beam: int | None = None, alpha: float | None = None,
+             max_len_offset: int | None = None, batch_tokens: int | None = None) -> EvalConfig:
+    """The run's decoding settings with the given ones in their place (validated)."""
+    chosen = {"beam_size": beam, "length_penalty": alpha, "max_len_offset": max_len_offset,
+              "batch_tokens": batch_tokens}
+    return replace(run.eval_config, **{k: v for k, v in chosen.items() if v is not None})
+
+
+# ---------------------------------------------------------------------------------- translate
+
+def check_known(run: LoadedRun, ids: list[int], where: str) -> None:
+    """One line if `ids` hold no piece the vocabulary knows (a bare word boundary "▁" aside)."""
+    if ids and all(i == UNK_ID or run.tokenizer.id_to_piece(i) == "\u2581" for i in ids):
+        raise UserError(f"{where} has only pieces unknown to the run's vocabulary; nothing to translate")
+
+
+def translate_lines(run: LoadedRun, lines: list[str], cfg: EvalConfig, first_line: int = 1,
+                    warn: TextIO | None = sys.stderr) -> list[str]:
+    """Detokenized translations of `lines`, in order; an empty line gives an empty line, an
+    over-long line is cut to the model's max_len (a warning on `warn` names the line)."""
+    ids = run.encode(lines)
+    limit = run.max_len - 1  # room for EOS
+    todo = []
+    for n, (line, piece_ids) in enumerate(zip(lines, ids), start=first_line):
+        if not line.strip():
+            continue
+        check_known(run, piece_ids, f"line {n}")
+        if len(piece_ids) > limit and warn is not None:
+            print(f"ablate: warning: line {n} has {len(piece_ids)} wordpieces; the model takes at most "
+                  f"{limit}: translating the first {limit}", file=warn, flush=True)
+        todo.append(n - first_line)
+    out = [""] * len(lines)
+    with run.autocast():
+        hyps = translate(run.model, [ids[i] for i in todo], BOS_ID, EOS_ID, cfg)
+    for i, hyp in zip(todo, hyps):
+        out[i] = run.decode(hyp)
+    return out
+
+
+def chunks(stream: Iterable[str], batch_tokens: int, interactive: bool) -> Iterator[list[str]]:
+    """Input lines (newline removed) in groups of about `batch_tokens` source tokens, counted
+    before BPE as words + EOS (one line at a time from a terminal, so each line is answered as it
+    is typed)."""
+    group: list[str] = []
+    words = 0
+    for raw in stream:
+        line = raw.rstrip("\n").rstrip("\r")
+        group.append(line)
+        words += len(line.split()) + 1
+        if interactive or words >= batch_tokens:
+            yield group
+            group, words = [], 0
+    if group:
+        yield group
+
+
+def translate_stream(run: LoadedRun, stream: TextIO, out: TextIO, cfg: EvalConfig,
+                     interactive: bool = False) -> int:
+    """Translate `stream` line by line onto `out`, flushed after each group; the lines read."""
+    done = 0
+    for group in chunks(stream, cfg.batch_tokens, interactive):
+        for line in translate_lines(run, group, cfg, first_line=done + 1):
+            out.write(line + "\n")
+        out.flush()
+        done += len(group)
+    return done
+
+
+# ---------------------------------------------------------------------------------- evaluate
+
+@torch.no_grad()
+def perplexity(run: LoadedRun, sources: list[str], references: list[str], batch_tokens: int
+               ) -> tuple[float, int, int]:
+    """Per-wordpiece perplexity of the references given the sources (EOS counted, no label
+    smoothing), over the pairs the model can take (both sides <= max_len - 1 wordpieces, as the
+    run's own dev perplexity); (ppl, pairs used, target tokens)."""
+    from lightning_modules.data.batching import collate
+    from lightning_modules.loss import label_smoothed_nll
+
+    src, tgt = run.encode(sources), run.encode(references)
+    limit = run.max_len - 1
+    keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
+    total_nll, total_tokens = 0.0, 0
+    for batch in length_batches([len(src[i]) + len(tgt[i]) for i in keep], batch_tokens):
+        b = collate([(src[keep[j]], tgt[keep[j]]) for j in batch], pad_id=run.model.config.pad_id)
+        with run.autocast():
+            logits = run.model(b["src"].to(run.device), b["tgt_in"].to(run.device))
+        _, nll, n = label_smoothed_nll(logits, b["tgt_out"].to(run.device), run.model.config.pad_id, 0.0)
+        total_nll += float(nll)
+        total_tokens += int(n)
+    if not total_tokens:
+        raise UserError(f"no sentence pair fits the model's max_len ({run.max_len}); nothing to score")
+    return math.exp(min(total_nll / total_tokens, 50.0)), len(keep), total_tokens
+
+
+def settings_name(split: str, checkpoint: str, cfg: EvalConfig) -> str:
+    """`evaluate-<split>-<checkpoint>-beamB-aALPHA-lenOFFSET` (a file-name stem)."""
+    ckpt = checkpoint.replace(":", "")
+    return (f"evaluate-{split}-{ckpt}-beam{cfg.beam_size}-a{cfg.length_penalty:g}"
+            f"-len{cfg.max_len_offset}")
+
+
+def evaluate(run: LoadedRun, name: str, sources: list[str], references: list[str], cfg: EvalConfig,
+             checkpoint: str, source_label: str) -> tuple[dict[str, Any], Path]:
+    """Translate and score `sources` against `references`; save `<stem>.json` and the hypotheses
+    (`<stem>.hyp.txt`) and references (`<stem>.ref.txt`) beside results.json, atomically, after
+    all the work (nothing is written on an error). (The numbers, the JSON file's path.)"""
+    if len(sources) != len(references):
+        raise UserError(f"{source_label}: {len(sources)} source lines but {len(references)} references")
+    if not sources:
+        raise UserError(f"{source_label}: no sentences to evaluate")
+    stem = settings_name(name, checkpoint, cfg)
+    target = run.run_dir / f"{stem}.json"
+    check_writable_file(target, "the evaluation")
+    with run.autocast():  # the run's own evaluation, exactly: every line, in one call
+        hyps = [run.decode(ids) for ids in translate(run.model, run.encode(sources), BOS_ID, EOS_ID, cfg)]
+    bleu, signature = corpus_bleu(hyps, references, cfg.bleu_tokenize)
+    ppl, pairs, tokens = perplexity(run, sources, references, cfg.batch_tokens)
+    numbers = {
+        "bleu": bleu, "sacrebleu_signature": signature, "ppl": round(ppl, 3),
+        "sentences": len(sources), "ppl_pairs": pairs, "ppl_target_tokens": tokens,
+        "data": source_label,
+        "settings": {"checkpoint": checkpoint, "weights": run.weights, "steps": run.steps,
+                     "beam_size": cfg.beam_size, "length_penalty": cfg.length_penalty,
+                     "max_len_offset": cfg.max_len_offset, "batch_tokens": cfg.batch_tokens,
+                     "bleu_tokenize": cfg.bleu_tokenize, "device": str(run.device),
+                     "bf16_autocast": run.bf16},
+        "hypotheses": f"{stem}.hyp.txt", "references": f"{stem}.ref.txt",
+    }
+    write_lines(run.run_dir / f"{stem}.hyp.txt", hyps)
+    write_lines(run.run_dir / f"{stem}.ref.txt", references)
+    atomic_write_json(target, numbers)
+    return numbers, target
+
+
+def split_texts(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
+    """Sources and references of a corpus split ('valid' or 'test'), as the run's training read them."""
+    from lightning_modules.data.corpora import load_corpus
+
+    text = getattr(load_corpus(data), split)
+    if not len(text):
+        raise UserError(f"corpus {data.corpus} has no {split} sentences")
+    return list(text.src), list(text.tgt)
+
+
+def open_input(path: str | None) -> tuple[TextIO, bool]:
+    """The lines to translate: `path`, else stdin (one line if it is closed); whether they come
+    from a terminal (then each line is answered as soon as it is typed)."""
+    if path is not None:
+        if not Path(path).is_file():
+            raise UserError(f"--input {path}: no such file")
+        return open(path, encoding="utf-8", errors="replace"), False
+    stdin = sys.stdin
+    try:
+        if stdin is None or stdin.closed:
+            raise OSError
+        import os
+
+        os.fstat(stdin.fileno())
+    except (OSError, ValueError, AttributeError):
+        raise UserError("stdin is closed; pipe sentences in, one a line, or give --input FILE") from None
+    return stdin, stdin.isatty()
+
+
+def evaluation_texts(run_config: dict[str, Any], split: str | None, src: str | None, ref: str | None,
+                     corpus: str | None, data_dir: str | None, base_url: str | None
+                     ) -> tuple[str, list[str], list[str], str]:
+    """What `ablate evaluate` scores: (name for the files, sources, references, a label):
+    `--src/--ref` files, or a split of the run's corpus (or of `corpus` instead)."""
+    from lightning_modules.data.corpora import read_lines
+
+    if src or ref:
+        if not (src and ref):
+            raise UserError("give both --src FILE and --ref FILE (or --split)")
+        if split or corpus:
+            raise UserError("--src/--ref score your own files: leave out --split and --data")
+        for path in (src, ref):
+            if not Path(path).is_file():
+                raise UserError(f"{path}: no such file")
+        name = re.sub(r"[^\w.-]+", "_", Path(src).name)
+        return f"file-{name}", read_lines(src), read_lines(ref), f"{src} -> {ref}"
+    split = split or "valid"
+    data = _known(DataConfig, run_config.get("data"))
+    if corpus == "files":
+        raise UserError("--data files: give the files as --src FILE --ref FILE")
+    changes = {k: v for k, v in (("corpus", corpus), ("data_dir", data_dir), ("base_url", base_url)) if v}
+    data = replace(data, **changes)
+    name = split if not corpus or corpus == _known(DataConfig, run_config.get("data")).corpus \
+        else f"{split}-{corpus}"
+    sources, references = split_texts(data, split)
+    return name, sources, references, f"{data.corpus} {split}"
