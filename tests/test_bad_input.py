@@ -155,6 +155,8 @@ CASES: list[Case] = [
      "exceeds this machine's memory", {}),
     ("max-len-beyond-the-machine", lambda t: ["train", "--out", str(t / "run"), "model.max_len=100000000000", *FAST],
      "exceeds this machine's memory", {}),
+    ("beam-times-length-beyond-the-machine", lambda t: ["train", "--out", str(t / "run"), "eval.beam_size=200000",
+                                                        *FAST], "the final beam search would need", {}),
     ("max-tokens-below-one-pair", lambda t: ["train", "--out", str(t / "run"), "data.max_tokens=10", *FAST],
      "data.max_tokens=10 is smaller than the longest training pair", {}),
     ("unknown-row", lambda t: ["train", "--row", "Z9"], "unknown row 'Z9'", {}),

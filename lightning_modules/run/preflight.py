@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -213,6 +214,44 @@ def check_memory(cfg: RunConfig) -> None:
             f"(weights and Adam states {states:.1f} GB, activations ~{activations:.1f} GB at "
             f"data.max_tokens={cfg.data.max_tokens}); lower n_heads*d_k, d_ff, d_model, n_layers or "
             f"data.max_tokens (train.max_memory_gb sets another limit)")
+
+
+def decoding_memory_gb(model: TransformerConfig, beam: int, batch_tokens: int, max_len_offset: int,
+                       src_lengths: Sequence[int]) -> float:
+    """Rough peak memory of beam search in GiB over the decoding batches of these source lengths
+    (`evaluate.length_batches`: about `batch_tokens` source tokens a batch): per sentence and beam,
+    the encoder output (width × d_model), the cross- and self-attention key/value caches of every
+    decoder layer (width, and output length = width + offset up to max_len, × h·(d_k + d_v)) and
+    three vocabulary-wide float32 rows (logits, log-probabilities, candidates); plus the weights."""
+    from lightning_modules.evaluate import length_batches
+
+    lengths = [min(n + 1, model.max_len) for n in src_lengths]  # + EOS, cut to max_len as translate does
+    kv = model.n_heads * (model.d_k + model.d_v)
+    peak = 0
+    for batch in length_batches(lengths, batch_tokens):
+        width = max(lengths[i] for i in batch)
+        steps = min(width + max_len_offset, model.max_len)
+        per_beam = width * model.d_model + model.n_layers * (width + steps) * kv + 3 * model.vocab_size
+        peak = max(peak, len(batch) * beam * per_beam)
+    return 4 * (peak + count_parameters(model)) / GB
+
+
+def check_decoding_memory(model: TransformerConfig, cfg: RunConfig, src_lengths: Sequence[int]) -> None:
+    """Refuse, before training, an evaluation whose beam search cannot fit (beam × length ×
+    batch against `train.max_memory_gb`, else the machine's or GPU's memory): it would fail only
+    after the whole training, in the final beam search."""
+    e = cfg.eval
+    need = decoding_memory_gb(model, e.beam_size, e.batch_tokens, e.max_len_offset, src_lengths)
+    limit = cfg.train.max_memory_gb
+    what = f"train.max_memory_gb={limit:g}" if limit is not None else ""
+    if limit is None:
+        limit, machine = machine_memory_gb(cfg)
+        what = f"{machine} ({limit:.1f} GB)"
+    if need > limit:
+        raise UserError(f"the final beam search would need ~{need:.1f} GB, more than {what} (beam "
+                        f"{e.beam_size}, eval.batch_tokens={e.batch_tokens}, output up to source + "
+                        f"{e.max_len_offset} tokens); lower eval.beam_size, eval.batch_tokens or "
+                        f"eval.max_len_offset")
 
 
 def check_disk_space(out: Path, cfg: RunConfig) -> None:

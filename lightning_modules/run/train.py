@@ -45,7 +45,7 @@ from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.run.rundir import claim, training_lock
 from lightning_modules.run.slurm import on_slurm
 from lightning_modules.run.stop import REQUEUE_SIGNAL, STOP
-from lightning_modules.run.preflight import (check_disk_space, check_hardware, check_memory, check_output_dir,
+from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_result, check_same_run, remove_stale_temporaries,
                                         resume_checkpoint, uses_gpu, wandb_mode)
 from lightning_modules.config import to_yaml
@@ -198,8 +198,11 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
                                pad_multiple=cfg.data.pad_multiple)
     try:
         dm.setup("fit")
+        # the final beam search's memory, from the dev sources' real lengths: before training
+        check_decoding_memory(cfg.model.with_vocabulary(dm.vocab_size, dm.pad_id), cfg,
+                              dm.valid_set.src_lengths)
     except UserError:
-        if created:  # a bad corpus leaves nothing behind
+        if created:  # a bad corpus, or a decoding that cannot fit, leaves nothing behind
             shutil.rmtree(created, ignore_errors=True)
         raise
     atomic_write_text(out / "config.yaml", to_yaml(cfg))  # as asked for: no derived value
