@@ -319,14 +319,15 @@ def restore_history(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any],
             if done is None or not done.complete or done.ppl is None:
                 continue
             attrs = {**trial_attrs(plan, spec, row, seed), **done.select("trial"),
-                     **(translation_attrs(place) or {}), "run_dir": str(place.resolve()),
-                     "enqueued_overrides": seed_overrides(seed), ARCHIVED_AS: place.name}
+                     **(translation_attrs(place) or {}), "enqueued_overrides": seed_overrides(seed),
+                     ARCHIVED_AS: place.name}
+            del attrs["run_dir"]  # not trained here: its files are in the archive, under its name
             if (row, seed) in replaced:
                 attrs[REDO_OF] = replaced[row, seed]
             study.add_trial(create_trial(state=TrialState.COMPLETE, value=float(done.ppl), user_attrs=attrs))
             replaced[row, seed] = max(t.number for t in study.get_trials(deepcopy=False)
                                       if t.user_attrs.get(ARCHIVED_AS) == place.name
-                                      and t.user_attrs.get("run_dir") == attrs["run_dir"])
+                                      and (t.user_attrs.get("row"), t.user_attrs.get("seed")) == (row, seed))
         if (row, seed) in replaced:
             print(f"table3 {plan.study}: {row} seed {seed}: the run a redo replaced is back in the study from "
                   f"{archive} (trial {replaced[row, seed]})", flush=True)
