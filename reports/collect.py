@@ -120,7 +120,9 @@ def convergence(attrs: dict[str, Any]) -> dict[str, str | None]:
     """A run's `convergence` and `convergence_reason` by the current rule from the inputs it stored;
     both None (unclassified) for a run that stored no inputs, whatever class it recorded."""
     verdict = classify_stored(attrs)
-    return {"convergence": verdict and verdict.label, "convergence_reason": verdict and verdict.reason}
+    if verdict is None:
+        return {"convergence": None, "convergence_reason": None}
+    return {"convergence": verdict.label, "convergence_reason": verdict.reason}
 
 
 def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
