@@ -146,8 +146,14 @@ def check_data(plan: Table3Plan) -> None:
             prepare(cfg)
 
 
+def run_place(plan: Table3Plan, row: str, seed: int) -> str:
+    """A (row, seed)'s run directory relative to the runs directory, as its trials store it."""
+    return f"{plan.study}/{row}-s{seed}"
+
+
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
-    return str((Path(plan.runs_dir) / plan.study / f"{row}-s{seed}").resolve())
+    """A (row, seed)'s run directory on this machine."""
+    return str((Path(plan.runs_dir) / run_place(plan, row, seed)).resolve())
 
 
 # What a preset's training recipe is (base row, resolved): a preset file edited between two
@@ -294,7 +300,7 @@ def seed_overrides(seed: int) -> list[str]:
 
 def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
     """What a queued (row, seed) trial carries: the report and the workers read these."""
-    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_dir(plan, row, seed)}
+    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_place(plan, row, seed)}
 
 
 def restore_history(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any],

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pytest
 
 from test_table3 import SMALL
@@ -50,8 +51,8 @@ def report(home: Path, out: str) -> dict[str, bytes]:
 
 def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(tmp_path: Path):
     """A table trained in one folder, then rebuilt from its archive alone in two others (the first
-    folder gone): no archived file names the folder that trained it, nothing is trained again, and
-    the reports are byte for byte the first one. The archive's class of one run is made stale (as
+    folder gone): no archived file names the folder that trained it, nor does the study made in
+    the others, nothing is trained again, and the reports are byte for byte the first one. The archive's class of one run is made stale (as
     runs classified by an older rule once were): the report still shows the class of its inputs."""
     first = tmp_path / "trained-here"
     first.mkdir()
@@ -72,6 +73,9 @@ def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(
         sitting = tiny_sitting(home)
         assert "restored from archive: base seed 1 (complete), D1 seed 1 (complete)" in sitting.stdout
         assert "Restoring states" not in "".join(p.read_text() for p in (home / "runs").rglob("trial.log"))
+        study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{home}/t3.db")
+        stored = json.dumps([[t.user_attrs, t.system_attrs] for t in study.get_trials()])
+        assert str(tmp_path) not in stored  # run directories relative to --runs-dir
         again = report(home, "report")
         assert again.keys() == original.keys()
         for name, data in original.items():

@@ -179,8 +179,8 @@ def test_every_row_and_seed_is_complete_in_its_own_directory(table: Path):
     assert sorted((t.user_attrs["row"], t.user_attrs["seed"]) for t in done) == \
         sorted((r, s) for r in ROWS for s in (1, 2))
     for t in done:
-        run_dir = Path(t.user_attrs["run_dir"])
-        assert run_dir.name == f"{t.user_attrs['row']}-s{t.user_attrs['seed']}"
+        assert t.user_attrs["run_dir"] == f"table3-tiny/{t.user_attrs['row']}-s{t.user_attrs['seed']}"
+        run_dir = table / "runs" / t.user_attrs["run_dir"]  # relative to --runs-dir
         results = json.loads((run_dir / "results.json").read_text())
         assert results["row"] == t.user_attrs["row"] and results["seed"] == t.user_attrs["seed"]
         assert t.user_attrs["ppl"] == results["ppl"] and t.user_attrs["bleu"] == results["bleu"]
