@@ -156,7 +156,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = args.out or f"runs/{cfg.row}-{cfg.preset}-s{cfg.train.seed}"
     results = train(cfg, out, wait=args.wait)
     if results:
-        print("\n" + summary_table(results))
+        print("\n" + summary_table(results, out))
     return 0
 
 

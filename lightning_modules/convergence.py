@@ -20,22 +20,25 @@ measure optimisation accidents. Classes, checked in this order:
   `tolerance` (relative; a rise counts as no improvement);
 - `still improving`: it improved by more;
 - `unknown`: fewer than two dev evaluations span that tail (validate more often to classify).
+
+A run stores what the rule reads (`rule_inputs`: its dev-PPL curve, its window-mean training
+losses, its warmup and the unigram perplexity) beside the class it printed; a report classifies
+each run again from those inputs (`classify_stored`), so it always applies the rule written here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any
 
 from lightning_modules.metrics_log import read_rows
 
 CLASSES = ("converged", "still improving", "overfitting", "unstable", "diverged", "unknown")
-# what each version of the rule changed; a run records the version it was classified by
-RULE_CHANGES = {2: "an 'overfitting' class (version 1 called every dev-PPL rise 'unstable', whatever the "
-                   "training loss did)"}
+# what the rule reads, as a run stores it (results.json, the trial's user attributes)
+INPUTS = ("dev_ppl_curve", "train_loss_curve", "unigram_ppl", "warmup_steps")
 Curve = Sequence[tuple[int, float]]  # (step, value), steps ascending
 
 
@@ -43,7 +46,6 @@ Curve = Sequence[tuple[int, float]]  # (step, value), steps ascending
 class ConvergenceRule:
     """The thresholds; `describe()` is the sentence reports print."""
 
-    VERSION: ClassVar[int] = max(RULE_CHANGES)
     tail: float = 0.2  # the last fraction of training steps inspected
     tolerance: float = 0.01  # converged: dev PPL improved by less than this (relative) over the tail
     spike_ratio: float = 1.2  # unstable: a window's training loss above 1.2 x the best so far
@@ -58,10 +60,6 @@ class ConvergenceRule:
                 f"best); diverged = non-finite, "
                 f"or ending after warmup at or above the unigram PPL; unknown = fewer than two dev evaluations "
                 f"span the last {self.tail:.0%}")
-
-    def to_dict(self) -> dict[str, float]:
-        """The thresholds and the rule's version, as a run records them."""
-        return {**asdict(self), "version": self.VERSION}
 
 
 @dataclass(frozen=True)
@@ -156,11 +154,31 @@ def read_curves(log_dir: str | Path) -> tuple[list[tuple[int, float]], list[tupl
     return sorted(dev.items()), sorted(train.items())
 
 
-def classify_run(log_dir: str | Path, unigram_ppl: float, warmup_steps: int,
-                 rule: ConvergenceRule = ConvergenceRule()) -> dict[str, object]:
-    """The run's class, its reason and its dev curve, as results.json stores them."""
+def rule_inputs(log_dir: str | Path, unigram_ppl: float, warmup_steps: int) -> dict[str, Any]:
+    """What the rule reads of a run, from its logs, as the run stores it (`INPUTS`; values rounded
+    to 4 decimals, and the run's own class is decided from these stored values too)."""
     dev, train = read_curves(log_dir)
-    verdict = classify(dev, train, unigram_ppl, warmup_steps, rule)
-    return {"convergence": verdict.label, "convergence_reason": verdict.reason,
-            "dev_ppl_curve": [[step, round(ppl, 4)] for step, ppl in dev],
-            "unigram_ppl": unigram_ppl, "convergence_rule": rule.to_dict()}
+    return {"dev_ppl_curve": [[step, round(ppl, 4)] for step, ppl in dev],
+            "train_loss_curve": [[step, round(loss, 4)] for step, loss in train],
+            "unigram_ppl": unigram_ppl, "warmup_steps": warmup_steps}
+
+
+def classify_stored(inputs: Mapping[str, Any], rule: ConvergenceRule = ConvergenceRule()) -> Verdict | None:
+    """The class of a run from the inputs it stored (`INPUTS`, as `rule_inputs` gives them); None
+    when it lacks any of them (a run stored before runs kept them)."""
+    if any(inputs.get(key) is None for key in INPUTS):
+        return None
+    return _classify_inputs(inputs, rule)
+
+
+def _classify_inputs(inputs: Mapping[str, Any], rule: ConvergenceRule) -> Verdict:
+    dev = [(int(step), float(ppl)) for step, ppl in inputs["dev_ppl_curve"]]
+    train = [(int(step), float(loss)) for step, loss in inputs["train_loss_curve"]]
+    return classify(dev, train, float(inputs["unigram_ppl"]), int(inputs["warmup_steps"]), rule)
+
+
+def classify_run(log_dir: str | Path, unigram_ppl: float, warmup_steps: int) -> dict[str, Any]:
+    """What results.json stores of the rule: its inputs, and the class and reason they give."""
+    inputs = rule_inputs(log_dir, unigram_ppl, warmup_steps)
+    verdict = _classify_inputs(inputs, ConvergenceRule())
+    return {**inputs, "convergence": verdict.label, "convergence_reason": verdict.reason}

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_modules.convergence import RULE_CHANGES, ConvergenceRule
+from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import table3_section
 from lightning_modules.names import inside
@@ -65,35 +65,12 @@ def missing_base(data: Table3Data) -> str | None:
             f"run base to complete it")
 
 
-def older_rule(runs: pd.DataFrame) -> list[str]:
-    """Which runs recorded their class under an older convergence rule: those classified again
-    from their logs here (`reports.reclassify`), with the classes that changed, and those whose
-    logs are not here and keep the class they recorded."""
-    if "recorded_rule_version" not in runs:
-        return []
-    recorded = pd.to_numeric(runs["recorded_rule_version"], errors="coerce")
-    now = pd.to_numeric(runs["rule_version"], errors="coerce")
-    older = runs[recorded < ConvergenceRule.VERSION]
-    if older.empty:
-        return []
-    versions = sorted({int(v) for v in recorded[older.index]})
-    since = [RULE_CHANGES[v] for v in range(versions[0] + 1, ConvergenceRule.VERSION + 1) if v in RULE_CHANGES]
-    current = now[older.index] == ConvergenceRule.VERSION
-    again, kept = older[current], older[~current]
-    out = [f"{len(older)} of the {int(recorded.notna().sum())} classified runs recorded their class under an "
-           f"older convergence rule (version {', '.join(map(str, versions))}; the rule above is version "
-           f"{ConvergenceRule.VERSION}), which lacked {'; '.join(since)}"]
-    if not again.empty:
-        changed = again[again["convergence"] != again["recorded_convergence"]]
-        listed = "; ".join(f"{r.row} seed {r.seed}: {r.recorded_convergence} → {r.convergence}"
-                           for r in changed.itertuples())
-        out.append(f"{len(again)} of them are classified again by the rule above from their logs on this "
-                   f"machine (the table shows that class): "
-                   + (f"{len(changed)} changed, {listed}" if listed else "none changed"))
-    if not kept.empty:
-        out.append(f"{len(kept)} keep the class they recorded (no run directory of theirs with its logs and "
-                   f"config.yaml is on this machine)")
-    return out
+def unclassified(runs: pd.DataFrame) -> str | None:
+    """How many runs the report cannot classify: they stored no inputs of the convergence rule."""
+    if "convergence" not in runs or not (missing := int(runs["convergence"].isna().sum())):
+        return None
+    return (f"{missing} of the {len(runs)} runs stored none of the convergence rule's inputs (trained "
+            f"before runs kept them), so their class is left blank")
 
 
 def redone(data: Table3Data) -> list[str]:
@@ -168,7 +145,8 @@ def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str
         out.append(f"Convergence rule: {ConvergenceRule().describe()}. Column 'converged': the worst "
                    "class over a row's seeds (with how many seeds had it); in report.html its cell is coloured: green "
                    "converged, yellow still improving, orange overfitting, red unstable or diverged, grey unknown.")
-        out += [f"{line}." for line in older_rule(data.runs)]
+    if why := unclassified(data.runs):
+        out.append(f"{why}.")
     signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
     out += [f"sacreBLEU signature: {s}" for s in signatures]
     out += [f"{line}." for line in redone(data)]

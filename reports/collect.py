@@ -2,9 +2,9 @@
 
 Everything a report needs is in the database (the study's user attributes hold the preset, the
 spec rows and the overrides; each complete trial holds its results and dev translations), so a
-report can be built on any machine that reaches the storage, without the run directories. The one
-thing they add: a run that recorded its convergence class under an older rule is classified again
-by the current one where its logs are here (`reports.reclassify`).
+report can be built on any machine that reaches the storage, without the run directories. Each
+run's convergence class is decided here, by the current rule, from the inputs the run stored
+(`lightning_modules.convergence.classify_stored`), never taken from the class it recorded.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
+from lightning_modules.convergence import classify_stored
 from lightning_modules.errors import UserError
 from lightning_modules.run.results import RunResult
-from reports.reclassify import reclassified, rule_version
 from sweeps.redo import REDO_OF, kept_as, superseded
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import unpack_lines
@@ -95,14 +95,11 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     redone = in_table_order(redone_runs(trials, latest), attrs["spec"])
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
-        recorded = trial.user_attrs
-        a = {**recorded, **(reclassified(recorded, trial.number) or {})}  # the current rule, where the logs are here
+        a = {**trial.user_attrs, **convergence(trial.user_attrs)}
         record = {"row": row, "group": a.get("group", row), "seed": seed,
                   **{c: a.get(c) for c in RUN_COLUMNS},
                   "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device"),
-                  "rule_version": rule_version(a), "recorded_rule_version": rule_version(recorded),
-                  "recorded_convergence": recorded.get("convergence"), "setup": setup_key(a.get("environment")),
-                  "run_dir": a.get("run_dir")}
+                  "setup": setup_key(a.get("environment")), "run_dir": a.get("run_dir")}
         record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
         records.append(record)
         curve_points += [{"row": row, "seed": seed, "step": step, "ppl": ppl,
@@ -117,6 +114,15 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
                       setup=dict(attrs.get("setup", {})), runs=runs,
                       translations=translations, curves=pd.DataFrame.from_records(curve_points),
                       planned={row: len(seeds) for row, seeds in queued.items()}, redone=redone)
+
+
+def convergence(attrs: dict[str, Any]) -> dict[str, str | None]:
+    """A run's `convergence` and `convergence_reason` by the current rule from the inputs it stored;
+    both None (unclassified) for a run that stored no inputs, whatever class it recorded."""
+    verdict = classify_stored(attrs)
+    if verdict is None:
+        return {"convergence": None, "convergence_reason": None}
+    return {"convergence": verdict.label, "convergence_reason": verdict.reason}
 
 
 def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:

@@ -25,7 +25,7 @@ from lightning_modules.run.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP,
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import counts
-from sweeps.worker import WorkerSettings, settings_json
+from sweeps.worker import WorkerSettings, resolve_run_dir, settings_json
 
 
 def device_groups(devices: str | None, workers: int | None, devices_per_trial: int,
@@ -159,5 +159,5 @@ def summary(settings: WorkerSettings) -> str:
     except ValueError:
         return lines[0]
     lines.append(f"best: trial {best.number}, {settings.objective} {best.value:g}, "
-                 f"{' '.join(best.user_attrs.get('overrides', []))}, run dir {best.user_attrs.get('run_dir')}")
+                 f"{' '.join(best.user_attrs.get('overrides', []))}, run dir {resolve_run_dir(settings.runs_dir, best.user_attrs.get('run_dir', ''))}")
     return "\n".join(lines)

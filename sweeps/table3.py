@@ -155,7 +155,13 @@ def run_name(row: str, seed: int) -> str:
     return f"{row}-s{seed}"
 
 
+def run_place(plan: Table3Plan, row: str, seed: int) -> str:
+    """A (row, seed)'s run directory relative to the runs directory, as its trials store it."""
+    return f"{plan.study}/{run_name(row, seed)}"
+
+
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
+    """A (row, seed)'s run directory on this machine (checked to stay inside the runs directory)."""
     return str(inside(plan.runs_dir, plan.study, run_name(row, seed)))
 
 
@@ -355,7 +361,7 @@ def seed_overrides(seed: int) -> list[str]:
 
 def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
     """What a queued (row, seed) trial carries: the report and the workers read these."""
-    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_dir(plan, row, seed)}
+    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_place(plan, row, seed)}
 
 
 def restore_history(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any],
@@ -380,14 +386,15 @@ def restore_history(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any],
             if done is None or not done.complete or done.ppl is None:
                 continue
             attrs = {**trial_attrs(plan, spec, row, seed), **done.select("trial"),
-                     **(translation_attrs(place) or {}), "run_dir": str(place.resolve()),
-                     "enqueued_overrides": seed_overrides(seed), ARCHIVED_AS: place.name}
+                     **(translation_attrs(place) or {}), "enqueued_overrides": seed_overrides(seed),
+                     ARCHIVED_AS: place.name}
+            del attrs["run_dir"]  # not trained here: its files are in the archive, under its name
             if (row, seed) in replaced:
                 attrs[REDO_OF] = replaced[row, seed]
             study.add_trial(create_trial(state=TrialState.COMPLETE, value=float(done.ppl), user_attrs=attrs))
             replaced[row, seed] = max(t.number for t in study.get_trials(deepcopy=False)
                                       if t.user_attrs.get(ARCHIVED_AS) == place.name
-                                      and t.user_attrs.get("run_dir") == attrs["run_dir"])
+                                      and (t.user_attrs.get("row"), t.user_attrs.get("seed")) == (row, seed))
         if (row, seed) in replaced:
             print(f"table3 {plan.study}: {row} seed {seed}: the run a redo replaced is back in the study from "
                   f"{archive} (trial {replaced[row, seed]})", flush=True)

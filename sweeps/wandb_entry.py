@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     if results is None:  # another DDP rank
         return 0
-    print("\n" + summary_table(results), flush=True)
+    print("\n" + summary_table(results, out), flush=True)
     import wandb
 
     if wandb.run is not None:

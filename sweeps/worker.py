@@ -149,10 +149,10 @@ class Objective:
         if trial.user_attrs.get("nothing_queued"):  # a retry copy of an empty claim that trains
             trial.set_user_attr("nothing_queued", False)
         overrides = self.trial_overrides(trial)
-        run_dir = trial.user_attrs.get("run_dir") or str(
-            (Path(self.s.runs_dir) / self.s.study / f"trial-{trial.number}").resolve())
+        place = trial.user_attrs.get("run_dir") or f"{self.s.study}/trial-{trial.number}"
+        run_dir = str(resolve_run_dir(self.s.runs_dir, place))
         trial.set_user_attr("overrides", overrides)
-        trial.set_user_attr("run_dir", run_dir)
+        trial.set_user_attr("run_dir", place)
         retried = retried_trial_number(frozen_trial(self.storage, self.s.study, trial.number))
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
@@ -223,6 +223,13 @@ class Objective:
             return
         for key, value in kept.items():
             trial.set_user_attr(key, value)
+
+
+def resolve_run_dir(runs_dir: str | Path, place: str) -> Path:
+    """Where a trial's run directory is on this machine: its `run_dir` attribute names it relative
+    to the runs directory (`--runs-dir`), so that a study read in another folder or on another
+    machine still finds its runs there (an absolute one, of a study stored before, is kept)."""
+    return (Path(runs_dir) / place).resolve()
 
 
 def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_dir: str | None) -> int | None:

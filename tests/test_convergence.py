@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ablate.cli import main
-from lightning_modules.convergence import ConvergenceRule, classify
+from lightning_modules.convergence import INPUTS, ConvergenceRule, classify, classify_stored, read_curves
 
 UNIGRAM = 100.0
 FALLING = [(s, 40 - s / 10) for s in range(10, 101, 10)]  # training loss, steadily down
@@ -101,6 +101,17 @@ def test_too_few_evaluations_is_unknown():
     assert classify(dev((900, 9.5), (1000, 9.0)), FALLING, UNIGRAM, 100).label == "unknown"  # 900 > 800
 
 
+def test_a_run_is_classified_from_the_inputs_it_stored_or_not_at_all():
+    spiked = dev((200, 50.0), (400, 30.0), (600, 45.0), (800, 44.0), (1000, 44.0))
+    falling = [(s, 5 - s / 500) for s in range(100, 1001, 100)]
+    stored = {"dev_ppl_curve": [list(p) for p in spiked], "train_loss_curve": [list(p) for p in falling],
+              "unigram_ppl": UNIGRAM, "warmup_steps": 100, "convergence": "unstable"}  # as JSON gives them back
+    assert classify_stored(stored) == classify(spiked, falling, UNIGRAM, 100)
+    assert classify_stored(stored).label == "overfitting"  # the inputs decide, not the class stored
+    for key in INPUTS:  # a run stored before runs kept the rule's inputs: no class
+        assert classify_stored({k: v for k, v in stored.items() if k != key}) is None
+
+
 # ------------------------------------------------------------------------------- real runs
 
 @pytest.fixture(scope="module")
@@ -139,6 +150,13 @@ def test_real_runs_are_classified(copy_task, tmp_path):
     assert converged["convergence"] == "converged", converged["convergence_reason"]
     assert converged["dev_ppl_curve"][-1][1] == pytest.approx(converged["ppl"], rel=1e-3)
     assert 1 < converged["ppl"] < 1.5 < 10 < converged["unigram_ppl"]
+    # what the rule read is stored with the class, and gives that class again
+    dev_curve, losses = read_curves(tmp_path / "long" / "logs")
+    assert converged["train_loss_curve"] == [[s, round(loss, 4)] for s, loss in losses] and len(losses) == 30
+    assert [s for s, _ in converged["dev_ppl_curve"]] == [s for s, _ in dev_curve]
+    assert converged["warmup_steps"] == 100
+    assert classify_stored(converged).label == "converged"
+    assert "convergence_rule" not in converged and "run_dir" not in converged
 
     early = train(copy_task, tmp_path / "early", "--max-steps", "300", "train.warmup_steps=100",
                   "train.lr_scale=0.5")
@@ -148,5 +166,6 @@ def test_real_runs_are_classified(copy_task, tmp_path):
                   "train.lr_scale=30", "model.n_layers=2", "model.dropout=0.1",
                   "train.val_check_interval=20")
     assert blown["convergence"] == "diverged", blown["convergence_reason"]
+    assert classify_stored(blown).reason == blown["convergence_reason"]
     metrics = (tmp_path / "long" / "logs" / "metrics.csv").read_text().splitlines()[0]
     assert "train/grad_norm" in metrics  # gradient norm is logged

@@ -18,11 +18,12 @@ def test_every_field_is_documented_and_routed():
     assert {"bleu", "ppl", "test_bleu", "params", "convergence"} == set(RunResult.keys("summary"))
     trial = set(RunResult.keys("trial"))
     assert {"bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "steps", "target_tokens",
-            "seed", "model", "preset", "corpus", "device", "precision", "sacrebleu_signature", "world_size",
-            "run_dir"} <= trial
+            "seed", "model", "preset", "corpus", "device", "precision", "sacrebleu_signature",
+            "world_size"} <= trial
     assert {"steady_tokens_per_s", "startup_s", "first_step_s", "compiled", "compiled_graphs"} <= trial
-    assert {"convergence", "convergence_reason", "dev_ppl_curve", "unigram_ppl", "convergence_rule",
-            "environment"} <= trial
+    assert {"convergence", "convergence_reason", "dev_ppl_curve", "train_loss_curve", "warmup_steps",
+            "unigram_ppl", "environment"} <= trial
+    assert not any("dir" in key for key in RunResult.keys("trial"))  # no path of the training machine
     assert set(RUN_COLUMNS) <= trial  # a report column the trial does not store would stay empty
 
 

@@ -154,15 +154,15 @@ def test_preempted_array_task_of_the_recipe_requeues_and_the_requeued_task_finis
     study = optuna.load_study(study_name="table3-tiny", storage=make_storage(storage, None))
     first, retry = study.get_trials()
     assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
-    run_dir = Path(first.user_attrs["run_dir"])
-    assert run_dir == tmp_path / "runs" / "table3" / "table3-tiny" / "base-s1"
+    assert first.user_attrs["run_dir"] == "table3-tiny/base-s1"  # relative to --runs-dir
+    run_dir = tmp_path / "runs" / "table3" / "table3-tiny" / "base-s1"
     steps = checkpoint_steps(run_dir / "checkpoints")
     assert steps["hpc_ckpt_1.ckpt"] == 7
 
     again = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     first, retry = study.get_trials()
-    assert retry.state == TrialState.COMPLETE and retry.user_attrs["run_dir"] == str(run_dir)
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["run_dir"] == first.user_attrs["run_dir"]
     resumed = (run_dir / "trial.log").read_text().split("Restored all states from the checkpoint at ")[1].split()[0]
     assert steps[Path(resumed).name] == 7
     assert json.loads((run_dir / "results.json").read_text())["steps"] == 20
@@ -241,7 +241,7 @@ def test_notice_while_a_trial_process_starts_is_held_until_it_can_requeue(tmp_pa
     study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{tmp_path}/t.db")
     first, retry = study.get_trials()
     assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
-    assert checkpoint_steps(Path(first.user_attrs["run_dir"]) / "checkpoints")["hpc_ckpt_1.ckpt"] == 1
+    assert checkpoint_steps(tmp_path / "runs" / first.user_attrs["run_dir"] / "checkpoints")["hpc_ckpt_1.ckpt"] == 1
 
 
 COUNTED_RANK = """

@@ -195,6 +195,5 @@ def test_sweep_through_the_grpc_proxy(proxy: str, tmp_path: Path):
     assert result.returncode == 0, result.stderr[-3000:]
     trials = optuna.load_study(study_name="via-proxy", storage=make_storage(proxy, None)).get_trials()
     assert len(trials) == 2 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    assert {t.user_attrs["run_dir"] for t in trials} == {
-        str((tmp_path / "runs" / "via-proxy" / f"trial-{t.number}").resolve()) for t in trials}
+    assert {t.user_attrs["run_dir"] for t in trials} == {f"via-proxy/trial-{t.number}" for t in trials}
     assert all("heartbeat" in t.system_attrs for t in trials)  # beaten through the proxy

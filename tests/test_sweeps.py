@@ -183,7 +183,7 @@ def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
         assert ATTRS <= set(t.user_attrs), t.user_attrs
         assert set(t.intermediate_values) == {5, 10}  # global steps, not epochs
         assert t.value == t.user_attrs["ppl"]
-        assert t.user_attrs["run_dir"] == str((tmp_path / "runs" / "tpe" / f"trial-{t.number}").resolve())
+        assert t.user_attrs["run_dir"] == f"tpe/trial-{t.number}"  # relative to --runs-dir
     # Re-running the same command: the study is already complete, nothing more is trained.
     assert len({t.user_attrs["run_dir"] for t in trials}) == 4
     assert len({t.user_attrs["worker"].rsplit(":", 2)[1] for t in trials}) == 2  # both workers (host:pid:trial)
@@ -217,7 +217,7 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
         proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink)
     try:
         def resumable(t: optuna.trial.FrozenTrial) -> bool:
-            ckpt = Path(t.user_attrs.get("run_dir", "/nonexistent")) / "checkpoints" / "last.ckpt"
+            ckpt = tmp_path / "runs" / t.user_attrs.get("run_dir", "/nonexistent") / "checkpoints" / "last.ckpt"
             return 5 in t.intermediate_values and ckpt.is_file()
 
         victim = wait_for_running_trial(lambda: load(tmp_path, "kill").get_trials(), resumable)
@@ -260,11 +260,11 @@ def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, devices_per_
     assert set(bad.intermediate_values) == {5} and bad.intermediate_values[5] > good.intermediate_values[5]
     assert good.user_attrs["world_size"] == devices_per_trial
     for trial, lr in ((good, 0.5), (bad, 1e-6)):
-        run_dir = Path(trial.user_attrs["run_dir"])
+        run_dir = tmp_path / "runs" / trial.user_attrs["run_dir"]
         assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr_scale"] == lr
         log = (run_dir / "trial.log").read_text()
         assert ("Starting with 2 processes" in log) == (devices_per_trial == 2)
-    assert not (Path(bad.user_attrs["run_dir"]) / "results.json").exists()
+    assert not (tmp_path / "runs" / bad.user_attrs["run_dir"] / "results.json").exists()
 
 
 @pytest.mark.parametrize("set_to, cap", [(None, None), ("1", 1), ("999", None), ("x", None)])  # cap: what binds
@@ -320,7 +320,7 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
     assert trials[running.number].state == TrialState.FAIL
     (retry,) = [t for t in trials.values() if t.state == TrialState.WAITING]
     assert retry.user_attrs["run_dir"] == running.user_attrs["run_dir"]
-    interrupted = Path(running.user_attrs["run_dir"]) / "checkpoints" / "interrupted.ckpt"
+    interrupted = tmp_path / "runs" / running.user_attrs["run_dir"] / "checkpoints" / "interrupted.ckpt"
     stopped_at = torch.load(interrupted, weights_only=True)["global_step"]
     assert 5 <= stopped_at < steps
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from lightning_modules.convergence import ConvergenceRule
+from lightning_modules.convergence import classify_stored
 from lightning_modules.errors import UserError
 from ablations.spec import load_spec
 from sweeps.table3 import Table3Plan, make_plan, parse_seeds, queue, select_rows
@@ -220,8 +220,8 @@ def test_every_row_and_seed_is_complete_in_its_own_directory(table: Path):
     assert sorted((t.user_attrs["row"], t.user_attrs["seed"]) for t in done) == \
         sorted((r, s) for r in ROWS for s in (1, 2))
     for t in done:
-        run_dir = Path(t.user_attrs["run_dir"])
-        assert run_dir.name == f"{t.user_attrs['row']}-s{t.user_attrs['seed']}"
+        assert t.user_attrs["run_dir"] == f"table3-tiny/{t.user_attrs['row']}-s{t.user_attrs['seed']}"
+        run_dir = table / "runs" / t.user_attrs["run_dir"]  # relative to --runs-dir
         results = json.loads((run_dir / "results.json").read_text())
         assert results["row"] == t.user_attrs["row"] and results["seed"] == t.user_attrs["seed"]
         assert t.user_attrs["ppl"] == results["ppl"] and t.user_attrs["bleu"] == results["bleu"]
@@ -263,9 +263,7 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     assert set(frame["convergence"]) <= {"still improving", "unknown", "diverged", "unstable"} and \
         frame["convergence"].notna().all()
     assert "Convergence rule: converged = dev PPL improved by less than 1%" in md
-    assert "older convergence rule" not in md  # every run recorded the rule's version, the current one
-    assert {t.user_attrs["convergence_rule"]["version"] for t in trials(table)
-            if t.state == TrialState.COMPLETE} == {ConvergenceRule.VERSION}
+    assert "stored none of the convergence rule's inputs" not in md  # every run stored them
     assert "- **D, regularisation" in md and "- **E, learned" in md
     assert "\\begin{tabular}" in (report / "table3.tex").read_text()
     for name in REPORT_FILES:
@@ -336,52 +334,49 @@ def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_
     assert not (tmp_path / "t3.db").exists() and not (Path(runs) / "table3-tiny" / "report").exists()
 
 
-def test_a_run_classified_under_an_older_rule_is_classified_again_where_its_logs_are(table: Path, tmp_path: Path):
-    """A run that finished before the rule recorded its version (as most of the cpu table's did),
-    with a class the current rule would not give: where its run directory is here (also where a
-    redo set it aside), the report applies the current rule to its logs and names the change;
-    without it, the run keeps its recorded class and the report says so."""
+def test_the_report_classifies_each_run_from_its_stored_inputs_not_its_stored_class(table: Path, tmp_path: Path):
+    """The class a run recorded is its own word at the time; the report decides the class again, by
+    the rule as it is now, from the inputs the run stored (dev-PPL curve, window-mean training
+    losses, warmup, unigram PPL), with no run directory needed. A run that stored no inputs (one
+    trained before runs kept them) is left unclassified, and the report says so."""
     shutil.copy(table / "t3.db", tmp_path / "t3.db")
-    study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{tmp_path}/t3.db")
+    storage = f"sqlite:///{tmp_path}/t3.db"
+    study = optuna.load_study(study_name="table3-tiny", storage=storage)
     d1 = max((t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"),
              key=lambda t: t.number)
-    now, then = d1.user_attrs["convergence"], "diverged"  # the worst class: the row's cell shows it where it stays
-    assert now != then
-    attrs = {**{k: v for k, v in d1.user_attrs.items() if k != "convergence_rule"}, "convergence": then}
-    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=d1.value, params=d1.params,
-                                              distributions=d1.distributions, user_attrs=attrs))
-    number = study.get_trials()[-1].number
-    older = ("1 of the 6 classified runs recorded their class under an older convergence rule (version 1; "
-             f"the rule above is version {ConvergenceRule.VERSION}), which lacked an 'overfitting' class")
+    now, then = d1.user_attrs["convergence"], "diverged"  # the worst class: the row's cell would show it
+    assert now != then and classify_stored(d1.user_attrs).label == now
+    original = pd.read_csv(table / "runs" / "table3-tiny" / "report" / "table3.csv", index_col="row")
+
+    def add(attrs: dict) -> None:  # the newest complete trial of its (row, seed): the one the report uses
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=d1.value, params=d1.params,
+                                                  distributions=d1.distributions, user_attrs=attrs))
 
     def report(name: str) -> tuple[str, pd.DataFrame]:
-        result = ablate("report", "--storage", f"sqlite:///{tmp_path}/t3.db", "--out", str(tmp_path / name),
-                        "--bootstrap", "0")
+        moved = tmp_path / "runs-moved"
+        shutil.move(table / "runs", moved)  # the database alone
+        try:
+            result = ablate("report", "--storage", storage, "--out", str(tmp_path / name), "--bootstrap", "0")
+        finally:
+            shutil.move(moved, table / "runs")
         assert result.returncode == 0, result.stderr[-2000:]
         return (tmp_path / name / "table3.md").read_text(), pd.read_csv(tmp_path / name / "table3.csv", index_col="row")
 
-    run_dir = Path(d1.user_attrs["run_dir"])
-    original = pd.read_csv(table / "runs" / "table3-tiny" / "report" / "table3.csv", index_col="row")
-    aside = run_dir.with_name(f"{run_dir.name}.superseded-t{number}")  # where a redo of it would have put it
-    run_dir.rename(aside)
-    try:
-        md, frame = report("here")
-    finally:
-        aside.rename(run_dir)
-    assert older in md
-    assert (f"1 of them are classified again by the rule above from their logs on this machine (the table "
-            f"shows that class): 1 changed, D1 seed {d1.user_attrs['seed']}: {then} → {now}") in md
+    add({**d1.user_attrs, "convergence": then, "convergence_reason": "a class another rule gave"})
+    md, frame = report("stale")
     assert frame.loc["D1", "convergence"] == original.loc["D1", "convergence"]
+    assert "a class another rule gave" not in md
+    assert "stored none of the convergence rule's inputs" not in md
 
-    moved = tmp_path / "runs-moved"
-    shutil.move(table / "runs", moved)  # the database alone: the recorded class stays
-    try:
-        md, frame = report("elsewhere")
-    finally:
-        shutil.move(moved, table / "runs")
-    assert older in md and "classified again" not in md
-    assert "1 keep the class they recorded (no run directory of theirs with its logs and config.yaml is on this machine)" in md
-    assert frame.loc["D1", "convergence"] == "diverged (1/2)"
+    add({key: value for key, value in d1.user_attrs.items() if key != "train_loss_curve"})  # no inputs
+    md, frame = report("no-inputs")
+    seeds = int(original.loc["D1", "seeds"])
+    assert (f"1 of the {int(original['seeds'].sum())} runs stored none of the convergence rule's inputs "
+            f"(trained before runs kept them), so their class is left blank") in md
+    others = [t.user_attrs["convergence"] for t in study.get_trials()
+              if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"
+              and t.user_attrs["seed"] != d1.user_attrs["seed"]]
+    assert seeds == 2 and frame.loc["D1", "convergence"] == others[-1]  # the other seed's class alone
 
 
 def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Path, tmp_path: Path):

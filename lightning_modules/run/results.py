@@ -63,15 +63,19 @@ class RunResult:
     world_size: int | None = _f("processes (DDP ranks)", trial=True)
     host: str | None = _f("host name")
     group: str | None = _f("group of runs (the sweep's study, else the row)")
-    run_dir: str | None = _f("the run directory", trial=True)
     convergence: str | None = _f("converged | still improving | overfitting | unstable | diverged | unknown "
-                                 "(lightning_modules/convergence.py)", trial=True, column=True, summary=True)
+                                 "(lightning_modules/convergence.py), as the run classified itself; a report "
+                                 "classifies again from the rule's inputs below", trial=True, column=True,
+                                 summary=True)
     convergence_reason: str | None = _f("the numbers behind the convergence class", trial=True)
-    dev_ppl_curve: list[list[float]] | None = _f("[step, dev PPL] at every validation", trial=True)
-    unigram_ppl: float | None = _f("perplexity of the training targets' unigram distribution",
-                                   trial=True, column=True)
-    convergence_rule: dict[str, float] | None = _f("the thresholds and version of the rule the class was "
-                                                   "decided with (no version: version 1)", trial=True)
+    dev_ppl_curve: list[list[float]] | None = _f("[step, dev PPL] at every validation (an input of the "
+                                                 "convergence rule)", trial=True)
+    train_loss_curve: list[list[float]] | None = _f("[step, window-mean training loss] at every log window "
+                                                    "(an input of the convergence rule)", trial=True)
+    warmup_steps: int | None = _f("learning-rate warmup steps (train.warmup_steps; an input of the "
+                                  "convergence rule)", trial=True)
+    unigram_ppl: float | None = _f("perplexity of the training targets' unigram distribution (an input "
+                                   "of the convergence rule)", trial=True, column=True)
     status: str | None = _f("complete or failed")
     reason: str | None = _f("why a failed run failed (e.g. a NaN loss)")
 

@@ -246,7 +246,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
     except NonFiniteLoss as err:
         failed = RunResult(row=cfg.row, preset=cfg.preset, status="failed", reason=str(err),
-                           steps=trainer.global_step, seed=cfg.train.seed, run_dir=str(out.resolve()))
+                           steps=trainer.global_step, seed=cfg.train.seed)
         if trainer.global_rank == 0:
             atomic_write_json(out / RESULTS, failed.to_json())
         raise RunFailed(f"{err}; recorded in {out / RESULTS}. Lower train.lr_scale or raise "
@@ -292,7 +292,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         environment=environment(hardware["precision"], device),
         world_size=trainer.world_size, host=socket.gethostname(), group=group or cfg.row,
-        run_dir=str(out.resolve()), status="complete", **convergence,
+        status="complete", **convergence,
     )
     atomic_write_json(out / RESULTS, results.to_json(), fault="results_write")
     return results
@@ -321,11 +321,11 @@ SUMMARY_KEYS = [("row", "row"), ("params", "params"), ("ppl", "dev PPL"), ("bleu
                 ("tokens_per_s", "target tokens/s")]
 
 
-def summary_table(results: RunResult) -> str:
-    """A short two-column table of the headline numbers."""
+def summary_table(results: RunResult, out: str | Path) -> str:
+    """A short two-column table of the headline numbers, and the run directory `out`."""
     rows = [(label, getattr(results, key)) for key, label in SUMMARY_KEYS]
     rows.append(("sacreBLEU", results.sacrebleu_signature))
-    rows.append(("run directory", results.run_dir))
+    rows.append(("run directory", str(out)))
     width = max(len(label) for label, _ in rows)
     fmt = lambda v: f"{v:,}" if isinstance(v, int) else str(v)  # noqa: E731
     return "\n".join(f"{label.ljust(width)}  {fmt(value)}" for label, value in rows)

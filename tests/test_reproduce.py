@@ -1,0 +1,121 @@
+"""A table's report regenerates byte for byte from its archive in any folder: no run stores the
+absolute path of the machine that trained it, and the report reads nothing but the study (each
+run's class comes from the inputs it stored, by the current rule).
+
+Real tiny runs on the Ding corpus, real SQLite studies, commands run as a user types them (relative
+paths, from the table's folder); the slow test rebuilds the committed cpu table with the two
+commands of its results page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from test_table3 import SMALL
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = Path("reports/results/cpu-converged-2026-11-22")
+
+
+def ablate(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`ablate ARGS` run from `home`, with this checkout's code."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "ablate", *args], cwd=home, capture_output=True, text=True,
+                            timeout=timeout, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def tiny_sitting(home: Path) -> subprocess.CompletedProcess:
+    return ablate(home, "table3", "--preset", "tiny", "--rows", "base,D1", "--seeds", "1", "--workers", "2",
+                  "--storage", "sqlite:///t3.db", "--runs-dir", "runs", "--archive", "archive", "--no-report",
+                  *SMALL)
+
+
+def report(home: Path, out: str) -> dict[str, bytes]:
+    ablate(home, "report", "--storage", "sqlite:///t3.db", "--out", out, "--bootstrap", "100")
+    return files(home / out)
+
+
+def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(tmp_path: Path):
+    """A table trained in one folder, then rebuilt from its archive alone in two others (the first
+    folder gone): no archived file names the folder that trained it, nor does the study made in
+    the others, nothing is trained again, and the reports are byte for byte the first one. The archive's class of one run is made stale (as
+    runs classified by an older rule once were): the report still shows the class of its inputs."""
+    first = tmp_path / "trained-here"
+    first.mkdir()
+    tiny_sitting(first)
+    original = report(first, "report")
+    archive = files(first / "archive")
+    assert archive and not [name for name, data in archive.items() if str(tmp_path).encode() in data]
+
+    stale = json.loads((first / "archive" / "D1-s1" / "results.json").read_text())
+    stale["convergence"], stale["convergence_reason"] = "diverged", "a class another rule gave"
+    (first / "archive" / "D1-s1" / "results.json").write_text(json.dumps(stale, indent=2) + "\n")
+    elsewhere = [tmp_path / "clone", tmp_path / "other" / "machine" / "deeper"]
+    for home in elsewhere:
+        shutil.copytree(first / "archive", home / "archive")
+    shutil.rmtree(first)
+
+    for home in elsewhere:
+        sitting = tiny_sitting(home)
+        assert "restored from archive: base seed 1 (complete), D1 seed 1 (complete)" in sitting.stdout
+        assert "Restoring states" not in "".join(p.read_text() for p in (home / "runs").rglob("trial.log"))
+        study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{home}/t3.db")
+        stored = json.dumps([[t.user_attrs, t.system_attrs] for t in study.get_trials()])
+        assert str(tmp_path) not in stored  # run directories relative to --runs-dir
+        again = report(home, "report")
+        assert again.keys() == original.keys()
+        for name, data in original.items():
+            assert again[name] == data, f"{home}: {name}"
+
+
+@pytest.mark.slow
+def test_the_committed_cpu_report_regenerates_byte_for_byte_in_another_folder(tmp_path: Path):
+    """The committed cpu table, rebuilt in a folder that is not this checkout from a copy of its
+    results folder, with its results page's own two commands: every file of the report (tables,
+    HTML, figures) as committed, and the archive as it was."""
+    home = tmp_path / "elsewhere"
+    committed = REPO / CPU
+    shutil.copytree(committed, home / CPU)
+    archive = files(committed / "archive")
+    ablate(home, "table3", "--preset", "cpu", "--workers", "2", "--study", "table3-cpu-v2",
+           "--storage", "sqlite:///runs/table3-cpu.db", "--runs-dir", "runs/table3", "--no-wandb",
+           "--archive", str(CPU / "archive"), timeout=3600)
+    ablate(home, "report", "--storage", "sqlite:///runs/table3-cpu.db", "--study", "table3-cpu-v2",
+           "--out", str(CPU), timeout=1200)
+    for name in ["table3.md", "table3.csv", "table3.tex", "report.html",
+                 *(f"figures/{p.name}" for p in sorted((committed / "figures").glob("*.png")))]:
+        assert (home / CPU / name).read_bytes() == (committed / name).read_bytes(), name
+    assert files(home / CPU / "archive") == archive
+
+
+def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
+    """Results and logs under reports/results and benchmarks/results name places relative to the
+    repository (`<repo>/...`, `<scratch>/...` in device logs), never a machine's absolute path (the
+    scripts that ran there keep the scratch folders they chose)."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "reports/results", "benchmarks/results"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for name in listed:
+        path = REPO / name
+        if path.suffix in (".py", ".sh", ".png") or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if any(root in line for root in ("/work/", "/tmp/", "/root/", "/home/")):
+                found.append(f"{name}:{number}")
+    assert not found, found
