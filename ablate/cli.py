@@ -230,7 +230,8 @@ def cmd_table3(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from reports.build import build_report
 
-    written = build_report(args.storage, args.study, args.out, wandb=args.wandb, bootstrap=args.bootstrap)
+    written = build_report(args.storage, args.study, args.out, wandb=args.wandb, bootstrap=args.bootstrap,
+                           runs_dir=args.runs_dir)
     print(f"report: {', '.join(str(p) for p in written)}")
     return 0
 
@@ -446,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--study", help="the Table 3 study (default: the only one in the storage)")
     p.add_argument("--out", required=True, help="directory for table3.md/.csv/.tex, report.html and figures")
+    p.add_argument("--runs-dir", default="runs/table3",
+                   help="where the table's run directories are (default runs/table3): only the A group's "
+                        "attention figure reads them; everything else comes from the database")
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="paired-bootstrap resamples for BLEU against base (default 1000; 0 = none)")
     p.add_argument("--wandb", choices=["auto", "online", "offline", "off"], default="off",

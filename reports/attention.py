@@ -135,17 +135,18 @@ def group_attention_figure(rows: list[tuple[str, np.ndarray, list[str]]]) -> plt
     return fig
 
 
-def group_attention_pictures(runs) -> dict[str, bytes]:
+def group_attention_pictures(runs, runs_dir: str | Path | None) -> dict[str, bytes]:
     """`attention_A.png` for the report: base and each row of group A (first seed), from the
-    `attention.npz` each finished run keeps in its run directory; nothing when base or no A row
-    has one here (the run directories are on another machine, or the runs predate the file)."""
-    if "run_dir" not in getattr(runs, "columns", ()):
+    `attention.npz` each finished run keeps in its run directory under `runs_dir` (trials name it
+    relative to that); nothing without `runs_dir`, or when base or no A row has one there (the
+    run directories are on another machine, or the runs predate the file)."""
+    if runs_dir is None or "run_dir" not in getattr(runs, "columns", ()):
         return {}
     rows = []
     for _, run in runs.sort_values("seed").drop_duplicates("row").iterrows():
         if run["row"] != "base" and run["group"] != "A":
             continue
-        path = Path(str(run["run_dir"] or "")) / ATTENTION_FILE
+        path = Path(runs_dir) / str(run["run_dir"] or "") / ATTENTION_FILE
         if not path.is_file():
             continue
         from lightning_modules.run.attention import KINDS, load_attention  # torch: only where a file is

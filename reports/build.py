@@ -182,8 +182,10 @@ def markdown_report(title: str, cap: str, frame: pd.DataFrame, summary_lines: Se
 
 
 def build_report(storage: str, study: str | None, out: str | Path, wandb: str = "off",
-                 bootstrap: int = 1000) -> list[Path]:
-    """Write the report files into `out` and return their paths."""
+                 bootstrap: int = 1000, runs_dir: str | Path | None = None) -> list[Path]:
+    """Write the report files into `out` and return their paths. Everything comes from the
+    database, except the A group's attention figure, drawn from the runs' `attention.npz` where
+    `runs_dir` holds their run directories."""
     if bootstrap < 0:
         raise UserError(f"--bootstrap must be 0 or more, got {bootstrap}")
     check_writable_dir(out, "the report")
@@ -200,7 +202,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     cap = caption(data, frame)
     summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data)
     method_lines = methods(data, frame, bootstrap)
-    pictures = {**figs.render_all(frame, data.curves), **group_attention_pictures(data.runs)}
+    pictures = {**figs.render_all(frame, data.curves), **group_attention_pictures(data.runs, runs_dir)}
 
     written: list[Path] = []
 

@@ -35,4 +35,5 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
         return outcome
     from reports.build import build_report  # pandas, matplotlib: once the table is done
 
-    return replace(outcome, report=build_report(plan.storage, plan.study, folder, wandb=wandb_report))
+    return replace(outcome, report=build_report(plan.storage, plan.study, folder, wandb=wandb_report,
+                                                  runs_dir=plan.runs_dir))

@@ -233,11 +233,13 @@ def test_finished_run_keeps_its_fixed_sentences_attention(run_dir: Path, loaded)
 def test_group_a_figure_puts_every_rows_heads_side_by_side(run_dir: Path):
     import pandas as pd
 
-    runs = pd.DataFrame([{"row": "A1", "group": "A", "seed": 1, "run_dir": str(run_dir)},
-                         {"row": "base", "group": "base", "seed": 1, "run_dir": str(run_dir)},
-                         {"row": "D1", "group": "D", "seed": 1, "run_dir": str(run_dir)}])
-    assert group_attention_pictures(runs)["attention_A.png"].startswith(b"\x89PNG")
-    assert group_attention_pictures(runs[runs["row"] != "base"]) == {}
+    place = run_dir.name  # trials name their run directory relative to the runs directory
+    runs = pd.DataFrame([{"row": "A1", "group": "A", "seed": 1, "run_dir": place},
+                         {"row": "base", "group": "base", "seed": 1, "run_dir": place},
+                         {"row": "D1", "group": "D", "seed": 1, "run_dir": place}])
+    assert group_attention_pictures(runs, run_dir.parent)["attention_A.png"].startswith(b"\x89PNG")
+    assert group_attention_pictures(runs[runs["row"] != "base"], run_dir.parent) == {}
+    assert group_attention_pictures(runs, None) == {}  # the database alone: no figure
     weights, source, _, _ = load_attention(run_dir / ATTENTION_FILE)
     rows = [("base", weights[KINDS[0]], source), ("A1", weights[KINDS[0]][:, :1], source)]
     assert len(group_attention_figure(rows).axes) == 4 + 1
