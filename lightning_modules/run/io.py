@@ -159,5 +159,5 @@ def set_aside(path: str | Path, why: str) -> Path:
         path.replace(target)
     except FileNotFoundError:
         return target
-    print(f"ablate: warning: {path} is damaged ({why}); set aside as {target.name}", file=sys.stderr, flush=True)
+    print(f"ablate: warning: {path} is damaged; set aside as {target.name} ({why})", file=sys.stderr, flush=True)
     return target

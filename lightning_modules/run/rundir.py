@@ -1,6 +1,6 @@
 """What makes a folder one of our run directories, and who is training it now.
 
-**The marker.** A run writes `ablate-run.json` (`{"format": "ablate run directory", "id": ...}`)
+**The marker.** A run writes `ablate-run.json` (`{"format": "ablate run directory"}`)
 into its folder when it first takes it, and only into a folder that is new or empty. A folder that
 holds anything else and no marker is not ours: `ablate train --out DIR` refuses it in one line, so
 a user's own `results.json`, `logs/` or translations are never overwritten. What a folder holds is
@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import socket
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,7 +51,7 @@ def is_ours(out: Path, kind: str = "run") -> bool:
 def mark(out: Path, kind: str = "run") -> None:
     """Write the marker of `kind` into `out` (a folder this process has just made ours)."""
     if not is_ours(out, kind):
-        atomic_write_json(_marker(out, kind), {"format": f"ablate {kind} directory", "id": uuid.uuid4().hex})
+        atomic_write_json(_marker(out, kind), {"format": f"ablate {kind} directory"})  # no id: the same bytes
 
 
 def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
