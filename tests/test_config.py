@@ -227,11 +227,34 @@ def test_wrong_type_is_a_user_error(override, key):
         resolve("tiny", "base", overrides=[override])
 
 
-@pytest.mark.parametrize("override", ["dropout=1.5", "label_smoothing=-0.1", "positional=rope",
+@pytest.mark.parametrize("override", ["dropout=1.5", "label_smoothing=-0.1", "positional=alibi",
                                       "d_ff=0", "beam_size=0"])
 def test_invalid_values_are_user_errors(override):
     with pytest.raises(UserError):
         resolve("tiny", "base", overrides=[override])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("norm_position=sandwich", "model.norm_position must be one of post, pre; got 'sandwich'"),
+    ("norm=batchnorm", "model.norm must be one of layernorm, rmsnorm; got 'batchnorm'"),
+    ("activation=swish", "model.activation must be one of relu, gelu, swiglu, geglu; got 'swish'"),
+    ("positional=alibi", "model.positional must be one of sinusoidal, learned, rope; got 'alibi'"),
+    ("tie_embeddings=encoder", "model.tie_embeddings must be one of all, decoder, none; got 'encoder'"),
+    ("scale_embeddings=maybe", "model.scale_embeddings"),
+    ("n_kv_heads=0", "model.n_kv_heads must be positive, got 0"),
+    ("n_kv_heads=3", "model.n_kv_heads=3 does not divide model.n_heads=8"),
+    ("n_kv_heads=16", "model.n_kv_heads=16 does not divide model.n_heads=8"),
+])
+def test_a_bad_modification_knob_is_one_line(override, message):
+    with pytest.raises(UserError) as err:
+        resolve("tiny", "base", overrides=[override])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rotary_positions_need_an_even_key_size():
+    with pytest.raises(UserError, match="even model.d_k, got 5"):
+        resolve("tiny", "base", overrides=["positional=rope", "d_k=5"])
+    assert resolve("tiny", "base", overrides=["positional=rope", "d_k=6"]).model.d_k == 6
 
 
 def test_precision_and_accelerator_names_are_lightnings():
