@@ -404,6 +404,18 @@ def model_identity(model: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in asdict(built).items() if k not in TOKENIZER_KEYS}
 
 
+MODIFICATION_KEYS = ("norm_position", "norm", "activation", "tie_embeddings", "scale_embeddings", "n_kv_heads")
+
+
+def modifications(c: TransformerConfig) -> str:
+    """The later modifications' knobs where `c` differs from the paper's model, 'norm=rmsnorm,
+    n_kv_heads=1' ('' for the paper's; positions, row E's knob too, are shown on their own)."""
+    paper = TransformerConfig(n_heads=c.n_heads, d_model=c.d_model, d_k=c.d_k, d_v=c.d_v)
+    changed = [(key, getattr(c, key)) for key in MODIFICATION_KEYS if getattr(c, key) != getattr(paper, key)]
+    return ", ".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+                     for key, value in changed)
+
+
 def count_parameters(c: TransformerConfig) -> int:
     """Closed-form parameter count of `Transformer(c)` (weights + biases, every knob)."""
     d, h, g = c.d_model, c.n_heads, c.n_kv_heads
