@@ -242,5 +242,41 @@ def test_unscaled_embeddings_are_the_table_plus_positions():
     torch.testing.assert_close(unscaled.embedding.weight, scaled.embedding.weight)  # same init
 
 
+# --------------------------------------------------------------------------- the shipped table
+
+
+def test_modifications_table_reads_without_a_paper_column():
+    import pandas as pd
+
+    from ablations.spec import load_spec
+    from reports.collect import Table3Data
+    from reports.table3 import changes, table3_frame
+    from reports.verdicts import verdicts
+
+    spec = load_spec("ablations/modifications.yaml")
+    assert {row.get("group") for row in spec.values()} == {"base", "normalisation", "feed-forward", "positions",
+                                                          "embeddings", "attention-heads", "modern"}
+    assert not any("paper" in row for row in spec.values())  # no number we could not verify
+    base_ppl = [24.0, 24.1, 23.9]
+    diffs = {"base": [0.0] * 3, "pre_ln": [-2.01, -2.0, -1.99], "rmsnorm": [-0.3, 0.2, 0.25], "swiglu": [1.4, 1.5, 1.6]}
+    runs = pd.DataFrame.from_records(
+        {"row": row, "seed": seed, "ppl": b + d, "bleu": 4.0, "params": 480_000,
+         "train_time_s": 600.0, "tokens_per_s": 900.0, "steps": 500}
+        for row, ds in diffs.items() for seed, b, d in zip((1, 2, 3), base_ppl, ds))
+    frame = table3_frame(Table3Data(study="t", storage="sqlite://", preset="demo", overrides=[], setup={},
+                                    runs=runs, spec={row: spec[row] for row in diffs}))
+    said = verdicts(frame)
+    assert list(said) == ["normalisation", "feed-forward"]
+    assert said["normalisation"].startswith(
+        "normalisation, pre-LN or RMSNorm instead of post-LN LayerNorm: lower PPL than base beyond seed noise: "
+        "pre_ln -2.00 PPL")
+    assert said["normalisation"].endswith("within seed noise: rmsnorm.")
+    assert "paper" not in said["normalisation"] and "paper" not in said["feed-forward"]
+    assert said["feed-forward"].startswith("feed-forward, GELU or a gated FFN instead of ReLU: higher PPL")
+    base = frame.attrs["base_configuration"]
+    assert changes(frame.loc["pre_ln"], base) == "norm_position pre"
+    assert changes(frame.loc["swiglu"], base) == "d_ff 1365, activation swiglu"
+
+
 if __name__ == "__main__":
     TRACE.write_text(json.dumps({"losses": paper_loss_trace()}, indent=1) + "\n")
