@@ -109,11 +109,10 @@ class Derived:
 class TransformerConfig:
     """Architecture of the encoder-decoder Transformer (names follow the paper).
 
-    `d_k` and `d_v` read as d_model / h and `n_kv_heads` as h unless set (see `Derived`); the
-    knobs after `pad_id` are later modifications (docs/modifications.md), the paper's by default.
-    `vocab_size` and `pad_id`
-    belong to the tokenizer (`TOKENIZER_KEYS`): a run sets them from its BPE model
-    (`with_vocabulary`), a user sets data.vocab_size.
+    `d_k` and `d_v` read as d_model / h and `n_kv_heads` as h unless set (see `Derived`);
+    `vocab_size` and `pad_id` belong to the tokenizer (`TOKENIZER_KEYS`): a run sets them from its
+    BPE model (`with_vocabulary`), a user sets data.vocab_size. The knobs after `pad_id` are later
+    modifications (docs/modifications.md), the paper's model by default.
     """
 
     n_layers: int = 6  # N, in both encoder and decoder
