@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.config import ScaleConfig, TransformerConfig, count_parameters
+from lightning_modules.config import MODIFICATION_KEYS, ScaleConfig, TransformerConfig, count_parameters, modifications
 from ablations.spec import load_preset, load_spec, row_settings
 
 
@@ -25,21 +25,26 @@ def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -
         n = count_parameters(c)
         table.append({"row": row, "group": entry.get("group", row), "N": c.n_layers, "d_model": c.d_model,
                       "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k, "d_v": c.d_v,
-                      "positional": c.positional, "params": n, "params_M": round(n / 1e6, 1),
+                      "positional": c.positional, **{key: getattr(c, key) for key in MODIFICATION_KEYS},
+                      "modifications": modifications(c), "params": n, "params_M": round(n / 1e6, 1),
                       "paper_params": (entry.get("paper") or {}).get("params_m")})
     return table
 
 
 def format_params(table: list[dict], vocab_size: int) -> str:
-    """Plain-text table of every row's architecture and parameter count."""
+    """Plain-text table of every row's architecture and parameter count (the later modifications'
+    knobs in a column of their own where a row sets one)."""
     cols = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "positional", "params", "params_M", "paper_params"]
+    if any(entry["modifications"] for entry in table):
+        cols.insert(cols.index("params"), "modifications")
     head = {"paper_params": "paper (M)", "params_M": "ours (M)"}
     cells = [[head.get(c, c) for c in cols]]
     for entry in table:
         cells.append(["" if entry.get(c) is None else
                       (f"{entry[c]:,}" if c == "params" else str(entry[c])) for c in cols])
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
-    lines = ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+    left = {0, cols.index("modifications")} if "modifications" in cols else {0}
+    lines = ["  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
              for r in cells]
     lines.insert(1, "-" * len(lines[0]))
     return f"Parameters with a shared vocabulary of {vocab_size:,} (paper: printed values)\n" + "\n".join(lines)

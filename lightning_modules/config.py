@@ -14,7 +14,13 @@ import yaml
 
 from lightning_modules.errors import UserError
 
-POSITIONAL_KINDS = ("sinusoidal", "learned")
+POSITIONAL_KINDS = ("sinusoidal", "learned", "rope")
+# The later modifications' knobs (docs/modifications.md); each tuple's first value is the paper's.
+NORM_POSITIONS = ("post", "pre")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+TIE_EMBEDDINGS = ("all", "decoder", "none")
 CORPORA = ("ding", "files", "multi30k", "wmt14")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT; tests/test_config.py
@@ -73,15 +79,18 @@ def _unit_interval(owner: str, **values: float) -> None:
             raise UserError(f"{owner}.{name} must be in [0, 1), got {value!r}")
 
 
-class HeadSize:
-    """A per-head size (d_k or d_v): the value set explicitly, else d_model / h, computed on every
-    read and never stored.
+class Derived:
+    """A value derived from other fields unless set explicitly (d_k and d_v: d_model / h;
+    n_kv_heads: h), computed on every read and never stored.
 
     The explicit value (None when not set) is what `requested_model` returns and what a saved
-    config.yaml holds, so changing d_model or h later derives the head size again instead of
-    keeping the one derived for the old width. (A dataclass field whose default is a descriptor:
+    config.yaml holds, so changing d_model or h later derives the value again instead of
+    keeping the one derived for the old model. (A dataclass field whose default is a descriptor:
     `TransformerConfig.d_k` on the class is None, the field's default.)
     """
+
+    def __init__(self, derive: Any) -> None:
+        self.derive = derive
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.slot = f"_{name}_set"
@@ -90,7 +99,7 @@ class HeadSize:
         if obj is None:
             return None
         value = obj.__dict__.get(self.slot)
-        return obj.d_model // obj.n_heads if value is None else value
+        return self.derive(obj) if value is None else value
 
     def __set__(self, obj: Any, value: int | None) -> None:
         obj.__dict__[self.slot] = value
@@ -100,56 +109,80 @@ class HeadSize:
 class TransformerConfig:
     """Architecture of the encoder-decoder Transformer (names follow the paper).
 
-    `d_k` and `d_v` read as d_model / h unless set (see `HeadSize`); `vocab_size` and `pad_id`
-    belong to the tokenizer (`TOKENIZER_KEYS`): a run sets them from its BPE model
-    (`with_vocabulary`), a user sets data.vocab_size.
+    `d_k` and `d_v` read as d_model / h and `n_kv_heads` as h unless set (see `Derived`);
+    `vocab_size` and `pad_id` belong to the tokenizer (`TOKENIZER_KEYS`): a run sets them from its
+    BPE model (`with_vocabulary`), a user sets data.vocab_size. The knobs after `pad_id` are later
+    modifications (docs/modifications.md), the paper's model by default.
     """
 
     n_layers: int = 6  # N, in both encoder and decoder
     d_model: int = 512
     d_ff: int = 2048
     n_heads: int = 8  # h
-    d_k: int | None = HeadSize()  # type: ignore[assignment]  # per-head query/key size; default d_model / h
-    d_v: int | None = HeadSize()  # type: ignore[assignment]  # per-head value size; default d_model / h
+    # per-head query/key and value sizes; default d_model / h
+    d_k: int | None = Derived(lambda c: c.d_model // c.n_heads)  # type: ignore[assignment]
+    d_v: int | None = Derived(lambda c: c.d_model // c.n_heads)  # type: ignore[assignment]
     dropout: float = 0.1  # P_drop
     label_smoothing: float = 0.1  # eps_ls
-    positional: str = "sinusoidal"  # "sinusoidal" | "learned"
+    positional: str = "sinusoidal"  # "sinusoidal" | "learned" | "rope" (rotary, in self-attention)
     max_len: int = 512  # longest sequence (positions) the model accepts
     vocab_size: int = 37000  # shared source/target vocabulary
     pad_id: int = 0
+    norm_position: str = "post"  # "post": LN(x + Sublayer(x)) | "pre": x + Sublayer(LN(x)), final LN
+    norm: str = "layernorm"  # "layernorm" | "rmsnorm"
+    # "relu" | "gelu" | "swiglu" | "geglu"; gated: d_ff is the width of each of its two input projections
+    activation: str = "relu"
+    # one matrix for "all" of encoder input, decoder input and pre-softmax; "decoder": decoder input
+    # and pre-softmax only; "none": three matrices
+    tie_embeddings: str = "all"
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
+    # key/value heads, each shared by n_heads / n_kv_heads query heads: 1 = multi-query,
+    # a divisor of h = grouped-query; default h
+    n_kv_heads: int | None = Derived(lambda c: c.n_heads)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         _positive("model", n_layers=self.n_layers, d_model=self.d_model, d_ff=self.d_ff,
                   n_heads=self.n_heads, max_len=self.max_len, vocab_size=self.vocab_size)
-        if self.derived_keys() and self.d_model % self.n_heads:
+        if set(self.derived_keys()) & set(HEAD_SIZE_KEYS) and self.d_model % self.n_heads:
             raise UserError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads="
                 f"{self.n_heads}; set model.d_k and model.d_v explicitly")
         _positive("model", d_k=self.d_k, d_v=self.d_v)
         _unit_interval("model", dropout=self.dropout, label_smoothing=self.label_smoothing)
-        if self.positional not in POSITIONAL_KINDS:
-            raise UserError(f"model.positional must be one of {', '.join(POSITIONAL_KINDS)}, "
-                            f"got {self.positional!r}")
+        for key, choices in (("positional", POSITIONAL_KINDS), ("norm_position", NORM_POSITIONS),
+                             ("norm", NORMS), ("activation", ACTIVATIONS),
+                             ("tie_embeddings", TIE_EMBEDDINGS)):
+            _one_of(f"model.{key}", getattr(self, key), choices)
+        if not isinstance(self.scale_embeddings, bool):
+            raise UserError(f"model.scale_embeddings must be true or false, got {self.scale_embeddings!r}")
+        _positive("model", n_kv_heads=self.n_kv_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise UserError(f"model.n_kv_heads={self.n_kv_heads} does not divide model.n_heads="
+                            f"{self.n_heads}: each key/value head serves an equal group of query heads")
+        if self.positional == "rope" and self.d_k % 2:
+            raise UserError(f"model.positional=rope rotates pairs of query/key dimensions: it needs an "
+                            f"even model.d_k, got {self.d_k}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise UserError(f"model.pad_id={self.pad_id} is outside the vocabulary "
                             f"(size {self.vocab_size})")
 
     def derived_keys(self) -> tuple[str, ...]:
-        """The head sizes not set explicitly (they read as d_model / h)."""
-        return tuple(k for k in HEAD_SIZE_KEYS if self.__dict__.get(f"_{k}_set") is None)
+        """The derived keys not set explicitly (head sizes read as d_model / h, n_kv_heads as h)."""
+        return tuple(k for k in DERIVED_KEYS if self.__dict__.get(f"_{k}_set") is None)
 
     def requested(self) -> dict[str, Any]:
-        """The fields as set: derived head sizes are None (`asdict` gives the values in use)."""
+        """The fields as set: derived keys are None (`asdict` gives the values in use)."""
         values = asdict(self)
         values.update({key: None for key in self.derived_keys()})
         return values
 
     def with_vocabulary(self, vocab_size: int, pad_id: int) -> "TransformerConfig":
-        """The same architecture (explicit and derived head sizes alike) for a tokenizer's vocabulary."""
+        """The same architecture (explicit and derived keys alike) for a tokenizer's vocabulary."""
         return TransformerConfig(**{**self.requested(), "vocab_size": vocab_size, "pad_id": pad_id})
 
 
 HEAD_SIZE_KEYS = ("d_k", "d_v")  # derived from d_model / h unless set
+DERIVED_KEYS = (*HEAD_SIZE_KEYS, "n_kv_heads")  # n_kv_heads: h unless set
 TOKENIZER_KEYS = ("vocab_size", "pad_id")  # a run's tokenizer decides them, never its config
 
 
@@ -373,17 +406,32 @@ def model_identity(model: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in asdict(built).items() if k not in TOKENIZER_KEYS}
 
 
+MODIFICATION_KEYS = ("norm_position", "norm", "activation", "tie_embeddings", "scale_embeddings", "n_kv_heads")
+
+
+def modifications(c: TransformerConfig) -> str:
+    """The later modifications' knobs where `c` differs from the paper's model, 'norm=rmsnorm,
+    n_kv_heads=1' ('' for the paper's; positions, row E's knob too, are shown on their own)."""
+    paper = TransformerConfig(n_heads=c.n_heads, d_model=c.d_model, d_k=c.d_k, d_v=c.d_v)
+    changed = [(key, getattr(c, key)) for key in MODIFICATION_KEYS if getattr(c, key) != getattr(paper, key)]
+    return ", ".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+                     for key, value in changed)
+
+
 def count_parameters(c: TransformerConfig) -> int:
-    """Closed-form parameter count of `Transformer(c)` (weights + biases, tied embedding)."""
-    d, h = c.d_model, c.n_heads
-    attention = d * h * c.d_k + h * c.d_k + d * h * (c.d_k + c.d_v) + h * (c.d_k + c.d_v) \
+    """Closed-form parameter count of `Transformer(c)` (weights + biases, every knob)."""
+    d, h, g = c.d_model, c.n_heads, c.n_kv_heads
+    attention = d * h * c.d_k + h * c.d_k + d * g * (c.d_k + c.d_v) + g * (c.d_k + c.d_v) \
         + h * c.d_v * d + d
-    ffn = d * c.d_ff + c.d_ff + c.d_ff * d + d
-    norm = 2 * d
+    input_projections = 2 if c.activation in GATED_ACTIVATIONS else 1
+    ffn = input_projections * (d * c.d_ff + c.d_ff) + c.d_ff * d + d
+    norm = 2 * d if c.norm == "layernorm" else d  # RMSNorm: a gain, no bias
     encoder_layer = attention + ffn + 2 * norm
     decoder_layer = 2 * attention + ffn + 3 * norm
+    final_norms = 2 * norm if c.norm_position == "pre" else 0
     positions = 2 * c.max_len * d if c.positional == "learned" else 0
-    return c.vocab_size * d + positions + c.n_layers * (encoder_layer + decoder_layer)
+    embeddings = {"all": 1, "decoder": 2, "none": 3}[c.tie_embeddings] * c.vocab_size * d
+    return embeddings + positions + c.n_layers * (encoder_layer + decoder_layer) + final_norms
 
 
 def to_yaml(cfg: RunConfig) -> str:

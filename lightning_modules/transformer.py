@@ -1,49 +1,105 @@
 """The encoder-decoder Transformer of Vaswani et al. (2017), one class per sub-layer of the paper.
 
-Post-LN sub-layers, LayerNorm(x + Dropout(Sublayer(x))); dropout on embeddings + positions; one
-embedding matrix shared by the encoder input, the decoder input and the pre-softmax projection,
-scaled by sqrt(d_model); biases in every linear layer; no final LayerNorm. Queries and keys are
-projected to h·d_k and values to h·d_v, independent of d_model (rows A and B of Table 3).
+By default the paper's model: post-LN sub-layers, LayerNorm(x + Dropout(Sublayer(x))); dropout on
+embeddings + positions; one embedding matrix shared by the encoder input, the decoder input and
+the pre-softmax projection, scaled by sqrt(d_model); biases in every linear layer; no final
+LayerNorm. Queries and keys are projected to h·d_k and values to h·d_v, independent of d_model
+(rows A and B of Table 3).
+
+The later modifications (`TransformerConfig`'s knobs after `pad_id`, docs/modifications.md)
+swap one piece each: pre-LN with a final norm (Xiong et al. 2020), RMSNorm (Zhang & Sennrich
+2019), GELU and gated feed-forward networks (Shazeer 2020), rotary positions (Su et al. 2021),
+untied embeddings, no embedding scale, and fewer key/value heads (Shazeer 2019; Ainslie et al.
+2023). Every linear layer keeps its bias, as in the paper's model, whatever the knobs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lightning_modules.config import TransformerConfig, count_parameters  # noqa: F401 (exported)
+from lightning_modules.config import GATED_ACTIVATIONS, TransformerConfig, count_parameters  # noqa: F401 (exported)
 
 # Per-layer key/value cache for incremental decoding: {"self_k", "self_v", "cross_k", "cross_v"}.
 LayerCache = dict[str, Tensor]
 MASK_ALIGNMENT = 8  # SDPA's CUDA kernels want a mask's row stride a multiple of 8 elements
+ROPE_BASE = 10000.0  # theta_i = 10000^(-2i/d), as the sinusoids of section 3.5
+
+
+def check_length(length: int, max_len: int) -> None:
+    if length > max_len:
+        raise ValueError(f"sequence of length {length} exceeds model.max_len={max_len}")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary positions (Su et al. 2021, eq. 34): each pair (x_2i, x_2i+1) of a query or key at
+    position m is rotated by the angle m·theta_i, theta_i = 10000^(-2i/d_k), so that the dot
+    product of a query at m and a key at n depends on m - n only."""
+
+    def __init__(self, d_head: int, max_len: int) -> None:
+        super().__init__()
+        theta = ROPE_BASE ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)
+        angles = torch.arange(max_len, dtype=torch.float32)[:, None] * theta  # (max_len, d_head / 2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """(B, h, T, d_head) at positions offset .. offset + T - 1 -> the same, rotated."""
+        length = x.size(2)
+        check_length(offset + length, self.cos.size(0))
+        cos = self.cos[offset: offset + length].to(x.dtype)
+        sin = self.sin[offset: offset + length].to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
 class MultiHeadAttention(nn.Module):
-    """h heads of scaled dot-product attention (section 3.2.2), via PyTorch's SDPA kernels."""
+    """h heads of scaled dot-product attention (section 3.2.2), via PyTorch's SDPA kernels.
 
-    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int) -> None:
+    With g = `n_kv_heads` < h, keys and values are projected for g heads only, and query heads
+    i·h/g .. (i+1)·h/g - 1 share key/value head i (g = 1: multi-query, Shazeer 2019; a divisor of
+    h: grouped-query, Ainslie et al. 2023); the cache holds the g heads. `rotary` rotates queries
+    and keys by their positions (self-attention only).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, n_kv_heads: int | None = None,
+                 rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
         self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.rotary = rotary
         self.w_q = nn.Linear(d_model, n_heads * d_k)
-        self.w_kv = nn.Linear(d_model, n_heads * (d_k + d_v))  # K and V projections, fused
+        self.w_kv = nn.Linear(d_model, self.n_kv_heads * (d_k + d_v))  # K and V projections, fused
         self.w_o = nn.Linear(n_heads * d_v, d_model)
 
-    def _split(self, x: Tensor, d_head: int) -> Tensor:
-        """(B, T, h·d) -> (B, h, T, d)."""
-        return x.unflatten(-1, (self.n_heads, d_head)).transpose(1, 2)
+    @staticmethod
+    def _split(x: Tensor, heads: int, d_head: int) -> Tensor:
+        """(B, T, heads·d) -> (B, heads, T, d)."""
+        return x.unflatten(-1, (heads, d_head)).transpose(1, 2)
 
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of `x`, each (B, h, T, d_k or d_v)."""
-        k, v = self.w_kv(x).split([self.n_heads * self.d_k, self.n_heads * self.d_v], dim=-1)
-        return self._split(k, self.d_k), self._split(v, self.d_v)
+    def project_kv(self, x: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """Keys and values of `x` (at positions offset ..), each (B, g, T, d_k or d_v)."""
+        g = self.n_kv_heads
+        k, v = self.w_kv(x).split([g * self.d_k, g * self.d_v], dim=-1)
+        k = self._split(k, g, self.d_k)
+        if self.rotary is not None:
+            k = self.rotary(k, offset)
+        return k, self._split(v, g, self.d_v)
 
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-               is_causal: bool = False) -> Tensor:
-        """Queries from `x` attend over precomputed keys/values; `mask` is True where allowed."""
-        q = self._split(self.w_q(x), self.d_k)
+               is_causal: bool = False, offset: int = 0) -> Tensor:
+        """Queries from `x` (at positions offset ..) attend over precomputed keys/values (g heads
+        each); `mask` is True where allowed."""
+        q = self._split(self.w_q(x), self.n_heads, self.d_k)
+        if self.rotary is not None:
+            q = self.rotary(q, offset)
+        if self.n_kv_heads != self.n_heads:  # each key/value head serves h / g query heads
+            group = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         return self.w_o(out.transpose(1, 2).flatten(2))
 
@@ -54,41 +110,90 @@ class MultiHeadAttention(nn.Module):
 
 
 class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3); with GELU (Hendrycks & Gimpel 2016)
+    instead of max(0, .) for activation "gelu"."""
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
         super().__init__()
+        self.activation = F.gelu if activation == "gelu" else F.relu
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(F.relu(self.w_1(x)))
+        return self.w_2(self.activation(self.w_1(x)))
+
+
+class GatedFeedForward(nn.Module):
+    """FFN_GLU(x) = (act(x W1 + b1) ⊙ (x V + c)) W2 + b2 (Shazeer 2020): act = Swish_1 (SiLU) for
+    SwiGLU, GELU for GeGLU; d_ff is the width of each of the two input projections."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str) -> None:
+        super().__init__()
+        self.activation = F.silu if activation == "swiglu" else F.gelu
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.v = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(self.activation(self.w_1(x)) * self.v(x))
+
+
+def feed_forward(c: TransformerConfig) -> nn.Module:
+    if c.activation in GATED_ACTIVATIONS:
+        return GatedFeedForward(c.d_model, c.d_ff, c.activation)
+    return PositionwiseFeedForward(c.d_model, c.d_ff, c.activation)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x) = g ⊙ x / sqrt(mean_i(x_i²) + eps) (Zhang & Sennrich 2019): LayerNorm's rescaling
+    without its centring and without a bias."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def norm_layer(c: TransformerConfig) -> nn.Module:
+    return RMSNorm(c.d_model) if c.norm == "rmsnorm" else nn.LayerNorm(c.d_model)
 
 
 class SublayerConnection(nn.Module):
-    """Residual connection then layer norm: LayerNorm(x + Dropout(Sublayer(x))) (post-LN)."""
-
-    def __init__(self, d_model: int, dropout: float) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
-        return self.norm(x + self.dropout(sublayer_out))
-
-
-class EncoderLayer(nn.Module):
-    """Self-attention, then the feed-forward network, each in a post-LN sub-layer."""
+    """A residual sub-layer. Post-LN (the paper): LayerNorm(x + Dropout(Sublayer(x))); pre-LN
+    (Xiong et al. 2020): x + Dropout(Sublayer(LayerNorm(x))). The norm is `c.norm`'s."""
 
     def __init__(self, c: TransformerConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
-        self.sublayers = nn.ModuleList(SublayerConnection(c.d_model, c.dropout) for _ in range(2))
+        self.pre = c.norm_position == "pre"
+        self.norm = norm_layer(c)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.pre:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+def self_attention(c: TransformerConfig) -> MultiHeadAttention:
+    rotary = RotaryEmbedding(c.d_k, c.max_len) if c.positional == "rope" else None
+    return MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v, c.n_kv_heads, rotary)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then the feed-forward network, each in a residual sub-layer."""
+
+    def __init__(self, c: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = self_attention(c)
+        self.feed_forward = feed_forward(c)
+        self.sublayers = nn.ModuleList(SublayerConnection(c) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        x = self.sublayers[0](x, self.self_attn(x, x, src_mask))
-        return self.sublayers[1](x, self.feed_forward(x))
+        x = self.sublayers[0](x, lambda y: self.self_attn(y, y, src_mask))
+        return self.sublayers[1](x, self.feed_forward)
 
 
 class DecoderLayer(nn.Module):
@@ -96,29 +201,35 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, c: TransformerConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
-        self.sublayers = nn.ModuleList(SublayerConnection(c.d_model, c.dropout) for _ in range(3))
+        self.self_attn = self_attention(c)
+        # cross-attention: no rotary (queries and keys come from different sequences)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v, c.n_kv_heads)
+        self.feed_forward = feed_forward(c)
+        self.sublayers = nn.ModuleList(SublayerConnection(c) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor,
-                cache: LayerCache | None = None) -> Tensor:
-        """Full sequence (cache=None, causal mask) or one new position per call (with cache)."""
+                cache: LayerCache | None = None, position: int = 0) -> Tensor:
+        """Full sequence (cache=None, causal mask) or one new position per call (with cache),
+        `position` its index in the target."""
         if cache is None:
-            x = self.sublayers[0](x, self.self_attn(x, x, is_causal=True))
-            x = self.sublayers[1](x, self.cross_attn(x, memory, src_mask))
-        else:  # incremental: append this position's keys/values; it may see all cached ones
-            k, v = self.self_attn.project_kv(x)
-            if "self_k" in cache:
-                k = torch.cat([cache["self_k"], k], dim=2)
-                v = torch.cat([cache["self_v"], v], dim=2)
-            cache["self_k"], cache["self_v"] = k, v
-            x = self.sublayers[0](x, self.self_attn.attend(x, k, v))
+            x = self.sublayers[0](x, lambda y: self.self_attn(y, y, is_causal=True))
+            x = self.sublayers[1](x, lambda y: self.cross_attn(y, memory, src_mask))
+        else:
+            x = self.sublayers[0](x, lambda y: self._cached_self_attention(y, cache, position))
             if "cross_k" not in cache:
                 cache["cross_k"], cache["cross_v"] = self.cross_attn.project_kv(memory)
-            x = self.sublayers[1](x, self.cross_attn.attend(x, cache["cross_k"], cache["cross_v"],
-                                                            src_mask))
-        return self.sublayers[2](x, self.feed_forward(x))
+            x = self.sublayers[1](x, lambda y: self.cross_attn.attend(y, cache["cross_k"], cache["cross_v"],
+                                                                      src_mask))
+        return self.sublayers[2](x, self.feed_forward)
+
+    def _cached_self_attention(self, y: Tensor, cache: LayerCache, position: int) -> Tensor:
+        """Append this position's keys/values to the cache; it may see all cached ones."""
+        k, v = self.self_attn.project_kv(y, offset=position)
+        if "self_k" in cache:
+            k = torch.cat([cache["self_k"], k], dim=2)
+            v = torch.cat([cache["self_v"], v], dim=2)
+        cache["self_k"], cache["self_v"] = k, v
+        return self.self_attn.attend(y, k, v, offset=position)
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
@@ -145,8 +256,7 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         length = x.size(1)
-        if offset + length > (max_len := self._max_len()):
-            raise ValueError(f"sequence of length {offset + length} exceeds model.max_len={max_len}")
+        check_length(offset + length, self._max_len())
         weights = self.table.weight if self.learned else self.table
         return x + weights[offset: offset + length].to(x.dtype)
 
@@ -155,30 +265,62 @@ class PositionalEncoding(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer with a single shared embedding/pre-softmax matrix."""
+    """Encoder-decoder Transformer; by default a single shared embedding/pre-softmax matrix.
+
+    `embedding` is the decoder's input embedding; `tie_embeddings` decides whether the encoder's
+    input (`src_embedding`, absent when tied) and the pre-softmax projection (`output`, absent
+    when tied) have their own matrices. With rotary positions nothing is added to the embeddings
+    (the self-attentions rotate queries and keys instead); with pre-LN a final norm closes the
+    encoder and the decoder stacks.
+    """
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.embedding = nn.Embedding(c.vocab_size, c.d_model)  # encoder, decoder and softmax
-        self.src_positions = PositionalEncoding(c)
-        self.tgt_positions = PositionalEncoding(c)
+        self.embedding = nn.Embedding(c.vocab_size, c.d_model)  # decoder input (and per the tie, more)
+        additive = c.positional != "rope"
+        self.src_positions = PositionalEncoding(c) if additive else None
+        self.tgt_positions = PositionalEncoding(c) if additive else None
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
+        if c.norm_position == "pre":  # pre-LN stacks end on an un-normalised residual stream
+            self.encoder_norm, self.decoder_norm = norm_layer(c), norm_layer(c)
+        if c.tie_embeddings != "all":
+            self.src_embedding = nn.Embedding(c.vocab_size, c.d_model)
+        if c.tie_embeddings == "none":
+            self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self._init_weights()
 
     def _init_weights(self) -> None:
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
-        # The shared matrix is multiplied by sqrt(d_model) on input: unit-variance embeddings.
-        nn.init.normal_(self.embedding.weight, std=self.config.d_model ** -0.5)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        # Every vocabulary matrix as the shared one: multiplied by sqrt(d_model) on input,
+        # unit-variance embeddings (scale_embeddings=false keeps this init, only drops the factor).
+        for matrix in (self.embedding.weight, *self._untied_matrices()):
+            nn.init.normal_(matrix, std=self.config.d_model ** -0.5)
 
-    def embed(self, tokens: Tensor, positions: PositionalEncoding, offset: int = 0) -> Tensor:
-        x = self.embedding(tokens) * math.sqrt(self.config.d_model)
-        return self.dropout(positions(x, offset))
+    def _untied_matrices(self) -> list[Tensor]:
+        return [m.weight for m in (getattr(self, "src_embedding", None), getattr(self, "output", None))
+                if m is not None]
+
+    def embed(self, tokens: Tensor, side: str, offset: int = 0) -> Tensor:
+        """Token ids (B, T) of the "source" or "target" side -> inputs (B, T, d_model) of its stack,
+        positions from `offset`."""
+        source = side == "source"
+        table = self.src_embedding if source and self.config.tie_embeddings != "all" else self.embedding
+        x = table(tokens)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)
+        positions = self.src_positions if source else self.tgt_positions
+        if positions is not None:
+            x = positions(x, offset)
+        else:  # rotary: the self-attentions check the length
+            check_length(offset + x.size(1), self.config.max_len)
+        return self.dropout(x)
 
     def padding_mask(self, src: Tensor) -> Tensor:
         """(B, 1, 1, S) boolean mask, True on real source tokens.
@@ -196,21 +338,26 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Source ids (B, S) -> memory (B, S, d_model) and its padding mask."""
         src_mask = self.padding_mask(src)
-        x = self.embed(src, self.src_positions)
+        x = self.embed(src, "source")
         for layer in self.encoder:
             x = layer(x, src_mask)
-        return x, src_mask
+        return self._final_norm(x, "encoder_norm"), src_mask
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Whole target prefix (B, T) -> hidden states (B, T, d_model), causally masked."""
-        x = self.embed(tgt_in, self.tgt_positions)
+        x = self.embed(tgt_in, "target")
         for layer in self.decoder:
             x = layer(x, memory, src_mask)
-        return x
+        return self._final_norm(x, "decoder_norm")
+
+    def _final_norm(self, x: Tensor, name: str) -> Tensor:
+        """Pre-LN's final norm of a stack's output; post-LN's output is normalised already."""
+        return getattr(self, name)(x) if self.config.norm_position == "pre" else x
 
     def project(self, hidden: Tensor) -> Tensor:
-        """Pre-softmax linear transformation, tied to the embedding matrix."""
-        return hidden @ self.embedding.weight.t()
+        """Pre-softmax linear transformation, tied to the embedding matrix unless tie_embeddings=none."""
+        weight = self.output.weight if self.config.tie_embeddings == "none" else self.embedding.weight
+        return hidden @ weight.t()
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Logits (B, T, vocab_size) for every target position."""
@@ -223,7 +370,7 @@ class Transformer(nn.Module):
 
         `caches` (one dict per layer, start with empty dicts) keeps keys/values of earlier steps.
         """
-        x = self.embed(token[:, None], self.tgt_positions, offset=position)
+        x = self.embed(token[:, None], "target", offset=position)
         for layer, cache in zip(self.decoder, caches):
-            x = layer(x, memory, src_mask, cache)
-        return self.project(x[:, 0])
+            x = layer(x, memory, src_mask, cache, position)
+        return self.project(self._final_norm(x, "decoder_norm")[:, 0])

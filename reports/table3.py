@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ablations.params import paper_architecture
+from lightning_modules.config import modifications
 from reports.collect import Table3Data
 from reports.seeds import difference_ci, mean_ci, sign_agrees
 
@@ -57,6 +58,7 @@ def paper_configuration(row: str, spec: dict[str, dict[str, Any]]) -> dict[str, 
     c = paper_architecture(row, spec)
     return {"N": c.n_layers, "d_model": c.d_model, "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k,
             "d_v": c.d_v, "P_drop": c.dropout, "eps_ls": c.label_smoothing, "positional": c.positional,
+            "modifications": modifications(c),
             "paper_steps": spec[row].get("train_steps", spec["base"].get("train_steps"))}
 
 
@@ -120,7 +122,9 @@ def _steps(n: Any) -> str:
 
 
 CONFIG_COLUMNS = {"N": "N", "d_model": "d_model", "d_ff": "d_ff", "h": "h", "d_k": "d_k", "d_v": "d_v",
-                  "P_drop": "P_drop", "eps_ls": "eps_ls", "positional": "pos", "paper_steps": "steps"}
+                  "P_drop": "P_drop", "eps_ls": "eps_ls", "positional": "pos",
+                  "modifications": "",  # the later modifications' knobs, 'norm=rmsnorm, ...' (named in the value)
+                  "paper_steps": "steps"}
 
 
 def _setting(col: str, value: Any) -> str:
@@ -128,6 +132,8 @@ def _setting(col: str, value: Any) -> str:
         return "sin" if value == "sinusoidal" else str(value)
     if col == "paper_steps":
         return _steps(value)
+    if col == "modifications":
+        return value.replace("=", " ") if value else "none of the later modifications"
     if col in ("P_drop", "eps_ls"):
         return _num(value, 1)
     return str(value)
@@ -137,7 +143,7 @@ def changes(r: pd.Series, base: Mapping[str, Any]) -> str:
     """The paper configuration of a row as its changes from base ('N 2', 'P_drop 0.0, pos learned')."""
     if r.name == "base":
         return "the paper's base"
-    return ", ".join(f"{name} {_setting(col, r[col])}" for col, name in CONFIG_COLUMNS.items()
+    return ", ".join(f"{name} {_setting(col, r[col])}".strip() for col, name in CONFIG_COLUMNS.items()
                      if r[col] != base.get(col)) or "as base"
 
 

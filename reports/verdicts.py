@@ -10,7 +10,14 @@ import pandas as pd
 
 GROUP_TOPICS = {"A": "number of heads at constant compute", "B": "smaller key size d_k",
                 "C": "model size (N, d_model, d_ff)", "D": "regularisation (dropout, label smoothing)",
-                "E": "learned instead of sinusoidal positions", "big": "the big model"}
+                "E": "learned instead of sinusoidal positions", "big": "the big model",
+                # ablations/modifications.yaml
+                "normalisation": "pre-LN or RMSNorm instead of post-LN LayerNorm",
+                "feed-forward": "GELU or a gated FFN instead of ReLU",
+                "positions": "learned or rotary instead of sinusoidal positions",
+                "embeddings": "untied or unscaled embeddings",
+                "attention-heads": "fewer key/value heads (grouped- and multi-query attention)",
+                "modern": "pre-LN, RMSNorm, SwiGLU and rotary positions together"}
 
 
 def _row_phrase(row: str, r: pd.Series) -> str:

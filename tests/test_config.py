@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from ablate.cli import main
-from lightning_modules.config import ACCELERATORS, PRECISIONS, TrainConfig, TransformerConfig
+from lightning_modules.config import ACCELERATORS, PRECISIONS, ScaleConfig, TrainConfig, TransformerConfig
 from lightning_modules.data.corpora import WMT14_SPLITS
 from lightning_modules.errors import UserError
 from ablations.resolve import parse_overrides, resolve
-from ablations.spec import load_preset, load_spec
+from ablations.spec import load_preset, load_spec, row_settings
 from lightning_modules.transformer import Transformer, count_parameters
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,11 +227,34 @@ def test_wrong_type_is_a_user_error(override, key):
         resolve("tiny", "base", overrides=[override])
 
 
-@pytest.mark.parametrize("override", ["dropout=1.5", "label_smoothing=-0.1", "positional=rope",
+@pytest.mark.parametrize("override", ["dropout=1.5", "label_smoothing=-0.1", "positional=alibi",
                                       "d_ff=0", "beam_size=0"])
 def test_invalid_values_are_user_errors(override):
     with pytest.raises(UserError):
         resolve("tiny", "base", overrides=[override])
+
+
+@pytest.mark.parametrize("override,message", [
+    ("norm_position=sandwich", "model.norm_position must be one of post, pre; got 'sandwich'"),
+    ("norm=batchnorm", "model.norm must be one of layernorm, rmsnorm; got 'batchnorm'"),
+    ("activation=swish", "model.activation must be one of relu, gelu, swiglu, geglu; got 'swish'"),
+    ("positional=alibi", "model.positional must be one of sinusoidal, learned, rope; got 'alibi'"),
+    ("tie_embeddings=encoder", "model.tie_embeddings must be one of all, decoder, none; got 'encoder'"),
+    ("scale_embeddings=maybe", "model.scale_embeddings"),
+    ("n_kv_heads=0", "model.n_kv_heads must be positive, got 0"),
+    ("n_kv_heads=3", "model.n_kv_heads=3 does not divide model.n_heads=8"),
+    ("n_kv_heads=16", "model.n_kv_heads=16 does not divide model.n_heads=8"),
+])
+def test_a_bad_modification_knob_is_one_line(override, message):
+    with pytest.raises(UserError) as err:
+        resolve("tiny", "base", overrides=[override])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rotary_positions_need_an_even_key_size():
+    with pytest.raises(UserError, match="even model.d_k, got 5"):
+        resolve("tiny", "base", overrides=["positional=rope", "d_k=5"])
+    assert resolve("tiny", "base", overrides=["positional=rope", "d_k=6"]).model.d_k == 6
 
 
 def test_precision_and_accelerator_names_are_lightnings():
@@ -335,6 +358,32 @@ def test_params_json_in_process(capsys):
     small = json.loads(capsys.readouterr().out)
     check_params_table(small, vocab_size=100)
     assert small[0]["params"] == 63_082_496 - (37000 - 100) * 512  # only the shared matrix shrinks
+
+
+def test_params_of_the_modifications_spec_are_the_instantiated_models(capsys):
+    import torch
+
+    assert main(["params", "--json", "--spec", "ablations/modifications.yaml"]) == 0
+    table = {entry["row"]: entry for entry in json.loads(capsys.readouterr().out)}
+    spec = load_spec("ablations/modifications.yaml")
+    assert list(table) == list(spec)
+    for row, entry in table.items():
+        c = TransformerConfig(**{**row_settings(row, spec, ScaleConfig())["model"], "vocab_size": 37000,
+                                 "max_len": PRESETS["paper"]["model"]["max_len"]})
+        with torch.device("meta"):
+            assert entry["params"] == sum(p.numel() for p in Transformer(c).parameters()), row
+    # by hand, from base's 63,082,496 (d = 512, N = 6: 5 norms a layer pair, 18 attentions)
+    base, d = 63_082_496, 512
+    assert table["rmsnorm"]["params"] == base - 6 * 5 * d  # a norm loses its bias
+    assert table["pre_ln"]["params"] == base + 2 * 2 * d  # two final LayerNorms
+    assert table["untied"]["params"] == base + 2 * 37000 * d
+    assert table["tie_decoder"]["params"] == base + 37000 * d
+    assert table["mqa"]["params"] == base - 18 * 7 * (d * 128 + 128)  # 7 of 8 K/V heads gone
+    assert table["swiglu"]["params"] == base - 12 * (2 * d * 2048 + 2048 + d) \
+        + 12 * (3 * d * 1365 + 2 * 1365 + d)  # 12 FFNs, each with two input projections
+    assert table["modern"]["modifications"] == "norm_position=pre, norm=rmsnorm, activation=swiglu"
+    assert main(["params", "--spec", "ablations/modifications.yaml"]) == 0
+    assert "n_kv_heads=1" in capsys.readouterr().out
 
 
 def test_params_text_table_lists_every_row(capsys):

@@ -1,6 +1,7 @@
 """Derived values stay derived: every way of asking for one model builds that model.
 
-d_k and d_v are d_model / h unless a row, a file or an override sets them; the model's vocabulary
+d_k and d_v are d_model / h, and n_kv_heads is h, unless a row, a file or an override sets them;
+the model's vocabulary
 is the tokenizer's. A saved config.yaml records what was asked for (derived head sizes as null,
 no tokenizer keys), so loading it with overrides gives what the same overrides give a fresh row.
 """
@@ -67,7 +68,20 @@ def test_a_row_that_sets_d_k_keeps_it(tmp_path, row):
     for way, model in every_way(tmp_path, row, ["d_model=256"]).items():
         assert model.d_k == explicit, way
         assert model.d_v == 256 // 8, way  # d_v was never set: it follows d_model
-        assert model.derived_keys() == ("d_v",), way
+        assert model.derived_keys() == ("d_v", "n_kv_heads"), way
+
+
+def test_key_value_heads_follow_h_unless_set(tmp_path):
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(resolve("tiny", "base")))
+    assert yaml.safe_load(saved.read_text())["model"]["n_kv_heads"] is None
+    m = resolve("tiny", "base", config_file=saved, overrides=["n_heads=4"]).model
+    assert (m.n_heads, m.n_kv_heads) == (4, 4)
+    spec = "ablations/modifications.yaml"
+    saved.write_text(to_yaml(resolve("tiny", "mqa", spec_path=spec)))
+    for model in (resolve("tiny", "base", config_file=saved, overrides=["n_heads=4"]).model,
+                  resolve("tiny", "mqa", overrides=["n_heads=4"], spec_path=spec).model):
+        assert (model.n_heads, model.n_kv_heads, model.derived_keys()) == (4, 1, ("d_k", "d_v"))
 
 
 def test_config_yaml_holds_no_derived_value():
@@ -90,9 +104,9 @@ def test_config_yaml_of_an_older_version_reads_as_it_was_meant(tmp_path):
 
 def test_model_keeps_explicit_and_derived_head_sizes_apart():
     m = TransformerConfig(d_model=96, n_heads=6, d_k=4)
-    assert (m.d_k, m.d_v, m.derived_keys()) == (4, 16, ("d_v",))
+    assert (m.d_k, m.d_v, m.derived_keys()) == (4, 16, ("d_v", "n_kv_heads"))
     assert m.requested()["d_v"] is None and asdict(m)["d_v"] == 16
     bigger = TransformerConfig(**{**m.requested(), "d_model": 192})
     assert (bigger.d_k, bigger.d_v) == (4, 32)
     sized = m.with_vocabulary(500, 0)
-    assert (sized.vocab_size, sized.d_k, sized.derived_keys()) == (500, 4, ("d_v",))
+    assert (sized.vocab_size, sized.d_k, sized.derived_keys()) == (500, 4, ("d_v", "n_kv_heads"))

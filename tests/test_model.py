@@ -29,6 +29,18 @@ def tiny_config(**overrides) -> TransformerConfig:
     return TransformerConfig(**settings)
 
 
+# One setting per value of every later modification's knob (docs/modifications.md), and the
+# "modern" row's combination; {} is the paper's model.
+KNOB_SETTINGS = [
+    {}, dict(positional="learned"), dict(positional="rope"), dict(norm_position="pre"),
+    dict(norm="rmsnorm"), dict(activation="gelu"), dict(activation="swiglu"), dict(activation="geglu"),
+    dict(tie_embeddings="decoder"), dict(tie_embeddings="none"), dict(scale_embeddings=False),
+    dict(n_kv_heads=1), dict(n_kv_heads=2),
+    dict(norm_position="pre", norm="rmsnorm", activation="swiglu", positional="rope"),
+]
+KNOB_IDS = [",".join(f"{k}={v}" for k, v in s.items()) or "paper" for s in KNOB_SETTINGS]
+
+
 def tiny_model(seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(tiny_config(**overrides)).eval()
@@ -57,9 +69,9 @@ def target_batch(seed: int = 2, length: int = 6, batch: int = 4) -> torch.Tensor
 # --------------------------------------------------------------------------- masking
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_causal_mask_future_targets_do_not_change_earlier_logits(positional):
-    model = tiny_model(positional=positional)
+@pytest.mark.parametrize("settings", KNOB_SETTINGS, ids=KNOB_IDS)
+def test_causal_mask_future_targets_do_not_change_earlier_logits(settings):
+    model = tiny_model(**settings)
     src, tgt = source_batch(), target_batch(length=7)
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -73,8 +85,9 @@ def test_causal_mask_future_targets_do_not_change_earlier_logits(positional):
             assert not torch.allclose(logits[:, t:], reference[:, t:], atol=1e-4)
 
 
-def test_appending_source_padding_does_not_change_logits():
-    model = tiny_model()
+@pytest.mark.parametrize("settings", KNOB_SETTINGS, ids=KNOB_IDS)
+def test_appending_source_padding_does_not_change_logits(settings):
+    model = tiny_model(**settings)
     src, tgt = source_batch(), target_batch()
     padded = torch.cat([src, torch.full((src.size(0), 5), PAD)], dim=1)
     with torch.no_grad():
@@ -144,9 +157,9 @@ def test_multi_head_attention_causal_matches_reference():
 # --------------------------------------------------------------------------- incremental decoding
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_incremental_decoding_equals_full_decode(positional):
-    model = tiny_model(positional=positional, d_k=5, d_v=11)
+@pytest.mark.parametrize("settings", KNOB_SETTINGS, ids=KNOB_IDS)
+def test_incremental_decoding_equals_full_decode(settings):
+    model = tiny_model(**{"d_k": 6, "d_v": 11, **settings})
     src, tgt = source_batch(), target_batch(length=8)
     with torch.no_grad():
         full = model(src, tgt)
@@ -156,6 +169,8 @@ def test_incremental_decoding_equals_full_decode(positional):
             step = model.decode_step(tgt[:, position], memory, src_mask, caches, position)
             torch.testing.assert_close(step, full[:, position], atol=1e-5, rtol=1e-5)
     assert all(cache["self_k"].size(2) == tgt.size(1) for cache in caches)
+    # the cache holds the key/value heads only (fewer than h with n_kv_heads)
+    assert all(cache[name].size(1) == model.config.n_kv_heads for cache in caches for name in cache)
 
 
 # --------------------------------------------------------------------------- weight tying, embeddings
@@ -209,19 +224,19 @@ def test_embed_scales_by_sqrt_d_model_and_adds_positions(positional):
     c = model.config
     tokens = torch.tensor([[5, 17, 42, 8, PAD], [9, 9, 3, 2, 1]])
     with torch.no_grad():
-        for positions in (model.src_positions, model.tgt_positions):
+        for side, positions in (("source", model.src_positions), ("target", model.tgt_positions)):
             if positional == "learned":
                 pe = positions.table.weight[:5]
             else:
                 pe = torch.tensor([[independent_sinusoid(p, d, c.d_model) for d in range(c.d_model)]
                                    for p in range(5)])
             expected = model.embedding.weight[tokens] * math.sqrt(c.d_model) + pe
-            torch.testing.assert_close(model.embed(tokens, positions), expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(model.embed(tokens, side), expected, atol=1e-5, rtol=1e-5)
         # with an offset (incremental decoding) the positions shift
         if positional == "sinusoidal":
             pe3 = torch.tensor([independent_sinusoid(3, d, c.d_model) for d in range(c.d_model)])
             expected = model.embedding.weight[tokens[:, :1]] * math.sqrt(c.d_model) + pe3
-            torch.testing.assert_close(model.embed(tokens[:, :1], model.tgt_positions, offset=3),
+            torch.testing.assert_close(model.embed(tokens[:, :1], "target", offset=3),
                                        expected, atol=1e-5, rtol=1e-5)
 
 
@@ -278,7 +293,7 @@ def test_encoder_layer_is_layernorm_of_residual_plus_sublayer():
     layer = model.encoder[0]
     src = source_batch()
     with torch.no_grad():
-        x = model.embed(src, model.src_positions)
+        x = model.embed(src, "source")
         mask = model.padding_mask(src)
         ln1, ln2 = (s.norm for s in layer.sublayers)
         a = F.layer_norm(x + layer.self_attn(x, x, mask), (x.size(-1),), ln1.weight, ln1.bias, ln1.eps)
@@ -339,6 +354,38 @@ def test_count_parameters_matches_module_for_odd_configs(settings):
     learned = c.max_len if c.positional == "learned" else 0
     assert actual == paper_formula_params(53, c.n_layers, c.d_model, c.d_ff, c.n_heads, c.d_k, c.d_v,
                                           learned)
+
+
+KNOB_VALUES = dict(norm_position=["post", "pre"], norm=["layernorm", "rmsnorm"],
+                   activation=["relu", "gelu", "swiglu", "geglu"], positional=["sinusoidal", "learned", "rope"],
+                   tie_embeddings=["all", "decoder", "none"], scale_embeddings=[True, False], n_kv_heads=[6, 3, 1])
+
+
+@pytest.mark.parametrize("knob", list(KNOB_VALUES))
+def test_count_parameters_matches_module_for_every_knob_combination(knob):
+    # every combination of this knob's values with every value of each other knob, odd sizes
+    # (d_k != d_v, h·d_k != d_model, d_ff != 4·d_model)
+    for value in KNOB_VALUES[knob]:
+        for other, values in KNOB_VALUES.items():
+            for other_value in values if other != knob else values[:1]:
+                settings = {knob: value, other: other_value} if other != knob else {knob: value}
+                c = TransformerConfig(n_layers=2, d_model=24, d_ff=20, n_heads=6, d_k=2, d_v=5,
+                                      vocab_size=53, max_len=19, **settings)
+                model = Transformer(c)
+                params = list(model.parameters())
+                assert len({p.data_ptr() for p in params}) == len(params)
+                assert sum(p.numel() for p in params) == count_parameters(c), settings
+
+
+def test_count_parameters_matches_module_for_every_modifications_row():
+    spec = load_spec("ablations/modifications.yaml")
+    for row in spec:
+        for scale, vocab, device in ((ScaleConfig(width=1 / 16, depth=1 / 3), 70, "cpu"),
+                                     (ScaleConfig(), 37000, "meta")):
+            c = TransformerConfig(**{**row_settings(row, spec, scale)["model"], "vocab_size": vocab, "max_len": 64})
+            with torch.device(device):
+                model = Transformer(c)
+            assert sum(p.numel() for p in model.parameters()) == count_parameters(c), (row, device)
 
 
 def test_count_parameters_matches_module_for_every_table3_row():

@@ -23,10 +23,10 @@ def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
     return torch.tensor([s + [PAD] * (width - len(s)) for s in seqs])
 
 
-def make_model(seed: int = 0, max_len: int = 64) -> Transformer:
+def make_model(seed: int = 0, max_len: int = 64, **knobs) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(TransformerConfig(n_layers=2, d_model=32, d_ff=64, n_heads=4, dropout=0.0,
-                                         label_smoothing=0.0, vocab_size=VOCAB, max_len=max_len))
+                                         label_smoothing=0.0, vocab_size=VOCAB, max_len=max_len, **knobs))
 
 
 def random_pairs(g: torch.Generator, n: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -125,6 +125,22 @@ def test_hypothesis_scores_match_full_forward_rescoring(trained, sources):
             assert hyp.log_prob == pytest.approx(log_prob, abs=1e-4)
             assert hyp.score == pytest.approx(score, abs=1e-4)
         assert natural >= 0.75 * len(sources)
+
+
+@pytest.mark.parametrize("knobs", [dict(positional="rope"), dict(n_kv_heads=1), dict(n_kv_heads=2),
+                                   dict(tie_embeddings="none", scale_embeddings=False),
+                                   dict(norm_position="pre", norm="rmsnorm", activation="swiglu", positional="rope")],
+                         ids=["rope", "mqa", "gqa", "untied-unscaled", "modern"])
+def test_search_with_the_cache_equals_full_recomputation_for_the_modifications(knobs, sources):
+    # the cache reordered across beams holds n_kv_heads heads; rotary needs each step's position
+    model = make_model(seed=5, **knobs).eval()
+    src = pad_batch(sources[:8])
+    for source, hyp in zip(sources, greedy_search(model, src, BOS, EOS, max_len_offset=6, alpha=ALPHA)):
+        assert hyp.tokens == naive_greedy(model, source, len(source) + 5)
+    for source, hyp in zip(sources, beam_search(model, src, BOS, EOS, beam_size=4, alpha=ALPHA, max_len_offset=6)):
+        log_prob, score = rescore(model, source, hyp.tokens)
+        assert hyp.log_prob == pytest.approx(log_prob, abs=1e-4)
+        assert hyp.score == pytest.approx(score, abs=1e-4)
 
 
 def test_beam_four_scores_at_least_greedy_on_average(trained, sources):

@@ -1,0 +1,282 @@
+"""The later modifications as knobs (ablations/modifications.yaml): each against its paper's
+formula on a tiny model, and the paper's configuration unchanged by them (a stored loss trace)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.loss import label_smoothed_nll
+from lightning_modules.transformer import (GatedFeedForward, MultiHeadAttention, PositionwiseFeedForward,
+                                           RMSNorm, RotaryEmbedding, Transformer)
+from lightning_modules.translation import lrate
+
+torch.set_num_threads(1)
+
+TRACE = Path(__file__).parent / "data" / "paper_loss_trace.json"
+PAD, BOS, EOS, VOCAB = 0, 2, 3, 60
+
+
+# --------------------------------------------------------------------------- the paper's losses
+
+
+def paper_loss_trace(steps: int = 20) -> list[float]:
+    """Training losses (per target token) of a tiny model of the paper's configuration: its
+    dropout, label smoothing, Adam(0.9, 0.98, 1e-9) and warmup schedule, on fixed random pairs,
+    on one CPU thread from seed 0."""
+    model_config = TransformerConfig(n_layers=2, d_model=32, d_ff=64, n_heads=4, vocab_size=VOCAB,
+                                     max_len=32)
+    train = TrainConfig(warmup_steps=8)
+    torch.manual_seed(0)
+    model = Transformer(model_config).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(train.adam_beta1, train.adam_beta2),
+                                 eps=train.adam_eps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lrate(i + 1, model_config.d_model, train))
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, VOCAB, (6, 9), generator=g)
+    src[2:, 6:] = PAD
+    tgt = torch.randint(4, VOCAB, (6, 8), generator=g)
+    tgt[3:, 5:] = PAD
+    tgt_in = torch.cat([torch.full((6, 1), BOS), tgt], dim=1)
+    tgt_out = torch.cat([tgt, torch.full((6, 1), PAD)], dim=1)
+    tgt_out[torch.arange(6), (tgt != PAD).sum(1)] = EOS
+    losses = []
+    for _ in range(steps):
+        loss, _, n_tokens = label_smoothed_nll(model(src, tgt_in), tgt_out, PAD, model_config.label_smoothing)
+        loss = loss / n_tokens
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_paper_configuration_gives_the_stored_losses_bit_for_bit():
+    # tests/data/paper_loss_trace.json was written by this function before the modifications'
+    # knobs existed (`python tests/test_modifications.py` writes it again: only ever on purpose).
+    stored = json.loads(TRACE.read_text())
+    losses = paper_loss_trace(len(stored["losses"]))
+    assert losses == stored["losses"]  # exact float equality, not approximate
+    assert losses[-1] < losses[0]  # it trains
+
+
+# --------------------------------------------------------------------------- a tiny model per knob
+
+
+def tiny(**settings) -> Transformer:
+    torch.manual_seed(0)
+    c = TransformerConfig(**{"n_layers": 2, "d_model": 16, "d_ff": 24, "n_heads": 4, "dropout": 0.0,
+                             "label_smoothing": 0.0, "vocab_size": VOCAB, "max_len": 32, **settings})
+    return Transformer(c).eval()
+
+
+def tokens(seed: int, batch: int = 3, length: int = 5) -> torch.Tensor:
+    return torch.randint(4, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_rmsnorm_rescales_without_centring():
+    norm = RMSNorm(4)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, -1.0]))
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    rms = math.sqrt((1 + 4 + 9 + 16) / 4 + norm.eps)  # sqrt(7.5 + eps)
+    expected = torch.tensor([[1 / rms, 2 * 2 / rms, 0.5 * 3 / rms, -4 / rms]])
+    torch.testing.assert_close(norm(x), expected)
+    # no centring: a constant vector keeps its mean (LayerNorm would make it zero); its rms becomes 1
+    assert norm(torch.full((1, 4), 3.0))[0].tolist() == pytest.approx([1.0, 2.0, 0.5, -1.0], abs=1e-5)
+    # the model's every norm is one, with a gain and no bias
+    model = tiny(norm="rmsnorm", norm_position="pre")
+    assert not any(isinstance(m, nn.LayerNorm) for m in model.modules())
+    assert sum(isinstance(m, RMSNorm) for m in model.modules()) == 2 * 2 + 2 * 3 + 2
+
+
+def rotate_by_hand(x: list[float], position: int) -> list[float]:
+    """Su et al. (2021), eq. 34: the pair (x_2i, x_2i+1) rotated by position·10000^(-2i/d)."""
+    d, out = len(x), []
+    for i in range(d // 2):
+        angle = position * 10000 ** (-2 * i / d)
+        a, b = x[2 * i], x[2 * i + 1]
+        out += [a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle)]
+    return out
+
+
+def test_rotary_matches_the_formula_and_scores_depend_only_on_the_offset():
+    d, length = 8, 12
+    rotary = RotaryEmbedding(d, 32)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 1, length, d, generator=g)
+    rotated = rotary(x, offset=5)
+    for t in (0, 3, length - 1):
+        assert rotated[0, 0, t].tolist() == pytest.approx(rotate_by_hand(x[0, 0, t].tolist(), 5 + t), abs=1e-5)
+    # one query vector and one key vector at every position: score(m, n) is a function of m - n
+    q = torch.randn(d, generator=g).expand(1, 1, length, d)
+    k = torch.randn(d, generator=g).expand(1, 1, length, d)
+    scores = (rotary(q) @ rotary(k).transpose(-1, -2))[0, 0]
+    for offset in range(-length + 1, length):
+        diagonal = scores.diagonal(offset)
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal), atol=1e-5, rtol=1e-5)
+    assert scores.diagonal(0)[0] != pytest.approx(scores.diagonal(3)[0].item(), abs=1e-3)  # it does depend on it
+    # shifting both sequences together (the cache's offset) leaves the scores as they are
+    torch.testing.assert_close(rotary(q, 7) @ rotary(k, 7).transpose(-1, -2), scores[None, None],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_rotary_is_in_self_attention_only_and_adds_nothing_to_the_embeddings():
+    model = tiny(positional="rope")
+    assert model.src_positions is None and model.tgt_positions is None
+    assert all(layer.self_attn.rotary is not None for layer in [*model.encoder, *model.decoder])
+    assert all(layer.cross_attn.rotary is None for layer in model.decoder)
+    src = tokens(1)
+    with torch.no_grad():
+        torch.testing.assert_close(model.embed(src, "source"), model.embedding(src) * 4.0)
+
+
+@pytest.mark.parametrize("activation,gate", [("swiglu", lambda z: z * torch.sigmoid(z)),
+                                             ("geglu", lambda z: 0.5 * z * (1 + torch.erf(z / math.sqrt(2))))])
+def test_gated_feed_forward_is_the_product_of_two_projections(activation, gate):
+    torch.manual_seed(0)
+    ffn = GatedFeedForward(6, 5, activation)
+    assert [tuple(p.shape) for p in ffn.parameters()] == [(5, 6), (5,), (5, 6), (5,), (6, 5), (6,)]
+    with torch.no_grad():
+        for p in ffn.parameters():
+            p.normal_()
+    x = torch.randn(3, 6)
+    hidden = gate(x @ ffn.w_1.weight.T + ffn.w_1.bias) * (x @ ffn.v.weight.T + ffn.v.bias)
+    torch.testing.assert_close(ffn(x), hidden @ ffn.w_2.weight.T + ffn.w_2.bias)
+
+
+def test_gelu_feed_forward_replaces_max_with_gelu():
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(6, 5, "gelu")
+    x = torch.randn(3, 6)
+    z = x @ ffn.w_1.weight.T + ffn.w_1.bias
+    expected = 0.5 * z * (1 + torch.erf(z / math.sqrt(2))) @ ffn.w_2.weight.T + ffn.w_2.bias
+    torch.testing.assert_close(ffn(x), expected)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_grouped_query_heads_share_one_key_value_projection_per_group(n_kv_heads):
+    d_model, h, d_k, d_v = 12, 4, 3, 5
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model, h, d_k, d_v, n_kv_heads)
+    assert tuple(attn.w_kv.weight.shape) == (n_kv_heads * (d_k + d_v), d_model)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0.0, 0.5)
+    x, memory = torch.randn(2, 4, d_model), torch.randn(2, 6, d_model)
+    w_k, w_v = attn.w_kv.weight.split([n_kv_heads * d_k, n_kv_heads * d_v])
+    b_k, b_v = attn.w_kv.bias.split([n_kv_heads * d_k, n_kv_heads * d_v])
+    q_all, k_all, v_all = x @ attn.w_q.weight.T + attn.w_q.bias, memory @ w_k.T + b_k, memory @ w_v.T + b_v
+    heads = []
+    for i in range(h):
+        j = i // (h // n_kv_heads)  # the group of query head i
+        q, k, v = (q_all[..., i * d_k:(i + 1) * d_k], k_all[..., j * d_k:(j + 1) * d_k],
+                   v_all[..., j * d_v:(j + 1) * d_v])
+        heads.append(torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d_k), -1) @ v)
+    expected = torch.cat(heads, -1) @ attn.w_o.weight.T + attn.w_o.bias
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, memory), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pre_ln_layer_and_final_norm():
+    model = tiny(norm_position="pre")
+    layer, src = model.encoder[0], tokens(2)
+    with torch.no_grad():
+        x = model.embed(src, "source")
+        mask = model.padding_mask(src)
+        ln1, ln2 = (s.norm for s in layer.sublayers)
+        a = x + layer.self_attn(ln1(x), ln1(x), mask)
+        torch.testing.assert_close(layer(x, mask), a + layer.feed_forward(ln2(a)))
+        # the stacks' outputs: their last layer's output, normalised by the final norm
+        outputs = []
+        hooks = [stack[-1].register_forward_hook(lambda _m, _i, out: outputs.append(out))
+                 for stack in (model.encoder, model.decoder)]
+        memory, src_mask = model.encode(src)
+        hidden = model.decode(tokens(3), memory, src_mask)
+        for hook in hooks:
+            hook.remove()
+    torch.testing.assert_close(memory, model.encoder_norm(outputs[0]))
+    torch.testing.assert_close(hidden, model.decoder_norm(outputs[1]))
+    for out in (memory, hidden):
+        assert out.mean(-1).abs().max() < 1e-5
+    assert outputs[0].mean(-1).abs().max() > 1e-3  # un-normalised before it
+    assert not hasattr(tiny(), "encoder_norm")  # post-LN: no final norm (the paper)
+
+
+@pytest.mark.parametrize("tie,matrices", [("all", ["embedding.weight"]),
+                                          ("decoder", ["embedding.weight", "src_embedding.weight"]),
+                                          ("none", ["embedding.weight", "output.weight", "src_embedding.weight"])])
+def test_tie_embeddings_decides_which_matrices_are_one(tie, matrices):
+    model = tiny(tie_embeddings=tie)
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if VOCAB in p.shape]
+    assert sorted(names) == matrices
+    src, tgt = torch.tensor([[10, 11, 12]]), torch.tensor([[BOS, 20, 21]])
+    model(src, tgt)[0, -1, 30].backward()
+    source_table = model.embedding if tie == "all" else model.src_embedding
+    output_table = model.output if tie == "none" else model.embedding
+    assert source_table.weight.grad[[10, 11, 12]].abs().sum(1).min() > 0
+    assert model.embedding.weight.grad[[BOS, 20, 21]].abs().sum(1).min() > 0
+    assert output_table.weight.grad[30].abs().sum() > 0
+    # the decoder's input matrix gets gradient only from the uses it is tied to
+    used = [BOS, 20, 21] + ([10, 11, 12] if tie == "all" else []) + ([30] if tie != "none" else [])
+    assert model.embedding.weight.grad[[t for t in range(VOCAB) if t not in used]].abs().sum() == 0
+    with torch.no_grad():
+        memory, src_mask = model.encode(src)
+        torch.testing.assert_close(model(src, tgt), model.decode(tgt, memory, src_mask) @ output_table.weight.T)
+
+
+def test_unscaled_embeddings_are_the_table_plus_positions():
+    scaled, unscaled = tiny(), tiny(scale_embeddings=False)
+    src = tokens(4)
+    pe = scaled.src_positions.table[: src.size(1)]
+    with torch.no_grad():
+        torch.testing.assert_close(unscaled.embed(src, "source"), unscaled.embedding(src) + pe)
+        torch.testing.assert_close(scaled.embed(src, "source"), scaled.embedding(src) * 4.0 + pe)
+    torch.testing.assert_close(unscaled.embedding.weight, scaled.embedding.weight)  # same init
+
+
+# --------------------------------------------------------------------------- the shipped table
+
+
+def test_modifications_table_reads_without_a_paper_column():
+    import pandas as pd
+
+    from ablations.spec import load_spec
+    from reports.collect import Table3Data
+    from reports.table3 import changes, table3_frame
+    from reports.verdicts import verdicts
+
+    spec = load_spec("ablations/modifications.yaml")
+    assert {row.get("group") for row in spec.values()} == {"base", "normalisation", "feed-forward", "positions",
+                                                          "embeddings", "attention-heads", "modern"}
+    assert not any("paper" in row for row in spec.values())  # no number we could not verify
+    base_ppl = [24.0, 24.1, 23.9]
+    diffs = {"base": [0.0] * 3, "pre_ln": [-2.01, -2.0, -1.99], "rmsnorm": [-0.3, 0.2, 0.25], "swiglu": [1.4, 1.5, 1.6]}
+    runs = pd.DataFrame.from_records(
+        {"row": row, "seed": seed, "ppl": b + d, "bleu": 4.0, "params": 480_000,
+         "train_time_s": 600.0, "tokens_per_s": 900.0, "steps": 500}
+        for row, ds in diffs.items() for seed, b, d in zip((1, 2, 3), base_ppl, ds))
+    frame = table3_frame(Table3Data(study="t", storage="sqlite://", preset="demo", overrides=[], setup={},
+                                    runs=runs, spec={row: spec[row] for row in diffs}))
+    said = verdicts(frame)
+    assert list(said) == ["normalisation", "feed-forward"]
+    assert said["normalisation"].startswith(
+        "normalisation, pre-LN or RMSNorm instead of post-LN LayerNorm: lower PPL than base beyond seed noise: "
+        "pre_ln -2.00 PPL")
+    assert said["normalisation"].endswith("within seed noise: rmsnorm.")
+    assert "paper" not in said["normalisation"] and "paper" not in said["feed-forward"]
+    assert said["feed-forward"].startswith("feed-forward, GELU or a gated FFN instead of ReLU: higher PPL")
+    base = frame.attrs["base_configuration"]
+    assert changes(frame.loc["pre_ln"], base) == "norm_position pre"
+    assert changes(frame.loc["swiglu"], base) == "d_ff 1365, activation swiglu"
+
+
+if __name__ == "__main__":
+    TRACE.write_text(json.dumps({"losses": paper_loss_trace()}, indent=1) + "\n")
