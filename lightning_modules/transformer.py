@@ -90,17 +90,24 @@ class MultiHeadAttention(nn.Module):
             k = self.rotary(k, offset)
         return k, self._split(v, g, self.d_v)
 
+    def queries(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Queries of `x` (at positions offset ..), (B, h, T, d_k)."""
+        q = self._split(self.w_q(x), self.n_heads, self.d_k)
+        return self.rotary(q, offset) if self.rotary is not None else q
+
+    def per_query_head(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of g heads, repeated so that each of the h query heads has its own."""
+        if self.n_kv_heads != self.n_heads:  # each key/value head serves h / g query heads
+            group = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return k, v
+
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                is_causal: bool = False, offset: int = 0) -> Tensor:
         """Queries from `x` (at positions offset ..) attend over precomputed keys/values (g heads
         each); `mask` is True where allowed."""
-        q = self._split(self.w_q(x), self.n_heads, self.d_k)
-        if self.rotary is not None:
-            q = self.rotary(q, offset)
-        if self.n_kv_heads != self.n_heads:  # each key/value head serves h / g query heads
-            group = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        k, v = self.per_query_head(k, v)
+        out = F.scaled_dot_product_attention(self.queries(x, offset), k, v, attn_mask=mask, is_causal=is_causal)
         return self.w_o(out.transpose(1, 2).flatten(2))
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None,

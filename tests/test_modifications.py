@@ -280,3 +280,18 @@ def test_modifications_table_reads_without_a_paper_column():
 
 if __name__ == "__main__":
     TRACE.write_text(json.dumps({"losses": paper_loss_trace()}, indent=1) + "\n")
+
+
+@pytest.mark.parametrize("settings", [{"positional": "rope"}, {"n_kv_heads": 2}, {"n_kv_heads": 1},
+                                      {"norm_position": "pre", "norm": "rmsnorm", "activation": "swiglu",
+                                       "positional": "rope", "n_kv_heads": 2}],
+                         ids=["rope", "gqa", "mqa", "modern"])
+def test_attention_maps_are_the_modified_models_attention(settings):
+    """`ablate attention`'s explicit softmax(QKᵀ/√d_k + mask) path reuses the module's queries
+    (rotated) and its shared key/value heads, so its outputs are SDPA's for every knob."""
+    from lightning_modules.run.attention import attention_maps
+
+    model = tiny(**settings)
+    maps = attention_maps(model, [5, 6, 7, 8], [9, 10, 11], lambda ids: [str(i) for i in ids])
+    assert maps.max_difference < 1e-5
+    assert maps.weights["encoder self-attention"].shape[:2] == (2, 4)  # every query head drawn

@@ -27,10 +27,9 @@ def explicit_attention(module: MultiHeadAttention, x: Tensor, memory: Tensor, ma
                        is_causal: bool = False) -> tuple[Tensor, Tensor]:
     """(weights (B, h, T_q, T_k), output (B, T_q, d_model)) of `module` for queries from `x` over
     keys/values from `memory`; `mask` is True where attending is allowed (as SDPA's boolean mask)."""
-    h, d_k = module.n_heads, module.d_k
-    q = module.w_q(x).unflatten(-1, (h, d_k)).transpose(1, 2)
-    k, v = module.project_kv(memory)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
+    q = module.queries(x)  # the module's own projections: rotary and shared key/value heads included
+    k, v = module.per_query_head(*module.project_kv(memory))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(module.d_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     if is_causal:
