@@ -112,6 +112,8 @@ def summary(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """What the report opens with ("What this table says"), as (kind, line): one verdict per group
     (`reports.verdicts`), then how our ordering of the rows agrees with the paper's."""
     out = [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
+    if not any(frame[f"paper_{m}"].notna().any() for m in ("ppl", "bleu") if f"paper_{m}" in frame):
+        return out  # a spec without the paper's numbers (ablations/modifications.yaml): nothing to rank against
     ranks = []
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
         rho, n = spearman(frame, metric, f"paper_{metric}")
