@@ -49,3 +49,16 @@ def test_a_group_of_your_own_is_named_once_and_a_papers_group_with_its_topic():
                          index=["X1", "X2", "A1"])
     assert group_verdict(frame, "X") == "X: within seed noise: X1, X2."
     assert group_verdict(frame, "A").startswith("A, number of heads at constant compute: within seed noise: A1;")
+
+
+def test_a_table_without_the_papers_numbers_ranks_nothing_against_them():
+    """The report opens with a rank correlation against the paper's only where the spec has the
+    paper's numbers (ablations/modifications.yaml has none)."""
+    from reports.build import summary
+
+    data = _table({"C3": [3.28, 3.29, 3.30]})
+    assert any(kind == "rank correlation" for kind, _ in summary(table3_frame(data)))
+    for row in data.spec.values():
+        row.pop("paper", None)
+    kinds = [kind for kind, _ in summary(table3_frame(data))]
+    assert "rank correlation" not in kinds and any(kind.startswith("verdict") for kind in kinds)
