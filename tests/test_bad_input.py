@@ -648,7 +648,7 @@ COMMANDS = sorted(commands(build_parser()))
 
 def test_every_command_is_listed_with_a_summary_and_described_in_its_own_help():
     assert {"train", "sweep", "sweep optuna", "sweep wandb", "table3", "report", "dashboard",
-            "storage-proxy", "params"} == set(COMMANDS)
+            "storage-proxy", "params", "translate", "evaluate", "attention"} == set(COMMANDS)
     for name, (parser, summary) in commands(build_parser()).items():
         assert summary and "\n" not in summary, name
         assert parser.description and len(parser.description) > len(summary) + 20, name
