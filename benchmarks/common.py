@@ -210,7 +210,13 @@ def batch_stats(batches: list[Batch], pad_id: int = 0) -> dict[str, float]:
 
 def share_bpe(model: Path, run_dir: Path) -> None:
     """Put a trained sentencepiece model (`spm.model`/`.vocab`) into a run directory, so that
-    `ablate train` there reuses it instead of training its own: runs differ only in arithmetic."""
+    `ablate train` there reuses it instead of training its own: runs differ only in arithmetic.
+    The folder is made a run directory of ours first (its marker), as `ablate train` requires of a
+    folder that already holds files."""
+    from lightning_modules.run.rundir import mark
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mark(run_dir)
     for suffix in (".model", ".vocab"):
         shutil.copy(model.with_suffix(suffix), run_dir / f"spm{suffix}")
 
