@@ -12,8 +12,9 @@ starting at the same moment) do not make a folder someone else's.
 **The lock.** While a run trains, its process holds an exclusive `flock` on `.ablate-run.lock`
 (with its pid and host written inside). The operating system drops the lock with the process,
 SIGKILL included, so a lock is never stale. A second command on the same run directory says who
-holds it and stops with exit status 1, or waits for it (`ablate train --wait`). Only the rank-0
-process of a DDP run takes the marker and the lock; the other ranks are its children.
+holds it and stops with exit status 1, or waits for it (`ablate train --wait`). Only the global
+rank-0 process of a DDP run takes the marker and the lock; the others (its children on one
+machine, the processes of other nodes sharing the folder) wait for the marker before they touch it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,3 +105,22 @@ def training_lock(out: Path, wait: bool = False) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # drops the lock
+
+
+def global_rank_zero() -> bool:
+    """Whether this process is rank 0 of its whole DDP job. Lightning's `rank_zero_only.rank` reads
+    RANK, else LOCAL_RANK, so every node's first process of a multi-node job started by a cluster
+    launcher (NODE_RANK and LOCAL_RANK set, no RANK) calls itself rank 0: the node rank decides."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+    return rank_zero_only.rank == 0 and ("RANK" in os.environ or node == "0")
+
+
+def wait_until_ours(out: Path, timeout_s: float = 900.0) -> None:
+    """Wait (up to `timeout_s`) for rank 0 to mark `out` as a run directory of ours."""
+    deadline = time.monotonic() + timeout_s
+    while not is_ours(out):
+        if time.monotonic() > deadline:
+            raise UserError(f"{out}: rank 0 did not take the run directory within {timeout_s:g} s")
+        time.sleep(0.2)

@@ -42,7 +42,7 @@ from lightning_modules.run.faults import inject
 from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
-from lightning_modules.run.rundir import claim, training_lock
+from lightning_modules.run.rundir import claim, global_rank_zero, training_lock, wait_until_ours
 from lightning_modules.run.slurm import on_slurm
 from lightning_modules.run.stop import REQUEUE_SIGNAL, STOP
 from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_hardware, check_memory, check_output_dir,
@@ -148,10 +148,12 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
     created = first_missing(out)  # the outermost directory this run creates: removed if a check fails
     check_output_dir(out)
-    rank_zero = rank_zero_only.rank == 0  # the other DDP ranks are rank 0's children
+    rank_zero = global_rank_zero()
     try:
         if rank_zero:
             claim(out)
+        else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
+            wait_until_ours(out)
     except UserError:
         if created:
             shutil.rmtree(created, ignore_errors=True)
