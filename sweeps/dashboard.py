@@ -18,7 +18,8 @@ from lightning_modules.run.stop import INTERRUPTS, STOP
 from sweeps.storage import exposure_warning, make_storage, safe_url
 
 
-def _cannot_listen(host: str, port: int, err: OSError) -> UserError:
+def cannot_listen(host: str, port: int, err: OSError) -> UserError:
+    """The one line for a port that cannot be bound (the dashboard's, the storage proxy's)."""
     return UserError(f"cannot listen on {host}:{port}: {err.strerror or err}")
 
 
@@ -41,7 +42,7 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 8080) -> int:
     try:  # binds here (SO_REUSEADDR: only a port in use fails, not one lingering in TIME_WAIT)
         server = make_server(host, port, wsgi(storage), server_class=_server_class(host))
     except OSError as err:  # port in use, host not on this machine
-        raise _cannot_listen(host, port, err) from None
+        raise cannot_listen(host, port, err) from None
     with server, STOP.recording(*INTERRUPTS):
         if warning := exposure_warning("dashboard", storage_url, host):
             print(warning, file=sys.stderr, flush=True)

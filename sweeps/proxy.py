@@ -14,6 +14,7 @@ import sys
 
 from lightning_modules.errors import UserError
 from lightning_modules.run.stop import INTERRUPTS, interrupting
+from sweeps.dashboard import cannot_listen
 from sweeps.optuna_api import serve_grpc_proxy
 from sweeps.storage import GRPC_SCHEME, GRPC_HINT, exposure_warning, journal_path, make_storage, safe_url
 
@@ -63,4 +64,4 @@ def _check_port(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as err:
-        raise UserError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+        raise cannot_listen(host, port, err) from None

@@ -22,8 +22,8 @@ import sqlite3
 import subprocess
 import tarfile
 import sys
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import optuna
@@ -528,13 +528,24 @@ def test_report_reads_an_optuna_database_without_writing_to_it(tmp_path: Path, c
     assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
 
 
-def test_dashboard_on_a_busy_port_says_so_before_printing_anything(tmp_path: Path, capsys):
+def a_sweep_database(tmp_path: Path) -> Path:
     path = tmp_path / "sweeps.db"
     optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    return path
+
+
+@contextmanager
+def a_taken_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that another socket listens on while inside."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
+        yield taken.getsockname()[1]
+
+
+def test_dashboard_on_a_busy_port_says_so_before_printing_anything(tmp_path: Path, capsys):
+    path = a_sweep_database(tmp_path)
+    with a_taken_port() as port:
         code = main(["dashboard", "--storage", f"sqlite:///{path}", "--port", str(port)])
     out, err = capsys.readouterr()
     assert code == 2 and out == "", out  # no "optuna-dashboard for ..." nor "Listening on" first
@@ -544,12 +555,8 @@ def test_dashboard_on_a_busy_port_says_so_before_printing_anything(tmp_path: Pat
 def test_storage_proxy_on_a_busy_port_is_our_one_line_and_nothing_else(tmp_path: Path):
     """A real process: gRPC's C core logged its own line before ours, and the banner came first."""
     pytest.importorskip("grpc", reason="grpcio is not installed")
-    path = tmp_path / "sweeps.db"
-    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    path = a_sweep_database(tmp_path)
+    with a_taken_port() as port:
         result = subprocess.run([sys.executable, "-m", "ablate", "storage-proxy", "--storage", f"sqlite:///{path}",
                                  "--port", str(port)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stdout == "", result.stdout
@@ -562,8 +569,7 @@ def test_listening_beyond_this_machine_is_said_in_one_line(command: str, tmp_pat
     default 127.0.0.1 there is none."""
     if command == "storage-proxy":
         pytest.importorskip("grpc", reason="grpcio is not installed")
-    path = tmp_path / "sweeps.db"
-    optuna.create_study(study_name="a-sweep", storage=f"sqlite:///{path}")
+    path = a_sweep_database(tmp_path)
     for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
         with socket.socket() as free:
             free.bind(("127.0.0.1", 0))

@@ -197,16 +197,21 @@ def machine_memory_gb(cfg: RunConfig) -> tuple[float, str]:
     return ram / processes / GB, "this machine's memory" + (f" per process ({processes})" if processes > 1 else "")
 
 
+def memory_limit_gb(cfg: RunConfig) -> tuple[float, str]:
+    """The memory a run may plan for, and what it is: `train.max_memory_gb` when set, else the
+    machine's or GPU's (`machine_memory_gb`). One limit for training and for the beam search."""
+    if cfg.train.max_memory_gb is not None:
+        return cfg.train.max_memory_gb, f"train.max_memory_gb={cfg.train.max_memory_gb:g}"
+    limit, machine = machine_memory_gb(cfg)
+    return limit, f"{machine} ({limit:.1f} GB)"
+
+
 def check_memory(cfg: RunConfig) -> None:
     """Refuse, before any work, a configuration whose estimated training memory exceeds
     `train.max_memory_gb` or, when that is not set, the memory of the machine or GPU it would
     train on (`machine_memory_gb`): a model that cannot fit fails here in one line, not after
     minutes of data loading in a MemoryError."""
-    limit = cfg.train.max_memory_gb
-    what = f"train.max_memory_gb={limit:g}" if limit is not None else ""
-    if limit is None:
-        limit, machine = machine_memory_gb(cfg)
-        what = f"{machine} ({limit:.1f} GB)"
+    limit, what = memory_limit_gb(cfg)
     states, activations = estimate_memory_gb(cfg)
     if states + activations > limit:
         raise UserError(
@@ -242,11 +247,7 @@ def check_decoding_memory(model: TransformerConfig, cfg: RunConfig, src_lengths:
     after the whole training, in the final beam search."""
     e = cfg.eval
     need = decoding_memory_gb(model, e.beam_size, e.batch_tokens, e.max_len_offset, src_lengths)
-    limit = cfg.train.max_memory_gb
-    what = f"train.max_memory_gb={limit:g}" if limit is not None else ""
-    if limit is None:
-        limit, machine = machine_memory_gb(cfg)
-        what = f"{machine} ({limit:.1f} GB)"
+    limit, what = memory_limit_gb(cfg)
     if need > limit:
         raise UserError(f"the final beam search would need ~{need:.1f} GB, more than {what} (beam "
                         f"{e.beam_size}, eval.batch_tokens={e.batch_tokens}, output up to source + "
