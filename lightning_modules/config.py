@@ -21,6 +21,9 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 TIE_EMBEDDINGS = ("all", "decoder", "none")
+# How the model computes, never what (docs/gpus.md#kernel-variants): SDPA kernels of
+# `model.attention_backend`, "auto" = PyTorch's own choice (transformer.SDPA_BACKENDS)
+ATTENTION_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
 CORPORA = ("ding", "files", "multi30k", "wmt14")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT; tests/test_config.py
@@ -139,6 +142,11 @@ class TransformerConfig:
     # key/value heads, each shared by n_heads / n_kv_heads query heads: 1 = multi-query,
     # a divisor of h = grouped-query; default h
     n_kv_heads: int | None = Derived(lambda c: c.n_heads)  # type: ignore[assignment]
+    # Kernel choices (docs/gpus.md#kernel-variants): the same function and parameters, other kernels.
+    # The SDPA kernel tried first: "auto" (PyTorch's order) | "math" | "flash" | "efficient" | "cudnn";
+    # a call it does not take (flash: a padding mask) falls to the next in PyTorch's order
+    attention_backend: str = "auto"
+    fused_qkv: bool = False  # self-attention's W_q and W_kv as one matrix, one matmul (state_dict: w_qkv)
 
     def __post_init__(self) -> None:
         _positive("model", n_layers=self.n_layers, d_model=self.d_model, d_ff=self.d_ff,
@@ -153,8 +161,10 @@ class TransformerConfig:
                              ("norm", NORMS), ("activation", ACTIVATIONS),
                              ("tie_embeddings", TIE_EMBEDDINGS)):
             _one_of(f"model.{key}", getattr(self, key), choices)
-        if not isinstance(self.scale_embeddings, bool):
-            raise UserError(f"model.scale_embeddings must be true or false, got {self.scale_embeddings!r}")
+        _one_of("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        for key in ("scale_embeddings", "fused_qkv"):
+            if not isinstance(getattr(self, key), bool):
+                raise UserError(f"model.{key} must be true or false, got {getattr(self, key)!r}")
         _positive("model", n_kv_heads=self.n_kv_heads)
         if self.n_heads % self.n_kv_heads:
             raise UserError(f"model.n_kv_heads={self.n_kv_heads} does not divide model.n_heads="
@@ -284,6 +294,10 @@ class TrainConfig:
     # Under SLURM (SLURM_NTASKS set): SIGUSR1 (`#SBATCH --signal=USR1@90`) saves a checkpoint at
     # the end of the step, requeues the job (`scontrol requeue`) and stops; see run/slurm.py
     slurm_requeue: bool = True
+    # 0: the vocabulary projection's logits (N, V) in full, then the loss (loss.label_smoothed_nll).
+    # K >= 1: projection and label-smoothed loss in K row chunks, each chunk's gradients formed at
+    # once, never the full logits (loss.projected_label_smoothed_nll); the same loss, other kernels
+    loss_chunks: int = 0
 
     def __post_init__(self) -> None:
         _positive("train", max_steps=self.max_steps, warmup_steps=self.warmup_steps,
@@ -309,6 +323,8 @@ class TrainConfig:
         parse_devices(self.devices)
         if self.threads is not None:
             _positive("train", threads=self.threads)
+        if isinstance(self.loss_chunks, bool) or not isinstance(self.loss_chunks, int) or self.loss_chunks < 0:
+            raise UserError(f"train.loss_chunks must be 0 (off) or a count of chunks >= 1, got {self.loss_chunks!r}")
 
 
 @dataclass

@@ -15,12 +15,14 @@ untied embeddings, no embedding scale, and fewer key/value heads (Shazeer 2019; 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lightning_modules.config import GATED_ACTIVATIONS, TransformerConfig, count_parameters  # noqa: F401 (exported)
 
@@ -28,6 +30,20 @@ from lightning_modules.config import GATED_ACTIVATIONS, TransformerConfig, count
 LayerCache = dict[str, Tensor]
 MASK_ALIGNMENT = 8  # SDPA's CUDA kernels want a mask's row stride a multiple of 8 elements
 ROPE_BASE = 10000.0  # theta_i = 10000^(-2i/d), as the sinusoids of section 3.5
+# `model.attention_backend` -> SDPA kernels in priority order: the one named first, then the others
+# in PyTorch's order, so a call the named kernel does not take (flash takes no padding mask, nor
+# d_k != d_v; efficient and cudnn have no CPU kernel) runs on the next one instead of failing.
+_KERNELS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+_PYTORCH_ORDER = ("flash", "efficient", "cudnn", "math")
+SDPA_BACKENDS = {name: [_KERNELS[name]] + [_KERNELS[k] for k in _PYTORCH_ORDER if k != name] for name in _KERNELS}
+
+
+def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
+    """SDPA's kernels with `name`'s first (`SDPA_BACKENDS`); "auto": PyTorch's own order, no context."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    return sdpa_kernel(SDPA_BACKENDS[name], set_priority=True)
 
 
 def check_length(length: int, max_len: int) -> None:
@@ -63,37 +79,79 @@ class MultiHeadAttention(nn.Module):
     With g = `n_kv_heads` < h, keys and values are projected for g heads only, and query heads
     i·h/g .. (i+1)·h/g - 1 share key/value head i (g = 1: multi-query, Shazeer 2019; a divisor of
     h: grouped-query, Ainslie et al. 2023); the cache holds the g heads. `rotary` rotates queries
-    and keys by their positions (self-attention only).
+    and keys by their positions (self-attention only). `backend` picks the SDPA kernels
+    (`SDPA_BACKENDS`). `fused` (self-attention only) holds the query and the key/value projections
+    as one matrix `w_qkv` (rows: W_q's, then W_kv's) and projects a sequence attending over itself
+    in one matmul; the same parameters and function as `w_q` + `w_kv`.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, n_kv_heads: int | None = None,
-                 rotary: RotaryEmbedding | None = None) -> None:
+                 rotary: RotaryEmbedding | None = None, backend: str = "auto", fused: bool = False) -> None:
         super().__init__()
         self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        self.rotary = rotary
-        self.w_q = nn.Linear(d_model, n_heads * d_k)
-        self.w_kv = nn.Linear(d_model, self.n_kv_heads * (d_k + d_v))  # K and V projections, fused
+        self.rotary, self.backend, self.fused = rotary, backend, fused
+        q_rows, kv_rows = n_heads * d_k, self.n_kv_heads * (d_k + d_v)
+        if fused:
+            self.w_qkv = nn.Linear(d_model, q_rows + kv_rows)
+            self.w_qkv.parts = (q_rows, kv_rows)  # initialised part by part, as w_q and w_kv
+            self.register_load_state_dict_pre_hook(MultiHeadAttention._fuse_state)
+        else:
+            self.w_q = nn.Linear(d_model, q_rows)
+            self.w_kv = nn.Linear(d_model, kv_rows)  # K and V projections, fused
+            self.register_load_state_dict_pre_hook(MultiHeadAttention._unfuse_state)
         self.w_o = nn.Linear(n_heads * d_v, d_model)
+
+    @staticmethod
+    def _fuse_state(module: nn.Module, state: dict, prefix: str, *args) -> None:
+        """A state_dict with `w_q` and `w_kv` (unfused models, older checkpoints) loads as `w_qkv`."""
+        for kind in ("weight", "bias"):
+            if f"{prefix}w_q.{kind}" in state:
+                state[f"{prefix}w_qkv.{kind}"] = torch.cat([state.pop(f"{prefix}w_q.{kind}"),
+                                                            state.pop(f"{prefix}w_kv.{kind}")])
+
+    @staticmethod
+    def _unfuse_state(module: nn.Module, state: dict, prefix: str, *args) -> None:
+        """A state_dict with `w_qkv` (a fused model's) loads as `w_q` and `w_kv`."""
+        for kind in ("weight", "bias"):
+            if f"{prefix}w_qkv.{kind}" in state:
+                q_rows = module.w_q.out_features
+                fused = state.pop(f"{prefix}w_qkv.{kind}")
+                state[f"{prefix}w_q.{kind}"], state[f"{prefix}w_kv.{kind}"] = fused[:q_rows], fused[q_rows:]
+
+    def _projection(self, part: str, x: Tensor) -> Tensor:
+        """x times W_q ("q") or W_kv ("kv"), plus bias: their own Linear, or rows of the fused one."""
+        if not self.fused:
+            return (self.w_q if part == "q" else self.w_kv)(x)
+        rows = slice(0, self.w_qkv.parts[0]) if part == "q" else slice(self.w_qkv.parts[0], None)
+        return F.linear(x, self.w_qkv.weight[rows], self.w_qkv.bias[rows])
 
     @staticmethod
     def _split(x: Tensor, heads: int, d_head: int) -> Tensor:
         """(B, T, heads·d) -> (B, heads, T, d)."""
         return x.unflatten(-1, (heads, d_head)).transpose(1, 2)
 
-    def project_kv(self, x: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
-        """Keys and values of `x` (at positions offset ..), each (B, g, T, d_k or d_v)."""
+    def _keys_values(self, kv: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """(B, T, g·(d_k + d_v)) projected -> keys and values, each (B, g, T, d_k or d_v)."""
         g = self.n_kv_heads
-        k, v = self.w_kv(x).split([g * self.d_k, g * self.d_v], dim=-1)
+        k, v = kv.split([g * self.d_k, g * self.d_v], dim=-1)
         k = self._split(k, g, self.d_k)
         if self.rotary is not None:
             k = self.rotary(k, offset)
         return k, self._split(v, g, self.d_v)
 
+    def _queries(self, q: Tensor, offset: int) -> Tensor:
+        """(B, T, h·d_k) projected -> queries (B, h, T, d_k)."""
+        q = self._split(q, self.n_heads, self.d_k)
+        return self.rotary(q, offset) if self.rotary is not None else q
+
+    def project_kv(self, x: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """Keys and values of `x` (at positions offset ..), each (B, g, T, d_k or d_v)."""
+        return self._keys_values(self._projection("kv", x), offset)
+
     def queries(self, x: Tensor, offset: int = 0) -> Tensor:
         """Queries of `x` (at positions offset ..), (B, h, T, d_k)."""
-        q = self._split(self.w_q(x), self.n_heads, self.d_k)
-        return self.rotary(q, offset) if self.rotary is not None else q
+        return self._queries(self._projection("q", x), offset)
 
     def per_query_head(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of g heads, repeated so that each of the h query heads has its own."""
@@ -102,16 +160,26 @@ class MultiHeadAttention(nn.Module):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         return k, v
 
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        """Queries (B, h, T, d_k) over keys/values of g heads -> the output projection's (B, T, d_model)."""
+        k, v = self.per_query_head(k, v)
+        with sdpa_backend(self.backend):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        return self.w_o(out.transpose(1, 2).flatten(2))
+
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                is_causal: bool = False, offset: int = 0) -> Tensor:
         """Queries from `x` (at positions offset ..) attend over precomputed keys/values (g heads
         each); `mask` is True where allowed."""
-        k, v = self.per_query_head(k, v)
-        out = F.scaled_dot_product_attention(self.queries(x, offset), k, v, attn_mask=mask, is_causal=is_causal)
-        return self.w_o(out.transpose(1, 2).flatten(2))
+        return self._attention(self.queries(x, offset), k, v, mask, is_causal)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
+        """Queries from `x` (B, T, d_model) attend over `memory`'s keys/values, positions from 0;
+        fused, a sequence attending over itself (`memory is x`) is projected in one matmul."""
+        if self.fused and memory is x:
+            q, kv = self.w_qkv(x).split(self.w_qkv.parts, dim=-1)  # (B, T, h·d_k), (B, T, g·(d_k + d_v))
+            return self._attention(self._queries(q, 0), *self._keys_values(kv, 0), mask, is_causal)
         k, v = self.project_kv(memory)
         return self.attend(x, k, v, mask, is_causal)
 
@@ -186,7 +254,8 @@ class SublayerConnection(nn.Module):
 
 def self_attention(c: TransformerConfig) -> MultiHeadAttention:
     rotary = RotaryEmbedding(c.d_k, c.max_len) if c.positional == "rope" else None
-    return MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v, c.n_kv_heads, rotary)
+    return MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v, c.n_kv_heads, rotary,
+                              c.attention_backend, c.fused_qkv)
 
 
 class EncoderLayer(nn.Module):
@@ -210,7 +279,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = self_attention(c)
         # cross-attention: no rotary (queries and keys come from different sequences)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v, c.n_kv_heads)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.d_k, c.d_v, c.n_kv_heads,
+                                             backend=c.attention_backend)
         self.feed_forward = feed_forward(c)
         self.sublayers = nn.ModuleList(SublayerConnection(c) for _ in range(3))
 
@@ -302,7 +372,9 @@ class Transformer(nn.Module):
     def _init_weights(self) -> None:
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
+                # a fused projection part by part (rows of W_q, then W_kv): the unfused model's init
+                for part in module.weight.split(getattr(module, "parts", module.out_features)):
+                    nn.init.xavier_uniform_(part)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
         # Every vocabulary matrix as the shared one: multiplied by sqrt(d_model) on input,
@@ -361,15 +433,22 @@ class Transformer(nn.Module):
         """Pre-LN's final norm of a stack's output; post-LN's output is normalised already."""
         return getattr(self, name)(x) if self.config.norm_position == "pre" else x
 
+    def output_weight(self) -> Tensor:
+        """The pre-softmax matrix (vocab_size, d_model): the embedding's unless tie_embeddings=none."""
+        return self.output.weight if self.config.tie_embeddings == "none" else self.embedding.weight
+
     def project(self, hidden: Tensor) -> Tensor:
-        """Pre-softmax linear transformation, tied to the embedding matrix unless tie_embeddings=none."""
-        weight = self.output.weight if self.config.tie_embeddings == "none" else self.embedding.weight
-        return hidden @ weight.t()
+        """Pre-softmax linear transformation: hidden (..., d_model) -> logits (..., vocab_size)."""
+        return hidden @ self.output_weight().t()
+
+    def hidden_states(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """The decoder's output (B, T, d_model) for every target position, before the projection."""
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt_in, memory, src_mask)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Logits (B, T, vocab_size) for every target position."""
-        memory, src_mask = self.encode(src)
-        return self.project(self.decode(tgt_in, memory, src_mask))
+        return self.project(self.hidden_states(src, tgt_in))
 
     def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
                     caches: list[LayerCache], position: int) -> Tensor:

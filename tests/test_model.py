@@ -37,6 +37,9 @@ KNOB_SETTINGS = [
     dict(tie_embeddings="decoder"), dict(tie_embeddings="none"), dict(scale_embeddings=False),
     dict(n_kv_heads=1), dict(n_kv_heads=2),
     dict(norm_position="pre", norm="rmsnorm", activation="swiglu", positional="rope"),
+    # kernel choices (docs/gpus.md#kernel-variants): the same function, other kernels
+    dict(fused_qkv=True), dict(fused_qkv=True, n_kv_heads=2, positional="rope"),
+    dict(attention_backend="math"), dict(attention_backend="flash"),
 ]
 KNOB_IDS = [",".join(f"{k}={v}" for k, v in s.items()) or "paper" for s in KNOB_SETTINGS]
 
@@ -358,7 +361,8 @@ def test_count_parameters_matches_module_for_odd_configs(settings):
 
 KNOB_VALUES = dict(norm_position=["post", "pre"], norm=["layernorm", "rmsnorm"],
                    activation=["relu", "gelu", "swiglu", "geglu"], positional=["sinusoidal", "learned", "rope"],
-                   tie_embeddings=["all", "decoder", "none"], scale_embeddings=[True, False], n_kv_heads=[6, 3, 1])
+                   tie_embeddings=["all", "decoder", "none"], scale_embeddings=[True, False], n_kv_heads=[6, 3, 1],
+                   fused_qkv=[False, True])
 
 
 @pytest.mark.parametrize("knob", list(KNOB_VALUES))
@@ -446,3 +450,47 @@ def test_padding_mask_rows_lie_a_multiple_of_eight_apart():
         assert mask.shape == (3, 1, 1, s)
         assert torch.equal(mask, (src != model.config.pad_id)[:, None, None, :])
         assert mask.stride(0) % 8 == 0 and mask.stride(-1) == 1
+
+
+@pytest.mark.parametrize("settings", [{}, dict(n_kv_heads=2, positional="rope")], ids=["paper", "gqa,rope"])
+def test_fused_qkv_is_the_unfused_model_with_w_q_and_w_kv_stacked(settings):
+    unfused, fused = tiny_model(seed=3, **settings), tiny_model(seed=3, fused_qkv=True, **settings)
+    plain = unfused.state_dict()
+    for i, layer in enumerate([*fused.encoder, *fused.decoder]):  # the same initial weights, stacked
+        side, index = ("encoder", i) if i < len(fused.encoder) else ("decoder", i - len(fused.encoder))
+        prefix = f"{side}.{index}.self_attn."
+        for kind in ("weight", "bias"):
+            stacked = torch.cat([plain[f"{prefix}w_q.{kind}"], plain[f"{prefix}w_kv.{kind}"]])
+            assert torch.equal(getattr(layer.self_attn.w_qkv, kind), stacked)
+    assert all("w_qkv" not in key for key in plain) and any("w_qkv" in key for key in fused.state_dict())
+    src, tgt = source_batch(), source_batch(seed=2)
+    calls = []
+    for layer in [*fused.encoder, *fused.decoder]:  # each self-attention projects once, in one matmul
+        layer.self_attn.w_qkv.register_forward_hook(lambda *args: calls.append(1))
+    torch.testing.assert_close(fused(src, tgt), unfused(src, tgt), rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2 * fused.config.n_layers
+    # state_dicts load across the two layouts (an older checkpoint into a fused model, and back)
+    other = tiny_model(seed=4, fused_qkv=True, **settings)
+    other.load_state_dict(unfused.state_dict())
+    torch.testing.assert_close(other(src, tgt), unfused(src, tgt), rtol=1e-5, atol=1e-5)
+    back = tiny_model(seed=5, **settings)
+    back.load_state_dict(fused.state_dict())
+    assert all(torch.equal(v, plain[k]) for k, v in back.state_dict().items())
+    assert count_parameters(fused.config) == sum(p.numel() for p in fused.parameters()) \
+        == sum(p.numel() for p in unfused.parameters())
+
+
+@pytest.mark.parametrize("backend", ["math", "flash", "efficient", "cudnn"])
+def test_attention_backend_puts_its_kernel_first_and_keeps_the_function(backend):
+    from torch.nn.attention import SDPBackend
+
+    from lightning_modules.transformer import SDPA_BACKENDS
+
+    default, chosen = tiny_model(seed=6), tiny_model(seed=6, attention_backend=backend)
+    src, tgt = source_batch(), source_batch(seed=2)
+    torch.testing.assert_close(chosen(src, tgt), default(src, tgt), rtol=1e-5, atol=1e-5)
+    order = SDPA_BACKENDS[backend]
+    assert order[0] == {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+                        "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    assert sorted(order, key=str) == sorted({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,  # every kernel:
+                                             SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION}, key=str)
