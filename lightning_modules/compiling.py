@@ -6,7 +6,7 @@
   tgt_in.size(1)`, and the next batch recompiles the whole step (1-2 minutes for the base model
   on an H100 host; seen as a third graph in benchmarks/results). Source and target lengths are
   independent, so duck sizing is switched off while the step is traced.
-- `torch._dynamo.lookup_backend("inductor")`: the default backend, wrapped so that the fault
+- `torch._dynamo.lookup_backend(name)`: the backend (Inductor unless asked), wrapped so that the fault
   point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
@@ -24,8 +24,11 @@ import torch
 RECOMPILE_LIMIT = 4
 
 
-def compile_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`torch.compile(fn, dynamic=True)` with independent symbolic sizes for every dimension."""
+def compile_dynamic(fn: Callable[..., Any], backend: str = "inductor") -> Callable[..., Any]:
+    """`torch.compile(fn, dynamic=True)` with independent symbolic sizes for every dimension.
+
+    `backend` another of torch.compile's: "aot_eager" traces the same graphs, forward and backward,
+    without Inductor's code generation (the benchmarks' CPU smoke check of GPU code paths)."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
@@ -34,17 +37,21 @@ def compile_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
         dynamo.recompile_limit = RECOMPILE_LIMIT
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
         dynamo.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=True, backend=_inductor)
+    return torch.compile(fn, dynamic=True, backend=_with_fault_point(backend))
 
 
-def _inductor(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Inductor, with the `compile` fault point at the start of each compilation."""
-    from torch._dynamo import lookup_backend
+def _with_fault_point(backend: str) -> Callable[..., Any]:
+    """The backend, with the `compile` fault point at the start of each compilation."""
 
-    from lightning_modules.run.faults import inject
+    def compiler(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        from torch._dynamo import lookup_backend
 
-    inject("compile")
-    return lookup_backend("inductor")(graph, example_inputs)
+        from lightning_modules.run.faults import inject
+
+        inject("compile")
+        return lookup_backend(backend)(graph, example_inputs)
+
+    return compiler
 
 
 def compiled_graphs() -> int:

@@ -96,3 +96,60 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
     else:
         loss, nll = LabelSmoothedNLL.apply(flat, flat_target, keep, epsilon)
     return loss, nll, keep.sum()
+
+
+class ProjectedLabelSmoothedNLL(torch.autograd.Function):
+    """(summed smoothed loss, summed NLL) of hidden states (N, d) through the pre-softmax matrix
+    `weight` (V, d), rows where `keep` is False left out; the NLL carries no gradient.
+
+    Method: the rows, padded to a multiple of `chunks` with left-out rows, are cut into `chunks`
+    equal pieces (always that many: a traced step has no data-dependent loop, and no guard on the
+    row count's remainder, which `tensor_split` would add and recompile for). Each piece's logits
+    are formed, reduced to its loss terms and turned into its gradients with respect to the hidden
+    states and the weight in the forward pass (∂loss/∂x as in `LabelSmoothedNLL`), then dropped: the full (N, V) logits never
+    exist, in any dtype. The backward pass scales those gradients by the incoming one (the loss is
+    a scalar). The matmuls run in whatever dtype autocast gives them.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, epsilon: float,
+                chunks: int) -> tuple[Tensor, Tensor]:
+        (n, d), vocab = hidden.shape, weight.size(0)
+        rows = (n + chunks - 1) // chunks  # per piece; the last rows are padding, left out (keep False)
+        pad = rows * chunks - n
+        pieces = (F.pad(hidden, (0, 0, 0, pad)).view(chunks, rows, d), F.pad(target, (0, pad)).view(chunks, rows),
+                  F.pad(keep, (0, pad)).view(chunks, rows))
+        loss, nll = hidden.new_zeros((), dtype=torch.float32), hidden.new_zeros((), dtype=torch.float32)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_hidden = []
+        for i in range(chunks):
+            h, t, k = (piece[i] for piece in pieces)
+            x = (h @ weight.t()).float()  # (rows, V) logits of this piece only
+            lse, x_t = torch.logsumexp(x, dim=-1), x.gather(1, t.unsqueeze(1)).squeeze(1)
+            loss = loss + (lse - (1 - epsilon) * x_t - epsilon * x.mean(dim=-1)).masked_fill(~k, 0.0).sum()
+            nll = nll + (lse - x_t).masked_fill(~k, 0.0).sum()
+            s = k.float()[:, None]  # (rows, 1): 0 on left-out rows
+            g = torch.addcmul(s * (-epsilon / vocab), torch.softmax(x, dim=-1), s)
+            g = g.scatter_add(1, t[:, None], s * -(1 - epsilon))  # (n, V) ∂loss/∂logits
+            grad_hidden.append((g @ weight).to(hidden.dtype))  # (rows, d)
+            grad_weight = grad_weight + (g.t() @ h).float()  # (V, d)
+        ctx.save_for_backward(torch.cat(grad_hidden)[:n], grad_weight.to(weight.dtype))
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype),
+                None, None, None, None)
+
+
+def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, epsilon: float,
+                                 chunks: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`label_smoothed_nll` of the logits `hidden @ weight.T` (hidden (..., d), weight (V, d)),
+    computed in `chunks` row pieces without forming the full logits (`ProjectedLabelSmoothedNLL`)."""
+    flat = hidden.reshape(-1, hidden.size(-1))  # (N, d)
+    keep = target.reshape(-1) != pad_id
+    flat_target = target.reshape(-1).masked_fill(~keep, 0)
+    loss, nll = ProjectedLabelSmoothedNLL.apply(flat, weight, flat_target, keep, epsilon, chunks)
+    return loss, nll, keep.sum()

@@ -14,7 +14,7 @@ from torchmetrics import SumMetric
 from lightning_modules.callbacks import TrainingClock
 from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.loss import label_smoothed_nll
+from lightning_modules.loss import label_smoothed_nll, projected_label_smoothed_nll
 from lightning_modules.run.faults import corrupt_loss, inject
 from lightning_modules.transformer import Transformer, count_parameters
 
@@ -70,12 +70,17 @@ class TranslationModule(pl.LightningModule):
 
     def forward_loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, epsilon: float
                      ) -> tuple[Tensor, Tensor, Tensor]:
-        """Summed label-smoothed loss, summed NLL and target-token count of one batch."""
-        return label_smoothed_nll(self.model(src, tgt_in), tgt_out, self.model_config.pad_id, epsilon)
+        """Summed label-smoothed loss, summed NLL and target-token count of one batch: from the full
+        logits, or with `train.loss_chunks` from the decoder's output in row chunks (no full logits)."""
+        pad, chunks = self.model_config.pad_id, self.train_config.loss_chunks
+        if chunks:
+            hidden = self.model.hidden_states(src, tgt_in)  # (B, T, d_model)
+            return projected_label_smoothed_nll(hidden, self.model.output_weight(), tgt_out, pad, epsilon, chunks)
+        return label_smoothed_nll(self.model(src, tgt_in), tgt_out, pad, epsilon)
 
-    def compile_step(self) -> None:
+    def compile_step(self, backend: str = "inductor") -> None:
         """Train through `torch.compile(forward_loss, dynamic=True)` from now on."""
-        self._forward_loss_fn = compile_dynamic(self.forward_loss)
+        self._forward_loss_fn = compile_dynamic(self.forward_loss, backend)
 
     @classmethod
     def from_configs(cls, model: TransformerConfig, train: TrainConfig) -> "TranslationModule":
