@@ -6,6 +6,7 @@
     python -m benchmarks --device cuda         # on a GPU (bf16 autocast by default there, MFU)
     python -m benchmarks --only reproducibility  # what changes a run's numbers (opt-in experiment)
     python -m benchmarks --only workers          # how many sweep workers to run on this CPU (opt-in)
+    python -m benchmarks --device cuda --only gpu_round --out DIR  # kernel variants, < 8 minutes (opt-in)
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import end_to_end, generation, overhead, padding, reproducibility, scaling, train_step, workers
+from benchmarks import (end_to_end, generation, gpu_round, overhead, padding, reproducibility, scaling, train_step,
+                        workers)
 from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 
 BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padding.run,
               "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run,
-              "reproducibility": reproducibility.run, "workers": workers.run}
-# Run only when named in --only: an experiment (~15 minutes on 2 cores), and a measurement that
-# needs the whole machine (~3 minutes on 2 cores).
-OPT_IN = ("reproducibility", "workers")
+              "reproducibility": reproducibility.run, "workers": workers.run, "gpu_round": gpu_round.run}
+# Run only when named in --only: an experiment (~15 minutes on 2 cores), a measurement that
+# needs the whole machine (~3 minutes on 2 cores), and the GPU round (its CPU run is a smoke check).
+OPT_IN = ("reproducibility", "workers", "gpu_round")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(device=device, precision=precision, reps=args.reps, quick=args.quick,
                         cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
                         checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
-                        cases=tuple(c for c in args.cases.split(",") if c))
+                        cases=tuple(c for c in args.cases.split(",") if c), out=args.out)
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)
     out: Path = args.out

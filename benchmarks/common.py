@@ -59,7 +59,8 @@ class Settings:
     checkpoint: Path | None = None
     seed: int = 1
     newstest_dir: Path | None = None  # newstest2013/2014 (end_to_end's WMT-length cases)
-    cases: tuple[str, ...] = ()  # end_to_end cases to run (empty: all)
+    cases: tuple[str, ...] = ()  # end_to_end / gpu_round cases to run (empty: all)
+    out: Path | None = None  # --out: where a benchmark that saves as it goes (gpu_round) writes
 
     def reps_or(self, default: int) -> int:
         return self.reps if self.reps is not None else default

@@ -1,0 +1,386 @@
+"""Benchmark: the GPU round (issue #40), every kernel variant of the training step side by side.
+
+    python -m benchmarks --device cuda --only gpu_round --out DIR   # one H100/H200, < 8 minutes
+    python -m benchmarks --only gpu_round --quick                   # CPU smoke check, tiny dims
+
+Method. One process measures every variant in `VARIANTS` (a name -> config overrides, e.g.
+`{"train.compile": True, "model.fused_qkv": True}`) on the same batches from the same initial
+weights: the module's `forward_loss`, backward and Adam (fused on CUDA), batches already on the
+device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
+
+- Batches: random token ids with WMT14-like lengths, bucketed by the project's
+  `TokenBucketBatchSampler` and `collate`: `Case.pool` sentence pairs whose source lengths (BPE pieces)
+  are log-normal (median 26, σ 0.6: mean ≈ 31 pieces ≈ 27 words at 37,000 pieces, a long tail
+  capped at 250), target = source × a log-normal ratio (median 1.05, σ 0.2); ids drawn from a
+  Zipf(1.1) law over the vocabulary (a real BPE's frequency profile), so the first steps learn and
+  the loss moves. Nothing is read from disk or the network. `Case.batches` batches per batch size
+  are drawn from one shuffled epoch.
+- Per variant: a fresh module (same seed, then the eager default's initial state_dict loaded),
+  a warm-up pass over every batch (compilation included, timed apart as "warm-up s"), whose first
+  `AGREE_STEPS` steps' per-token losses are compared with the eager default's (same batches,
+  same seed); then per batch size `Case.passes` timed passes over its batches, each step timed on the
+  device (CUDA events, no host sync inside the pass). tokens/s counts real target tokens; a step
+  slower than 10× the median (a recompilation) is left out and counted.
+- MFU: matmul FLOPs of forward + backward (`common.train_flops`, the vocabulary projection
+  included) ÷ time ÷ the device's dense bf16 peak (`common.PEAK_BF16_FLOPS`). Graphs:
+  `compiling.compiled_graphs()` over the variant (in-process compiler state reset before each).
+- Loss agreement: the largest relative difference of those first losses from the eager
+  default's. Dropout is on (the measured step is the real one): eager variants draw the same
+  masks as the eager default; compiled ones draw Inductor's, so their difference holds dropout
+  noise, whose size the row "eager, other dropout seed" shows. Tolerance `TOLERANCE`.
+- Time: `BUDGET_S` in all; the variants run in `CUDA_PLAN` order (the cheap eager ones and the issue's
+  main suspects first), and one whose estimated cost (the case's slowest compiled warm-up so far)
+  no longer fits is skipped with a note. A variant that fails (a kernel the device lacks, out of
+  memory) becomes a row with its error; the run goes on. Results (`gpu_round.json`,
+  `gpu_round.md`) are written atomically to `--out` after every variant.
+
+Not measured here: weights cast to bf16 once per step (autocast already casts each weight once
+per forward pass, its cache holding the cast; what remains is one cast kernel per weight, which
+only parameters laid out in one flat buffer would merge: a change to parameters, optimizer state
+and checkpoints, not a setting), packed variable-length sequences (nested jagged tensors through
+every layer, the padding mask and cross-attention: not in this round), decoding (the generation
+benchmark's; it needs a trained model).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import Section, Settings, mfu, render_section, seeded, stopwatch, sync, train_flops
+from lightning_modules.compiling import compiled_graphs
+from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.data import TokenBucketBatchSampler, collate
+from lightning_modules.run.io import atomic_write_json, atomic_write_text
+from lightning_modules.translation import TranslationModule
+
+COMPILED = {"train.compile": True}
+# name -> config overrides ("model.KEY" / "train.KEY"); add a variant here in one line.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "eager, other dropout seed": {},  # NOISE_FLOOR: the loss agreement's noise (see `_seed`)
+    "eager, attention flash": {"model.attention_backend": "flash"},
+    "eager, attention efficient": {"model.attention_backend": "efficient"},
+    "eager, attention cudnn": {"model.attention_backend": "cudnn"},
+    "eager, attention math": {"model.attention_backend": "math"},
+    "eager, fused QKV": {"model.fused_qkv": True},
+    "eager, loss chunks 8": {"train.loss_chunks": 8},
+    "compiled": COMPILED,
+    "compiled, loss chunks 8": {**COMPILED, "train.loss_chunks": 8},
+    "compiled, attention flash": {**COMPILED, "model.attention_backend": "flash"},
+    "compiled, attention cudnn": {**COMPILED, "model.attention_backend": "cudnn"},
+    "compiled, attention efficient": {**COMPILED, "model.attention_backend": "efficient"},
+    "compiled, fused QKV": {**COMPILED, "model.fused_qkv": True},
+    "compiled, all: flash, fused QKV, loss chunks 8": {**COMPILED, "model.attention_backend": "flash",
+                                                      "model.fused_qkv": True, "train.loss_chunks": 8},
+}
+REFERENCE = "eager"  # every other variant's losses are compared with this one's
+NOISE_FLOOR = "eager, other dropout seed"  # the eager default with other dropout masks: not judged
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model at one vocabulary, measured at each of `tokens` (tokens per batch and side)."""
+
+    name: str
+    dims: dict[str, Any]
+    vocab: int
+    tokens: tuple[int, ...]
+    max_len: int = 250  # longest sentence (pieces) of the synthetic pool
+    pool: int = 120_000  # sentence pairs bucketed into batches (WMT14: 4.5M; batches of narrow length range)
+    batches: int = 6  # batches per batch size
+    passes: int = 3  # timed passes over them
+
+
+BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
+BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3}
+TINY = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4}
+ALL = "compiled, all: flash, fused QKV, loss chunks 8"
+CASES = {"wmt-base-37k": Case("wmt-base-37k", BASE, 37000, (25000, 4000)),
+         "wmt-big-37k": Case("wmt-big-37k", BIG, 37000, (25000, 4000)),
+         "tiny": Case("tiny", TINY, 500, (600, 300), max_len=60, pool=3000, batches=3, passes=2)}
+_EAGER = [name for name, overrides in VARIANTS.items() if not overrides.get("train.compile")]
+# (case, variant) in the order they run on CUDA: the baselines and the issue's main suspects first,
+# the cheap eager variants, then big, then each knob compiled on its own. What the budget leaves out
+# is a row saying so. A variant added to VARIANTS runs last unless placed here.
+CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, *_EAGER[1:], "compiled, loss chunks 8")] \
+    + [("wmt-big-37k", name) for name in ("eager", ALL)] \
+    + [("wmt-base-37k", name) for name in ("compiled, attention flash", "compiled, attention cudnn",
+                                           "compiled, fused QKV", "compiled, attention efficient")] \
+    + [("wmt-big-37k", name) for name in ("compiled", "compiled, loss chunks 8")]
+# CPU: every eager variant; compiled, the default and all knobs at once (each compilation takes a
+# minute or two on a loaded 2-core machine), which between them trace every knob's code
+CPU_PLAN = [("tiny", name) for name in (*_EAGER, "compiled", ALL)]
+BUDGET_S = 390.0  # the variants' time: with start-up, batches and one overrun the command stays under 8 minutes
+AGREE_STEPS = 4  # first steps whose losses are compared
+LR = 5e-4  # constant Adam rate: the first steps move the loss
+TOLERANCE = {"bf16": 2e-2, "fp32": 1e-3}  # relative difference of a per-token loss
+SLOW_STEP = 10.0  # a step this many times the median is a recompilation, left out of tokens/s
+
+
+def plan(settings: Settings) -> tuple[list[tuple[str, str]], float]:
+    """(case, variant) pairs in the order they run, and their time budget."""
+    if settings.device.type == "cuda" and not settings.quick:
+        done = set(CUDA_PLAN)
+        rest = [(case, name) for case in ("wmt-base-37k", "wmt-big-37k") for name in VARIANTS
+                if (case, name) not in done]
+        steps = CUDA_PLAN + rest
+        budget = BUDGET_S
+    else:
+        steps, budget = CPU_PLAN, 900.0
+    return [(c, n) for c, n in steps if not settings.cases or c in settings.cases], budget
+
+
+# ----------------------------------------------------------------------------------- batches
+
+def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: int, max_len: int = 250
+                     ) -> list[dict[str, Any]]:
+    """`count` batches of random ids with WMT14-like lengths, bucketed as `ablate train` does."""
+    rng = np.random.default_rng(seed)
+    src_len = np.clip(np.rint(rng.lognormal(np.log(26), 0.6, pool)), 1, max_len).astype(np.int64)
+    ratio = rng.lognormal(np.log(1.05), 0.2, pool)
+    tgt_len = np.clip(np.rint(src_len * ratio), 1, max_len).astype(np.int64)
+    sampler = TokenBucketBatchSampler(src_len, tgt_len, max_tokens, shuffle=True, seed=seed,
+                                      num_replicas=1, rank=0)
+    ranks = np.arange(1, vocab - 3)
+    zipf = ranks ** -1.1 / (ranks ** -1.1).sum()  # over ids 4 .. vocab - 1
+
+    def pairs(index: list[int]) -> list[tuple[list[int], list[int]]]:
+        lengths = np.stack([src_len[index], tgt_len[index]], axis=1).ravel()
+        ids = (rng.choice(vocab - 4, size=int(lengths.sum()), p=zipf) + 4).tolist()
+        ends = np.cumsum(lengths).tolist()
+        flat = [ids[start:end] for start, end in zip([0, *ends[:-1]], ends)]
+        return list(zip(flat[0::2], flat[1::2]))
+
+    return [collate(pairs(index)) for index in sampler.global_batches()[:count]]
+
+
+# ----------------------------------------------------------------------------------- variants
+
+def configs(dims: dict[str, Any], vocab: int, overrides: dict[str, Any]) -> tuple[TransformerConfig, TrainConfig]:
+    """The model and train configs of a variant: `dims` and `vocab`, then its overrides."""
+    sections: dict[str, dict[str, Any]] = {"model": {**dims, "vocab_size": vocab}, "train": {}}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if section not in sections:
+            raise ValueError(f"gpu_round variant override {key!r}: only model.* and train.* keys are applied")
+        sections[section][name] = value
+    return TransformerConfig(**sections["model"]), TrainConfig(**sections["train"])
+
+
+def _seed(name: str, settings: Settings) -> int:
+    return settings.seed + (1 if name == NOISE_FLOOR else 0)
+
+
+class StepTimer:
+    """Seconds of each step: CUDA events (read once, after the last step) or the host clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1000 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+def build(c: TransformerConfig, t: TrainConfig, state: dict[str, torch.Tensor] | None,
+          settings: Settings) -> tuple[TranslationModule, Callable[[dict[str, Any]], torch.Tensor]]:
+    """A module with `state` loaded (None: its own init), compiled if `t.compile`, and its step:
+    forward_loss, backward, Adam; returns the per-token loss, on the device."""
+    device = settings.device
+    seeded(settings.seed)
+    module = TranslationModule.from_configs(c, t)
+    if state is not None:
+        module.load_state_dict(state)
+    module.to(device)
+    if t.compile:  # CPU: dynamo and AOTAutograd trace the same graphs; Inductor is left out
+        module.compile_step("inductor" if device.type == "cuda" else "aot_eager")
+    opt = torch.optim.Adam(module.parameters(), lr=LR, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
+                           fused=True if device.type == "cuda" else None)
+    epsilon = c.label_smoothing
+
+    def step(b: dict[str, Any]) -> torch.Tensor:
+        with settings.autocast():
+            loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], epsilon)
+        per_token = loss / n.clamp(min=1)
+        per_token.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return per_token.detach()
+
+    return module, step
+
+
+def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], state: dict[str, torch.Tensor],
+            settings: Settings) -> dict[str, Any]:
+    """One variant: warm-up (and its first losses), then timed passes per batch size."""
+    device = settings.device
+    torch.compiler.reset()  # a fresh module's forward_loss must not count against the recompile limit
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    graphs = compiled_graphs()
+    c, t = configs(case.dims, case.vocab, VARIANTS[name])
+    _, step = build(c, t, state, settings)
+    seeded(_seed(name, settings))  # dropout masks
+    order = [b for size in case.tokens for b in batches[size]]
+    start = time.perf_counter()
+    losses = [step(b) for b in order]
+    sync(device)
+    out: dict[str, Any] = {"warmup_s": time.perf_counter() - start,
+                           "losses": [float(x) for x in torch.stack(losses[:AGREE_STEPS]).cpu()]}
+    for size in case.tokens:
+        timer = StepTimer(device)
+        timer.mark()
+        for _ in range(case.passes):
+            for b in batches[size]:
+                step(b)
+                timer.mark()
+        seconds = timer.seconds()
+        flops = [train_flops(c, b) for b in batches[size]] * case.passes
+        tokens = [b["n_tokens"] for b in batches[size]] * case.passes
+        typical = float(np.median(seconds))
+        kept = [i for i, s in enumerate(seconds) if s <= SLOW_STEP * typical]
+        time_kept = sum(seconds[i] for i in kept)
+        out[size] = {"tokens_per_s": sum(tokens[i] for i in kept) / time_kept,
+                     "ms_per_step": 1000 * time_kept / len(kept),
+                     "mfu": mfu(sum(flops[i] for i in kept) / time_kept, device),
+                     "slow_steps": len(seconds) - len(kept)}
+    out["graphs"] = compiled_graphs() - graphs if t.compile else 0
+    if device.type == "cuda":
+        out["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return out
+
+
+# ----------------------------------------------------------------------------------- the round
+
+def _rows(case: Case, name: str, result: dict[str, Any], reference: list[float] | None,
+          tolerance: float) -> list[dict[str, Any]]:
+    """Table rows of one variant: one per batch size, or one with why it did not run."""
+    base = {"case": case.name, "variant": name}
+    if "skipped" in result or "error" in result:
+        return [{**base, "note": result.get("skipped") or f"error: {result['error']}"}]
+    agree = None
+    if reference:
+        agree = max(abs(a - b) / abs(b) for a, b in zip(result["losses"], reference))
+    rows = []
+    for size in case.tokens:
+        r = result[size]
+        rows.append({**base, "tokens/batch": size, "tokens/s": r["tokens_per_s"], "ms/step": r["ms_per_step"],
+                     "MFU": r["mfu"], "warm-up s": result["warmup_s"], "graphs": result["graphs"],
+                     "peak GB": result.get("peak_gb"), "loss Δ": agree,
+                     "agrees": None if agree is None or name == NOISE_FLOOR else agree <= tolerance,
+                     "note": f"{r['slow_steps']} slow step(s) left out" if r["slow_steps"] else ""})
+    return rows
+
+
+def _estimate(results: dict[str, dict[str, Any]], overrides: dict[str, Any]) -> float:
+    """Seconds a variant is expected to take: its kind's slowest warm-up so far, plus the timing."""
+    compiled = bool(overrides.get("train.compile"))
+    same = [r["warmup_s"] for n, r in results.items()
+            if "warmup_s" in r and bool(VARIANTS[n].get("train.compile")) == compiled]
+    return (max(same) if same else (90.0 if compiled else 10.0)) + 15.0
+
+
+def case_data(case: Case, settings: Settings) -> dict[str, Any]:
+    """The case's batches on the device, per batch size, and the initial weights every variant loads."""
+    batches = {size: [{k: v.to(settings.device) if torch.is_tensor(v) else v for k, v in b.items()}
+                      for b in wmt_like_batches(case.vocab, size, case.batches, settings.seed, case.pool,
+                                                case.max_len)]
+               for size in case.tokens}
+    c, _ = configs(case.dims, case.vocab, {})
+    seeded(settings.seed)
+    state = TranslationModule.from_configs(c, TrainConfig()).state_dict()
+    return {"batches": batches, "state": state, "results": {}}
+
+
+def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings, deadline: float) -> dict[str, Any]:
+    """One variant's measurement, or why it did not run (time budget, an error): never raises."""
+    results = data["results"]
+    left, need = deadline - time.perf_counter(), _estimate(results, VARIANTS[name])
+    if left < need:
+        return {"skipped": f"time budget: {left:.0f} s left, ~{need:.0f} s needed"}
+    try:
+        return measure(name, case, data["batches"], data["state"], settings)
+    except Exception as error:  # a kernel this device lacks, out of memory: a row, not a crash
+        if settings.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"error": f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"}
+
+
+def run(settings: Settings) -> Section:
+    section = Section("gpu_round", "GPU round: kernel variants of the training step (issue #40)",
+                      ["case", "variant", "tokens/batch", "tokens/s", "ms/step", "MFU", "warm-up s", "graphs",
+                       "peak GB", "loss Δ", "agrees", "note"],
+                      formats={"MFU": "{:.1%}", "loss Δ": "{:.1e}"})
+    steps, budget = plan(settings)
+    deadline = time.perf_counter() + budget
+    tolerance = TOLERANCE[settings.precision]
+    data: dict[str, dict[str, Any]] = {}
+
+    def save() -> None:
+        if settings.out is None:
+            return
+        settings.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(settings.out / "gpu_round.json", {"rows": section.rows, "notes": section.notes,
+                                                            "data": section.data})
+        atomic_write_text(settings.out / "gpu_round.md", render_section(section) + "\n")
+
+    with stopwatch(section):
+        for case_name, name in steps:
+            case = CASES[case_name]
+            if case_name not in data:
+                data[case_name] = case_data(case, settings)
+            results = data[case_name]["results"]
+            results[name] = run_variant(case, name, data[case_name], settings, deadline)
+            reference = results.get(REFERENCE, {}).get("losses") if name != REFERENCE else None
+            section.rows += _rows(case, name, results[name], reference, tolerance)
+            section.data[case_name] = {"results": {k: {str(kk): vv for kk, vv in v.items()} for k, v in results.items()},
+                                       "case": case.__dict__}
+            print(json.dumps({"case": case_name, "variant": name, **section.data[case_name]["results"][name]},
+                             default=str), flush=True)
+            save()
+    for case_name, d in data.items():
+        shapes = {size: [[*b["src"].shape, b["tgt_out"].size(1)] for b in bs] for size, bs in d["batches"].items()}
+        section.data[case_name]["shapes"] = shapes
+        section.notes.append(f"{case_name}: dims {CASES[case_name].dims}, vocabulary {CASES[case_name].vocab:,}; "
+                             f"batches (sentences, source, target length) {shapes}; tolerance of the loss "
+                             f"agreement {tolerance:.0e} relative ({settings.precision}).")
+    section.notes += [
+        "Batches: random ids (Zipf 1.1) with WMT14-like lengths (log-normal, median 26 pieces), bucketed by "
+        "TokenBucketBatchSampler; no corpus is read. Step: forward_loss + backward + Adam on device-resident "
+        f"batches, Adam at a constant {LR} so the first {AGREE_STEPS} steps' losses move.",
+        "loss Δ: the largest relative difference of the first steps' per-token losses from the eager default's "
+        "(same weights, batches and seed); compiled variants draw other dropout masks (Inductor's RNG), whose "
+        "size the 'eager, other dropout seed' row shows. On CPU compiled variants run dynamo + AOTAutograd "
+        "without Inductor (aot_eager), and attention efficient/cudnn fall to the CPU's kernels: a smoke "
+        "check of the code paths, not a speed.",
+        "Not measured: bf16 weight casts once per step (autocast already casts each weight once per forward; "
+        "merging the casts needs parameters in one flat buffer), packed variable-length sequences (nested "
+        "jagged tensors), decoding (the generation benchmark).",
+    ]
+    if settings.device.type == "cuda" and steps:
+        first = CASES[steps[0][0]]
+        best = max((r["MFU"] for r in section.rows if r.get("MFU") and r["case"] == first.name
+                    and r.get("tokens/batch") == max(first.tokens)), default=None)
+        section.target(f"{first.name}: best variant's MFU at {max(first.tokens)} tokens", best,
+                       "≥ 40%", None if best is None else best >= 0.40)
+    save()
+    return section
