@@ -29,6 +29,29 @@ def test_quick_benchmarks_write_json_and_markdown(tmp_path: Path):
     assert md.startswith("# Benchmarks") and "|" in md
 
 
+def test_gpu_round_quick_runs_every_variant_and_each_agrees_with_eager(tmp_path: Path):
+    """The GPU round's CPU mode (tiny dims, fp32; compiled variants through dynamo + AOTAutograd):
+    every code path of the CUDA command but CUDA's kernels, so a crash shows here first."""
+    from benchmarks.gpu_round import NOISE_FLOOR, REFERENCE, VARIANTS
+
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
+                             "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "gpu_round.json").read_text())  # written as it goes
+    section = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["gpu_round"]
+    assert saved["rows"] == section["rows"]
+    ran = {row["variant"] for row in section["rows"] if row.get("tokens/s")}
+    assert {name for name, o in VARIANTS.items() if not o.get("train.compile")} <= ran  # every eager one
+    assert "compiled" in ran and any(name.startswith("compiled, all") for name in ran)
+    assert not any(row.get("note", "").startswith("error") for row in section["rows"])
+    for row in section["rows"]:
+        if row["variant"] not in (REFERENCE, NOISE_FLOOR):
+            assert row["agrees"] is True and row["loss Δ"] <= 1e-3, row
+        if row["variant"].startswith("compiled"):
+            assert row["graphs"] == 1, row  # one graph for every batch shape
+    assert (tmp_path / "gpu_round.md").read_text().startswith("## GPU round")
+
+
 def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):
     from benchmarks.end_to_end import NEWSTEST_REPEAT, newstest_files
 

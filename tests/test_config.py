@@ -251,6 +251,35 @@ def test_a_bad_modification_knob_is_one_line(override, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("override,message", [
+    ("attention_backend=xformers", "model.attention_backend must be one of auto, math, flash, efficient, cudnn; "
+                                   "got 'xformers'"),
+    ("fused_qkv=maybe", "model.fused_qkv"),
+    ("loss_chunks=-1", "train.loss_chunks must be 0 (off) or a count of chunks >= 1, got -1"),
+    ("loss_chunks=2.5", "train.loss_chunks"),
+    ("loss_chunks=true", "train.loss_chunks"),
+])
+def test_a_bad_kernel_choice_is_one_line(override, message):
+    with pytest.raises(UserError) as err:
+        resolve("tiny", "base", overrides=[override])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", [2.5, True, -3])
+def test_loss_chunks_of_a_config_file_or_code_must_be_a_count(value):
+    with pytest.raises(UserError, match=r"train.loss_chunks must be 0 \(off\) or a count of chunks >= 1"):
+        TrainConfig(loss_chunks=value)
+    with pytest.raises(UserError, match="model.fused_qkv must be true or false"):
+        TransformerConfig(fused_qkv="yes")
+
+
+def test_kernel_choices_resolve_from_overrides_and_default_to_the_unchanged_step():
+    cfg = resolve("tiny", "base", overrides=["attention_backend=cudnn", "fused_qkv=true", "loss_chunks=8"])
+    assert (cfg.model.attention_backend, cfg.model.fused_qkv, cfg.train.loss_chunks) == ("cudnn", True, 8)
+    default = resolve("tiny", "base")
+    assert (default.model.attention_backend, default.model.fused_qkv, default.train.loss_chunks) == ("auto", False, 0)
+
+
 def test_rotary_positions_need_an_even_key_size():
     with pytest.raises(UserError, match="even model.d_k, got 5"):
         resolve("tiny", "base", overrides=["positional=rope", "d_k=5"])

@@ -46,15 +46,25 @@ def _text_files(tmp_path: Path) -> dict[str, str]:
     return paths
 
 
-@pytest.mark.parametrize("compile_step", [False, True])
-def test_training_steps_do_not_synchronise(tmp_path: Path, compile_step: bool):
+def _variants() -> dict[str, dict]:
+    """The GPU round's kernel variants (benchmarks/gpu_round.py), one per distinct setting."""
+    from benchmarks.gpu_round import NOISE_FLOOR, VARIANTS
+
+    return {name: overrides for name, overrides in VARIANTS.items() if name != NOISE_FLOOR}
+
+
+@pytest.mark.parametrize("variant", list(_variants()))
+def test_training_steps_do_not_synchronise(tmp_path: Path, variant: str):
+    from benchmarks.gpu_round import configs
+
+    torch.compiler.reset()  # each variant's module starts a fresh compile cache
     dm = TranslationDataModule(DataConfig(corpus="files", vocab_size=300, max_tokens=3000,
                                           **_text_files(tmp_path)), tmp_path, pad_multiple=8)
     dm.setup("fit")
-    module = TranslationModule.from_configs(
-        TransformerConfig(n_layers=2, d_model=64, d_ff=128, n_heads=4, vocab_size=dm.vocab_size),
-        TrainConfig(warmup_steps=10))
-    if compile_step:
+    model, train = configs({"n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4}, dm.vocab_size,
+                           {"train.warmup_steps": 10, **_variants()[variant]})
+    module = TranslationModule.from_configs(model, train)
+    if train.compile:
         module.compile_step()
     trap = SyncTrap(first=3, last=17)
     trainer = pl.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=20,

@@ -88,3 +88,85 @@ def test_compiled_formula_gives_the_chunked_values_and_gradients(monkeypatch):
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, eager_nll, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- projection and loss in chunks
+
+
+def hidden_batch(seed: int, rows: int = 9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hidden states (4, rows, 8), a pre-softmax matrix (37, 8) and targets with padding."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(4, rows, 8, generator=g).requires_grad_()
+    weight = torch.randn(37, 8, generator=g).requires_grad_()
+    target = torch.randint(1, 37, (4, rows), generator=g)
+    target[1, 5:] = PAD
+    target[3, 2:] = PAD
+    return hidden, weight, target
+
+
+# one piece, pieces that do not divide the 36 rows (padding rows), more pieces than real tokens
+@pytest.mark.parametrize("chunks", [1, 5, 8, 30])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_projected_chunks_give_the_full_logits_values_and_gradients(chunks, eps):
+    from lightning_modules.loss import projected_label_smoothed_nll
+
+    hidden, weight, target = hidden_batch(seed=6)
+    loss, nll, n = projected_label_smoothed_nll(hidden, weight, target, PAD, eps, chunks)
+    grads = torch.autograd.grad(2.5 * loss, (hidden, weight))  # the incoming gradient scales both
+    ref_loss, ref_nll = reference(hidden @ weight.t(), target, eps)
+    ref_grads = torch.autograd.grad(2.5 * ref_loss, (hidden, weight))
+    assert int(n) == int((target != PAD).sum()) and not nll.requires_grad
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-5)
+    assert grads[0][target == PAD].abs().sum() == 0
+
+
+def test_projected_chunks_keep_no_logits_for_the_backward_pass():
+    from lightning_modules.loss import projected_label_smoothed_nll
+
+    hidden, weight, target = hidden_batch(seed=7)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        projected_label_smoothed_nll(hidden, weight, target, PAD, 0.1, 3)
+        ours = len(saved)
+        reference(hidden @ weight.t(), target, 0.1)
+    logits = hidden.size(0) * hidden.size(1) * weight.size(0)
+    assert ours and all(t.numel() < logits for t in saved[:ours])  # the gradients: (N, d) and (V, d)
+    assert any(t.numel() >= logits for t in saved[ours:])  # the check can fail
+
+
+def test_projected_chunks_under_bf16_autocast_are_the_fp32_loss_to_bf16_precision():
+    from lightning_modules.loss import projected_label_smoothed_nll
+
+    hidden, weight, target = hidden_batch(seed=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _, _ = projected_label_smoothed_nll(hidden, weight, target, PAD, 0.1, 4)
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    ref_loss, _ = reference(hidden @ weight.t(), target, 0.1)
+    ref_grads = torch.autograd.grad(ref_loss, (hidden, weight))
+    assert loss.dtype == torch.float32 and [g.dtype for g in grads] == [torch.float32, torch.float32]
+    torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=0)
+    for grad, ref_grad in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=0.05 * float(ref_grad.abs().max()))
+
+
+def test_projected_chunks_compile_once_for_every_row_count():
+    """Traced (dynamo + AOTAutograd, dynamic shapes): rows 36, 44, 28, 52 leave every remainder
+    modulo 8 chunks, and one graph serves them all, with the eager values and gradients."""
+    from lightning_modules.compiling import compile_dynamic, compiled_graphs
+    from lightning_modules.loss import projected_label_smoothed_nll
+
+    torch.compiler.reset()
+    compiled = compile_dynamic(lambda h, w, t: projected_label_smoothed_nll(h, w, t, PAD, 0.1, 8)[:2], "aot_eager")
+    before = compiled_graphs()
+    for seed, rows in enumerate((9, 11, 7, 13)):
+        hidden, weight, target = hidden_batch(seed, rows)
+        loss, nll = compiled(hidden, weight, target)
+        grads = torch.autograd.grad(loss, (hidden, weight))
+        eager_loss, eager_nll, _ = projected_label_smoothed_nll(hidden, weight, target, PAD, 0.1, 8)
+        eager_grads = torch.autograd.grad(eager_loss, (hidden, weight))
+        torch.testing.assert_close((loss, nll), (eager_loss, eager_nll), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grads, eager_grads, rtol=1e-5, atol=1e-5)
+    assert compiled_graphs() - before == 1

@@ -15,7 +15,7 @@ from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.transformer import (GatedFeedForward, MultiHeadAttention, PositionwiseFeedForward,
                                            RMSNorm, RotaryEmbedding, Transformer)
-from lightning_modules.translation import lrate
+from lightning_modules.translation import TranslationModule, lrate
 
 torch.set_num_threads(1)
 
@@ -26,15 +26,18 @@ PAD, BOS, EOS, VOCAB = 0, 2, 3, 60
 # --------------------------------------------------------------------------- the paper's losses
 
 
-def paper_loss_trace(steps: int = 20) -> list[float]:
+def paper_loss_trace(steps: int = 20, knobs: dict | None = None) -> list[float]:
     """Training losses (per target token) of a tiny model of the paper's configuration: its
     dropout, label smoothing, Adam(0.9, 0.98, 1e-9) and warmup schedule, on fixed random pairs,
-    on one CPU thread from seed 0."""
+    on one CPU thread from seed 0; through `TranslationModule.forward_loss` when `knobs` (dotted
+    "model."/"train." overrides, e.g. a kernel variant's) are given."""
+    knobs = knobs or {}
     model_config = TransformerConfig(n_layers=2, d_model=32, d_ff=64, n_heads=4, vocab_size=VOCAB,
-                                     max_len=32)
-    train = TrainConfig(warmup_steps=8)
+                                     max_len=32, **{k[6:]: v for k, v in knobs.items() if k.startswith("model.")})
+    train = TrainConfig(warmup_steps=8, **{k[6:]: v for k, v in knobs.items() if k.startswith("train.")})
     torch.manual_seed(0)
-    model = Transformer(model_config).train()
+    module = TranslationModule.from_configs(model_config, train) if knobs else None
+    model = (module.model if module else Transformer(model_config)).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(train.adam_beta1, train.adam_beta2),
                                  eps=train.adam_eps)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: lrate(i + 1, model_config.d_model, train))
@@ -48,7 +51,10 @@ def paper_loss_trace(steps: int = 20) -> list[float]:
     tgt_out[torch.arange(6), (tgt != PAD).sum(1)] = EOS
     losses = []
     for _ in range(steps):
-        loss, _, n_tokens = label_smoothed_nll(model(src, tgt_in), tgt_out, PAD, model_config.label_smoothing)
+        if module is not None:
+            loss, _, n_tokens = module.forward_loss(src, tgt_in, tgt_out, model_config.label_smoothing)
+        else:
+            loss, _, n_tokens = label_smoothed_nll(model(src, tgt_in), tgt_out, PAD, model_config.label_smoothing)
         loss = loss / n_tokens
         optimizer.zero_grad()
         loss.backward()
@@ -65,6 +71,25 @@ def test_paper_configuration_gives_the_stored_losses_bit_for_bit():
     losses = paper_loss_trace(len(stored["losses"]))
     assert losses == stored["losses"]  # exact float equality, not approximate
     assert losses[-1] < losses[0]  # it trains
+
+
+def _kernel_knobs() -> list[dict]:
+    """Each kernel variant's knobs of the GPU round (benchmarks/gpu_round.py), once each; its
+    compilation left out (the round's CPU smoke check compiles and compares those)."""
+    from benchmarks.gpu_round import VARIANTS
+
+    knobs = [{k: v for k, v in o.items() if k != "train.compile"} for o in VARIANTS.values()]
+    return [dict(k) for k in dict.fromkeys(tuple(sorted(k.items())) for k in knobs if k)]
+
+
+@pytest.mark.parametrize("knobs", _kernel_knobs(), ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_every_kernel_variant_gives_the_paper_losses_to_fp32_precision(knobs):
+    """Same seed, weights, dropout masks and batches: the losses of the paper's trace (fp32, CPU;
+    attention efficient and cudnn fall to the CPU's kernels), through the module's forward_loss."""
+    stored = json.loads(TRACE.read_text())["losses"][:8]
+    assert paper_loss_trace(8, {"train.loss_chunks": 0}) == stored  # the module's default path: bit for bit
+    losses = paper_loss_trace(8, knobs)
+    torch.testing.assert_close(losses, stored, rtol=1e-4, atol=0)
 
 
 # --------------------------------------------------------------------------- a tiny model per knob
