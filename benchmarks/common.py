@@ -61,6 +61,7 @@ class Settings:
     newstest_dir: Path | None = None  # newstest2013/2014 (end_to_end's WMT-length cases)
     cases: tuple[str, ...] = ()  # end_to_end / gpu_round cases to run (empty: all)
     out: Path | None = None  # --out: where a benchmark that saves as it goes (gpu_round) writes
+    budget_s: float | None = None  # --budget-s: gpu_round's time for its variants (None: its own)
 
     def reps_or(self, default: int) -> int:
         return self.reps if self.reps is not None else default

@@ -28,7 +28,7 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   default's. Dropout is on (the measured step is the real one): eager variants draw the same
   masks as the eager default; compiled ones draw Inductor's, so their difference holds dropout
   noise, whose size the row "eager, other dropout seed" shows. Tolerance `TOLERANCE`.
-- Time: `BUDGET_S` in all; the variants run in `CUDA_PLAN` order (the cheap eager ones and the issue's
+- Time: `BUDGET_S` in all (`--budget-s`); the variants run in `CUDA_PLAN` order (the cheap eager ones and the issue's
   main suspects first), and one whose estimated cost (the case's slowest compiled warm-up so far)
   no longer fits is skipped with a note. A variant that fails (a kernel the device lacks, out of
   memory) becomes a row with its error; the run goes on. Results (`gpu_round.json`,
@@ -134,6 +134,7 @@ def plan(settings: Settings) -> tuple[list[tuple[str, str]], float]:
         budget = BUDGET_S
     else:
         steps, budget = CPU_PLAN, 900.0
+    budget = settings.budget_s if settings.budget_s is not None else budget
     return [(c, n) for c, n in steps if not settings.cases or c in settings.cases], budget
 
 
@@ -291,12 +292,20 @@ def _rows(case: Case, name: str, result: dict[str, Any], reference: list[float] 
     return rows
 
 
-def _estimate(results: dict[str, dict[str, Any]], overrides: dict[str, Any]) -> float:
-    """Seconds a variant is expected to take: its kind's slowest warm-up so far, plus the timing."""
-    compiled = bool(overrides.get("train.compile"))
-    same = [r["warmup_s"] for n, r in results.items()
-            if "warmup_s" in r and bool(VARIANTS[n].get("train.compile")) == compiled]
-    return (max(same) if same else (90.0 if compiled else 10.0)) + 15.0
+def _estimate(case: str, name: str, done: dict[str, dict[str, dict[str, Any]]]) -> float:
+    """Seconds a variant is expected to take: the slowest warm-up so far of its kind (eager or
+    compiled) in its case, else in another case × 1.5 (big compiles and steps slower than base),
+    else a guess; plus the timed passes."""
+    compiled = bool(VARIANTS[name].get("train.compile"))
+
+    def warmups(results: dict[str, dict[str, Any]]) -> list[float]:
+        return [r["warmup_s"] for n, r in results.items()
+                if "warmup_s" in r and bool(VARIANTS[n].get("train.compile")) == compiled]
+
+    same = warmups(done.get(case, {}))
+    other = [w for c, results in done.items() if c != case for w in warmups(results)]
+    guess = max(same) if same else 1.5 * max(other) if other else (90.0 if compiled else 10.0)
+    return guess + 15.0
 
 
 def case_data(case: Case, settings: Settings) -> dict[str, Any]:
@@ -311,10 +320,11 @@ def case_data(case: Case, settings: Settings) -> dict[str, Any]:
     return {"batches": batches, "state": state, "results": {}}
 
 
-def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings, deadline: float) -> dict[str, Any]:
-    """One variant's measurement, or why it did not run (time budget, an error): never raises."""
-    results = data["results"]
-    left, need = deadline - time.perf_counter(), _estimate(results, VARIANTS[name])
+def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings, deadline: float,
+                done: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One variant's measurement, or why it did not run (time budget, an error): never raises.
+    `done`: every case's results so far (for the time estimate)."""
+    left, need = deadline - time.perf_counter(), _estimate(case.name, name, done)
     if left < need:
         return {"skipped": f"time budget: {left:.0f} s left, ~{need:.0f} s needed"}
     try:
@@ -349,7 +359,8 @@ def run(settings: Settings) -> Section:
             if case_name not in data:
                 data[case_name] = case_data(case, settings)
             results = data[case_name]["results"]
-            results[name] = run_variant(case, name, data[case_name], settings, deadline)
+            results[name] = run_variant(case, name, data[case_name], settings, deadline,
+                                        {c: d["results"] for c, d in data.items()})
             reference = results.get(REFERENCE, {}).get("losses") if name != REFERENCE else None
             section.rows += _rows(case, name, results[name], reference, tolerance)
             section.data[case_name] = {"results": {k: {str(kk): vv for kk, vv in v.items()} for k, v in results.items()},

@@ -52,6 +52,18 @@ def test_gpu_round_quick_runs_every_variant_and_each_agrees_with_eager(tmp_path:
     assert (tmp_path / "gpu_round.md").read_text().startswith("## GPU round")
 
 
+def test_gpu_round_skips_what_its_time_budget_leaves_no_room_for(tmp_path: Path):
+    """A budget that fits the eager variants but no compilation: those rows say why, the run ends."""
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
+                             "--budget-s", "60", "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "gpu_round.json").read_text())["rows"]
+    compiled = [row for row in rows if row["variant"].startswith("compiled")]
+    assert compiled and all(row["note"].startswith("time budget:") and "tokens/s" not in row for row in compiled)
+    assert any(row.get("tokens/s") for row in rows if row["variant"] == "eager")
+
+
 def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):
     from benchmarks.end_to_end import NEWSTEST_REPEAT, newstest_files
 
