@@ -44,6 +44,7 @@ benchmark's; it needs a trained model).
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -330,9 +331,11 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
     try:
         return measure(name, case, data["batches"], data["state"], settings)
     except Exception as error:  # a kernel this device lacks, out of memory: a row, not a crash
-        if settings.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return {"error": f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"}
+        why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+    gc.collect()  # the failed variant's module and tensors (its traceback is gone with `error`)
+    if settings.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"error": why}
 
 
 def run(settings: Settings) -> Section:

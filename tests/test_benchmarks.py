@@ -64,6 +64,26 @@ def test_gpu_round_skips_what_its_time_budget_leaves_no_room_for(tmp_path: Path)
     assert any(row.get("tokens/s") for row in rows if row["variant"] == "eager")
 
 
+def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp_path: Path):
+    import time
+
+    import torch
+
+    from benchmarks import gpu_round
+    from benchmarks.common import Settings
+
+    monkeypatch.setitem(gpu_round.VARIANTS, "eager, no such kernel", {"model.attention_backend": "nope"})
+    settings = Settings(device=torch.device("cpu"), precision="fp32", reps=None, quick=True,
+                        cache_dir=tmp_path, multi30k_dir=None)
+    case = gpu_round.CASES["tiny"]
+    data = gpu_round.case_data(case, settings)
+    result = gpu_round.run_variant(case, "eager, no such kernel", data, settings, time.perf_counter() + 600, {})
+    assert result == {"error": "UserError: model.attention_backend must be one of auto, math, flash, efficient, "
+                               "cudnn; got 'nope'"}
+    assert gpu_round._rows(case, "eager, no such kernel", result, None, 1e-3) == [
+        {"case": "tiny", "variant": "eager, no such kernel", "note": f"error: {result['error']}"}]
+
+
 def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):
     from benchmarks.end_to_end import NEWSTEST_REPEAT, newstest_files
 
