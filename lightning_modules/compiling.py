@@ -8,6 +8,9 @@
   independent, so duck sizing is switched off while the step is traced.
 - `torch._dynamo.lookup_backend("inductor")`: the default backend, wrapped so that the fault
   point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
+  torch.compile hands a wrapped backend its `mode` as a keyword; Inductor itself takes a mode as
+  the config patches `torch._inductor.list_mode_options(mode, dynamic)` lists (what
+  torch.compile's own Inductor wrapper passes it), e.g. {"triton.cudagraphs": True}.
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
 """
@@ -24,8 +27,12 @@ import torch
 RECOMPILE_LIMIT = 4
 
 
-def compile_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`torch.compile(fn, dynamic=True)` with independent symbolic sizes for every dimension."""
+def compile_dynamic(fn: Callable[..., Any], mode: str = "default") -> Callable[..., Any]:
+    """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes for every
+    dimension. reduce-overhead (CUDA graphs; on a CPU Inductor skips them) records one graph per
+    batch shape on top of the one compiled graph; each call starts a new CUDA-graph step
+    (`torch.compiler.cudagraph_mark_step_begin`), so one step's outputs are never taken for the
+    previous step's still in use."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
@@ -34,17 +41,27 @@ def compile_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
         dynamo.recompile_limit = RECOMPILE_LIMIT
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
         dynamo.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=True, backend=_inductor)
+    compiled = torch.compile(fn, dynamic=True, backend=_inductor, mode=mode)
+    if mode != "reduce-overhead":
+        return compiled
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return step
 
 
-def _inductor(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Inductor, with the `compile` fault point at the start of each compilation."""
+def _inductor(graph: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None
+              ) -> Callable[..., Any]:
+    """Inductor in `mode`, with the `compile` fault point at the start of each compilation."""
     from torch._dynamo import lookup_backend
 
     from lightning_modules.run.faults import inject
 
     inject("compile")
-    return lookup_backend("inductor")(graph, example_inputs)
+    patches = torch._inductor.list_mode_options(mode, dynamic=True) if mode else {}
+    return lookup_backend("inductor")(graph, example_inputs, config_patches=patches or None)
 
 
 def compiled_graphs() -> int:
