@@ -5,6 +5,7 @@ exact batches, and a compiled CUDA-graph-mode step on CPU that matches the eager
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from pathlib import Path
 
@@ -229,3 +230,23 @@ def _compiled_matches_eager(mode: str, steps: int) -> None:
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
     assert losses[False][-1] < losses[False][0] or steps < 3  # it trains
     assert compiled_graphs() - graphs == 1  # one graph for every bucket shape
+
+
+@pytest.mark.slow
+def test_a_bucketed_run_killed_mid_epoch_resumes_with_the_losses_of_an_uninterrupted_one(tmp_path, small_corpus):
+    """`ablate train` with shape buckets, SIGKILLed after step 7 (its checkpoint: step 6, mid-epoch),
+    then the same command: every step's loss bit for bit as the uninterrupted run's."""
+    from test_reproducibility import losses, train
+
+    buckets = ["data.shape_buckets=4", "data.max_tokens=4000"]
+    whole = train(tmp_path / "whole", small_corpus, None, *buckets)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    results = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert results["data"]["shape_buckets"] == 4 and 7 < results["data"]["train_batches"] < 16 * 4
+    assert results["data"]["train_shapes"] <= 16
+    stopped = train(tmp_path / "run", small_corpus, "train_step@7", *buckets)
+    assert stopped.returncode == -9, stopped.stderr[-3000:]
+    again = train(tmp_path / "run", small_corpus, None, *buckets)
+    assert again.returncode == 0 and "not resumable" not in again.stderr, again.stderr[-3000:]
+    assert len(losses(tmp_path / "whole")) == 16
+    assert losses(tmp_path / "run") == losses(tmp_path / "whole")
