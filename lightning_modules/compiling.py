@@ -8,6 +8,16 @@
   independent, so duck sizing is switched off while the step is traced.
 - `torch._dynamo.lookup_backend("inductor")`: the default backend, wrapped so that the fault
   point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
+  torch.compile hands a wrapped backend its `mode` as a keyword; Inductor itself takes a mode as
+  the config patches `torch._inductor.list_mode_options(mode, dynamic)` lists (what
+  torch.compile's own Inductor wrapper passes it), e.g. {"triton.cudagraphs": True}.
+- `torch._inductor.config.triton.mix_order_reduction_non_strict_mode` (an Inductor config
+  patch): Inductor's mix-order reduction fusion (GPU Triton only: sibling reductions over rows
+  and columns, as in LayerNorm's backward) checked `rows * columns >= 5 * 2**20` on the symbolic
+  sizes, i.e. `512*src.size()[0]*src.size()[1] >= 5242880` for the base model, a guard that
+  compiled the step again for a batch on the other side of it (benchmarks/results/
+  gpu-h100-2026-11-23). Non-strict mode skips those size checks ("could be helpful to avoid
+  recompilations", torch's own comment) and fuses at every size. Not yet verified on a GPU.
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
 """
@@ -19,13 +29,19 @@ from typing import Any
 
 import torch
 
+# Inductor settings for every mode (see the module docstring)
+INDUCTOR_PATCHES = {"triton.mix_order_reduction_non_strict_mode": True}
 # Recompilations beyond this are a bug (shapes are symbolic): fail loudly instead of silently
 # compiling for minutes per batch.
 RECOMPILE_LIMIT = 4
 
 
-def compile_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`torch.compile(fn, dynamic=True)` with independent symbolic sizes for every dimension."""
+def compile_dynamic(fn: Callable[..., Any], mode: str = "default") -> Callable[..., Any]:
+    """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes for every
+    dimension. reduce-overhead (CUDA graphs; on a CPU Inductor skips them) records one graph per
+    batch shape on top of the one compiled graph; each call starts a new CUDA-graph step
+    (`torch.compiler.cudagraph_mark_step_begin`), so one step's outputs are never taken for the
+    previous step's still in use."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
@@ -34,17 +50,27 @@ def compile_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
         dynamo.recompile_limit = RECOMPILE_LIMIT
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
         dynamo.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=True, backend=_inductor)
+    compiled = torch.compile(fn, dynamic=True, backend=_inductor, mode=mode)
+    if mode != "reduce-overhead":
+        return compiled
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return step
 
 
-def _inductor(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Inductor, with the `compile` fault point at the start of each compilation."""
+def _inductor(graph: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None
+              ) -> Callable[..., Any]:
+    """Inductor in `mode`, with the `compile` fault point at the start of each compilation."""
     from torch._dynamo import lookup_backend
 
     from lightning_modules.run.faults import inject
 
     inject("compile")
-    return lookup_backend("inductor")(graph, example_inputs)
+    patches = {**INDUCTOR_PATCHES, **(torch._inductor.list_mode_options(mode, dynamic=True) if mode else {})}
+    return lookup_backend("inductor")(graph, example_inputs, config_patches=patches)
 
 
 def compiled_graphs() -> int:

@@ -74,8 +74,9 @@ class TranslationModule(pl.LightningModule):
         return label_smoothed_nll(self.model(src, tgt_in), tgt_out, self.model_config.pad_id, epsilon)
 
     def compile_step(self) -> None:
-        """Train through `torch.compile(forward_loss, dynamic=True)` from now on."""
-        self._forward_loss_fn = compile_dynamic(self.forward_loss)
+        """Train through `torch.compile(forward_loss, dynamic=True, mode=train.compile_mode)`
+        from now on."""
+        self._forward_loss_fn = compile_dynamic(self.forward_loss, self.train_config.compile_mode)
 
     @classmethod
     def from_configs(cls, model: TransformerConfig, train: TrainConfig) -> "TranslationModule":
