@@ -119,7 +119,8 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: b
                             "(default: --workers K on this machine's CPU)")
         p.add_argument("--stop-after", type=duration, metavar="DURATION",
                        help="stop the workers this long after they start, e.g. 2h30m, 90m, 5400s: each "
-                            "running trial saves a checkpoint as on Ctrl-C; the same command resumes")
+                            "running trial saves a checkpoint as on Ctrl-C; the same command resumes (a table "
+                            "starts only the runs its estimate says can finish by then)")
     else:
         p.add_argument("--devices", help="Lightning devices of the run: auto, a count, or GPU ids like 0,1")
     p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")

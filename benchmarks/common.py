@@ -156,13 +156,15 @@ def data_module(settings: Settings, vocab_size: int, corpus: str = "ding",
 def token_batches(dm: TranslationDataModule, max_tokens: int, count: int | None, seed: int = 1,
                   device: torch.device | None = None) -> list[Batch]:
     """The first `count` (None: all) batches of a shuffled epoch of token-bucketed training
-    batches, as `ablate train` collates them (the data module's `pad_multiple` included)."""
+    batches, as `ablate train` collates them (the data module's `pad_multiple` and shape buckets
+    included)."""
     sampler = TokenBucketBatchSampler(dm.train_set.src_lengths, dm.train_set.tgt_lengths,
                                       max_tokens, shuffle=True, seed=seed, num_replicas=1, rank=0,
-                                      pad_multiple=dm.pad_multiple)
+                                      pad_multiple=dm.pad_multiple, buckets=dm.buckets)
     batches = []
     for index in sampler.global_batches()[:count]:
-        batch = collate([dm.train_set[i] for i in index], pad_id=dm.pad_id, pad_multiple=dm.pad_multiple)
+        batch = collate([dm.train_set[i] for i in index], pad_id=dm.pad_id, pad_multiple=dm.pad_multiple,
+                        buckets=sampler.buckets)
         batches.append({k: v.to(device) if device is not None and torch.is_tensor(v) else v
                         for k, v in batch.items()})
     return batches

@@ -6,7 +6,10 @@ whole epoch of training batches, at the same `max_tokens` budget:
 * ours: `TokenBucketBatchSampler` (sort by width, snake order of the source-target difference,
   greedy cuts so that sentences × longest side ≤ max_tokens);
 * random: the examples in random order, cut greedily under the same budget (mean of 3 seeds);
-* sorted: a plain sort by (target, source) length, same cuts (a common simple bucketing).
+* sorted: a plain sort by (target, source) length, same cuts (a common simple bucketing);
+* buckets K: static shape buckets (`data.shape_buckets` K, for CUDA graphs): K lengths per side
+  fitted to the corpus, fixed rows per (source, target) cell, empty rows counted as padding;
+  with the number of distinct batch shapes an epoch has.
 
 On Ding (embedded) and on Multi30k when its files are found (`--multi30k-dir`, by default
 `../shared/data/multi30k`), read through the project's `--data files` corpus.
@@ -19,11 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import Section, Settings, data_module, stopwatch
-from lightning_modules.data import TokenBucketBatchSampler, padding_share
-from lightning_modules.data.batching import cut_points
+from lightning_modules.data import ShapeBuckets, TokenBucketBatchSampler, padding_share
+from lightning_modules.data.batching import batch_shapes, cut_points
 
 TARGET_PADDING = 0.05
 RANDOM_SEEDS = (1, 2, 3)
+SHAPE_BUCKETS = (8, 24)  # data.shape_buckets candidates
 
 
 def _split(order: np.ndarray, widths: np.ndarray, max_tokens: int) -> list[list[int]]:
@@ -70,14 +74,25 @@ def measure(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, s
                for s in RANDOM_SEEDS]
     random = {key: float(np.mean([r[key] for r in randoms])) for key in randoms[0]}
     plain = _split(np.lexsort((src, tgt)), widths, max_tokens)
-    return {"ours": describe(ours), "random": random, "sorted (tgt, src)": describe(plain)}
+    result = {"ours": describe(ours), "random": random, "sorted (tgt, src)": describe(plain)}
+    for count in SHAPE_BUCKETS:
+        buckets = ShapeBuckets.fit(src_lengths, tgt_lengths, count, max_tokens)
+        batches = TokenBucketBatchSampler(src_lengths, tgt_lengths, max_tokens, shuffle=True, seed=seed,
+                                          num_replicas=1, rank=0, buckets=buckets).global_batches()
+        result[f"buckets {count}"] = {
+            "padding": padding_share(batches, src_lengths, tgt_lengths, buckets=buckets),
+            "batches": len(batches), "sentences_per_batch": len(src) / max(len(batches), 1),
+            "shapes": len(set(batch_shapes(batches, src_lengths, tgt_lengths, buckets=buckets)))}
+    return result
 
 
 def run(settings: Settings) -> Section:
     section = Section("padding", "3. Padding waste: token bucketing vs random batching",
                       ["corpus", "max_tokens", "sentences", "ours", "random", "sorted (tgt, src)",
+                       *(f"buckets {k}" for k in SHAPE_BUCKETS), *(f"shapes {k}" for k in SHAPE_BUCKETS),
                        "random/ours", "ours batches", "random batches"],
-                      formats={k: "{:.1%}" for k in ("ours", "random", "sorted (tgt, src)")})
+                      formats={k: "{:.1%}" for k in ("ours", "random", "sorted (tgt, src)",
+                                                     *(f"buckets {k}" for k in SHAPE_BUCKETS))})
     vocab = 2000 if settings.quick else 8000
     budgets = [1500] if settings.quick else [1500, 4000, 25000]
     with stopwatch(section):
@@ -98,6 +113,8 @@ def run(settings: Settings) -> Section:
                     "corpus": name, "max_tokens": max_tokens, "sentences": len(src),
                     "ours": ours, "random": random,
                     "sorted (tgt, src)": result["sorted (tgt, src)"]["padding"],
+                    **{f"buckets {k}": result[f"buckets {k}"]["padding"] for k in SHAPE_BUCKETS},
+                    **{f"shapes {k}": result[f"buckets {k}"]["shapes"] for k in SHAPE_BUCKETS},
                     "random/ours": random / ours if ours else None,
                     "ours batches": result["ours"]["batches"],
                     "random batches": round(result["random"]["batches"])})
@@ -109,5 +126,7 @@ def run(settings: Settings) -> Section:
         f"{vocab:,} trained on each corpus's training text); random = mean of "
         f"{len(RANDOM_SEEDS)} shuffles cut greedily under the same budget.",
         "Fewer batches at the same budget = more real tokens per step.",
+        f"buckets K = data.shape_buckets K (static shapes for CUDA graphs; shapes K = distinct "
+        f"(rows, source, target) batch shapes in the epoch); exact lengths pad least.",
     ]
     return section

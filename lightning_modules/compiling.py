@@ -6,8 +6,18 @@
   tgt_in.size(1)`, and the next batch recompiles the whole step (1-2 minutes for the base model
   on an H100 host; seen as a third graph in benchmarks/results). Source and target lengths are
   independent, so duck sizing is switched off while the step is traced.
-- `torch._dynamo.lookup_backend(name)`: the backend (Inductor unless asked), wrapped so that the fault
-  point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
+- `torch._dynamo.lookup_backend(name)`: the backend (Inductor unless asked), wrapped so that the
+  fault point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
+  torch.compile hands a wrapped backend its `mode` as a keyword; Inductor itself takes a mode as
+  the config patches `torch._inductor.list_mode_options(mode, dynamic)` lists (what
+  torch.compile's own Inductor wrapper passes it), e.g. {"triton.cudagraphs": True}.
+- `torch._inductor.config.triton.mix_order_reduction_non_strict_mode` (an Inductor config
+  patch): Inductor's mix-order reduction fusion (GPU Triton only: sibling reductions over rows
+  and columns, as in LayerNorm's backward) checked `rows * columns >= 5 * 2**20` on the symbolic
+  sizes, i.e. `512*src.size()[0]*src.size()[1] >= 5242880` for the base model, a guard that
+  compiled the step again for a batch on the other side of it (benchmarks/results/
+  gpu-h100-2026-11-23). Non-strict mode skips those size checks ("could be helpful to avoid
+  recompilations", torch's own comment) and fuses at every size. Not yet verified on a GPU.
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
 """
@@ -19,16 +29,21 @@ from typing import Any
 
 import torch
 
+# Inductor settings for every mode (see the module docstring)
+INDUCTOR_PATCHES = {"triton.mix_order_reduction_non_strict_mode": True}
 # Recompilations beyond this are a bug (shapes are symbolic): fail loudly instead of silently
 # compiling for minutes per batch.
 RECOMPILE_LIMIT = 4
 
 
-def compile_dynamic(fn: Callable[..., Any], backend: str = "inductor") -> Callable[..., Any]:
-    """`torch.compile(fn, dynamic=True)` with independent symbolic sizes for every dimension.
-
-    `backend` another of torch.compile's: "aot_eager" traces the same graphs, forward and backward,
-    without Inductor's code generation (the benchmarks' CPU smoke check of GPU code paths)."""
+def compile_dynamic(fn: Callable[..., Any], mode: str = "default", backend: str = "inductor") -> Callable[..., Any]:
+    """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes for every
+    dimension. reduce-overhead (CUDA graphs; on a CPU Inductor skips them) records one graph per
+    batch shape on top of the one compiled graph; each call starts a new CUDA-graph step
+    (`torch.compiler.cudagraph_mark_step_begin`), so one step's outputs are never taken for the
+    previous step's still in use. `backend` another of torch.compile's: "aot_eager" traces the
+    same graphs, forward and backward, without Inductor's code generation (and without `mode`'s
+    Inductor options): the benchmarks' CPU smoke check of GPU code paths."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
@@ -37,19 +52,32 @@ def compile_dynamic(fn: Callable[..., Any], backend: str = "inductor") -> Callab
         dynamo.recompile_limit = RECOMPILE_LIMIT
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
         dynamo.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=True, backend=_with_fault_point(backend))
+    compiled = torch.compile(fn, dynamic=True, backend=_with_fault_point(backend), mode=mode)
+    if mode != "reduce-overhead":
+        return compiled
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return step
 
 
 def _with_fault_point(backend: str) -> Callable[..., Any]:
-    """The backend, with the `compile` fault point at the start of each compilation."""
+    """`backend` (Inductor in torch.compile's `mode`), with the `compile` fault point at the start
+    of each compilation."""
 
-    def compiler(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    def compiler(graph: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None
+                 ) -> Callable[..., Any]:
         from torch._dynamo import lookup_backend
 
         from lightning_modules.run.faults import inject
 
         inject("compile")
-        return lookup_backend(backend)(graph, example_inputs)
+        if backend != "inductor":
+            return lookup_backend(backend)(graph, example_inputs)
+        patches = {**INDUCTOR_PATCHES, **(torch._inductor.list_mode_options(mode, dynamic=True) if mode else {})}
+        return lookup_backend("inductor")(graph, example_inputs, config_patches=patches)
 
     return compiler
 

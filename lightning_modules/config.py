@@ -25,6 +25,7 @@ TIE_EMBEDDINGS = ("all", "decoder", "none")
 # `model.attention_backend`, "auto" = PyTorch's own choice (transformer.SDPA_BACKENDS)
 ATTENTION_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
 CORPORA = ("ding", "files", "multi30k", "wmt14")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile modes
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT; tests/test_config.py
 # keeps this list in step with it), and "auto". FP8 is "transformer-engine".
@@ -230,6 +231,11 @@ class DataConfig:
     # on an H100, Multi30k at 25K tokens trained 400K real tokens/s exact vs 337-355K with 8
     # (padding 8.7% -> 24%; benchmarks/results/gpu-h100.md); the compiled step takes any shape.
     pad_multiple: int = 1
+    # static batch shapes for CUDA graphs (train.compile_mode=reduce-overhead): each side's lengths
+    # padded up to one of this many lengths fitted to the training corpus (multiples of
+    # pad_multiple), rows fixed per (source, target) length cell; 0 = off (exact lengths).
+    # Padding vs shapes on WMT-like lengths at 25K tokens: 8 -> 16%, 16 -> 8%, 24 -> 5% (docs/gpus.md)
+    shape_buckets: int = 0
 
     def __post_init__(self) -> None:
         if self.corpus not in CORPORA:
@@ -242,6 +248,8 @@ class DataConfig:
             raise UserError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.pad_multiple < 1:
             raise UserError(f"data.pad_multiple must be >= 1, got {self.pad_multiple}")
+        if self.shape_buckets < 0:
+            raise UserError(f"data.shape_buckets must be >= 0 (0 = off), got {self.shape_buckets}")
         if self.train_pairs is not None:
             _positive("data", train_pairs=self.train_pairs)
 
@@ -275,6 +283,9 @@ class TrainConfig:
     # torch.compile the training step (model + loss): None = auto, on for CUDA runs of at least
     # COMPILE_MIN_STEPS steps (compiling costs minutes once; short runs stay eager)
     compile: bool | None = None
+    # torch.compile's mode for that step: default | reduce-overhead (CUDA graphs: needs
+    # data.shape_buckets) | max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     # torch.use_deterministic_algorithms (warn-only: an op without a deterministic kernel warns).
     # None = auto: on for CPU runs, where its cost was within ±2% of a step's CPU time (and no CPU
     # op of a step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs,
@@ -320,6 +331,7 @@ class TrainConfig:
         check_seed(self.seed)
         _one_of("train.accelerator", self.accelerator, ACCELERATORS)
         _one_of("train.precision", self.precision, PRECISIONS)
+        _one_of("train.compile_mode", self.compile_mode, COMPILE_MODES)
         parse_devices(self.devices)
         if self.threads is not None:
             _positive("train", threads=self.threads)
@@ -382,6 +394,9 @@ class RunConfig:
     scale: ScaleConfig = field(default_factory=ScaleConfig)
 
     def __post_init__(self) -> None:
+        if self.train.compile_mode == "reduce-overhead" and not self.data.shape_buckets:
+            raise UserError("train.compile_mode=reduce-overhead (CUDA graphs) records a graph per batch "
+                            "shape: it needs static shapes, data.shape_buckets > 0 (e.g. 24)")
         if self.model.max_len < MIN_MAX_LEN:
             raise UserError(f"model.max_len={self.model.max_len} is too short for a run: it needs at least "
                             f"{MIN_MAX_LEN} positions (a sentence's wordpieces plus BOS/EOS)")

@@ -79,8 +79,9 @@ class TranslationModule(pl.LightningModule):
         return label_smoothed_nll(self.model(src, tgt_in), tgt_out, pad, epsilon)
 
     def compile_step(self, backend: str = "inductor") -> None:
-        """Train through `torch.compile(forward_loss, dynamic=True)` from now on."""
-        self._forward_loss_fn = compile_dynamic(self.forward_loss, backend)
+        """Train through `torch.compile(forward_loss, dynamic=True, mode=train.compile_mode)`
+        from now on (`backend`: torch.compile's; "aot_eager" traces without Inductor)."""
+        self._forward_loss_fn = compile_dynamic(self.forward_loss, self.train_config.compile_mode, backend)
 
     @classmethod
     def from_configs(cls, model: TransformerConfig, train: TrainConfig) -> "TranslationModule":

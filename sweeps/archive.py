@@ -6,7 +6,8 @@ run directories are the record. The archive keeps the part of each planned run's
 a fresh machine needs, as `DIR/<row>-s<seed>/`:
 
 - a finished run: `results.json`, `config.yaml`, `logs/metrics.csv` (its whole curve, every
-  attempt joined: `metrics_log.read_rows`) and the dev sources, references and translations;
+  attempt joined: `metrics_log.read_rows`), the dev sources, references and translations, and
+  `attention.npz` (every head on one dev sentence, tens of kilobytes: the report draws from it);
 - an unfinished run: `config.yaml`, `logs/` as it stands (each attempt's part) and its newest
   checkpoint, from which it resumes as it would have on the old machine;
 - a failed run (a NaN loss): its `results.json` and logs, so that it stays failed.
@@ -35,6 +36,7 @@ from typing import Any
 
 from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import METRICS, read_rows
+from lightning_modules.run.attention_figures import ATTENTION_FILE
 from lightning_modules.run.io import atomic_write_bytes, atomic_write_json, check_writable_dir
 from lightning_modules.run.rundir import mark
 from lightning_modules.run.results import RESULTS, read_results
@@ -43,6 +45,7 @@ SAVE_EVERY_S = 600.0
 IDENTITY = "table3.json"
 CONFIG = "config.yaml"
 DEV_FILES = ("dev.src.txt", "dev.ref.txt", "dev.hyp.txt")
+FINISHED_FILES = (*DEV_FILES, ATTENTION_FILE)  # a finished run's, beside results.json and its curve
 
 
 def entry(archive: Path, row: str, seed: int) -> Path:
@@ -108,7 +111,7 @@ def save_run(run_dir: Path, dest: Path) -> None:
     if done is not None and done.complete:
         _write(dest / "logs" / METRICS, _joined_metrics(run_dir / "logs"))
         _remove_except(dest / "logs", {METRICS})
-        for name in DEV_FILES:
+        for name in FINISHED_FILES:
             if (run_dir / name).is_file():
                 _copy(run_dir / name, dest / name)
         if (dest / "checkpoints").is_dir():

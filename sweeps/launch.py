@@ -25,7 +25,7 @@ from lightning_modules.run.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP,
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import counts
-from sweeps.worker import WorkerSettings, resolve_run_dir, settings_json
+from sweeps.worker import WorkerSettings, describe_duration, resolve_run_dir, settings_json
 
 
 def device_groups(devices: str | None, workers: int | None, devices_per_trial: int,
@@ -82,15 +82,6 @@ def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int 
         return [{**base, "CUDA_VISIBLE_DEVICES": d} for d in devices]
     threads = str(min(max(1, (os.cpu_count() or 1) // (workers * devices_per_trial)), thread_cap()))
     return [{**base, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(workers)]
-
-
-def describe_duration(seconds: float) -> str:
-    """`2h 30m`, `90s`: a duration as a person writes it."""
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
-    return " ".join(parts) or "0s"
 
 
 def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None,

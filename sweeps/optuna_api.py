@@ -190,16 +190,21 @@ def fail_running_trial(storage: BaseStorage, study_name: str, number: int) -> bo
 
 class RetriesFirstStudy(optuna.Study):
     """A study whose queue hands out retry copies (interrupted runs that resume from their
-    checkpoint) before trials that never started, each group in the order queued (reason 4)."""
+    checkpoint) before trials that never started, each group in the order queued (reason 4),
+    skipping the queued trials `claimable` refuses (a run that cannot finish in time)."""
 
     def __init__(self, study_name: str, storage: BaseStorage, sampler: optuna.samplers.BaseSampler | None = None,
-                 pruner: optuna.pruners.BasePruner | None = None) -> None:
+                 pruner: optuna.pruners.BasePruner | None = None,
+                 claimable: Callable[[FrozenTrial], bool] | None = None) -> None:
         super().__init__(study_name=study_name, storage=storage, sampler=sampler, pruner=pruner)
         self.queue = storage  # Optuna may wrap an RDB storage in a cache; claims go to the storage itself
+        self.claimable = claimable
 
     def _pop_waiting_trial_id(self) -> int | None:
         waiting = self.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         for trial in sorted(waiting, key=lambda t: (retried_trial_number(t) is None, t.number)):
+            if self.claimable is not None and not self.claimable(trial):
+                continue
             tid = trial_id(self.queue, self.study_name, trial.number)
             try:
                 if self.queue.set_trial_state_values(tid, state=TrialState.RUNNING):

@@ -523,17 +523,41 @@ def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, device
     if queued or study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
         # Every queued trial, whatever the study holds already: the workers stop when none waits.
         n_trials = len(plan.runs()) + len(study.get_trials(deepcopy=False))
+        finish_by = None if stop_after_s is None else time.time() + stop_after_s
         settings = WorkerSettings(study=plan.study, storage=plan.storage, space=None, n_trials=n_trials,
                                   runs_dir=plan.runs_dir, preset=plan.preset, config=plan.config,
                                   spec=plan.spec_path, overrides=plan.overrides, pruner="none",
-                                  heartbeat_s=heartbeat_s, queue_only=True, keep_translations=True)
+                                  heartbeat_s=heartbeat_s, queue_only=True, keep_translations=True,
+                                  finish_by=finish_by,
+                                  run_seconds=run_seconds(plan, workers, devices) if finish_by else {})
         while True:
-            code = run_workers(settings, workers, devices, devices_per_trial, quiet=True, stop_after_s=stop_after_s)
+            left = None if finish_by is None else max(0.0, finish_by - time.time())
+            code = run_workers(settings, workers, devices, devices_per_trial, quiet=True, stop_after_s=left)
             if code == EXIT_INTERRUPTED:
                 return Table3Outcome(code, [])
+            if finish_by is not None and study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                print(f"table3 {plan.study}: this part (--stop-after) ends before the runs left could "
+                      f"finish; run the same command again to go on", file=sys.stderr, flush=True)
+                return Table3Outcome(EXIT_INTERRUPTED, [])
             if not wait_for_others(study, plan, heartbeat_s):  # nothing went back to the queue
                 break
     return Table3Outcome(code, print_summary(study, plan))
+
+
+def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
+    """Each row's expected run time on one worker, for `--stop-after` (`sweeps.worker.Part`): the
+    dry run's estimate (`sweeps.cost`), which is of the whole device, times the workers sharing a
+    CPU; empty, with a note, when the preset states no cost (then every queued run starts)."""
+    from sweeps.cost import estimate
+
+    try:
+        table, _ = estimate(plan)
+    except UserError as err:
+        print(f"table3 {plan.study}: {err}; --stop-after stops whatever still runs at its end",
+              file=sys.stderr, flush=True)
+        return {}
+    share = workers if devices is None else 1
+    return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
 
 
 def running_elsewhere(study: optuna.Study, plan: Table3Plan) -> list[str]:

@@ -30,6 +30,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,10 @@ class WorkerSettings:
     seed: int | None = None
     queue_only: bool = False  # run queued trials only (Table 3); stop when none is waiting
     keep_translations: bool = False  # store dev hypotheses/references in the trial (for reports)
+    # The end of a part (`--stop-after`, seconds since the epoch) and each row's estimated run time
+    # on one worker: a queue-only worker claims only the queued runs expected to finish by then.
+    finish_by: float | None = None
+    run_seconds: dict[str, float] = field(default_factory=dict)
 
 
 CLAIM_POLL_S = 2.0  # how often a queue-only worker looks again at a claim without its worker
@@ -276,6 +281,49 @@ def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     return finished + running < settings.n_trials
 
 
+def describe_duration(seconds: float) -> str:
+    """`2h 30m`, `90s`: a duration as a person writes it."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return " ".join(parts) or "0s"
+
+
+def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) -> float:
+    """How many times its estimate a run takes here: the largest ratio of a complete trial's wall
+    time to its row's estimate (the largest, because a trial that resumed a run from a checkpoint
+    took less than a whole run); 1.0 before any has finished."""
+    ratios = [(t.datetime_complete - t.datetime_start).total_seconds() / run_seconds[row]
+              for t in trials
+              if t.state == TrialState.COMPLETE and (row := t.user_attrs.get("row")) in run_seconds
+              and t.datetime_start is not None and t.datetime_complete is not None]
+    return max(ratios, default=1.0)
+
+
+@dataclass
+class Part:
+    """A part of a long table (`--stop-after`): a run still training at its end is stopped, and its
+    checkpoint stays on the machine, outside the archive, so a queue-only worker starts only the
+    queued runs it expects to finish in time: each row's estimate (`sweeps.cost`) times the pace
+    of this study's finished runs (`pace`). A run without an estimate always starts."""
+
+    finish_by: float | None
+    run_seconds: dict[str, float]
+    pace: float = 1.0
+
+    def update(self, study: optuna.Study) -> None:
+        self.pace = pace(study.get_trials(deepcopy=False), self.run_seconds)
+
+    def expected_s(self, trial: optuna.trial.FrozenTrial) -> float | None:
+        estimate = self.run_seconds.get(trial.user_attrs.get("row"))
+        return None if estimate is None else estimate * self.pace
+
+    def fits(self, trial: optuna.trial.FrozenTrial) -> bool:
+        expected = self.expected_s(trial)
+        return self.finish_by is None or expected is None or time.time() + expected <= self.finish_by
+
+
 def _stop_child(child: subprocess.Popen, preempted: bool) -> int:
     """Pass the stop on to the trial's process (SIGUSR1 for a pre-emption notice, else SIGINT) and
     give it `STOP_GRACE_S` to save its checkpoint; its exit status."""
@@ -321,13 +369,14 @@ def run_worker(settings: WorkerSettings) -> int:
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
     storage = make_storage(settings.storage, settings.heartbeat_s)
     sampler = make_sampler(settings.sampler, space, settings.seed)
+    part = Part(settings.finish_by, settings.run_seconds)
     study = RetriesFirstStudy(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
-                                                 settings.prune_warmup_steps))
+                                                 settings.prune_warmup_steps), claimable=part.fits)
     objective = Objective(settings, space, storage)
     unrecorded = UnrecordedClaims(2 * settings.heartbeat_s if settings.heartbeat_s else None)
     try:
-        while not STOP.requested and next_trial_needed(study, storage, settings, sampler, unrecorded, STOP):
+        while not STOP.requested and next_trial_needed(study, storage, settings, sampler, unrecorded, STOP, part):
             run_one_trial(study, objective, settings)
     except Stopped:  # Optuna has recorded the trial FAIL
         pass
@@ -343,9 +392,10 @@ def run_worker(settings: WorkerSettings) -> int:
 
 def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage, settings: WorkerSettings,
                       sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims,
-                      stop: StopRequest) -> bool:
+                      stop: StopRequest, part: Part | None = None) -> bool:
     """Take back dead workers' trials, then say whether to run another; a queue-only worker waits
-    while a claim without its worker may still be queued again (and not once asked to stop)."""
+    while a claim without its worker may still be queued again (and not once asked to stop), and
+    stops when no queued run can finish before the part ends (`Part`)."""
     while True:
         fail_stale_trials(study)  # before counting: a dead worker's trial is not "running"
         reclaim_dead_local_trials(study, storage)
@@ -356,7 +406,19 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
             return False
         if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
             return False
-        if not settings.queue_only or study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if not settings.queue_only:
+            return True
+        if waiting and part is not None:
+            part.update(study)
+            if not any(part.fits(t) for t in waiting):
+                shortest = min(part.expected_s(t) or 0.0 for t in waiting)
+                print(f"worker {os.getpid()}: the {len(waiting)} queued run(s) left cannot finish in the "
+                      f"{describe_duration(max(0.0, (part.finish_by or 0) - time.time()))} left of this part "
+                      f"(--stop-after; the shortest is expected to take {describe_duration(shortest)}, "
+                      f"{part.pace:.2f} x its estimate); leaving them for the next part", file=sys.stderr)
+                return False
+        if waiting:
             return True
         if not unrecorded.pending or stop.wait(CLAIM_POLL_S):
             return False

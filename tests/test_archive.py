@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 import warnings
 from dataclasses import asdict
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import optuna
 import pytest
 import torch
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from ablations.resolve import resolve
 from lightning_modules.errors import UserError
@@ -24,6 +26,7 @@ from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.preflight import check_same_result, resume_checkpoint
 from lightning_modules.run.results import RunResult, read_results
 from sweeps.table3 import Table3Plan, queue
+from sweeps.worker import pace
 from test_table3 import ablate, table3_args, trials
 
 
@@ -171,6 +174,47 @@ def test_a_sitting_given_stop_after_ends_itself_with_its_run_checkpointed_in_the
     assert checkpoint.name == "interrupted.ckpt"
     assert 0 < torch.load(checkpoint, weights_only=False)["global_step"] < 100_000
     assert [t.state for t in trials(tmp_path)] == [TrialState.FAIL, TrialState.WAITING]  # a retry copy waits
+
+
+def demo_part(tmp: Path, steps: int, stop_after: str) -> subprocess.CompletedProcess:
+    """One `--stop-after` part of a one-run demo table (the demo preset states a cost)."""
+    return ablate("table3", "--preset", "demo", "--rows", "base", "--seeds", "1", "--max-steps", str(steps),
+                  "train.val_check_interval=3", "data.valid_size=20", "data.test_size=20", "--no-wandb",
+                  "--no-report", "--storage", f"sqlite:///{tmp}/t3.db", "--runs-dir", str(tmp / "runs"),
+                  "--stop-after", stop_after)
+
+
+def test_a_part_starts_only_the_runs_expected_to_finish_before_it_ends(tmp_path: Path):
+    """A part shorter than a run's estimate starts nothing, says why and exits 130, the run left
+    queued; a part long enough trains it. (A run stopped at a part's end keeps its checkpoint on
+    this machine only, so the part does not start it.)"""
+    long, short = tmp_path / "long", tmp_path / "short"
+    first = demo_part(long, 200_000, "90s")  # estimated at over an hour
+    assert first.returncode == 130, first.stderr[-2000:]
+    assert "cannot finish" in first.stderr and "leaving them for the next part" in first.stderr
+    assert "run the same command again to go on" in first.stderr and "Traceback" not in first.stderr
+    assert [t.state for t in trials(long, "table3-demo")] == [TrialState.WAITING]
+    assert not (long / "runs" / "table3-demo" / "base-s1").exists()
+    enough = demo_part(short, 3, "20m")
+    assert enough.returncode == 0, enough.stderr[-2000:]
+    assert [t.state for t in trials(short, "table3-demo")] == [TrialState.COMPLETE]
+
+
+def test_the_pace_is_the_slowest_finished_run_against_its_estimate():
+    """`pace`: the largest wall time / estimate over complete trials with an estimate (a resumed
+    run took less than a whole one, so the largest is the whole run's); 1.0 with none."""
+    start = datetime(2026, 1, 1, 12, 0, 0)
+
+    def trial(number: int, row: str, seconds: float, state: TrialState = TrialState.COMPLETE) -> FrozenTrial:
+        return FrozenTrial(number=number, state=state, value=1.0 if state == TrialState.COMPLETE else None,
+                           datetime_start=start, datetime_complete=start + timedelta(seconds=seconds),
+                           params={}, distributions={}, user_attrs={"row": row}, system_attrs={},
+                           intermediate_values={}, trial_id=number)
+
+    estimates = {"base": 100.0, "C3": 300.0}
+    assert pace([], estimates) == 1.0
+    assert pace([trial(0, "base", 150), trial(1, "C3", 600), trial(2, "base", 40)], estimates) == 2.0
+    assert pace([trial(0, "other", 900), trial(1, "base", 900, TrialState.FAIL)], estimates) == 1.0
 
 
 @pytest.mark.parametrize("text", ["0", "90x", "30m2", "-5m"])

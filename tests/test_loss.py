@@ -159,7 +159,8 @@ def test_projected_chunks_compile_once_for_every_row_count():
     from lightning_modules.loss import projected_label_smoothed_nll
 
     torch.compiler.reset()
-    compiled = compile_dynamic(lambda h, w, t: projected_label_smoothed_nll(h, w, t, PAD, 0.1, 8)[:2], "aot_eager")
+    compiled = compile_dynamic(lambda h, w, t: projected_label_smoothed_nll(h, w, t, PAD, 0.1, 8)[:2],
+                               backend="aot_eager")
     before = compiled_graphs()
     for seed, rows in enumerate((9, 11, 7, 13)):
         hidden, weight, target = hidden_batch(seed, rows)

@@ -1,7 +1,8 @@
 """What a clone downloads: the repository tracks no checkpoint and no file over 2 MB.
 
 Checkpoints once made a clone hundreds of megabytes; they stay in history, but nothing new may join
-them. A long table carries only its finished runs (json, csv, text) in its archive.
+them. A long table carries only its finished runs (json, csv, text and a small `attention.npz`)
+in its archive.
 """
 
 from __future__ import annotations

@@ -95,6 +95,26 @@ def test_wandb_offline_run_is_written(finished_run: Path):
     assert any(runs[0].rglob("*.wandb"))
 
 
+def test_wandb_offline_run_holds_the_runs_attention_figure(finished_run: Path):
+    """The finished run's attention figure, drawn from its attention.npz, is an image of its W&B
+    record: the offline run's media holds it (the same pixels) and a history record names it."""
+    import io
+
+    import numpy as np
+    import wandb
+    from PIL import Image
+
+    from lightning_modules.run.attention_figures import ATTENTION_FILE, run_attention_png
+
+    wandb.finish()  # the training's W&B run, still open in this process: its record as it syncs
+    (run,) = (finished_run / "wandb").glob("offline-run-*")
+    (image,) = (run / "files" / "media" / "images").glob("attention_*.png")
+    drawn = Image.open(io.BytesIO(run_attention_png(finished_run / ATTENTION_FILE, "base")))
+    assert np.array_equal(np.asarray(Image.open(image)), np.asarray(drawn))
+    (record,) = run.glob("*.wandb")
+    assert image.relative_to(run / "files").as_posix().encode() in record.read_bytes()
+
+
 def test_files_the_run_writes_are_as_readable_as_any_file_written_here(finished_run: Path, tmp_path: Path):
     """Atomic writes go through a temporary file that is private to its owner; the results must not
     stay so (a teammate on the same cluster, or a synced archive, reads them)."""

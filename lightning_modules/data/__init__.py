@@ -8,7 +8,7 @@ from importlib import import_module
 
 _WHERE = {
     "TokenBucketBatchSampler": "batching", "batch_shapes": "batching", "collate": "batching",
-    "padding_share": "batching",
+    "padding_share": "batching", "ShapeBuckets": "batching",
     "Corpus": "corpora", "ParallelText": "corpora", "extract_ding": "corpora", "load_corpus": "corpora",
     "read_parallel": "corpora", "TranslationData": "prepared", "TranslationDataModule": "datamodule",
     "BOS_ID": "tokenizer",

@@ -7,6 +7,13 @@ so each side is one token longer than its ids; the token budget counts those len
 With `pad_multiple` m > 1 every batch's source and target lengths are rounded up to a multiple
 of m (GPU tensor cores and `torch.compile` see a few shapes instead of one per length); the
 token budget counts the rounded lengths, so a batch never exceeds `max_tokens` slots.
+
+With `ShapeBuckets` (`data.shape_buckets` K > 0) every training batch has one of a few static
+tensor shapes, for CUDA graphs: each side's lengths are padded up to one of K lengths chosen from
+the training corpus (`bucket_lengths`, multiples of `pad_multiple`), a batch holds the examples of
+one (source, target) length cell, and its row count is fixed by the cell, max_tokens // max(S, T);
+a cell's last batch is filled up with empty rows (source EOS, target BOS, no target token to
+predict: all their slots count as padding).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -26,6 +34,136 @@ from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
     """`lengths` rounded up to a multiple of `multiple` (1: unchanged)."""
     return lengths if multiple <= 1 else -(-lengths // multiple) * multiple
+
+
+def bucket_lengths(lengths: np.ndarray, count: int, multiple: int = 1) -> tuple[int, ...]:
+    """The `count` lengths (multiples of `multiple`, the longest included) that minimise the
+    padded slots sum(edge(n) - n) when every length n is padded up to the next of them, edge(n).
+
+    An exact dynamic programme over the distinct lengths: best[j] after k rounds = the least
+    padding of all lengths up to values[j] with k edges, the last at values[j]. With no more
+    distinct lengths than `count`, all of them (no padding).
+    """
+    values, counts = np.unique(round_up(np.asarray(lengths, dtype=np.int64), multiple),
+                               return_counts=True)
+    if count >= len(values):
+        return tuple(int(v) for v in values)
+    n = len(values)
+    below = np.concatenate([[0], np.cumsum(counts)])  # examples with a value index < i
+    total = np.concatenate([[0], np.cumsum(counts * values)])
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    # cost[i, j] (n, n): values i..j all padded to values[j]; inf where i > j
+    cost = np.where(i <= j, values[j] * (below[j + 1] - below[i]) - (total[j + 1] - total[i]),
+                    np.inf)
+    best = cost[0].astype(float)
+    choices = []  # per round, for each last edge j: the first value index of its run
+    for _ in range(1, count):
+        candidates = np.full((n, n), np.inf)
+        candidates[1:] = best[:-1, None] + cost[1:]  # previous edge at i - 1, this run i..j
+        choices.append(np.argmin(candidates, axis=0))
+        best = candidates.min(axis=0)
+    edges, j = [int(values[-1])], n - 1
+    for choice in reversed(choices):
+        j = int(choice[j]) - 1
+        edges.append(int(values[j]))
+    return tuple(sorted(set(edges)))
+
+
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """Static batch shapes: the padded source and target lengths (EOS/BOS included, ascending)
+    and the token budget that fixes each (S, T) cell's rows, max(1, max_tokens // max(S, T))."""
+
+    src: tuple[int, ...]
+    tgt: tuple[int, ...]
+    max_tokens: int
+
+    @classmethod
+    def fit(cls, src_lengths: Sequence[int], tgt_lengths: Sequence[int], count: int,
+            max_tokens: int, multiple: int = 1) -> ShapeBuckets:
+        """`count` lengths per side for a corpus (lengths of ids without specials): each side's
+        `bucket_lengths` of its lengths + 1 (EOS or BOS)."""
+        src = np.asarray(src_lengths, dtype=np.int64) + 1
+        tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
+        return cls(bucket_lengths(src, count, multiple), bucket_lengths(tgt, count, multiple),
+                   max_tokens)
+
+    def with_budget(self, max_tokens: int) -> ShapeBuckets:
+        return replace(self, max_tokens=max_tokens)
+
+    def pad(self, src: np.ndarray | int, tgt: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+        """The bucket lengths (S, T) that sides of `src` and `tgt` tokens (specials included)
+        are padded to; a side longer than its longest bucket is a ValueError."""
+        src, tgt = np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
+        if src.size and (src.max() > self.src[-1] or tgt.max() > self.tgt[-1]):
+            raise ValueError(f"lengths ({int(src.max())}, {int(tgt.max())}) exceed the longest "
+                             f"shape bucket ({self.src[-1]}, {self.tgt[-1]})")
+        return (np.asarray(self.src)[np.searchsorted(self.src, src)],
+                np.asarray(self.tgt)[np.searchsorted(self.tgt, tgt)])
+
+    def rows(self, src: np.ndarray | int, tgt: np.ndarray | int) -> np.ndarray:
+        """Rows of a batch of bucket lengths (S, T): as many as max_tokens holds, at least 1."""
+        return np.maximum(1, self.max_tokens // np.maximum(src, tgt))
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """How a corpus's examples fill the cells of `ShapeBuckets`, the same in every epoch.
+
+    Cells are the (S, T) bucket lengths that hold examples, in ascending (S, T) order. Each cell
+    takes its own examples, then those carried into it, and cuts them into batches of its rows;
+    what is left over (fewer than its rows, possibly all) moves on to the smallest (S + T) other
+    cell that holds both lengths, so a rare cell makes no batch of its own and a partial batch
+    is filled by its neighbours' leftovers rather than by empty rows. Only a cell that nothing
+    holds keeps a last, partial batch.
+    """
+
+    counts: tuple[int, ...]  # own examples per cell
+    keep: tuple[int, ...]  # examples batched in the cell (own + carried in - carried on)
+    target: tuple[int, ...]  # where each cell's leftover goes (-1: nowhere)
+    rows: tuple[int, ...]  # each cell's batch rows
+    sizes: tuple[int, ...]  # every batch's example count, cell after cell
+
+    @classmethod
+    def of(cls, src: np.ndarray, tgt: np.ndarray, buckets: ShapeBuckets) -> BucketPlan:
+        """The plan for examples whose bucket lengths are `src`, `tgt`."""
+        cells, counts = np.unique(np.stack([src, tgt], axis=1), axis=0, return_counts=True)
+        rows = buckets.rows(cells[:, 0], cells[:, 1])
+        incoming = np.zeros(len(cells), dtype=np.int64)
+        keep, target, sizes = [], [], []
+        for c, (s_len, t_len) in enumerate(cells.tolist()):
+            holds = np.flatnonzero((cells[:, 0] >= s_len) & (cells[:, 1] >= t_len))
+            holds = holds[holds != c]
+            to = int(holds[np.argmin(cells[holds].sum(axis=1))]) if len(holds) else -1
+            total, r = int(counts[c] + incoming[c]), int(rows[c])
+            # every batch gets one of the cell's own examples, which gives it the cell's shape
+            batches = min(total // r, int(counts[c]))
+            kept = batches * r if to >= 0 else total
+            if to >= 0:
+                incoming[to] += total - kept
+            keep.append(kept)
+            target.append(to)
+            sizes += [r] * (kept // r) + ([kept % r] if kept % r else [])
+        return cls(tuple(int(n) for n in counts), tuple(keep), tuple(target),
+                   tuple(int(r) for r in rows), tuple(sizes))
+
+    def arrange(self, order: np.ndarray) -> np.ndarray:
+        """`order` (examples sorted by cell) rearranged into the batches' order, cell by cell:
+        the cell's own examples then those carried into it, less the last ones that it carries
+        on, with one own example at the head of each batch (its shape is the cell's)."""
+        runs = np.split(order, np.cumsum(self.counts)[:-1])
+        incoming: list[list[np.ndarray]] = [[] for _ in runs]
+        parts = []
+        for c, run in enumerate(runs):
+            run = np.concatenate([run, *incoming[c]])
+            if self.target[c] >= 0:
+                incoming[self.target[c]].append(run[self.keep[c]:])
+            r = self.rows[c]
+            batches = -(-self.keep[c] // r)
+            heads, rest = run[:batches], run[batches:self.keep[c]]
+            for i in range(batches):
+                parts += [heads[i:i + 1], rest[i * (r - 1):(i + 1) * (r - 1)]]
+        return np.concatenate(parts) if parts else order
 
 
 def cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
@@ -61,11 +199,16 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
     shuffle=False both the grouping and the order are fixed. Every rank builds the same batch
     list and takes every `num_replicas`-th batch; the list is padded by wrapping around so all
     ranks get the same number of batches.
+
+    With `buckets` (`ShapeBuckets`) the sort key is the example's cell, its (source, target)
+    bucket lengths, instead, ties shuffled the same way, and each cell's run is cut into batches
+    of the cell's fixed rows, leftovers moving on to a larger cell (`BucketPlan`).
     """
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int,
                  shuffle: bool = True, seed: int = 0, num_replicas: int | None = None,
-                 rank: int | None = None, pad_multiple: int = 1) -> None:
+                 rank: int | None = None, pad_multiple: int = 1,
+                 buckets: ShapeBuckets | None = None) -> None:
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target")
         if max_tokens <= 0:
@@ -81,6 +224,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64) + 1  # + BOS (in) / EOS (out)
         self.max_tokens = max_tokens
         self.pad_multiple = max(1, pad_multiple)
+        self.buckets = buckets.with_budget(max_tokens) if buckets is not None else None
         self.shuffle = shuffle
         self.seed = seed
         self.num_replicas = num_replicas
@@ -90,9 +234,14 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         # Ties only permute examples with equal (tgt, src) lengths, so the sorted length sequence
         # and hence the batch boundaries are the same in every epoch: compute them once.
         order = self._sorted_order(None)
-        widths = round_up(np.maximum(self.src_lengths[order], self.tgt_lengths[order]),
-                          self.pad_multiple)
-        self._ends = cut_points(widths, max_tokens)
+        if self.buckets is not None:
+            self._plan = BucketPlan.of(*self.buckets.pad(self.src_lengths[order],
+                                                         self.tgt_lengths[order]), self.buckets)
+            self._ends = np.cumsum(self._plan.sizes).tolist()
+        else:
+            widths = round_up(np.maximum(self.src_lengths[order], self.tgt_lengths[order]),
+                              self.pad_multiple)
+            self._ends = cut_points(widths, max_tokens)
 
     @property
     def sampler(self) -> TokenBucketBatchSampler:
@@ -109,10 +258,13 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self._resume = (epoch, batches)
 
     def _sorted_order(self, rng: np.random.Generator | None) -> np.ndarray:
-        """Indices sorted by (width, snake difference); ties in a random (rng) or index order."""
+        """Indices sorted by (width, snake difference), or by cell with buckets; ties in a
+        random (rng) or index order."""
         n = len(self.src_lengths)
         base = rng.permutation(n) if rng is not None else np.arange(n)
         src, tgt = self.src_lengths[base], self.tgt_lengths[base]
+        if self.buckets is not None:
+            return base[np.lexsort(self.buckets.pad(src, tgt)[::-1])]  # by (S, T)
         width = np.maximum(src, tgt)
         snake = np.where(width % 2 == 0, src - tgt, tgt - src)
         return base[np.lexsort((snake, width))]  # lexsort is stable: ties keep `base` order
@@ -121,6 +273,8 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         """All batches of the current epoch, in order, before sharding."""
         rng = np.random.default_rng(self.seed + self.epoch) if self.shuffle else None
         order = self._sorted_order(rng)
+        if self.buckets is not None:
+            order = self._plan.arrange(order)
         chunks = np.split(order, self._ends[:-1]) if self._ends else []
         batches = [chunk.tolist() for chunk in chunks]
         if rng is not None:
@@ -141,26 +295,40 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         return math.ceil(len(self._ends) / self.num_replicas)
 
 
+def batch_shape(src: np.ndarray, tgt: np.ndarray, pad_multiple: int = 1,
+                buckets: ShapeBuckets | None = None) -> tuple[int, int, int]:
+    """(rows, source length, target length) of the tensors that a batch of examples with these
+    lengths (specials included) collates to: exact, rounded to `pad_multiple`, or a bucket's."""
+    s_max, t_max = int(np.max(src)), int(np.max(tgt))
+    if buckets is None:
+        return len(src), int(round_up(np.array(s_max), pad_multiple)), int(round_up(np.array(t_max), pad_multiple))
+    s_len, t_len = (int(x) for x in buckets.pad(s_max, t_max))
+    return int(buckets.rows(s_len, t_len)), s_len, t_len
+
+
 def batch_shapes(batches: Iterable[list[int]], src_lengths: Sequence[int],
-                 tgt_lengths: Sequence[int], pad_multiple: int = 1) -> list[tuple[int, int, int]]:
+                 tgt_lengths: Sequence[int], pad_multiple: int = 1,
+                 buckets: ShapeBuckets | None = None) -> list[tuple[int, int, int]]:
     """(rows, source length, target length) of the tensors each batch collates to."""
-    src = round_up(np.asarray(src_lengths, dtype=np.int64) + 1, pad_multiple)
-    tgt = round_up(np.asarray(tgt_lengths, dtype=np.int64) + 1, pad_multiple)
+    src = np.asarray(src_lengths, dtype=np.int64) + 1
+    tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
     shapes = []
     for batch in batches:
         index = np.asarray(batch, dtype=np.int64)
-        shapes.append((len(index), int(src[index].max()), int(tgt[index].max())))
+        shapes.append(batch_shape(src[index], tgt[index], pad_multiple, buckets))
     return shapes
 
 
 def padding_share(batches: Iterable[list[int]], src_lengths: Sequence[int],
-                  tgt_lengths: Sequence[int], pad_multiple: int = 1) -> float:
-    """Padded slots / all slots of the `src` and `tgt_out` tensors these batches collate to."""
+                  tgt_lengths: Sequence[int], pad_multiple: int = 1,
+                  buckets: ShapeBuckets | None = None) -> float:
+    """Padded slots / all slots of the `src` and `tgt_out` tensors these batches collate to
+    (a bucketed batch's empty rows included)."""
     batches = list(batches)
     src = np.asarray(src_lengths, dtype=np.int64) + 1
     tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
     slots = sum(rows * (s + t) for rows, s, t in
-                batch_shapes(batches, src_lengths, tgt_lengths, pad_multiple))
+                batch_shapes(batches, src_lengths, tgt_lengths, pad_multiple, buckets))
     used = sum(int(src[b].sum()) + int(tgt[b].sum()) for b in map(np.asarray, batches))
     return (slots - used) / slots if slots else 0.0
 
@@ -183,18 +351,29 @@ def _place(rows: int, width: int, seqs: list[list[int]], pad_id: int, before: in
 
 
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = PAD_ID,
-            pad_multiple: int = 1) -> dict[str, torch.Tensor | int]:
-    """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens`.
+            pad_multiple: int = 1, buckets: ShapeBuckets | None = None
+            ) -> dict[str, torch.Tensor | int]:
+    """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens`,
+    in the shape `batch_shape` gives (with buckets: empty rows below the examples).
 
+    An empty row is source EOS and target-in BOS, then padding, and a target-out of padding
+    only: the loss and `n_tokens` never see it; its one source key keeps every attention row
+    over at least one position (a fully masked row is NaN in some SDPA kernels).
     Vectorised (no per-sentence tensors): a 25K-token batch collates in about a millisecond.
     `n_tokens` (real target tokens) is a Python int, so counting it never waits for a GPU.
     """
     size = len(examples)
     srcs = [s for s, _ in examples]
     tgts = [t for _, t in examples]
-    src_len = int(round_up(np.array(max(map(len, srcs)) + 1), pad_multiple))
-    tgt_len = int(round_up(np.array(max(map(len, tgts)) + 1), pad_multiple))
-    return {"src": torch.from_numpy(_place(size, src_len, srcs, pad_id, None, EOS_ID)),
-            "tgt_in": torch.from_numpy(_place(size, tgt_len, tgts, pad_id, BOS_ID, None)),
-            "tgt_out": torch.from_numpy(_place(size, tgt_len, tgts, pad_id, None, EOS_ID)),
+    rows, src_len, tgt_len = batch_shape(np.fromiter(map(len, srcs), np.int64, size) + 1,
+                                         np.fromiter(map(len, tgts), np.int64, size) + 1,
+                                         pad_multiple, buckets)
+    if rows < size:
+        raise ValueError(f"{size} examples do not fit the {rows} rows of their shape bucket")
+    empty = [[]] * (rows - size)
+    tgt_out = _place(rows, tgt_len, tgts + empty, pad_id, None, EOS_ID)
+    tgt_out[size:] = pad_id
+    return {"src": torch.from_numpy(_place(rows, src_len, srcs + empty, pad_id, None, EOS_ID)),
+            "tgt_in": torch.from_numpy(_place(rows, tgt_len, tgts + empty, pad_id, BOS_ID, None)),
+            "tgt_out": torch.from_numpy(tgt_out),
             "n_tokens": sum(map(len, tgts)) + size}

@@ -34,11 +34,13 @@ class TranslationDataModule(TranslationData, pl.LightningDataModule):
 
     def _loader(self, dataset: EncodedPairs, sampler: TokenBucketBatchSampler,
                 kind: type[DataLoader] = DataLoader) -> DataLoader:
+        """Batches of `sampler`'s indices, collated as it cut them (its shape buckets, if any)."""
         workers = self.cfg.num_workers
         # Its own generator: each pass would otherwise draw its workers' base seed from torch's
         # global one, which dropout uses, and a resumed run starts one more pass than the original.
         return kind(dataset, batch_sampler=sampler, num_workers=workers,
-                    collate_fn=functools.partial(collate, pad_id=self.pad_id, pad_multiple=self.pad_multiple),
+                    collate_fn=functools.partial(collate, pad_id=self.pad_id, pad_multiple=self.pad_multiple,
+                                                 buckets=sampler.buckets),
                     pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
                     generator=torch.Generator().manual_seed(self.seed))
 
@@ -53,7 +55,7 @@ class TranslationDataModule(TranslationData, pl.LightningDataModule):
         self.train_sampler = TokenBucketBatchSampler(
             self.train_set.src_lengths, self.train_set.tgt_lengths, self.cfg.max_tokens,
             shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank,
-            pad_multiple=self.pad_multiple)
+            pad_multiple=self.pad_multiple, buckets=self.buckets)
         return self._loader(self.train_set, self.train_sampler, ResumableLoader)  # resumes mid-epoch
 
     def val_dataloader(self) -> DataLoader:

@@ -20,7 +20,8 @@ import sentencepiece as spm
 from torch.utils.data import Dataset
 
 from lightning_modules.config import DataConfig
-from lightning_modules.data.batching import TokenBucketBatchSampler, batch_shapes, padding_share
+from lightning_modules.data.batching import (ShapeBuckets, TokenBucketBatchSampler, batch_shapes,
+                                             padding_share)
 from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
 from lightning_modules.errors import UserError
@@ -65,7 +66,9 @@ class TranslationData:
     The BPE model sees only training text (train + extra_train, both sides). Training pairs
     with more than min(cfg.max_train_len, max_len - 1) wordpieces on either side are dropped;
     validation pairs only when they exceed max_len - 1 (the model could not take them).
-    `pad_multiple` rounds every batch's lengths up to a multiple (see `batching`).
+    `pad_multiple` rounds every batch's lengths up to a multiple (see `batching`);
+    `cfg.shape_buckets` K > 0 gives training batches static shapes, `buckets` (K lengths per side
+    fitted to the training pairs' lengths; dev batches keep exact lengths, as they run eagerly).
     """
 
     def __init__(self, cfg: DataConfig, run_dir: str | Path, seed: int = 1,
@@ -79,6 +82,7 @@ class TranslationData:
         self.pad_id = PAD_ID
         self.stats: dict[str, Any] = {}
         self.train_sampler: TokenBucketBatchSampler | None = None
+        self.buckets: ShapeBuckets | None = None
         self._corpus: Corpus | None = None
         self._ready = False
 
@@ -127,16 +131,20 @@ class TranslationData:
         self._check_left("dev", self.valid_set, valid_dropped, self.max_len - 1, f"model.max_len ({self.max_len})")
         for split, kept in (("training", self.train_set), ("dev", self.valid_set)):
             self._check_budget(split, kept)
+        if self.cfg.shape_buckets:
+            self.buckets = ShapeBuckets.fit(self.train_set.src_lengths, self.train_set.tgt_lengths,
+                                            self.cfg.shape_buckets, self.cfg.max_tokens, self.pad_multiple)
         sampler = TokenBucketBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
                                           self.cfg.max_tokens, shuffle=True, seed=self.seed,
-                                          num_replicas=1, rank=0, pad_multiple=self.pad_multiple)
+                                          num_replicas=1, rank=0, pad_multiple=self.pad_multiple,
+                                          buckets=self.buckets)
         batches = sampler.global_batches()
         valid_sampler = TokenBucketBatchSampler(self.valid_set.src_lengths,
                                                 self.valid_set.tgt_lengths, self.cfg.max_tokens,
                                                 shuffle=False, num_replicas=1, rank=0,
                                                 pad_multiple=self.pad_multiple)
         lengths = (self.train_set.src_lengths, self.train_set.tgt_lengths)
-        shapes = batch_shapes(batches, *lengths, self.pad_multiple)
+        shapes = batch_shapes(batches, *lengths, self.pad_multiple, self.buckets)
         self.stats = {
             "corpus": corpus.name,
             "train_pairs": len(corpus.train),
@@ -152,7 +160,8 @@ class TranslationData:
                                 + self.train_set.tgt_lengths.sum()),
             "train_batches": len(batches),
             "pad_multiple": self.pad_multiple,
-            "train_padding_share": padding_share(batches, *lengths, self.pad_multiple),
+            "shape_buckets": self.cfg.shape_buckets,
+            "train_padding_share": padding_share(batches, *lengths, self.pad_multiple, self.buckets),
             # distinct (rows, source length, target length) tensor shapes in one epoch
             "train_shapes": len(set(shapes)),
             "train_lengths": len({shape[1:] for shape in shapes}),

@@ -12,15 +12,13 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
+from lightning_modules.run.attention_figures import ATTENTION_FILE, KINDS, kind_key
 from lightning_modules.transformer import MultiHeadAttention, Transformer
-
-KINDS = ("encoder self-attention", "decoder self-attention", "encoder-decoder attention")
 
 
 def explicit_attention(module: MultiHeadAttention, x: Tensor, memory: Tensor, mask: Tensor | None = None,
@@ -92,7 +90,6 @@ def attention_maps(model: Transformer, src: list[int], tgt: list[int], pieces) -
                          worst[0], labels)
 
 
-ATTENTION_FILE = "attention.npz"
 FIXED_PIECES = (8, 30)  # the fixed dev sentence: the first with this many wordpieces (inclusive)
 
 
@@ -126,22 +123,9 @@ def save_attention(model: Transformer, sources: list[list[int]], translate_one, 
     buffer = io.BytesIO()
     np.savez_compressed(buffer, line=np.int64(index + 1), source=np.array(maps.source),
                         target=np.array(maps.target),
-                        **{_key(kind): maps.weights[kind].numpy().astype(np.float16) for kind in KINDS})
+                        **{kind_key(kind): maps.weights[kind].numpy().astype(np.float16) for kind in KINDS})
     atomic_write_bytes(path, buffer.getvalue())
     return True
-
-
-def _key(kind: str) -> str:
-    return kind.replace("-", "_").replace(" ", "_")
-
-
-def load_attention(path) -> tuple[dict[str, Any], list[str], list[str], int]:
-    """A saved `attention.npz`: (weights by kind, source pieces, target pieces, dev line from 1)."""
-    import numpy as np
-
-    with np.load(path, allow_pickle=False) as saved:
-        weights = {kind: saved[_key(kind)].astype(np.float32) for kind in KINDS}
-        return weights, saved["source"].tolist(), saved["target"].tolist(), int(saved["line"])
 
 
 def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:

@@ -9,6 +9,7 @@ weights on one fixed dev sentence) and `results.json`.
 from __future__ import annotations
 
 import contextlib
+import io
 import platform
 import shutil
 import socket
@@ -36,6 +37,7 @@ from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
 from lightning_modules.run.attention import save_run_attention
+from lightning_modules.run.attention_figures import ATTENTION_FILE, run_attention_png
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import environment
 from lightning_modules.run.faults import inject
@@ -118,6 +120,21 @@ def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
             atomic_write_text(id_file, logger.experiment.id)
         loggers.append(logger)
     return loggers
+
+
+def log_attention(loggers: list[Logger], path: Path, row: str, step: int) -> None:
+    """The run's attention figure, drawn from its `attention.npz` as the report draws a row of
+    group A (`run_attention_png`), into its W&B record as the image `attention` at `step`; nothing
+    without a W&B logger."""
+    wandb_loggers = [logger for logger in loggers if isinstance(logger, WandbLogger)]
+    if not wandb_loggers:
+        return
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(run_attention_png(path, row)))
+    caption = "last encoder layer, every head, on the fixed dev sentence (attention.npz)"
+    for logger in wandb_loggers:
+        logger.log_image(key="attention", images=[image], step=step, caption=[caption])
 
 
 def evaluate_split(module: TranslationModule, dm: TranslationDataModule, cfg: RunConfig,
@@ -276,7 +293,9 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         test_bleu = None
         if cfg.eval.decode_test and dm.corpus.test.src:
             test_bleu, _ = evaluate_split(module, dm, cfg, "test", out)
-        save_run_attention(module.model, dm, cfg.eval, out)  # attention.npz: one dev sentence's heads
+        saved_attention = save_run_attention(module.model, dm, cfg.eval, out)  # attention.npz: one dev sentence's heads
+    if saved_attention:
+        log_attention(trainer.loggers, out / ATTENTION_FILE, cfg.row, trainer.global_step)
 
     results = RunResult(
         row=cfg.row, preset=cfg.preset, corpus=cfg.data.corpus,
