@@ -28,11 +28,14 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   default's. Dropout is on (the measured step is the real one): eager variants draw the same
   masks as the eager default; compiled ones draw Inductor's, so their difference holds dropout
   noise, whose size the row "eager, other dropout seed" shows. Tolerance `TOLERANCE`.
-- Time: `BUDGET_S` in all (`--budget-s`); the variants run in `CUDA_PLAN` order (the cheap eager ones and the issue's
-  main suspects first), and one whose estimated cost (the case's slowest compiled warm-up so far)
-  no longer fits is skipped with a note. A variant that fails (a kernel the device lacks, out of
+- Time: `BUDGET_S` in all (`--budget-s`); the variants run in `CUDA_PLAN` order (the cheap
+  eager ones and the issue's main suspects first), and one whose estimated cost (`_estimate`: the
+  slowest warm-up of its kind so far) no longer fits is skipped with a note. A variant that fails (a kernel the device lacks, out of
   memory) becomes a row with its error; the run goes on. Results (`gpu_round.json`,
   `gpu_round.md`) are written atomically to `--out` after every variant.
+- Variants with `data.shape_buckets` (static shapes, docs/gpus.md#static-shapes-and-cuda-graphs)
+  train on other batches (the same pool, bucketed to static shapes), so their losses are compared
+  with "eager, buckets 8"'s.
 
 Not measured here: weights cast to bf16 once per step (autocast already casts each weight once
 per forward pass, its cache holding the cast; what remains is one cast kernel per weight, which
@@ -58,6 +61,7 @@ from benchmarks.common import Section, Settings, mfu, render_section, seeded, st
 from lightning_modules.compiling import compiled_graphs
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data import TokenBucketBatchSampler, collate
+from lightning_modules.data.batching import ShapeBuckets
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
@@ -80,8 +84,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "compiled, fused QKV": {**COMPILED, "model.fused_qkv": True},
     "compiled, all: flash, fused QKV, loss chunks 8": {**COMPILED, "model.attention_backend": "flash",
                                                       "model.fused_qkv": True, "train.loss_chunks": 8},
+    # static shapes (data.shape_buckets: other batches, compared with "eager, buckets 8") and CUDA graphs
+    "eager, buckets 8": {"data.shape_buckets": 8},
+    "compiled, buckets 8": {**COMPILED, "data.shape_buckets": 8},
+    "compiled, buckets 8, CUDA graphs": {**COMPILED, "data.shape_buckets": 8, "train.compile_mode": "reduce-overhead"},
 }
-REFERENCE = "eager"  # every other variant's losses are compared with this one's
 NOISE_FLOOR = "eager, other dropout seed"  # the eager default with other dropout masks: not judged
 
 
@@ -110,14 +117,16 @@ _EAGER = [name for name, overrides in VARIANTS.items() if not overrides.get("tra
 # (case, variant) in the order they run on CUDA: the baselines and the issue's main suspects first,
 # the cheap eager variants, then big, then each knob compiled on its own. What the budget leaves out
 # is a row saying so. A variant added to VARIANTS runs last unless placed here.
-CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, *_EAGER[1:], "compiled, loss chunks 8")] \
+BUCKETS = "compiled, buckets 8, CUDA graphs"
+CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, *_EAGER[1:], "compiled, loss chunks 8",
+                                                 BUCKETS)] \
     + [("wmt-big-37k", name) for name in ("eager", ALL)] \
     + [("wmt-base-37k", name) for name in ("compiled, attention flash", "compiled, attention cudnn",
                                            "compiled, fused QKV", "compiled, attention efficient")] \
     + [("wmt-big-37k", name) for name in ("compiled", "compiled, loss chunks 8")]
-# CPU: every eager variant; compiled, the default and all knobs at once (each compilation takes a
-# minute or two on a loaded 2-core machine), which between them trace every knob's code
-CPU_PLAN = [("tiny", name) for name in (*_EAGER, "compiled", ALL)]
+# CPU: every eager variant; compiled, the default, all knobs at once and buckets with CUDA graphs'
+# mode (each compilation takes a minute or two on a loaded 2-core machine): every knob's code traced
+CPU_PLAN = [("tiny", name) for name in (*_EAGER, "compiled", ALL, BUCKETS)]
 BUDGET_S = 390.0  # the variants' time: with start-up, batches and one overrun the command stays under 8 minutes
 AGREE_STEPS = 4  # first steps whose losses are compared
 LR = 5e-4  # constant Adam rate: the first steps move the loss
@@ -141,15 +150,17 @@ def plan(settings: Settings) -> tuple[list[tuple[str, str]], float]:
 
 # ----------------------------------------------------------------------------------- batches
 
-def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: int, max_len: int = 250
-                     ) -> list[dict[str, Any]]:
-    """`count` batches of random ids with WMT14-like lengths, bucketed as `ablate train` does."""
+def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: int, max_len: int = 250,
+                     shape_buckets: int = 0) -> list[dict[str, Any]]:
+    """`count` batches of random ids with WMT14-like lengths, bucketed as `ablate train` does
+    (`shape_buckets` > 0: static shapes, `ShapeBuckets` fitted to the pool, as data.shape_buckets)."""
     rng = np.random.default_rng(seed)
     src_len = np.clip(np.rint(rng.lognormal(np.log(26), 0.6, pool)), 1, max_len).astype(np.int64)
     ratio = rng.lognormal(np.log(1.05), 0.2, pool)
     tgt_len = np.clip(np.rint(src_len * ratio), 1, max_len).astype(np.int64)
+    buckets = ShapeBuckets.fit(src_len, tgt_len, shape_buckets, max_tokens) if shape_buckets else None
     sampler = TokenBucketBatchSampler(src_len, tgt_len, max_tokens, shuffle=True, seed=seed,
-                                      num_replicas=1, rank=0)
+                                      num_replicas=1, rank=0, buckets=buckets)
     ranks = np.arange(1, vocab - 3)
     zipf = ranks ** -1.1 / (ranks ** -1.1).sum()  # over ids 4 .. vocab - 1
 
@@ -160,20 +171,40 @@ def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: i
         flat = [ids[start:end] for start, end in zip([0, *ends[:-1]], ends)]
         return list(zip(flat[0::2], flat[1::2]))
 
-    return [collate(pairs(index)) for index in sampler.global_batches()[:count]]
+    return [collate(pairs(index), buckets=buckets) for index in sampler.global_batches()[:count]]
 
 
 # ----------------------------------------------------------------------------------- variants
 
+DATA_KEYS = ("data.shape_buckets",)  # the data settings a variant may change (they choose its batches)
+
+
 def configs(dims: dict[str, Any], vocab: int, overrides: dict[str, Any]) -> tuple[TransformerConfig, TrainConfig]:
-    """The model and train configs of a variant: `dims` and `vocab`, then its overrides."""
+    """The model and train configs of a variant: `dims` and `vocab`, then its model.* and train.*
+    overrides (its `DATA_KEYS` choose its batches instead)."""
     sections: dict[str, dict[str, Any]] = {"model": {**dims, "vocab_size": vocab}, "train": {}}
     for key, value in overrides.items():
         section, _, name = key.partition(".")
+        if key in DATA_KEYS:
+            continue
         if section not in sections:
-            raise ValueError(f"gpu_round variant override {key!r}: only model.* and train.* keys are applied")
+            raise ValueError(f"gpu_round variant override {key!r}: only model.*, train.* and "
+                             f"{', '.join(DATA_KEYS)} are applied")
         sections[section][name] = value
     return TransformerConfig(**sections["model"]), TrainConfig(**sections["train"])
+
+
+def shape_buckets(name: str) -> int:
+    """The variant's data.shape_buckets (0: exact lengths), which decides its batches."""
+    return int(VARIANTS[name].get("data.shape_buckets", 0))
+
+
+def reference(name: str) -> str | None:
+    """The eager variant whose losses `name`'s are compared with: the eager default on the same
+    batches (None for that one itself)."""
+    eager = next((n for n, o in VARIANTS.items() if o == {k: v for k, v in VARIANTS[name].items() if k in DATA_KEYS}),
+                 None)
+    return None if eager == name else eager
 
 
 def _seed(name: str, settings: Settings) -> int:
@@ -309,16 +340,21 @@ def _estimate(case: str, name: str, done: dict[str, dict[str, dict[str, Any]]]) 
     return guess + 15.0
 
 
+def case_batches(case: Case, settings: Settings, shape_buckets: int = 0) -> dict[int, list[dict[str, Any]]]:
+    """The case's batches on the device, per batch size (`shape_buckets`: data.shape_buckets)."""
+    return {size: [{k: v.to(settings.device) if torch.is_tensor(v) else v for k, v in b.items()}
+                   for b in wmt_like_batches(case.vocab, size, case.batches, settings.seed, case.pool,
+                                             case.max_len, shape_buckets)]
+            for size in case.tokens}
+
+
 def case_data(case: Case, settings: Settings) -> dict[str, Any]:
-    """The case's batches on the device, per batch size, and the initial weights every variant loads."""
-    batches = {size: [{k: v.to(settings.device) if torch.is_tensor(v) else v for k, v in b.items()}
-                      for b in wmt_like_batches(case.vocab, size, case.batches, settings.seed, case.pool,
-                                                case.max_len)]
-               for size in case.tokens}
+    """The case's exact-length batches (by data.shape_buckets: 0), the initial weights every variant
+    loads, and its results so far."""
     c, _ = configs(case.dims, case.vocab, {})
     seeded(settings.seed)
     state = TranslationModule.from_configs(c, TrainConfig()).state_dict()
-    return {"batches": batches, "state": state, "results": {}}
+    return {"batches": {0: case_batches(case, settings)}, "state": state, "results": {}}
 
 
 def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings, deadline: float,
@@ -329,7 +365,10 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
     if left < need:
         return {"skipped": f"time budget: {left:.0f} s left, ~{need:.0f} s needed"}
     try:
-        return measure(name, case, data["batches"], data["state"], settings)
+        buckets = shape_buckets(name)
+        if buckets not in data["batches"]:
+            data["batches"][buckets] = case_batches(case, settings, buckets)
+        return measure(name, case, data["batches"][buckets], data["state"], settings)
     except Exception as error:  # a kernel this device lacks, out of memory: a row, not a crash
         why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
     gc.collect()  # the failed variant's module and tensors (its traceback is gone with `error`)
@@ -364,15 +403,16 @@ def run(settings: Settings) -> Section:
             results = data[case_name]["results"]
             results[name] = run_variant(case, name, data[case_name], settings, deadline,
                                         {c: d["results"] for c, d in data.items()})
-            reference = results.get(REFERENCE, {}).get("losses") if name != REFERENCE else None
-            section.rows += _rows(case, name, results[name], reference, tolerance)
+            versus = reference(name)
+            section.rows += _rows(case, name, results[name], results.get(versus or "", {}).get("losses"), tolerance)
             section.data[case_name] = {"results": {k: {str(kk): vv for kk, vv in v.items()} for k, v in results.items()},
                                        "case": case.__dict__}
             print(json.dumps({"case": case_name, "variant": name, **section.data[case_name]["results"][name]},
                              default=str), flush=True)
             save()
     for case_name, d in data.items():
-        shapes = {size: [[*b["src"].shape, b["tgt_out"].size(1)] for b in bs] for size, bs in d["batches"].items()}
+        shapes = {f"{size} tokens" + (f", buckets {k}" if k else ""): [[*b["src"].shape, b["tgt_out"].size(1)] for b in bs]
+                  for k, by_size in d["batches"].items() for size, bs in by_size.items()}
         section.data[case_name]["shapes"] = shapes
         section.notes.append(f"{case_name}: dims {CASES[case_name].dims}, vocabulary {CASES[case_name].vocab:,}; "
                              f"batches (sentences, source, target length) {shapes}; tolerance of the loss "

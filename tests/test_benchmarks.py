@@ -32,7 +32,7 @@ def test_quick_benchmarks_write_json_and_markdown(tmp_path: Path):
 def test_gpu_round_quick_runs_every_variant_and_each_agrees_with_eager(tmp_path: Path):
     """The GPU round's CPU mode (tiny dims, fp32; compiled variants through dynamo + AOTAutograd):
     every code path of the CUDA command but CUDA's kernels, so a crash shows here first."""
-    from benchmarks.gpu_round import NOISE_FLOOR, REFERENCE, VARIANTS
+    from benchmarks.gpu_round import NOISE_FLOOR, VARIANTS, reference
 
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
                              "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -42,10 +42,11 @@ def test_gpu_round_quick_runs_every_variant_and_each_agrees_with_eager(tmp_path:
     assert saved["rows"] == section["rows"]
     ran = {row["variant"] for row in section["rows"] if row.get("tokens/s")}
     assert {name for name, o in VARIANTS.items() if not o.get("train.compile")} <= ran  # every eager one
-    assert "compiled" in ran and any(name.startswith("compiled, all") for name in ran)
+    assert {"compiled", "compiled, buckets 8, CUDA graphs"} <= ran and any(name.startswith("compiled, all") for name in ran)
+    assert reference("compiled, buckets 8, CUDA graphs") == "eager, buckets 8" and reference("eager") is None
     assert not any(row.get("note", "").startswith("error") for row in section["rows"])
     for row in section["rows"]:
-        if row["variant"] not in (REFERENCE, NOISE_FLOOR):
+        if reference(row["variant"]) is not None and row["variant"] != NOISE_FLOOR:
             assert row["agrees"] is True and row["loss Δ"] <= 1e-3, row
         if row["variant"].startswith("compiled"):
             assert row["graphs"] == 1, row  # one graph for every batch shape
