@@ -16,7 +16,8 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   the loss moves. Nothing is read from disk or the network. `Case.batches` batches per batch size
   are drawn from one shuffled epoch.
 - Per variant: a fresh module (same seed, then the eager default's initial state_dict loaded),
-  a warm-up pass over every batch (compilation included, timed apart as "warm-up s"), whose first
+  a warm-up pass over every batch (two when compiled: CUDA graphs record a shape on its second
+  call; compilation included, timed apart as "warm-up s"), whose first
   `AGREE_STEPS` steps' per-token losses are compared with the eager default's (same batches,
   same seed); then per batch size `Case.passes` timed passes over its batches, each step timed on the
   device (CUDA events, no host sync inside the pass). tokens/s counts real target tokens; a step
@@ -276,6 +277,9 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
     order = [b for size in case.tokens for b in batches[size]]
     start = time.perf_counter()
     losses = [step(b) for b in order]
+    if t.compile:  # a second pass: CUDA graphs record a shape on its second call
+        for b in order:
+            step(b)
     sync(device)
     out: dict[str, Any] = {"warmup_s": time.perf_counter() - start,
                            "losses": [float(x) for x in torch.stack(losses[:AGREE_STEPS]).cpu()]}
