@@ -10,7 +10,6 @@ shared sentencepiece BPE trained once into the benchmark cache, and `TokenBucket
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime as dt
 import math
 import os

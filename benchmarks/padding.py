@@ -126,7 +126,7 @@ def run(settings: Settings) -> Section:
         f"{vocab:,} trained on each corpus's training text); random = mean of "
         f"{len(RANDOM_SEEDS)} shuffles cut greedily under the same budget.",
         "Fewer batches at the same budget = more real tokens per step.",
-        f"buckets K = data.shape_buckets K (static shapes for CUDA graphs; shapes K = distinct "
-        f"(rows, source, target) batch shapes in the epoch); exact lengths pad least.",
+        "buckets K = data.shape_buckets K (static shapes for CUDA graphs; shapes K = distinct "
+        "(rows, source, target) batch shapes in the epoch); exact lengths pad least.",
     ]
     return section

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lightning_modules.run.io import check_writable_dir
 from lightning_modules.run.rundir import refuse_foreign
+from sweeps.cost import run_seconds
 from sweeps.table3 import Table3Outcome, Table3Plan, run_table3
 
 
@@ -29,8 +30,9 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
     if report:
         check_writable_dir(folder, "the report (--report-dir)")
         refuse_foreign(folder, "report", "--report-dir")
+    expected = run_seconds(plan, workers, devices) if stop_after_s is not None else None
     outcome = run_table3(plan, workers, devices, devices_per_trial, heartbeat_s, archive=archive,
-                         stop_after_s=stop_after_s)
+                         stop_after_s=stop_after_s, run_seconds=expected)
     if outcome.interrupted or not report:
         return outcome
     from reports.build import build_report  # pandas, matplotlib: once the table is done

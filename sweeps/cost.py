@@ -10,6 +10,7 @@ than estimated; the estimate says which device it holds for.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import pandas as pd
@@ -87,6 +88,21 @@ def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
                       "hours/run": seconds / 3600, "seeds": len(plan.seeds_of(row)),
                       "hours": seconds * len(plan.seeds_of(row)) / 3600})
     return pd.DataFrame(lines).set_index("row"), rate
+
+
+def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
+    """Each row's expected run time on one worker, for a part of a table (`--stop-after`,
+    `sweeps.worker.Part`): the estimate, which is of the whole device, times the workers sharing a
+    CPU (one GPU per worker has the whole device); empty, with a note, when the preset states no
+    cost (then every queued run starts)."""
+    try:
+        table, _ = estimate(plan)
+    except UserError as err:
+        print(f"table3 {plan.study}: {err}; --stop-after stops whatever still runs at its end",
+              file=sys.stderr, flush=True)
+        return {}
+    share = workers if devices is None else 1
+    return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
 
 
 def describe(plan: Table3Plan) -> str:

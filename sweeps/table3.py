@@ -485,7 +485,7 @@ class Table3Outcome:
 
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
                devices_per_trial: int = 1, heartbeat_s: int = 60, archive: str | None = None,
-               stop_after_s: float | None = None) -> Table3Outcome:
+               stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None) -> Table3Outcome:
     """Check the planned rows' data (`check_data`: one line, before anything is queued), queue
     every planned (row, seed) not complete, run the queue-only workers until it is empty (or they
     are interrupted), and print one line per planned run. The report is built from the database
@@ -493,13 +493,15 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
 
     `archive`: a folder that keeps the runs for a sitting on another machine (`sweeps.archive`):
     restored from before the queue is made, saved to while the workers run and when they end.
-    `stop_after_s`: stop the workers that long after they start, as if interrupted."""
+    `stop_after_s`: stop the workers that long after they start, as if interrupted; `run_seconds`
+    (each row's expected time on one worker, `sweeps.cost.run_seconds`): start only the runs
+    expected to finish before then (`sweeps.worker.Part`; without it every queued run starts)."""
     from sweeps import archive as kept
 
     check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     inject("startup")
     if archive is None:
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s)
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, run_seconds)
     folder = Path(archive)
     record = check_archive(folder, plan, identity(plan))
     check_writable_dir(folder, "the archive (--archive)")
@@ -508,11 +510,12 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     if restored:
         print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)
     with kept.kept_in(runs, folder, record):
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, folder)
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, run_seconds, folder)
 
 
 def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_trial: int,
-               heartbeat_s: int, stop_after_s: float | None = None, archive: Path | None = None) -> Table3Outcome:
+               heartbeat_s: int, stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None,
+               archive: Path | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
@@ -528,8 +531,7 @@ def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, device
                                   runs_dir=plan.runs_dir, preset=plan.preset, config=plan.config,
                                   spec=plan.spec_path, overrides=plan.overrides, pruner="none",
                                   heartbeat_s=heartbeat_s, queue_only=True, keep_translations=True,
-                                  finish_by=finish_by,
-                                  run_seconds=run_seconds(plan, workers, devices) if finish_by else {})
+                                  finish_by=finish_by, run_seconds=dict(run_seconds or {}))
         while True:
             left = None if finish_by is None else max(0.0, finish_by - time.time())
             code = run_workers(settings, workers, devices, devices_per_trial, quiet=True, stop_after_s=left)
@@ -542,22 +544,6 @@ def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, device
             if not wait_for_others(study, plan, heartbeat_s):  # nothing went back to the queue
                 break
     return Table3Outcome(code, print_summary(study, plan))
-
-
-def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
-    """Each row's expected run time on one worker, for `--stop-after` (`sweeps.worker.Part`): the
-    dry run's estimate (`sweeps.cost`), which is of the whole device, times the workers sharing a
-    CPU; empty, with a note, when the preset states no cost (then every queued run starts)."""
-    from sweeps.cost import estimate
-
-    try:
-        table, _ = estimate(plan)
-    except UserError as err:
-        print(f"table3 {plan.study}: {err}; --stop-after stops whatever still runs at its end",
-              file=sys.stderr, flush=True)
-        return {}
-    share = workers if devices is None else 1
-    return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
 
 
 def running_elsewhere(study: optuna.Study, plan: Table3Plan) -> list[str]:
