@@ -6,6 +6,7 @@
     python -m benchmarks --device cuda         # on a GPU (bf16 autocast by default there, MFU)
     python -m benchmarks --only reproducibility  # what changes a run's numbers (opt-in experiment)
     python -m benchmarks --only workers          # how many sweep workers to run on this CPU (opt-in)
+    python -m benchmarks --only wmt_rehearsal --pairs 450000,4520620  # the gpu preset's data path (opt-in)
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import end_to_end, generation, overhead, padding, reproducibility, scaling, train_step, workers
+from benchmarks import (end_to_end, generation, overhead, padding, reproducibility, scaling, train_step, workers,
+                        wmt_rehearsal)
 from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 
 BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padding.run,
               "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run,
-              "reproducibility": reproducibility.run, "workers": workers.run}
-# Run only when named in --only: an experiment (~15 minutes on 2 cores), and a measurement that
-# needs the whole machine (~3 minutes on 2 cores).
-OPT_IN = ("reproducibility", "workers")
+              "reproducibility": reproducibility.run, "workers": workers.run,
+              "wmt_rehearsal": wmt_rehearsal.run}
+# Run only when named in --only: an experiment (~15 minutes on 2 cores), a measurement that needs
+# the whole machine (~3 minutes on 2 cores), and WMT14's data path at full scale (GBs of disk).
+OPT_IN = ("reproducibility", "workers", "wmt_rehearsal")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,10 +60,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="an `ablate train` checkpoint to decode with instead of training "
                              "the generation model (sinusoidal, d_k = d_model/h)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pairs", default="",
+                        help=f"wmt_rehearsal: comma-separated scales in training pairs (default: "
+                             f"WMT14's {wmt_rehearsal.WMT14_PAIRS:,}; --quick: 20,000)")
+    parser.add_argument("--rehearsal-dir", type=Path, default=Path("/tmp/ablate-wmt-rehearsal"),
+                        help="wmt_rehearsal: where the synthetic mirrors are made once (GBs at full scale)")
+    parser.add_argument("--keep", action="store_true",
+                        help="wmt_rehearsal: keep each scale's download cache and run folder")
     args = parser.parse_args(argv)
     unknown = [name for name in args.only.split(",") if name and name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    try:
+        args.pairs = tuple(int(n.replace("_", "")) for n in args.pairs.split(",") if n)
+    except ValueError:
+        parser.error(f"--pairs {args.pairs}: expected comma-separated numbers of pairs")
+    if any(n < 1 for n in args.pairs):
+        parser.error("--pairs: every scale must be at least 1 pair")
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -95,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(device=device, precision=precision, reps=args.reps, quick=args.quick,
                         cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
                         checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
-                        cases=tuple(c for c in args.cases.split(",") if c))
+                        cases=tuple(c for c in args.cases.split(",") if c), pairs=args.pairs,
+                        rehearsal_dir=args.rehearsal_dir, keep=args.keep)
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)
     out: Path = args.out

@@ -60,6 +60,9 @@ class Settings:
     seed: int = 1
     newstest_dir: Path | None = None  # newstest2013/2014 (end_to_end's WMT-length cases)
     cases: tuple[str, ...] = ()  # end_to_end cases to run (empty: all)
+    pairs: tuple[int, ...] = ()  # wmt_rehearsal's scales in training pairs (empty: its default)
+    rehearsal_dir: Path = Path("/tmp/ablate-wmt-rehearsal")  # wmt_rehearsal's mirrors and runs
+    keep: bool = False  # wmt_rehearsal: keep each scale's download cache and run folder
 
     def reps_or(self, default: int) -> int:
         return self.reps if self.reps is not None else default
