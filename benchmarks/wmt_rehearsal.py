@@ -289,7 +289,8 @@ def rehearse(url: str, work: Path, timeout_s: float = 7200) -> dict[str, Any]:
     if not stages or not any((run / "checkpoints").glob("*.ckpt")):
         raise RuntimeError(f"ablate train ended before its first step ({child.returncode}):\n{text[-3000:]}")
     return {"stages": stages, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "peak_rss_mb": round(peak),
-            "summary": [line for line in text.splitlines() if line.startswith(("model:", "data:"))]}
+            "summary": [line for line in text.splitlines()  # describe's lines, not the stage notes
+                        if line.startswith(("model:", "data:")) and " took " not in line]}
 
 
 def stage_rows(pairs: int, measured: dict[str, Any]) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import resource
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,11 +65,12 @@ class Stages:
     a process, in the order they ran: `with stages("read"): ...`.
 
     Each stage's peak RSS is its own where Linux can restart the high-water mark (clear_refs), else
-    the process's peak so far. A stage that runs longer than `note_after_s` wall seconds is also
-    printed to stderr when it ends, so that a long data preparation shows where it is.
+    the process's peak so far (either way memory that an earlier stage freed and the allocator kept
+    counts). A stage that runs longer than `note_after_s` wall seconds is also printed (stdout) when
+    it ends, so that a long data preparation shows where it is; stderr stays for errors.
     """
 
-    note_after_s: float = 10.0
+    note_after_s: float = 30.0
     done: list[dict[str, Any]] = field(default_factory=list)
 
     @contextlib.contextmanager
@@ -86,5 +86,4 @@ class Stages:
         self.done.append(entry)
         if entry["wall_s"] >= self.note_after_s:
             peak = f", peak RSS {entry['peak_rss_mb']:,} MB" if entry["peak_rss_mb"] is not None else ""
-            print(f"ablate: data: {name} took {entry['wall_s']:.1f} s (CPU {entry['cpu_s']:.1f} s{peak})",
-                  file=sys.stderr, flush=True)
+            print(f"data: {name} took {entry['wall_s']:.1f} s (CPU {entry['cpu_s']:.1f} s{peak})", flush=True)
