@@ -7,6 +7,7 @@
     python -m benchmarks --only reproducibility  # what changes a run's numbers (opt-in experiment)
     python -m benchmarks --only workers          # how many sweep workers to run on this CPU (opt-in)
     python -m benchmarks --device cuda --only gpu_round --out DIR  # kernel variants, < 8 minutes (opt-in)
+    python -m benchmarks --only wmt_rehearsal --pairs 450000,4520620  # the gpu preset's data path (opt-in)
 """
 
 from __future__ import annotations
@@ -20,16 +21,18 @@ from pathlib import Path
 import torch
 
 from benchmarks import (end_to_end, generation, gpu_round, overhead, padding, reproducibility, scaling, train_step,
-                        workers)
+                        wmt_rehearsal, workers)
 from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 
 BENCHMARKS = {"train": train_step.run, "overhead": overhead.run, "padding": padding.run,
               "generation": generation.run, "scaling": scaling.run, "end_to_end": end_to_end.run,
-              "reproducibility": reproducibility.run, "workers": workers.run, "gpu_round": gpu_round.run}
-# Run only when named in --only: an experiment (~15 minutes on 2 cores), a measurement that
-# needs the whole machine (~3 minutes on 2 cores), and the GPU round (its CPU run is a smoke check).
-OPT_IN = ("reproducibility", "workers", "gpu_round")
+              "reproducibility": reproducibility.run, "workers": workers.run, "gpu_round": gpu_round.run,
+              "wmt_rehearsal": wmt_rehearsal.run}
+# Run only when named in --only: an experiment (~15 minutes on 2 cores), a measurement that needs
+# the whole machine (~3 minutes on 2 cores), the GPU round (its CPU run is a smoke check), and
+# WMT14's data path at full scale (GBs of disk).
+OPT_IN = ("reproducibility", "workers", "gpu_round", "wmt_rehearsal")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,10 +65,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="gpu_round: seconds for its variants (default 390 on CUDA, so the command "
                              "ends within 8 minutes); what does not fit is a row saying so")
+    parser.add_argument("--pairs", default="",
+                        help=f"wmt_rehearsal: comma-separated scales in training pairs (default: "
+                             f"WMT14's {wmt_rehearsal.WMT14_PAIRS:,}; --quick: 20,000)")
+    parser.add_argument("--rehearsal-dir", type=Path, default=Path("/tmp/ablate-wmt-rehearsal"),
+                        help="wmt_rehearsal: where the synthetic mirrors are made once (GBs at full scale)")
+    parser.add_argument("--keep", action="store_true",
+                        help="wmt_rehearsal: keep each scale's download cache and run folder")
     args = parser.parse_args(argv)
     unknown = [name for name in args.only.split(",") if name and name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    try:
+        args.pairs = tuple(int(n.replace("_", "")) for n in args.pairs.split(",") if n)
+    except ValueError:
+        parser.error(f"--pairs {args.pairs}: expected comma-separated numbers of pairs")
+    if any(n < 1 for n in args.pairs):
+        parser.error("--pairs: every scale must be at least 1 pair")
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
     if args.budget_s is not None and args.budget_s <= 0:
@@ -103,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
                         checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
                         cases=tuple(c for c in args.cases.split(",") if c), out=args.out,
-                        budget_s=args.budget_s)
+                        budget_s=args.budget_s, pairs=args.pairs, rehearsal_dir=args.rehearsal_dir,
+                        keep=args.keep)
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)
     out: Path = args.out

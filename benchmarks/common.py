@@ -61,6 +61,9 @@ class Settings:
     cases: tuple[str, ...] = ()  # end_to_end / gpu_round cases to run (empty: all)
     out: Path | None = None  # --out: where a benchmark that saves as it goes (gpu_round) writes
     budget_s: float | None = None  # --budget-s: gpu_round's time for its variants (None: its own)
+    pairs: tuple[int, ...] = ()  # wmt_rehearsal's scales in training pairs (empty: its default)
+    rehearsal_dir: Path = Path("/tmp/ablate-wmt-rehearsal")  # wmt_rehearsal's mirrors and runs
+    keep: bool = False  # wmt_rehearsal: keep each scale's download cache and run folder
 
     def reps_or(self, default: int) -> int:
         return self.reps if self.reps is not None else default

@@ -1,8 +1,15 @@
-"""A stopwatch over stretches of a run: its training time, with validation inside fit left out."""
+"""Stopwatches over stretches of a run: its training time (validation inside fit left out), and
+the stages of its data preparation (wall, CPU and peak memory of each)."""
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 
 class Stopwatch:
@@ -24,3 +31,59 @@ class Stopwatch:
     def total(self) -> float:
         """The seconds so far, the running stretch included."""
         return self.seconds + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+
+def _peak_rss_mb() -> float | None:
+    """This process's resident-set high-water mark (VmHWM) in MB; None where /proc has none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Restart the high-water mark at the current RSS (Linux: "5" to /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Stages:
+    """Wall seconds, CPU seconds (user + system, every thread) and peak RSS of named stretches of
+    a process, in the order they ran: `with stages("read"): ...`.
+
+    Each stage's peak RSS is its own where Linux can restart the high-water mark (clear_refs), else
+    the process's peak so far (either way memory that an earlier stage freed and the allocator kept
+    counts). A stage that runs longer than `note_after_s` wall seconds is also printed (stdout) when
+    it ends, so that a long data preparation shows where it is; stderr stays for errors.
+    """
+
+    note_after_s: float = 30.0
+    done: list[dict[str, Any]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        own_peak = _reset_peak_rss()
+        wall, cpu = time.perf_counter(), _cpu_seconds()
+        yield
+        entry = {"stage": name, "wall_s": round(time.perf_counter() - wall, 2),
+                 "cpu_s": round(_cpu_seconds() - cpu, 2), "peak_rss_mb": _peak_rss_mb(),
+                 "own_peak": own_peak}
+        if entry["peak_rss_mb"] is not None:
+            entry["peak_rss_mb"] = round(entry["peak_rss_mb"])
+        self.done.append(entry)
+        if entry["wall_s"] >= self.note_after_s:
+            peak = f", peak RSS {entry['peak_rss_mb']:,} MB" if entry["peak_rss_mb"] is not None else ""
+            print(f"data: {name} took {entry['wall_s']:.1f} s (CPU {entry['cpu_s']:.1f} s{peak})", flush=True)

@@ -132,3 +132,35 @@ def test_worker_layouts_divide_the_cores():
     assert layouts(2) == [1, 2]
     assert layouts(6) == [1, 2, 6]
     assert layouts(16) == [1, 2, 4, 8, 16]
+
+
+def test_wmt_rehearsal_runs_the_gpu_presets_data_path_through_a_local_mirror(tmp_path: Path):
+    """The rehearsal at 20K pairs: synthetic statmt.org archives (their names, EN-DE members among
+    other language pairs) served on 127.0.0.1, `ablate train --preset gpu --data wmt14 --base-url`
+    through every data stage to its first step; each stage's CPU seconds and peak RSS recorded."""
+    import tarfile
+
+    from benchmarks.wmt_rehearsal import ARCHIVES
+    from lightning_modules.data.corpora import WMT14_TRAIN_ARCHIVES
+
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "wmt_rehearsal", "--pairs", "20000",
+                             "--rehearsal-dir", str(tmp_path / "rehearsal"), "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    section = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["wmt_rehearsal"]
+    mirror = tmp_path / "rehearsal" / "mirror-20000"
+    for url, prefix in WMT14_TRAIN_ARCHIVES:
+        with tarfile.open(mirror / url.rsplit("/", 1)[-1]) as tar:
+            names = tar.getnames()
+        assert f"{prefix}.en" in names and f"{prefix}.de" in names and len(names) > 2, names
+    assert {"newstest2013.en", "newstest2014.de"} <= {p.name for p in mirror.iterdir()}
+    run = section["data"]["20000"]
+    pairs = run["mirror"]["pairs"]
+    assert abs(pairs - 20_000) <= len(ARCHIVES)  # each archive's share, rounded
+    stages = {s["stage"]: s for s in run["run"]["stages"]}
+    assert list(stages) == ["download", "extract", "read", "subset", "bpe", "encode", "batches"]
+    assert all(s["cpu_s"] >= 0 and s["peak_rss_mb"] > 0 for s in stages.values())
+    assert stages["bpe"]["cpu_s"] > 0 and run["run"]["cpu_s"] >= sum(s["cpu_s"] for s in stages.values())
+    assert f"data: wmt14, {pairs:,} train pairs, 3,000 dev, 3,003 test; BPE vocabulary 8,000" in run["run"]["summary"][1]
+    assert run["disk_mb"]["cache"] > 0 and not (tmp_path / "rehearsal" / "work-20000").exists()
+    assert section["rows"][-1]["stage"] == "whole run to its first step"

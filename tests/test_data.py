@@ -21,8 +21,8 @@ from lightning_modules.config import DataConfig
 from lightning_modules.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenBucketBatchSampler,
                                     TranslationDataModule, batch_shapes, collate, extract_ding, load_corpus,
                                     padding_share, read_parallel, train_or_load)
-from lightning_modules.data.corpora import (extract_ding_cached, fetch_wmt14_train, is_sentence,
-                                            parse_ding_line, split_alternatives)
+from lightning_modules.data.corpora import (WMT14_TRAIN_ARCHIVES, extract_ding_cached, fetch_wmt14_train,
+                                            is_sentence, parse_ding_line, split_alternatives, subset)
 from lightning_modules.errors import UserError
 
 DING = Path("/usr/share/trans/de-en")
@@ -193,6 +193,22 @@ def test_read_parallel_errors_name_file_and_line(tmp_path):
     hole = write_lines(tmp_path / "hole.en", ["a", "", "c"])
     with pytest.raises(UserError, match=r"hole\.en: line 2 is empty but line 2 of .*good\.de"):
         read_parallel(hole, good)
+
+
+def test_read_parallel_keep_reads_the_same_subset_as_cutting_the_whole_text(tmp_path):
+    src, tgt = synthetic_pairs(300, seed=3)
+    src[7] = tgt[7] = "  "  # a blank pair: skipped, not counted
+    write_lines(tmp_path / "t.en", src, gz=True)
+    write_lines(tmp_path / "t.de", tgt)
+    whole = read_parallel(tmp_path / "t.en", tmp_path / "t.de")
+    assert len(whole) == 299
+    cut = read_parallel(tmp_path / "t.en", tmp_path / "t.de", keep=40)
+    assert (cut.src, cut.tgt) == (subset(whole, 40).src, subset(whole, 40).tgt) and len(cut) == 40
+    assert cut.src != whole.src[:40]  # drawn from all of it, in corpus order
+    assert read_parallel(tmp_path / "t.en", tmp_path / "t.de", keep=1000).src == whole.src
+    hole = write_lines(tmp_path / "hole.en", src[:250] + [""] + src[251:])
+    with pytest.raises(UserError, match=r"hole\.en: line 251 is empty"):  # checked on the counting pass
+        read_parallel(hole, tmp_path / "t.de", keep=10)
 
 
 def test_files_corpus_requires_keys_and_test_is_optional(tmp_path):
@@ -576,6 +592,46 @@ def test_wmt14_training_archives_from_local_server(http_root, tmp_path):
     assert (cache / "train.en").stat().st_mtime_ns == 0
     with pytest.raises(UserError, match="lacks"):
         fetch_wmt14_train(tmp_path / "other", [(archives[0][0], "training/news-commentary")])
+
+
+def _tgz(path: Path, members: list[tuple[str, list[str]]]) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, lines in members:
+            data = "".join(f"{line}\n" for line in lines).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_wmt14_base_url_is_a_mirror_of_the_statmt_archives_and_newstest(http_root, tmp_path):
+    """--base-url for wmt14 serves the three statmt.org archives under their own names (members
+    extracted as from statmt.org, other language pairs passed over) and newstest2013/2014.LANG; the
+    training side is cut to data.train_pairs as it is read, dev and test are whole."""
+    root, url, requests = http_root
+    expected = {"en": [], "de": []}
+    for k, (archive_url, prefix) in enumerate(WMT14_TRAIN_ARCHIVES):
+        src, tgt = synthetic_pairs(20 + k, seed=10 + k)
+        other = prefix.replace("de-en", "fr-en")
+        _tgz(root / archive_url.rsplit("/", 1)[-1],
+             [(f"{other}.fr", tgt[:3]), (f"{prefix}.de", tgt), (f"{prefix}.en", src), (f"{other}.en", src[:3])])
+        expected["en"] += src
+        expected["de"] += tgt
+    for stem, n in (("newstest2013", 5), ("newstest2014", 4)):
+        src, tgt = synthetic_pairs(n, seed=n)
+        write_lines(root / f"{stem}.en.gz", src, gz=True)
+        write_lines(root / f"{stem}.de", tgt)
+    base = url.rsplit("/task1", 1)[0]
+    cfg = DataConfig(corpus="wmt14", base_url=base, cache_dir=str(tmp_path / "cache"), train_pairs=25)
+    corpus = load_corpus(cfg)
+    whole = read_parallel(tmp_path / "cache" / "wmt14" / "train.en", tmp_path / "cache" / "wmt14" / "train.de")
+    assert (whole.src, whole.tgt) == (expected["en"], expected["de"])
+    assert corpus.train.src == subset(whole, 25).src and len(corpus.train) == 25
+    assert (len(corpus.valid), len(corpus.test)) == (5, 4)
+    assert {"/training-parallel-europarl-v7.tgz", "/training-parallel-commoncrawl.tgz",
+            "/training-parallel-nc-v9.tgz", "/newstest2013.en.gz", "/newstest2014.de"} <= set(requests)
+    served = len(requests)
+    load_corpus(cfg)  # all in the cache: nothing fetched again
+    assert len(requests) == served
 
 
 def test_sentence_lengths_counter_sanity(ding):

@@ -4,14 +4,15 @@ Every loader returns a `Corpus` of `ParallelText` splits oriented `cfg.src_lang 
 Whatever a user can fix (a missing file, bad encoding, a failed download) raises `UserError`
 with one line that names the file, line or URL.
 
-Note: the WMT14 training set (~4.5M pairs) is read fully into Python lists; this costs a few GB of
-memory but keeps every corpus behind the same simple interface.
+Files are read a line at a time; with `data.train_pairs` a training file is read twice (count, then
+keep the chosen pairs), so that only the subset is ever held in memory (WMT14: 1M of 4.5M pairs).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -23,13 +24,14 @@ import unicodedata
 import urllib.error
 import urllib.request
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_modules.config import DataConfig
 from lightning_modules.errors import UserError
 from lightning_modules.run.io import atomic_write_text, check_readable_file
+from lightning_modules.stopwatch import Stages
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
@@ -91,59 +93,63 @@ class Corpus:
 
 # --------------------------------------------------------------------------- reading files
 
-def _read_bytes(path: Path) -> bytes:
-    """Whole file content, gunzipped when it starts with the gzip magic bytes."""
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The lines of a plain or gzipped file (gzip told by its magic bytes), each with its b"\\n"."""
     check_readable_file(path)
     gzipped = False
     try:
         with open(path, "rb") as handle:
             gzipped = handle.read(2) == b"\x1f\x8b"
-        if gzipped:
-            with gzip.open(path, "rb") as handle:
-                return handle.read()
-        return path.read_bytes()
+        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
+            yield from handle
     except (OSError, EOFError, zlib.error) as err:  # gzip: BadGzipFile (an OSError), truncated, bad deflate data
         what = "damaged gzip file" if gzipped else "cannot read"
         raise UserError(f"{path}: {what} ({err})") from None
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """UTF-8 lines of a plain or gzipped text file, without line ends.
+def _text_lines(path: Path) -> Iterator[str]:
+    """UTF-8 lines without line ends, one at a time (a BOM at the start dropped).
 
     Splits on "\\n" only (not on Unicode line separators, which would break alignment).
     """
-    path = Path(path).expanduser()
-    data = _read_bytes(path)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line_no = data.count(b"\n", 0, err.start) + 1
-        raise UserError(f"{path}: line {line_no} is not valid UTF-8") from err
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    if not lines:
-        raise UserError(f"{path}: file is empty")
-    lines = [line.rstrip("\r") for line in lines]
-    for line_no, line in enumerate(lines, start=1):
+    for line_no, raw in enumerate(_raw_lines(path), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path}: line {line_no} is not valid UTF-8") from None
+        if line_no == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        line = (line[:-1] if line.endswith("\n") else line).rstrip("\r")
         if "\r" in line:  # one line of many: sentencepiece would drop it as too long, or train on it
             raise UserError(f"{path}: line {line_no} holds a carriage return inside it: the file has "
                             f"CR-only (classic Mac) or mixed line endings; convert them to LF")
+        yield line
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """UTF-8 lines of a plain or gzipped text file, without line ends."""
+    path = Path(path).expanduser()
+    lines = list(_text_lines(path))
+    if not lines:
+        raise UserError(f"{path}: file is empty")
     return lines
 
 
-def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
-    """Read two aligned files (plain or .gz); pairs where both lines are blank are skipped."""
-    src_lines = read_lines(src_path)
-    tgt_lines = read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise UserError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has "
-                        f"{len(tgt_lines)}; parallel files must have equal line counts")
-    src: list[str] = []
-    tgt: list[str] = []
-    for line_no, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1):
+def _checked_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """The stripped (src, tgt) lines of two aligned files, read side by side; pairs where both
+    lines are blank are skipped, and an empty file, unequal line counts or a line blank on one
+    side only is a `UserError`."""
+    line_no = 0
+    src_lines, tgt_lines = _text_lines(src_path), _text_lines(tgt_path)
+    for line_no, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), start=1):
+        if s is None or t is None:
+            short, longer = (src_path, tgt_lines) if s is None else (tgt_path, src_lines)
+            if line_no == 1:
+                raise UserError(f"{short}: file is empty")
+            counts = {short: line_no - 1}
+            counts[tgt_path if s is None else src_path] = line_no + sum(1 for _ in longer)
+            raise UserError(f"{src_path} has {counts[src_path]} lines but {tgt_path} has "
+                            f"{counts[tgt_path]}; parallel files must have equal line counts")
         s, t = s.strip(), t.strip()
         if not s and not t:
             continue
@@ -151,9 +157,27 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> ParallelText:
             empty, other = (src_path, tgt_path) if not s else (tgt_path, src_path)
             raise UserError(f"{empty}: line {line_no} is empty but line {line_no} of {other} "
                             f"is not")
-        src.append(s)
-        tgt.append(t)
-    return ParallelText(src, tgt)
+        yield s, t
+    if line_no == 0:
+        raise UserError(f"{src_path}: file is empty")
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path, keep: int | None = None) -> ParallelText:
+    """Read two aligned files (plain or .gz); pairs where both lines are blank are skipped.
+
+    With `keep`, only the `keep` pairs that `subset` would keep of the whole text (`subset_indices`),
+    in two passes over the files: the first checks and counts the pairs, the second keeps the chosen
+    ones, so that memory holds the subset only (WMT14's 4.5M pairs are ~1.3 GB of text a side).
+    """
+    src_path, tgt_path = Path(src_path).expanduser(), Path(tgt_path).expanduser()
+    if keep is None:
+        return ParallelText.from_pairs(_checked_pairs(src_path, tgt_path))
+    total = sum(1 for _ in _checked_pairs(src_path, tgt_path))
+    chosen = bytearray(total)
+    for i in subset_indices(total, keep):
+        chosen[i] = 1
+    return ParallelText.from_pairs(pair for pair, wanted in zip(_checked_pairs(src_path, tgt_path), chosen)
+                                   if wanted)
 
 
 # --------------------------------------------------------------------------- Ding dictionary
@@ -354,12 +378,13 @@ def split_ding(sentences: Sequence[tuple[str, str]], valid_size: int,
     return pairs[valid_size + test_size:], valid, test
 
 
-def _load_ding(cfg: DataConfig) -> Corpus:
+def _load_ding(cfg: DataConfig, stages: Stages) -> Corpus:
     langs = (cfg.src_lang, cfg.tgt_lang)
     if langs not in (("en", "de"), ("de", "en")):
         raise UserError(f"the Ding dictionary is English-German; got data.src_lang="
                         f"{cfg.src_lang!r}, data.tgt_lang={cfg.tgt_lang!r}")
-    sentences, phrases = extract_ding_cached(cfg.ding_path, cfg.cache_dir, cfg.ding_dictionary)
+    with stages("read"):
+        sentences, phrases = extract_ding_cached(cfg.ding_path, cfg.cache_dir, cfg.ding_dictionary)
     train, valid, test = split_ding(sentences, cfg.valid_size, cfg.test_size)
     flip = langs == ("de", "en")
 
@@ -375,19 +400,20 @@ def _load_ding(cfg: DataConfig) -> Corpus:
 
 # --------------------------------------------------------------------------- user files
 
-def _load_files(cfg: DataConfig) -> Corpus:
+def _load_files(cfg: DataConfig, stages: Stages) -> Corpus:
     def require(key: str) -> str:
         value = getattr(cfg, key)
         if not value:
             raise UserError(f"data.{key} is not set (needed for --data files)")
         return value
 
-    train = read_parallel(require("train_src"), require("train_tgt"))
-    valid = read_parallel(require("valid_src"), require("valid_tgt"))
     if bool(cfg.test_src) != bool(cfg.test_tgt):
         missing = "test_tgt" if cfg.test_src else "test_src"
         raise UserError(f"data.{missing} is not set (data.test_src and data.test_tgt go together)")
-    test = read_parallel(cfg.test_src, cfg.test_tgt) if cfg.test_src else ParallelText.empty()
+    with stages("read"):
+        train = read_parallel(require("train_src"), require("train_tgt"), keep=cfg.train_pairs)
+        valid = read_parallel(require("valid_src"), require("valid_tgt"))
+        test = read_parallel(cfg.test_src, cfg.test_tgt) if cfg.test_src else ParallelText.empty()
     return Corpus("files", train, valid, test)
 
 
@@ -448,25 +474,46 @@ def _fetch_splits(cfg: DataConfig, name: str, stems: dict[str, str],
             else:
                 assert default_url is not None or cfg.base_url
                 paths.append(_remote_file(cfg.base_url or default_url, file_name, cache))
-        splits[split] = read_parallel(*paths)
+        splits[split] = read_parallel(*paths, keep=cfg.train_pairs if split == "train" else None)
     return Corpus(name, splits["train"], splits["valid"], splits["test"])
 
 
-def _load_multi30k(cfg: DataConfig) -> Corpus:
-    return _fetch_splits(cfg, "multi30k", MULTI30K_SPLITS, MULTI30K_URL)
+def _load_multi30k(cfg: DataConfig, stages: Stages) -> Corpus:
+    with stages("read"):  # downloads included (29K short pairs)
+        return _fetch_splits(cfg, "multi30k", MULTI30K_SPLITS, MULTI30K_URL)
 
 
-def fetch_wmt14_train(cache: Path, archives: Sequence[tuple[str, str]] = WMT14_TRAIN_ARCHIVES,
-                      langs: Sequence[str] = ("en", "de")) -> None:
-    """Build `cache/train.LANG` by concatenating the EN-DE members of the statmt archives."""
-    if all((cache / f"train.{lang}").is_file() for lang in langs):
-        return
+def wmt14_archives(base_url: str | None) -> tuple[tuple[str, str], ...]:
+    """The training archives as (URL, member prefix): statmt.org's, or the same file names under
+    `base_url` (a mirror that holds the three archives side by side)."""
+    if not base_url:
+        return WMT14_TRAIN_ARCHIVES
+    base = base_url if base_url.endswith("/") else base_url + "/"
+    return tuple((base + url.rsplit("/", 1)[-1], prefix) for url, prefix in WMT14_TRAIN_ARCHIVES)
+
+
+def _wmt14_train_ready(cache: Path, langs: Sequence[str]) -> bool:
+    return all((cache / f"train.{lang}").is_file() for lang in langs)
+
+
+def download_archives(cache: Path, archives: Sequence[tuple[str, str]]) -> list[tuple[Path, str]]:
+    """Each archive downloaded into `cache` (kept there), as (local path, member prefix)."""
+    return [(download(url, cache / url.rsplit("/", 1)[-1]), prefix) for url, prefix in archives]
+
+
+def extract_train(cache: Path, archives: Sequence[tuple[Path, str]],
+                  langs: Sequence[str] = ("en", "de")) -> None:
+    """Build `cache/train.LANG` by concatenating the `PREFIX.LANG` members of the local archives.
+
+    Streams each member in 1 MB pieces (the Common Crawl members are ~400 MB) and stops reading an
+    archive once its members are found (the others are the archive's other language pairs); the
+    files appear only when complete (a temporary folder, then os.replace).
+    """
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         outs = {lang: open(Path(tmp) / f"train.{lang}", "wb") for lang in langs}
         try:
-            for url, prefix in archives:
-                archive = download(url, cache / url.rsplit("/", 1)[-1])
+            for archive, prefix in archives:
                 wanted = {f"{prefix}.{lang}": lang for lang in langs}
                 try:
                     with tarfile.open(archive, "r:*") as tar:
@@ -475,7 +522,9 @@ def fetch_wmt14_train(cache: Path, archives: Sequence[tuple[str, str]] = WMT14_T
                             if lang is not None:
                                 source = tar.extractfile(member)
                                 assert source is not None
-                                _append_lines(source.read(), outs[lang])
+                                _append_lines(source, outs[lang])
+                            if not wanted:
+                                break
                 except (tarfile.TarError, zlib.error, EOFError, gzip.BadGzipFile) as err:  # damaged
                     raise UserError(f"{archive}: not a valid archive ({err}); delete it and "
                                     f"retry") from None
@@ -488,10 +537,20 @@ def fetch_wmt14_train(cache: Path, archives: Sequence[tuple[str, str]] = WMT14_T
             os.replace(Path(tmp) / f"train.{lang}", cache / f"train.{lang}")
 
 
-def _append_lines(data: bytes, out) -> None:
-    """Append text ensuring it ends with a newline (archives are concatenated)."""
-    out.write(data)
-    if data and not data.endswith(b"\n"):
+def fetch_wmt14_train(cache: Path, archives: Sequence[tuple[str, str]] = WMT14_TRAIN_ARCHIVES,
+                      langs: Sequence[str] = ("en", "de")) -> None:
+    """Build `cache/train.LANG` from the statmt archives (downloaded, then extracted), unless built."""
+    if not _wmt14_train_ready(cache, langs):
+        extract_train(cache, download_archives(cache, archives), langs)
+
+
+def _append_lines(source, out) -> None:
+    """Copy a file object's bytes, ending them with a newline (archives are concatenated)."""
+    last = b""
+    while chunk := source.read(1 << 20):
+        out.write(chunk)
+        last = chunk[-1:]
+    if last and last != b"\n":
         out.write(b"\n")
 
 
@@ -516,19 +575,35 @@ def _fetch_wmt14_eval(cache: Path, stem: str, langs: Sequence[str]) -> None:
         os.replace(tmp, cache / f"{stem}.{lang}")
 
 
-def _load_wmt14(cfg: DataConfig) -> Corpus:
-    if cfg.data_dir or cfg.base_url:
-        return _fetch_splits(cfg, "wmt14", WMT14_SPLITS, None)
+def _load_wmt14(cfg: DataConfig, stages: Stages) -> Corpus:
+    """WMT14 from `data_dir` (the files `train.*`, `newstest2013.*`, `newstest2014.*`), or downloaded
+    once into `cache_dir/wmt14`: the training archives from statmt.org or the `base_url` mirror,
+    then extracted; the dev and test sets through sacreBLEU, or the mirror's `newstest201X.LANG`."""
+    if cfg.data_dir:
+        with stages("read"):
+            return _fetch_splits(cfg, "wmt14", WMT14_SPLITS, None)
     cache = Path(cfg.cache_dir).expanduser() / "wmt14"
     langs = (cfg.src_lang, cfg.tgt_lang)
     if set(langs) != {"en", "de"}:
         raise UserError(f"WMT14 is English-German here; got {cfg.src_lang}-{cfg.tgt_lang}")
-    fetch_wmt14_train(cache, langs=langs)
-    for stem in ("newstest2013", "newstest2014"):
-        _fetch_wmt14_eval(cache, stem, langs)
-    splits = {split: read_parallel(cache / f"{stem}.{cfg.src_lang}",
-                                   cache / f"{stem}.{cfg.tgt_lang}")
-              for split, stem in WMT14_SPLITS.items()}
+    paths: dict[str, list[Path]] = {"train": [cache / f"train.{lang}" for lang in langs]}
+    with stages("download"):
+        archives = ([] if _wmt14_train_ready(cache, langs)
+                    else download_archives(cache, wmt14_archives(cfg.base_url)))
+        for split, stem in WMT14_SPLITS.items():
+            if split == "train":
+                continue
+            if cfg.base_url:
+                paths[split] = [_remote_file(cfg.base_url, f"{stem}.{lang}", cache) for lang in langs]
+            else:
+                _fetch_wmt14_eval(cache, stem, langs)
+                paths[split] = [cache / f"{stem}.{lang}" for lang in langs]
+    if archives:
+        with stages("extract"):
+            extract_train(cache, archives, langs)
+    with stages("read"):
+        splits = {split: read_parallel(*paths[split], keep=cfg.train_pairs if split == "train" else None)
+                  for split in WMT14_SPLITS}
     return Corpus("wmt14", splits["train"], splits["valid"], splits["test"])
 
 
@@ -541,22 +616,34 @@ _LOADERS = {"ding": _load_ding, "files": _load_files, "multi30k": _load_multi30k
 SUBSET_SEED = 20170612  # fixed, so every row and seed of a table trains on the same subset
 
 
+def subset_indices(total: int, n: int | None) -> list[int]:
+    """The indices of the `n` of `total` pairs a subset keeps: drawn at random (always the same
+    ones for the same total), sorted; all of them if `n` is None or not below `total`."""
+    if n is None or n >= total:
+        return list(range(total))
+    return sorted(random.Random(SUBSET_SEED).sample(range(total), n))
+
+
 def subset(text: ParallelText, n: int | None) -> ParallelText:
     """`n` pairs of `text` drawn at random (always the same ones), in corpus order; all if None."""
     if n is None or n >= len(text):
         return text
-    keep = sorted(random.Random(SUBSET_SEED).sample(range(len(text)), n))
+    keep = subset_indices(len(text), n)
     return ParallelText([text.src[i] for i in keep], [text.tgt[i] for i in keep])
 
 
-def load_corpus(cfg: DataConfig) -> Corpus:
+def load_corpus(cfg: DataConfig, stages: Stages | None = None) -> Corpus:
     """The corpus named by `cfg.corpus`, oriented `cfg.src_lang -> cfg.tgt_lang`, its training
-    side cut to `cfg.train_pairs` pairs."""
+    side cut to `cfg.train_pairs` pairs (the files of `files`, `multi30k` and `wmt14` are cut as
+    they are read: `read_parallel`'s `keep`); `stages` records how long each step took (WMT14:
+    download, extract, read; every corpus: read, subset)."""
     try:
         loader = _LOADERS[cfg.corpus]
     except KeyError:
         raise UserError(f"unknown corpus {cfg.corpus!r}; choose one of "
                         f"{', '.join(_LOADERS)}") from None
-    corpus = loader(cfg)
-    corpus.train = subset(corpus.train, cfg.train_pairs)
+    stages = stages if stages is not None else Stages()
+    corpus = loader(cfg, stages)
+    with stages("subset"):
+        corpus.train = subset(corpus.train, cfg.train_pairs)
     return corpus

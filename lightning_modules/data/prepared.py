@@ -25,6 +25,7 @@ from lightning_modules.data.batching import (ShapeBuckets, TokenBucketBatchSampl
 from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
 from lightning_modules.errors import UserError
+from lightning_modules.stopwatch import Stages
 
 
 def unigram_perplexity(target_ids: np.ndarray, sentences: int, vocab_size: int) -> float:
@@ -35,21 +36,40 @@ def unigram_perplexity(target_ids: np.ndarray, sentences: int, vocab_size: int) 
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
+ENCODE_CHUNK = 50_000  # sentences encoded at a time: as Python lists their ids take ~36 bytes each
+
+
 class EncodedPairs(Dataset):
     """Token-id pairs stored as flat int32 arrays plus offsets (compact for millions of pairs)."""
 
     def __init__(self, src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]]) -> None:
-        self.src_lengths, self._src_offsets, self._src = self._pack(src)
-        self.tgt_lengths, self._tgt_offsets, self._tgt = self._pack(tgt)
+        self._set(*self._pack(src), *self._pack(tgt))
+
+    @classmethod
+    def from_arrays(cls, src_lengths: np.ndarray, src_ids: np.ndarray, tgt_lengths: np.ndarray,
+                    tgt_ids: np.ndarray) -> EncodedPairs:
+        """From each side's lengths and its ids concatenated (int32)."""
+        pairs = cls.__new__(cls)
+        pairs._set(src_lengths, src_ids, tgt_lengths, tgt_ids)
+        return pairs
+
+    def _set(self, src_lengths: np.ndarray, src_ids: np.ndarray, tgt_lengths: np.ndarray,
+             tgt_ids: np.ndarray) -> None:
+        if len(src_lengths) != len(tgt_lengths):
+            raise ValueError(f"{len(src_lengths)} sources but {len(tgt_lengths)} targets")
+        self.src_lengths, self._src_offsets, self._src = src_lengths, _offsets(src_lengths), src_ids
+        self.tgt_lengths, self._tgt_offsets, self._tgt = tgt_lengths, _offsets(tgt_lengths), tgt_ids
 
     @staticmethod
-    def _pack(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _pack(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
-        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32,
-                           count=int(offsets[-1]))
-        return lengths, offsets, flat
+        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
+        return lengths, flat
+
+    def select(self, keep: np.ndarray) -> EncodedPairs:
+        """The pairs where the boolean mask `keep` is set, in order."""
+        return EncodedPairs.from_arrays(self.src_lengths[keep], self._src[np.repeat(keep, self.src_lengths)],
+                                        self.tgt_lengths[keep], self._tgt[np.repeat(keep, self.tgt_lengths)])
 
     def __len__(self) -> int:
         return len(self.src_lengths)
@@ -58,6 +78,21 @@ class EncodedPairs(Dataset):
         src = self._src[self._src_offsets[i]:self._src_offsets[i + 1]].tolist()
         tgt = self._tgt[self._tgt_offsets[i]:self._tgt_offsets[i + 1]].tolist()
         return src, tgt
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """Where each sequence starts in the flat array, and the end: [0, l0, l0 + l1, ...]."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def concatenate(parts: Sequence[EncodedPairs]) -> EncodedPairs:
+    """The pairs of every part, one part after the other."""
+    return EncodedPairs.from_arrays(np.concatenate([p.src_lengths for p in parts]),
+                                    np.concatenate([p._src for p in parts]),
+                                    np.concatenate([p.tgt_lengths for p in parts]),
+                                    np.concatenate([p._tgt for p in parts]))
 
 
 class TranslationData:
@@ -85,6 +120,7 @@ class TranslationData:
         self.buckets: ShapeBuckets | None = None
         self._corpus: Corpus | None = None
         self._ready = False
+        self.stages = Stages()  # wall, CPU and peak memory of each preparation step (stats["stages"])
 
     # ----------------------------------------------------------------- preparation
 
@@ -94,7 +130,7 @@ class TranslationData:
 
     def _load(self) -> Corpus:
         if self._corpus is None:
-            self._corpus = load_corpus(self.cfg)
+            self._corpus = load_corpus(self.cfg, self.stages)
         return self._corpus
 
     def _bpe_texts(self, corpus: Corpus) -> Iterator[str]:
@@ -106,8 +142,9 @@ class TranslationData:
             yield from part.tgt
 
     def _tokenizer(self, corpus: Corpus) -> spm.SentencePieceProcessor:
-        return train_or_load(self.spm_path, self._bpe_texts(corpus), self.cfg.vocab_size,
-                             self.cfg.spm_input_sentence_size, seed=0)
+        with self.stages("bpe"):
+            return train_or_load(self.spm_path, self._bpe_texts(corpus), self.cfg.vocab_size,
+                                 self.cfg.spm_input_sentence_size, seed=0)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the corpus, train-or-load the tokenizer and encode every split (idempotent)."""
@@ -118,22 +155,28 @@ class TranslationData:
         self.tokenizer = self._tokenizer(corpus)
         self.vocab_size = self.tokenizer.get_piece_size()
         train_limit = min(self.cfg.max_train_len, self.max_len - 1)
-        train = self._encode_split(corpus.train)
-        extra: tuple[list[list[int]], list[list[int]]] = ([], [])
-        if corpus.extra_train is not None:
-            extra = self._encode_split(corpus.extra_train)
-        src_ids, tgt_ids = train[0] + extra[0], train[1] + extra[1]
-        self.train_set, train_dropped = self._filter(src_ids, tgt_ids, train_limit)
+        with self.stages("encode"):
+            parts = [corpus.train] + ([corpus.extra_train] if corpus.extra_train is not None else [])
+            train = concatenate([self._encode_split(part) for part in parts])
+            self.train_set, train_dropped = self._filter(train, train_limit)
+            self.valid_set, valid_dropped = self._filter(self._encode_split(corpus.valid), self.max_len - 1)
         self._check_left("training", self.train_set, train_dropped, train_limit,
                          f"data.max_train_len ({self.cfg.max_train_len}) or model.max_len ({self.max_len})")
-        valid_ids = self._encode_split(corpus.valid)
-        self.valid_set, valid_dropped = self._filter(*valid_ids, self.max_len - 1)
         self._check_left("dev", self.valid_set, valid_dropped, self.max_len - 1, f"model.max_len ({self.max_len})")
         for split, kept in (("training", self.train_set), ("dev", self.valid_set)):
             self._check_budget(split, kept)
-        if self.cfg.shape_buckets:
-            self.buckets = ShapeBuckets.fit(self.train_set.src_lengths, self.train_set.tgt_lengths,
-                                            self.cfg.shape_buckets, self.cfg.max_tokens, self.pad_multiple)
+        with self.stages("batches"):
+            if self.cfg.shape_buckets:
+                self.buckets = ShapeBuckets.fit(self.train_set.src_lengths, self.train_set.tgt_lengths,
+                                                self.cfg.shape_buckets, self.cfg.max_tokens, self.pad_multiple)
+            self.stats = self._statistics(corpus, train_dropped, valid_dropped, train_limit)
+        self.stats["stages"] = list(self.stages.done)  # not the later reloads (prepare_data)
+        self.stats["setup_seconds"] = round(time.perf_counter() - start, 2)
+        self._ready = True
+
+    def _statistics(self, corpus: Corpus, train_dropped: int, valid_dropped: int,
+                    train_limit: int) -> dict[str, Any]:
+        """What a run records about its data: sizes, the epoch's batches and their padding."""
         sampler = TokenBucketBatchSampler(self.train_set.src_lengths, self.train_set.tgt_lengths,
                                           self.cfg.max_tokens, shuffle=True, seed=self.seed,
                                           num_replicas=1, rank=0, pad_multiple=self.pad_multiple,
@@ -145,7 +188,7 @@ class TranslationData:
                                                 pad_multiple=self.pad_multiple)
         lengths = (self.train_set.src_lengths, self.train_set.tgt_lengths)
         shapes = batch_shapes(batches, *lengths, self.pad_multiple, self.buckets)
-        self.stats = {
+        return {
             "corpus": corpus.name,
             "train_pairs": len(corpus.train),
             "extra_train_pairs": len(corpus.extra_train) if corpus.extra_train is not None else 0,
@@ -175,8 +218,6 @@ class TranslationData:
                                                     self.vocab_size), 3),
             "setup_seconds": 0.0,
         }
-        self.stats["setup_seconds"] = round(time.perf_counter() - start, 2)
-        self._ready = True
 
     @property
     def corpus(self) -> Corpus:
@@ -196,14 +237,22 @@ class TranslationData:
             ids = ids[:ids.index(EOS_ID)]
         return self.tokenizer.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
-    def _encode_split(self, split: ParallelText) -> tuple[list[list[int]], list[list[int]]]:
-        return self.encode(split.src), self.encode(split.tgt)
+    def _encode_split(self, split: ParallelText) -> EncodedPairs:
+        """Both sides encoded `ENCODE_CHUNK` sentences at a time, each chunk packed at once (the
+        Python lists of a 1M-pair split's ids would take ~2.5 GB)."""
+        sides = []
+        for texts in (split.src, split.tgt):
+            chunks = [EncodedPairs._pack(self.encode(texts[start:start + ENCODE_CHUNK]))
+                      for start in range(0, len(texts), ENCODE_CHUNK)]
+            sides += [np.concatenate([c[0] for c in chunks] or [np.zeros(0, np.int64)]),
+                      np.concatenate([c[1] for c in chunks] or [np.zeros(0, np.int32)])]
+        return EncodedPairs.from_arrays(*sides)
 
     @staticmethod
-    def _filter(src: list[list[int]], tgt: list[list[int]], limit: int
-                ) -> tuple[EncodedPairs, int]:
-        keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
-        return EncodedPairs([src[i] for i in keep], [tgt[i] for i in keep]), len(src) - len(keep)
+    def _filter(pairs: EncodedPairs, limit: int) -> tuple[EncodedPairs, int]:
+        """The pairs with at most `limit` wordpieces on both sides, and how many were dropped."""
+        keep = (pairs.src_lengths <= limit) & (pairs.tgt_lengths <= limit)
+        return pairs.select(keep), int(len(pairs) - keep.sum())
 
     def _check_budget(self, split: str, kept: EncodedPairs) -> None:
         """Every pair must fit a batch of `data.max_tokens` tokens per side (its longer side with
