@@ -226,8 +226,12 @@ def restore_study(archive: Path, storage: BaseStorage, name: str) -> int:
     with archived_study(archive) as kept:
         if kept is None or name in optuna.get_all_study_names(storage):
             return 0
-        with _quiet_optuna():
-            optuna.copy_study(from_study_name=kept[1], from_storage=kept[0], to_storage=storage, to_study_name=name)
+        try:
+            with _quiet_optuna():
+                optuna.copy_study(from_study_name=kept[1], from_storage=kept[0], to_storage=storage,
+                                  to_study_name=name)
+        except optuna.exceptions.DuplicatedStudyError:  # another launcher of the table copied it just now
+            return 0
     study = optuna.load_study(study_name=name, storage=storage)
     trials = study.get_trials(deepcopy=False)
     for trial in trials:
