@@ -418,8 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redo", metavar="ROWS",
                    help="train these rows' finished runs again, e.g. base,C5 (runs trained before runs kept "
                         "dev translations, or under older code): each run once, the same command resumes; "
-                        "the runs they replace stay in the study and as ROW-sSEED.superseded-tN beside the "
-                        "new ones (run directory and archive), and the report names them")
+                        "the runs they replace stay in the study (trial N) and as ROW-sSEED.superseded-tN "
+                        "beside the new ones (run directory and archive), and the report names them")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
     p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
@@ -430,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", metavar="DIR",
                    help="keep what a fresh machine needs to go on in DIR (commit or sync it): each "
                         "finished run's results, curve and dev translations, each unfinished run's newest "
-                        "checkpoint; restored from at the start, saved every 10 minutes and at the end")
+                        "checkpoint, and the study (study.journal.xz); restored from at the start, saved "
+                        "every 10 minutes and at the end")
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     p.add_argument("--dry-run", action="store_true",

@@ -19,10 +19,10 @@ from optuna.trial import TrialState
 from lightning_modules.convergence import classify_stored
 from lightning_modules.errors import UserError
 from lightning_modules.run.results import RunResult
-from sweeps.redo import REDO_OF, kept_as, superseded
+from sweeps.redo import REDO_OF, aside_name, superseded
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import unpack_lines
-from sweeps.table3 import KIND
+from sweeps.table3 import KIND, run_name
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
 
@@ -145,6 +145,6 @@ def redone_runs(trials: list[optuna.trial.FrozenTrial],
         done = key in latest and latest[key].number != old.number
         records[old.number] = {"row": key[0], "seed": key[1], "trial": old.number, "ppl": old.user_attrs.get("ppl"),
                                "bleu": old.user_attrs.get("bleu"), "by": latest[key].number if done else trial.number,
-                               "done": done, "kept_as": kept_as(old)}
+                               "done": done, "kept_as": aside_name(run_name(*key), old.number)}
     return pd.DataFrame.from_records(list(records.values()),
                                      columns=["row", "seed", "trial", "ppl", "bleu", "by", "done", "kept_as"])

@@ -13,12 +13,20 @@ a fresh machine needs, as `DIR/<row>-s<seed>/`:
 - a failed run (a NaN loss): its `results.json` and logs, so that it stays failed.
 
 `DIR/table3.json` holds the table's identity (`sweeps.table3.identity`): the table refuses an
-archive of another table. At a sitting's start, every planned run whose directory has neither a
-`results.json` nor a checkpoint is restored from DIR (what the machine holds always wins); the
-workers then adopt a restored finished run (`train` reuses a complete results.json of the same
-configuration: `preflight.check_same_result`) and resume an unfinished one. The table saves DIR
-every `SAVE_EVERY_S` while it runs and when it ends, interrupted too; every file is written
-atomically, so DIR can be committed or synced at any moment.
+archive of another table. `DIR/study.journal.xz` holds the whole study as an Optuna journal file,
+xz-compressed (`save_study`): every trial with its number and user attributes, so the redos' history
+(`sweeps.redo`) and the failed runs travel with the runs.
+
+At a sitting's start, a storage that lacks the study gets the archived one (`restore_study`; a
+trial it holds as running had its worker on the old machine: it fails and is queued again, as a
+heartbeat would have it), and every planned run whose directory has neither a `results.json` nor
+a checkpoint is restored from DIR (what the machine holds always wins); the workers then adopt a
+restored finished run the study does not hold as complete (`train` reuses a complete results.json
+of the same configuration: `preflight.check_same_result`; a run that finished after the journal
+was saved) and resume an unfinished one. The table saves DIR every `SAVE_EVERY_S` while it runs
+and when it ends, interrupted too, the journal before the runs (so no run is older there than the
+journal says); every file is written atomically, and the journal only when the study has changed,
+so DIR can be committed or synced at any moment.
 """
 
 from __future__ import annotations
@@ -26,13 +34,20 @@ from __future__ import annotations
 import csv
 import io
 import json
+import lzma
 import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import METRICS, read_rows
@@ -43,6 +58,7 @@ from lightning_modules.run.results import RESULTS, read_results
 
 SAVE_EVERY_S = 600.0
 IDENTITY = "table3.json"
+STUDY = "study.journal.xz"
 CONFIG = "config.yaml"
 DEV_FILES = ("dev.src.txt", "dev.ref.txt", "dev.hyp.txt")
 FINISHED_FILES = (*DEV_FILES, ATTENTION_FILE)  # a finished run's, beside results.json and its curve
@@ -133,13 +149,98 @@ def save_run(run_dir: Path, dest: Path) -> None:
         _remove_except(dest / "checkpoints", {checkpoint.name})
 
 
-def save(runs: dict[tuple[str, int], Path], archive: Path, identity: dict[str, Any]) -> None:
-    """Every planned run's record into `archive`, and the table's identity."""
+def save(runs: dict[tuple[str, int], Path], archive: Path, identity: dict[str, Any],
+         study: tuple[BaseStorage, str] | None = None) -> None:
+    """The table's identity, its study (first: see the module's docstring) and every planned run's
+    record into `archive`."""
     archive.mkdir(parents=True, exist_ok=True)
     atomic_write_json(archive / IDENTITY, identity)
+    if study is not None:
+        save_study(*study, archive)
     for (row, seed), run_dir in runs.items():
         if run_dir.is_dir():
             save_run(run_dir, entry(archive, row, seed))
+
+
+@contextmanager
+def _quiet_optuna() -> Iterator[None]:
+    """Without Optuna's INFO line for each study a copy creates."""
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+@contextmanager
+def archived_study(archive: Path) -> Iterator[tuple[JournalStorage, str] | None]:
+    """The study kept in `archive` (its journal unpacked into a temporary file, for the block) and
+    its name; None: none there."""
+    path = archive / STUDY
+    if not path.is_file():
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="ablate-study-") as tmp:
+        unpacked = Path(tmp) / "study.journal"
+        try:
+            unpacked.write_bytes(lzma.decompress(path.read_bytes()))
+        except lzma.LZMAError as err:
+            raise UserError(f"{path} is not readable ({err}); is --archive a table's archive?") from None
+        storage = JournalStorage(JournalFileBackend(str(unpacked)))
+        names = optuna.get_all_study_names(storage)
+        if len(names) != 1:
+            raise UserError(f"{path} holds {len(names)} studies, not one table's; is --archive a table's archive?")
+        yield storage, names[0]
+
+
+def study_content(storage: BaseStorage, name: str) -> str:
+    """What a copy of the study must hold, as JSON: its direction, user attributes and every trial
+    (not the ids a storage gives, nor the study's name)."""
+    study = optuna.load_study(study_name=name, storage=storage)
+    trials = [[t.number, t.state.name, t.values, t.params, t.distributions, t.user_attrs, t.system_attrs,
+               t.intermediate_values, t.datetime_start, t.datetime_complete] for t in study.get_trials(deepcopy=False)]
+    return json.dumps([[d.name for d in study.directions], study.user_attrs, trials], sort_keys=True, default=str)
+
+
+def save_study(storage: BaseStorage, name: str, archive: Path) -> None:
+    """The whole study as `archive/study.journal.xz`: `optuna.copy_study` into a journal file made
+    in a temporary folder, xz-compressed (a quarter of its size: every run repeats the same dev
+    references), written atomically; not when the archive holds the same study already (a
+    journal's bytes differ from one copy to the next: Optuna names its writer in each line)."""
+    with archived_study(archive) as kept:
+        if kept is not None and study_content(*kept) == study_content(storage, name):
+            return
+    with tempfile.TemporaryDirectory(prefix="ablate-study-") as tmp, _quiet_optuna():
+        path = Path(tmp) / "study.journal"
+        optuna.copy_study(from_study_name=name, from_storage=storage,
+                          to_storage=JournalStorage(JournalFileBackend(str(path))))
+        atomic_write_bytes(archive / STUDY, lzma.compress(path.read_bytes()))
+
+
+def restore_study(archive: Path, storage: BaseStorage, name: str) -> int:
+    """Copy the study kept in `archive` into `storage` as `name` when the storage has no study of
+    that name (a fresh machine, a database deleted); trial numbers stay as they were. A trial it
+    holds as running lost its worker with the old machine: it fails, and a copy is queued to
+    resume its run (`sweeps.optuna_api.queue_retry`, as for a heartbeat that stopped). Returns how
+    many trials came back (0: nothing copied)."""
+    from sweeps.optuna_api import fail_running_trial, frozen_trial, queue_retry
+
+    with archived_study(archive) as kept:
+        if kept is None or name in optuna.get_all_study_names(storage):
+            return 0
+        try:
+            with _quiet_optuna():
+                optuna.copy_study(from_study_name=kept[1], from_storage=kept[0], to_storage=storage,
+                                  to_study_name=name)
+        except optuna.exceptions.DuplicatedStudyError:  # another launcher of the table copied it just now
+            return 0
+    study = optuna.load_study(study_name=name, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    for trial in trials:
+        if trial.state == TrialState.RUNNING and fail_running_trial(storage, name, trial.number):
+            queue_retry(study, frozen_trial(storage, name, trial.number))
+    return len(trials)
 
 
 def stored_identity(archive: Path) -> dict[str, Any] | None:
@@ -174,15 +275,16 @@ def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:
 
 @contextmanager
 def kept_in(runs: dict[tuple[str, int], Path], archive: Path, identity: dict[str, Any],
-            every_s: float = SAVE_EVERY_S) -> Iterator[None]:
-    """Save the archive every `every_s` seconds while the body runs, and once more when it ends
-    (however it ends). A save that fails says so in one line; the table goes on."""
+            study: tuple[BaseStorage, str] | None = None, every_s: float = SAVE_EVERY_S) -> Iterator[None]:
+    """Save the archive (`save`; `study`: the table's storage and study name) every `every_s`
+    seconds while the body runs, and once more when it ends (however it ends). A save that fails
+    says so in one line; the table goes on."""
     stop = threading.Event()
 
     def save_now() -> None:
         try:
-            save(runs, archive, identity)
-        except OSError as err:
+            save(runs, archive, identity, study)
+        except (OSError, optuna.exceptions.OptunaError) as err:  # a full disk; a database busy past its timeout
             print(f"table3: could not save --archive {archive}: {err}", file=sys.stderr, flush=True)
 
     def loop() -> None:

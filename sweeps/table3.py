@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from ablations.resolve import load_config_file, parse_overrides, resolve
@@ -32,9 +33,9 @@ from lightning_modules.names import check_name, inside
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
 from lightning_modules.run.results import read_results
-from sweeps.redo import ARCHIVED_AS, REDO_OF, aside, redo_requests, redone_before, set_aside_copies, superseded
+from sweeps.redo import REDO_OF, aside, redo_requests, superseded
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import enqueue, open_study, translation_attrs
+from sweeps.study import enqueue, open_study
 
 KIND = "table3"
 
@@ -326,10 +327,12 @@ def finished(run_dir: Path) -> bool:
     return done is not None and done.complete
 
 
-def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, int]:
+def queue(plan: Table3Plan, archive: Path | None = None,
+          storage: BaseStorage | None = None) -> tuple[optuna.Study, int]:
     """Validate every (row, seed), then queue those not complete, costliest first, and the redos
-    the plan asks for (`sweeps.redo`; `archive`: the table's --archive, whose entries of redone
-    runs are set aside too). Returns the study and the number queued now."""
+    the plan asks for (`sweeps.redo`). `archive`: the table's --archive, whose study comes into a
+    storage that lacks it (`sweeps.archive.restore_study`) and whose entries of redone runs are
+    set aside too. Returns the study and the number queued now."""
     spec = load_spec(plan.spec_path)
     configs = {(row, seed): run_config(plan, row, seed) for row, seed in plan.runs()}
     jobs = []
@@ -337,9 +340,14 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
         model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
         cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
         jobs.append((cost, row, seed, seed_overrides(seed)))
-    study = open_study(plan.study, make_storage(plan.storage, None), "ppl")
+    storage = storage or make_storage(plan.storage, None)
+    if archive is not None:
+        from sweeps.archive import STUDY, restore_study
+
+        if back := restore_study(archive, storage, plan.study):
+            print(f"table3 {plan.study}: the study is back from {archive / STUDY} ({back} trials)", flush=True)
+    study = open_study(plan.study, storage, "ppl")
     check_study(study, plan, identity_of(configs))
-    replaced = restore_history(plan, study, spec, archive) if archive is not None else {}
     redone = redo(plan, study, spec, archive)
     # Longest first: the big model starts at once instead of last, which shortens the table;
     # finished run directories the study does not know yet (restored, copied in) go before
@@ -347,10 +355,7 @@ def queue(plan: Table3Plan, archive: Path | None = None) -> tuple[optuna.Study, 
     done = {(row, seed): finished(Path(run_dir(plan, row, seed))) for row, seed in plan.runs()}
     queued = 0
     for _, row, seed, overrides in sorted(jobs, key=lambda j: (not done[j[1], j[2]], -j[0])):
-        attrs = trial_attrs(plan, spec, row, seed)
-        if (row, seed) in replaced:
-            attrs[REDO_OF] = replaced[row, seed]
-        queued += enqueue(study, overrides, attrs)
+        queued += enqueue(study, overrides, trial_attrs(plan, spec, row, seed))
     return study, queued + redone
 
 
@@ -364,63 +369,21 @@ def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> 
     return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_place(plan, row, seed)}
 
 
-def restore_history(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any],
-                    archive: Path) -> dict[tuple[str, int], int]:
-    """Bring back into a study the runs the table's redos replaced, from their copies set aside in
-    `archive` (`sweeps.redo`), for each planned (row, seed) the study holds no trial of (a study
-    made afresh: on the machine whose study set them aside, they are in it already). Each complete
-    copy becomes a complete trial (`archived_as` its folder; oldest first, each naming the one
-    before as the trial it replaced), so the report names them as that study did. Returns the
-    trial each (row, seed)'s own run replaces: `queue` gives it as the run's `redo_of`."""
-    from optuna.trial import create_trial
-
-    from sweeps.archive import entry
-
-    held = {(t.user_attrs.get("row"), t.user_attrs.get("seed")) for t in study.get_trials(deepcopy=False)}
-    replaced: dict[tuple[str, int], int] = {}
-    for row, seed in plan.runs():
-        if (row, seed) in held:
-            continue
-        for place in set_aside_copies(entry(archive, row, seed)):
-            done = read_results(place)
-            if done is None or not done.complete or done.ppl is None:
-                continue
-            attrs = {**trial_attrs(plan, spec, row, seed), **done.select("trial"),
-                     **(translation_attrs(place) or {}), "enqueued_overrides": seed_overrides(seed),
-                     ARCHIVED_AS: place.name}
-            del attrs["run_dir"]  # not trained here: its files are in the archive, under its name
-            if (row, seed) in replaced:
-                attrs[REDO_OF] = replaced[row, seed]
-            study.add_trial(create_trial(state=TrialState.COMPLETE, value=float(done.ppl), user_attrs=attrs))
-            replaced[row, seed] = max(t.number for t in study.get_trials(deepcopy=False)
-                                      if t.user_attrs.get(ARCHIVED_AS) == place.name
-                                      and (t.user_attrs.get("row"), t.user_attrs.get("seed")) == (row, seed))
-        if (row, seed) in replaced:
-            print(f"table3 {plan.study}: {row} seed {seed}: the run a redo replaced is back in the study from "
-                  f"{archive} (trial {replaced[row, seed]})", flush=True)
-    return replaced
-
-
 def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:
-    """Queue the plan's redos not yet asked for: each old run's directory and archive entry set
-    aside first (a sitting stopped in between asks again), then its trial. Returns how many."""
+    """Queue the plan's redos not yet asked for: each old run's archive entry, then its run
+    directory, set aside first (a sitting stopped in between asks again: `sweeps.redo`), then its
+    trial. Returns how many."""
     from sweeps.archive import entry
 
     wanted = [(row, seed) for row, seed in plan.runs() if row in plan.redo]
     requests = redo_requests(study, wanted, status(study, plan))
-    asked = 0
     for (row, seed), number in requests.items():
-        places = [Path(run_dir(plan, row, seed))] + ([entry(archive, row, seed)] if archive else [])
-        if (shown := redone_before(places)) is not None:  # a study made afresh beside the archive
-            print(f"table3 {plan.study}: {row} seed {seed} was redone before ({shown} is the redo, beside the "
-                  f"run it replaced); not trained again", flush=True)
-            continue
-        asked += 1
+        places = ([entry(archive, row, seed)] if archive else []) + [Path(run_dir(plan, row, seed))]
         moved = [str(target) for target in (aside(place, number) for place in places) if target]
         enqueue(study, seed_overrides(seed), {**trial_attrs(plan, spec, row, seed), REDO_OF: number})
         print(f"table3 {plan.study}: {row} seed {seed} trains again (replacing trial {number}"
               + (f"; its run kept in {', '.join(moved)}" if moved else "") + ")", flush=True)
-    return asked
+    return len(requests)
 
 
 def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optuna.trial.FrozenTrial | None]:
@@ -509,17 +472,20 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     restored = kept.restore(runs, folder)
     if restored:
         print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)
-    with kept.kept_in(runs, folder, record):
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, run_seconds, folder)
+    storage = make_storage(plan.storage, None)
+    study, queued = queue(plan, folder, storage)
+    with kept.kept_in(runs, folder, record, (storage, plan.study)):
+        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, run_seconds,
+                          (study, queued))
 
 
 def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_trial: int,
                heartbeat_s: int, stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None,
-               archive: Path | None = None) -> Table3Outcome:
+               queued_now: tuple[optuna.Study, int] | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
-    study, queued = queue(plan, archive)
+    study, queued = queued_now or queue(plan)
     print(f"table3 {plan.study}: {len(plan.rows)} rows x {plan.describe_seeds()}; {queued} queued now, "
           f"storage {safe_url(plan.storage)}", flush=True)
     code = 0

@@ -49,6 +49,7 @@ def test_a_table_goes_on_from_its_archive_on_a_fresh_machine(tmp_path: Path):
     assert first.returncode == 0, first.stderr[-2000:]
     killed = sitting(tmp_path, archive, env={"ABLATE_FAULT": "train_step@7"})  # SIGKILL in seed 2
     assert killed.returncode == 1 and "not complete: base seed 2 (fail)" in killed.stderr
+    journal_then = (archive / "study.journal.xz").read_bytes()  # the study: seed 1 complete, seed 2 failed
     seed1 = read_results(runs / "base-s1")
     assert (archive / "table3.json").is_file()
     assert read_results(archive / "base-s1") == seed1
@@ -64,6 +65,7 @@ def test_a_table_goes_on_from_its_archive_on_a_fresh_machine(tmp_path: Path):
     again = sitting(tmp_path, archive)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "restored from" in again.stdout and "base seed 1 (complete), base seed 2 (checkpoint)" in again.stdout
+    assert "the study is back from" in again.stdout and "(2 trials)" in again.stdout
     done = complete(tmp_path)
     assert set(done) == {1, 2}
     assert done[1].user_attrs["ppl"] == seed1.ppl and done[1].user_attrs["bleu"] == seed1.bleu
@@ -74,11 +76,63 @@ def test_a_table_goes_on_from_its_archive_on_a_fresh_machine(tmp_path: Path):
     assert read_results(archive / "base-s2").status == "complete"
     assert not (archive / "base-s2" / "checkpoints").exists()
 
+    # a sitting stopped between its two saves: the journal older than the runs (seed 2 failed there,
+    # complete in its archive entry). On the next fresh machine seed 2 is adopted from its entry,
+    # as any finished run directory the study does not hold as complete: nothing trains again.
+    (archive / "study.journal.xz").write_bytes(journal_then)
+    shutil.rmtree(tmp_path / "runs")
+    (tmp_path / "t3.db").unlink()
+    later = sitting(tmp_path, archive)
+    assert later.returncode == 0, later.stderr[-2000:]
+    assert "base seed 1 (complete), base seed 2 (complete)" in later.stdout and "1 queued now" in later.stdout
+    adopted = complete(tmp_path)
+    assert {s: t.user_attrs["ppl"] for s, t in adopted.items()} == {s: t.user_attrs["ppl"] for s, t in done.items()}
+    assert [adopted[s].number for s in (1, 2)] == [done[s].number for s in (1, 2)]  # the journal's two, then one
+    assert "Restoring states" not in (runs / "base-s2" / "trial.log").read_text()
+
     whole = tmp_path / "uninterrupted"
     single = ablate(*table3_args(whole, "--rows", "base", "--seeds", "2", "--no-report"))
     assert single.returncode == 0, single.stderr[-2000:]
     assert done[2].user_attrs["ppl"] == complete(whole)[2].user_attrs["ppl"]
     assert done[2].user_attrs["dev_ppl_curve"] == complete(whole)[2].user_attrs["dev_ppl_curve"]
+
+
+def test_the_archived_study_comes_back_whole_into_a_storage_that_lacks_it(tmp_path: Path):
+    """`save_study`/`restore_study` on real SQLite databases: every trial comes back under its
+    number with its state, user attributes and reports (beside another study, whose trials take
+    other ids); a trial the journal holds as running fails and a copy of it is queued; a storage
+    that has the study keeps its own; a save of an unchanged study leaves the journal's bytes."""
+    from optuna.trial import create_trial
+
+    from sweeps.archive import STUDY, restore_study, save_study
+
+    here = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/here.db")
+    optuna.create_study(study_name="other", storage=here).enqueue_trial({})
+    study = optuna.create_study(study_name="t", storage=here)
+    study.set_user_attr("kind", "table3")
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=20.0, user_attrs={"row": "base", "seed": 1}))
+    study.enqueue_trial({}, user_attrs={"row": "base", "seed": 2})
+    running = study.ask()  # base seed 2, trained on the machine that is gone
+    running.report(30.0, 5)
+    study.enqueue_trial({}, user_attrs={"row": "base", "seed": 1, "redo_of": 0})
+    archive = tmp_path / "archive"
+    save_study(here, "t", archive)
+    saved = (archive / STUDY).read_bytes()
+    save_study(here, "t", archive)
+    assert (archive / STUDY).read_bytes() == saved
+
+    there = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/there.db")
+    optuna.create_study(study_name="first", storage=there).enqueue_trial({})
+    assert restore_study(archive, there, "t") == 3
+    back = optuna.load_study(study_name="t", storage=there)
+    assert back.user_attrs == {"kind": "table3"}
+    assert [(t.number, t.state, t.user_attrs, t.intermediate_values) for t in back.trials] == [
+        (0, TrialState.COMPLETE, {"row": "base", "seed": 1}, {}),
+        (1, TrialState.FAIL, {"row": "base", "seed": 2}, {5: 30.0}),
+        (2, TrialState.WAITING, {"row": "base", "seed": 1, "redo_of": 0}, {}),
+        (3, TrialState.WAITING, {"row": "base", "seed": 2}, {})]  # the failed one's retry copy
+    back.set_user_attr("more", 1)
+    assert restore_study(archive, there, "t") == 0 and len(back.trials) == 4  # it has the study: its own kept
 
 
 @pytest.fixture(scope="module")

@@ -66,9 +66,10 @@ def test_a_redo_trains_each_run_once_keeps_what_it_replaces_and_the_report_says_
 
     # the same command again queues nothing: on the new machine below (its second sitting)
 
-    # a new machine: the archive alone, a study made afresh. The runs the redos replaced come back
-    # from the archive as complete trials, the redos are adopted as they are, nothing trains, and
-    # the report names the redos as the first machine's did; a second sitting adds nothing.
+    # a new machine: the archive alone, a study made afresh. The study comes back from the archive
+    # (its journal), the runs the redos replaced with it under their numbers, the redos are
+    # adopted as they are, nothing trains, and the report names the redos as the first machine's
+    # did; a second sitting adds nothing.
     shutil.rmtree(runs)
     (tmp_path / "t3.db").unlink()
     entries = sorted(p.name for p in archive.iterdir())
@@ -77,24 +78,27 @@ def test_a_redo_trains_each_run_once_keeps_what_it_replaces_and_the_report_says_
         fresh = sitting(tmp_path, "--redo", "base")
         assert fresh.returncode == 0, fresh.stderr[-2000:]
         assert "trains again" not in fresh.stdout
-        assert all((f"base seed {seed}: the run a redo replaced is back in the study" in fresh.stdout) == (k == 0)
-                   for seed in (1, 2)), fresh.stdout
+        assert ("the study is back from" in fresh.stdout) == (k == 0), fresh.stdout
         counted.append(len(trials(tmp_path)))
-    assert counted == [4, 4]  # two old runs and two redos, each once
+    assert counted == [len(every)] * 2  # the study as the first machine left it; a second sitting adds nothing
     assert "0 queued now" in fresh.stdout and sorted(p.name for p in archive.iterdir()) == entries
-    back = {t.user_attrs["seed"]: t for t in trials(tmp_path) if t.user_attrs.get("archived_as")}
-    assert {s: (t.state, t.user_attrs["ppl"], t.user_attrs["archived_as"]) for s, t in back.items()} == \
-        {s: (TrialState.COMPLETE, old[s].user_attrs["ppl"], f"base-s{s}.superseded-t{old[s].number}") for s in (1, 2)}
-    redos = {t.user_attrs["seed"]: t for t in trials(tmp_path) if t.user_attrs.get("redo_of") is not None}
-    assert {s: (t.user_attrs["redo_of"], t.user_attrs["ppl"]) for s, t in redos.items()} == \
-        {s: (back[s].number, new[s].user_attrs["ppl"]) for s in (1, 2)}
+    assert [(t.number, t.state, t.user_attrs) for t in trials(tmp_path)] == \
+        [(t.number, t.state, t.user_attrs) for t in every]
+    back = {t.user_attrs["seed"]: t for t in trials(tmp_path) if t.state == TrialState.COMPLETE}
+    assert len([t for t in trials(tmp_path) if t.state == TrialState.COMPLETE]) == 4  # two old runs, two redos
+    assert {s: (t.number, t.user_attrs["ppl"]) for s, t in back.items()} == \
+        {s: (new[s].number, new[s].user_attrs["ppl"]) for s in (1, 2)}  # the newest of each seed: its redo
+    for seed, trial in old.items():  # the replaced runs' files where the report says
+        assert read_results(archive / f"base-s{seed}.superseded-t{trial.number}") == old_results[seed]
+    redos = {t.user_attrs["seed"]: t.user_attrs["redo_of"] for t in trials(tmp_path) if t.user_attrs.get("redo_of") is not None}
+    assert redos == {s: old[s].number for s in (1, 2)}
     frame = pd.read_csv(tmp_path / "report" / "table3.csv", index_col="row")
     assert frame.loc["base", "ppl"] == pytest.approx(mean_of_new, abs=5e-4)
     md = (tmp_path / "report" / "table3.md").read_text()
     for seed in (1, 2):
         assert (f"base seed {seed}: dev PPL {old[seed].user_attrs['ppl']} → {new[seed].user_attrs['ppl']}, "
                 f"BLEU {old[seed].user_attrs['bleu']} → {new[seed].user_attrs['bleu']} (trial "
-                f"{redos[seed].number} replaces {back[seed].number}, kept as base-s{seed}.superseded-t{old[seed].number})"
+                f"{new[seed].number} replaces {old[seed].number}, kept as base-s{seed}.superseded-t{old[seed].number})"
                 in md), md
     assert "Redo not complete" not in md
 
@@ -108,9 +112,10 @@ def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path
     assert not (tmp_path / "t3.db").exists() and not (tmp_path / "runs").exists()
 
 
-def test_a_folder_set_aside_twice_keeps_both(tmp_path: Path):
-    """A run directory set aside, then restored or written again and set aside once more (a sitting
-    stopped between the two moves of a redo) keeps both copies under free names."""
+def test_a_folder_is_never_set_aside_over_another(tmp_path: Path):
+    """`aside` moves a run to its trial's name once; a name taken already is refused in one line
+    and both folders stay as they are."""
+    from lightning_modules.errors import UserError
     from sweeps.redo import aside
 
     run = tmp_path / "base-s1"
@@ -118,20 +123,39 @@ def test_a_folder_set_aside_twice_keeps_both(tmp_path: Path):
     for text in ("first", "second"):
         run.mkdir()
         (run / "results.json").write_text(text)
+        if text == "first":
+            assert aside(run, 7) == tmp_path / "base-s1.superseded-t7"
+    with pytest.raises(UserError, match="base-s1.superseded-t7 exists already"):
         aside(run, 7)
-    assert not run.exists()
     assert (tmp_path / "base-s1.superseded-t7" / "results.json").read_text() == "first"
-    assert (tmp_path / "base-s1.superseded-t7.2" / "results.json").read_text() == "second"
+    assert (run / "results.json").read_text() == "second"
 
 
-def test_set_aside_copies_are_listed_oldest_first(tmp_path: Path):
-    """A run redone twice has copies named by the trials they were (a redo's trial numbers the
-    higher); the history a fresh study rebuilds follows this order. Other folders are not copies."""
-    from sweeps.redo import set_aside_copies
+def test_a_sitting_stopped_between_a_redos_moves_sets_nothing_aside_twice(tmp_path: Path):
+    """A redo moves the archive entry first, then the run directory, then queues its trial. Stopped
+    after the first move, the next sitting restores nothing over the run directory (it holds the
+    old run), moves the run directory to its own name beside the archive's copy and queues the
+    redo once: every copy kept, none written over."""
+    from dataclasses import replace
 
-    for name in ("base-s1.superseded-t58", "base-s1.superseded-t13.2", "base-s1.superseded-t13", "base-s1",
-                 "base-s10.superseded-t2", "base-s1.superseded-tx", "base-s1.superseded-t9"):
-        (tmp_path / name).mkdir()
-    assert [p.name for p in set_aside_copies(tmp_path / "base-s1")] == [
-        "base-s1.superseded-t9", "base-s1.superseded-t13", "base-s1.superseded-t13.2", "base-s1.superseded-t58"]
-    assert set_aside_copies(tmp_path / "C5-s1") == []
+    from sweeps.archive import restore
+    from sweeps.table3 import Table3Plan, queue, run_dir
+
+    plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
+                      seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=["train.max_steps=10"])
+    study, _ = queue(plan)
+    trial = study.ask()  # the queued base seed 1, finished
+    study.tell(trial, 20.0)
+    runs, archive = {("base", 1): Path(run_dir(plan, "base", 1))}, tmp_path / "archive"
+    for folder in (runs["base", 1], archive / "base-s1"):
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text('{"status": "complete", "ppl": 20.0}')
+    (archive / "base-s1").rename(archive / f"base-s1.superseded-t{trial.number}")  # then stopped
+
+    assert restore(runs, archive) == []
+    study, queued = queue(replace(plan, redo=["base"]), archive)
+    assert queued == 1
+    assert sorted(p.name for p in runs["base", 1].parent.iterdir()) == [f"base-s1.superseded-t{trial.number}"]
+    assert sorted(p.name for p in archive.iterdir()) == [f"base-s1.superseded-t{trial.number}"]
+    assert [t.user_attrs.get("redo_of") for t in study.trials] == [None, trial.number]
+    assert queue(replace(plan, redo=["base"]), archive)[1] == 0  # asked once
