@@ -187,8 +187,12 @@ def archived_study(archive: Path) -> Iterator[tuple[JournalStorage, str] | None]
             unpacked.write_bytes(lzma.decompress(path.read_bytes()))
         except lzma.LZMAError as err:
             raise UserError(f"{path} is not readable ({err}); is --archive a table's archive?") from None
-        storage = JournalStorage(JournalFileBackend(str(unpacked)))
-        names = optuna.get_all_study_names(storage)
+        try:
+            storage = JournalStorage(JournalFileBackend(str(unpacked)))
+            names = optuna.get_all_study_names(storage)
+        except Exception as err:  # Optuna replays any line it finds: whatever it trips on, the file is not a journal
+            raise UserError(f"{path} is not an Optuna journal ({type(err).__name__}: {err}); "
+                            f"is --archive a table's archive?") from None
         if len(names) != 1:
             raise UserError(f"{path} holds {len(names)} studies, not one table's; is --archive a table's archive?")
         yield storage, names[0]

@@ -7,6 +7,7 @@ the run directories and the database deleted, so that only the archive is left.
 from __future__ import annotations
 
 import json
+import lzma
 import shutil
 import subprocess
 import time
@@ -293,3 +294,17 @@ def test_a_checkpoint_removed_while_the_archive_reads_it_is_skipped_without_a_wo
     assert found == (ckpt_dir / "step12.ckpt", 12)
     assert [str(w.message) for w in caught if "damaged" in str(w.message)] == []
     assert not list(ckpt_dir.glob("*.corrupt"))
+
+
+@pytest.mark.parametrize("content", [b"not xz at all", lzma.compress(b'{"op_code": 0, "worker_id": "w"}\n{broken\n')])
+def test_an_archive_whose_study_is_not_a_journal_is_one_line(content: bytes, tmp_path: Path):
+    """A damaged `study.journal.xz` (not xz, or xz of something Optuna cannot replay): one line
+    naming the file, no traceback, no run trained."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (archive / "study.journal.xz").write_bytes(content)
+    result = ablate(*table3_args(tmp_path, "--rows", "base", "--seeds", "1", "--no-report", "--archive", str(archive)))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "study.journal.xz" in lines[-1] and "is --archive a table's archive?" in lines[-1]
+    assert not (tmp_path / "runs" / "table3-tiny" / "base-s1" / "results.json").exists()
