@@ -76,10 +76,25 @@ def _with_fault_point(backend: str) -> Callable[..., Any]:
         inject("compile")
         if backend != "inductor":
             return lookup_backend(backend)(graph, example_inputs)
-        patches = {**INDUCTOR_PATCHES, **(torch._inductor.list_mode_options(mode, dynamic=True) if mode else {})}
+        patches = {**known(INDUCTOR_PATCHES), **(torch._inductor.list_mode_options(mode, dynamic=True) if mode else {})}
         return lookup_backend("inductor")(graph, example_inputs, config_patches=patches)
 
     return compiler
+
+
+def known(patches: dict[str, Any]) -> dict[str, Any]:
+    """The Inductor config patches this torch has (a patch it lacks would fail every compilation:
+    the GPU machines run another torch than this project pins)."""
+    import torch._inductor.config as inductor_config
+
+    def has(key: str) -> bool:
+        holder: Any = inductor_config
+        *path, name = key.split(".")
+        for part in path:
+            holder = getattr(holder, part, None)
+        return holder is not None and hasattr(holder, name)
+
+    return {key: value for key, value in patches.items() if has(key)}
 
 
 def compiled_graphs() -> int:

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from lightning_modules.compiling import INDUCTOR_PATCHES, known
 from lightning_modules.config import DataConfig, RunConfig, TrainConfig, TransformerConfig
 from lightning_modules.data import EOS_ID, PAD_ID, ShapeBuckets, TokenBucketBatchSampler, collate, padding_share
 from lightning_modules.data.batching import batch_shapes, bucket_lengths
@@ -250,3 +251,16 @@ def test_a_bucketed_run_killed_mid_epoch_resumes_with_the_losses_of_an_uninterru
     assert again.returncode == 0 and "not resumable" not in again.stderr, again.stderr[-3000:]
     assert len(losses(tmp_path / "whole")) == 16
     assert losses(tmp_path / "run") == losses(tmp_path / "whole")
+
+
+def test_inductor_patches_this_torch_lacks_are_left_out():
+    """The GPU machines run another torch than the pinned one: a config patch it lacks is dropped
+    (Inductor would refuse it and fail every compilation), one it has is kept."""
+    import torch._inductor.config as inductor_config
+
+    assert known({"triton.no_such_patch": True, "no_such_group.patch": 1}) == {}
+    assert known({"max_autotune": False, "triton.cudagraphs": False}) == {"max_autotune": False,
+                                                                          "triton.cudagraphs": False}
+    for key in known(INDUCTOR_PATCHES):  # what the pinned torch has is really there
+        group, name = key.split(".")
+        assert hasattr(getattr(inductor_config, group), name)
