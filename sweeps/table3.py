@@ -233,6 +233,13 @@ def table_difference(stored: dict[str, Any], plan: Table3Plan,
             "; ".join(shown[:4]) + more_text + "; there -> here")
 
 
+def recorded_runs(there: dict[str, Any], wanted: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The runs a table records from now on (study, archive): those recorded before, as they were
+    (the same table by `table_difference`, where a field added to the config since reads as its
+    default, so a new field does not rewrite the record), then the runs planned for the first time."""
+    return {**there, **{name: config for name, config in wanted.items() if name not in there}}
+
+
 def _some(names: list[str]) -> str:
     return ", ".join(names) if len(names) <= 3 else f"{len(names)} runs ({', '.join(names[:2])}, ...)"
 
@@ -301,7 +308,7 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
         raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changes}): the "
                         f"runs still queued would not be comparable to those done. Use another --study")
     if record:  # the runs this sitting adds, and the spec's rows as the report is to read them (a row added since)
-        for key, value in {"runs": {**attrs["runs"], **wanted}, "spec": load_spec(plan.spec_path)}.items():
+        for key, value in {"runs": recorded_runs(attrs["runs"], wanted), "spec": load_spec(plan.spec_path)}.items():
             if attrs.get(key) != value:
                 study.set_user_attr(key, value)
 
@@ -318,7 +325,7 @@ def check_archive(archive: Path, plan: Table3Plan, wanted: dict[str, dict[str, A
     if difference is not None:
         what, changes = difference
         raise UserError(f"--archive {archive} holds another table ({what}: {changes}): use another --archive")
-    return table_record(plan, {**stored["runs"], **wanted})
+    return table_record(plan, recorded_runs(stored["runs"], wanted))
 
 
 def finished(run_dir: Path) -> bool:
