@@ -137,6 +137,7 @@ def test_worker_layouts_divide_the_cores():
     assert layouts(16) == [1, 2, 4, 8, 16]
 
 
+@pytest.mark.slow  # a benchmark at small scale (a minute or two): its data path is test_data.py's wmt14 mirror test
 def test_wmt_rehearsal_runs_the_gpu_presets_data_path_through_a_local_mirror(tmp_path: Path):
     """The rehearsal at 20K pairs: synthetic statmt.org archives (their names, EN-DE members among
     other language pairs) served on 127.0.0.1, `ablate train --preset gpu --data wmt14 --base-url`
