@@ -218,6 +218,13 @@ CASES: list[Case] = [
     ("accelerator-unknown", lambda t: ["train", "--accelerator", "quantum", *FAST], "train.accelerator", {}),
     ("precision-fp8", lambda t: ["train", "--precision", "fp8", *FAST], "train.precision must be one of", {}),
     ("strategy-unknown", lambda t: ["train", "train.strategy=warp", *FAST], "train.strategy", {}),
+    ("compile-mode-unknown", lambda t: ["train", "train.compile_mode=fast", *FAST], "train.compile_mode must be one of", {}),
+    ("cuda-graphs-without-buckets", lambda t: ["train", "train.compile_mode=reduce-overhead", *FAST],
+     "it needs static shapes, data.shape_buckets > 0", {}),
+    ("attention-backend-unknown", lambda t: ["train", "model.attention_backend=magic", *FAST],
+     "model.attention_backend must be one of", {}),
+    ("loss-chunks-negative", lambda t: ["train", "train.loss_chunks=-1", *FAST], "train.loss_chunks must be 0", {}),
+    ("shape-buckets-negative", lambda t: ["train", "data.shape_buckets=-1", *FAST], "data.shape_buckets must be >= 0", {}),
     ("seed-negative", lambda t: ["train", "--seed", "-1", *FAST], "train.seed must be between 0", {}),
     ("seed-too-large", lambda t: ["train", "--seed", str(2 ** 32), *FAST], "train.seed must be between 0", {}),
     ("table3-seed-negative", lambda t: ["table3", "--rows", "base", "--seeds", "1,-1", *FAST], "train.seed", {}),
@@ -730,6 +737,21 @@ def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(
         assert (out / name if name != "last.ckpt" else out / "checkpoints" / name).with_name(f"{name}.corrupt").is_file()
         assert sum(f"{name} is damaged" in line for line in warned) == 1, warned
     assert json.loads((out / "results.json").read_text())["status"] == "complete"
+
+
+def test_the_run_that_holds_the_folder_leaves_the_marker_another_command_is_writing(tmp_path: Path):
+    """The race `test_two_commands_on_one_run_train_it_once` once lost: the command holding the run
+    removes killed writes' temporary files, but not the marker's, which a second command starting
+    at the same moment may be writing (it then finds the run taken and exits in one line)."""
+    from lightning_modules.run.preflight import remove_stale_temporaries
+
+    (tmp_path / "checkpoints").mkdir()
+    marker_tmp = tmp_path / ".ablate-run.json.k3x9q.tmp"
+    killed = [tmp_path / ".results.json.a1b2.tmp", tmp_path / "checkpoints" / ".last.ckpt.c3d4.tmp"]
+    for path in (marker_tmp, *killed):
+        path.write_text("half")
+    remove_stale_temporaries(tmp_path)
+    assert marker_tmp.exists() and not any(path.exists() for path in killed)
 
 
 @pytest.mark.parametrize("wait", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["refused", "waits"])

@@ -23,6 +23,7 @@ from lightning_modules.config import (RunConfig, TransformerConfig, count_parame
                                       parse_devices)
 from lightning_modules.errors import UserError
 from lightning_modules.run.io import set_aside
+from lightning_modules.run.rundir import MARKER
 from lightning_modules.run.results import RunResult
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
@@ -99,14 +100,17 @@ def check_output_dir(out: Path) -> None:
 
 
 def remove_stale_temporaries(out: Path) -> None:
-    """Delete the temporary files of atomic writes that a killed process left (rank 0 only)."""
+    """Delete the temporary files of atomic writes that a killed process left (rank 0 only, with
+    the run's lock held), but not the marker's: a second `ablate train` on the same folder writes
+    the marker (`rundir.claim`) before it finds the run taken, and may be writing it just now."""
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank != 0:
         return
     for folder in (out, out / "checkpoints"):
         for tmp in folder.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
+            if not tmp.name.startswith(f".{MARKER}."):
+                tmp.unlink(missing_ok=True)
 
 
 def check_same_run(out: Path, cfg: RunConfig) -> None:
