@@ -244,14 +244,7 @@ def test_invalid_values_are_user_errors(override):
     ("n_kv_heads=0", "model.n_kv_heads must be positive, got 0"),
     ("n_kv_heads=3", "model.n_kv_heads=3 does not divide model.n_heads=8"),
     ("n_kv_heads=16", "model.n_kv_heads=16 does not divide model.n_heads=8"),
-])
-def test_a_bad_modification_knob_is_one_line(override, message):
-    with pytest.raises(UserError) as err:
-        resolve("tiny", "base", overrides=[override])
-    assert message in str(err.value) and "\n" not in str(err.value)
-
-
-@pytest.mark.parametrize("override,message", [
+    # kernel choices
     ("attention_backend=xformers", "model.attention_backend must be one of auto, math, flash, efficient, cudnn; "
                                    "got 'xformers'"),
     ("fused_qkv=maybe", "model.fused_qkv"),
@@ -259,7 +252,7 @@ def test_a_bad_modification_knob_is_one_line(override, message):
     ("loss_chunks=2.5", "train.loss_chunks"),
     ("loss_chunks=true", "train.loss_chunks"),
 ])
-def test_a_bad_kernel_choice_is_one_line(override, message):
+def test_a_bad_modification_knob_or_kernel_choice_is_one_line(override, message):
     with pytest.raises(UserError) as err:
         resolve("tiny", "base", overrides=[override])
     assert message in str(err.value) and "\n" not in str(err.value)
