@@ -406,9 +406,9 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
             return False
         if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
             return False
-        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if not settings.queue_only:
             return True
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if waiting and part is not None:
             part.update(study)
             if not any(part.fits(t) for t in waiting):
