@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import sys
 import time
@@ -65,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="gpu_round: seconds for its variants (default 390 on CUDA, so the command "
                              "ends within 8 minutes); what does not fit is a row saying so")
+    parser.add_argument("--steps", default="",
+                        help="gpu_round: ';'-separated CASE:VARIANT pairs to measure, in this order, instead "
+                             "of its plan (variant names contain commas), e.g. "
+                             "'wmt-base-37k:eager;wmt-big-37k:compiled'")
     parser.add_argument("--pairs", default="",
                         help="wmt_rehearsal: comma-separated scales in training pairs (default: "
                              "WMT14's 4,520,620 EN-DE pairs; --quick: 20,000)")
@@ -84,6 +89,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--pairs: every scale must be at least 1 pair")
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
+    args.steps = tuple(tuple(s.strip().split(":", 1)) for s in args.steps.split(";") if s.strip())
+    if args.steps:
+        from benchmarks.gpu_round import CASES, VARIANTS  # only when asked: it needs the model code
+        wrong = [":".join(s) for s in args.steps if len(s) != 2 or s[0] not in CASES or s[1] not in VARIANTS]
+        if wrong:
+            parser.error(f"--steps {'; '.join(wrong)}: expected CASE:VARIANT with a case of "
+                         f"{', '.join(CASES)} and a variant named in benchmarks/gpu_round.py VARIANTS")
     if args.budget_s is not None and args.budget_s <= 0:
         parser.error("--budget-s must be positive")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -109,6 +121,9 @@ def render(info: dict, sections: list[Section]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A crash below Python (a segfault or abort in a CUDA graph capture or a kernel) prints its Python
+    # stack instead of ending the command without a word (the H200 round's CUDA-graph variant did).
+    faulthandler.enable()
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                         cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
                         checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
                         cases=tuple(c for c in args.cases.split(",") if c), out=args.out,
-                        budget_s=args.budget_s, pairs=args.pairs, rehearsal_dir=args.rehearsal_dir,
+                        budget_s=args.budget_s, steps=args.steps, pairs=args.pairs, rehearsal_dir=args.rehearsal_dir,
                         keep=args.keep)
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)

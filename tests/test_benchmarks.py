@@ -68,6 +68,22 @@ def test_gpu_round_skips_what_its_time_budget_leaves_no_room_for(tmp_path: Path)
     assert any(row.get("tokens/s") for row in rows if row["variant"] == "eager")
 
 
+def test_gpu_round_measures_the_steps_named_in_their_order_and_refuses_unknown_ones(tmp_path: Path):
+    """--steps: the (case, variant) pairs named, in that order, nothing else; a wrong name: one line."""
+    steps = "tiny:eager;tiny:eager, fused QKV"
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
+                             "--steps", steps, "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "gpu_round.json").read_text())["rows"]
+    assert [row["variant"] for row in rows] == ["eager", "eager", "eager, fused QKV", "eager, fused QKV"]
+    assert all(row["tokens/s"] > 0 for row in rows) and rows[2]["agrees"] is True
+    wrong = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "gpu_round", "--steps", "tiny:eager;tiny:fast",
+                            "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "tiny:fast" in wrong.stderr and "Traceback" not in wrong.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp_path: Path):
     import time
 
