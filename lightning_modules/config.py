@@ -397,6 +397,9 @@ class RunConfig:
         if self.train.compile_mode == "reduce-overhead" and not self.data.shape_buckets:
             raise UserError("train.compile_mode=reduce-overhead (CUDA graphs) records a graph per batch "
                             "shape: it needs static shapes, data.shape_buckets > 0 (e.g. 24)")
+        if self.train.compile_mode != "default" and not self.train.compile:
+            raise UserError(f"train.compile_mode={self.train.compile_mode} is the compiled step's mode: add "
+                            "train.compile=true (without it the step runs eagerly and the mode would be ignored)")
         if self.model.max_len < MIN_MAX_LEN:
             raise UserError(f"model.max_len={self.model.max_len} is too short for a run: it needs at least "
                             f"{MIN_MAX_LEN} positions (a sentence's wordpieces plus BOS/EOS)")

@@ -221,6 +221,8 @@ CASES: list[Case] = [
     ("compile-mode-unknown", lambda t: ["train", "train.compile_mode=fast", *FAST], "train.compile_mode must be one of", {}),
     ("cuda-graphs-without-buckets", lambda t: ["train", "train.compile_mode=reduce-overhead", *FAST],
      "it needs static shapes, data.shape_buckets > 0", {}),
+    ("compile-mode-without-compile", lambda t: ["train", "train.compile_mode=max-autotune-no-cudagraphs", *FAST],
+     "add train.compile=true", {}),
     ("attention-backend-unknown", lambda t: ["train", "model.attention_backend=magic", *FAST],
      "model.attention_backend must be one of", {}),
     ("loss-chunks-negative", lambda t: ["train", "train.loss_chunks=-1", *FAST], "train.loss_chunks must be 0", {}),

@@ -183,7 +183,11 @@ def test_compile_mode_settings_are_checked_and_old_configs_load():
         RunConfig(train=TrainConfig(compile_mode="reduce-overhead"))
     with pytest.raises(UserError, match="shape_buckets must be >= 0"):
         DataConfig(shape_buckets=-1)
-    RunConfig(data=DataConfig(shape_buckets=24), train=TrainConfig(compile_mode="reduce-overhead"))
+    with pytest.raises(UserError, match="add train.compile=true"):  # a mode without compiling: never ignored
+        RunConfig(data=DataConfig(shape_buckets=24), train=TrainConfig(compile_mode="reduce-overhead"))
+    with pytest.raises(UserError, match="add train.compile=true"):
+        RunConfig(train=TrainConfig(compile_mode="max-autotune-no-cudagraphs"))
+    RunConfig(data=DataConfig(shape_buckets=24), train=TrainConfig(compile=True, compile_mode="reduce-overhead"))
     old = yaml.safe_load("data: {pad_multiple: 8, max_tokens: 4000}\ntrain: {compile: true}\n")
     cfg = RunConfig(data=DataConfig(**old["data"]), train=TrainConfig(**old["train"]))
     assert (cfg.data.shape_buckets, cfg.data.pad_multiple, cfg.train.compile_mode) == (0, 8, "default")
