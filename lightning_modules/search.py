@@ -55,9 +55,10 @@ def greedy_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int,
     log_prob = torch.zeros(batch, device=src.device)
     done = torch.zeros(batch, dtype=torch.bool, device=src.device)
     outputs: list[Tensor] = []
-    for step in range(int(limit.max())):
+    shortest, longest = int(limit.min()), int(limit.max())  # read once: no device read per step for them
+    for step in range(longest):
         logp = model.decode_step(token, memory, src_mask, caches, step).float().log_softmax(-1)
-        if step + 1 >= limit.min():  # where the cap is reached, only EOS remains possible
+        if step + 1 >= shortest:  # where the cap is reached, only EOS remains possible
             logp = _only_eos(logp, (step + 1 >= limit) & ~done, eos_id)
         best_logp, token = logp.max(dim=-1)
         log_prob += torch.where(done, 0.0, best_logp)
@@ -83,62 +84,66 @@ def beam_search(model: Transformer, src: Tensor, bos_id: int, eos_id: int, beam_
     device, k = src.device, beam_size
     memory, src_mask = model.encode(src)
     batch = src.size(0)
-    limit = _max_steps(model, src, max_len_offset)
+    limit = _max_steps(model, src, max_len_offset).tolist()
     # Expand to (batch * k) rows: row b*k + j is beam j of sentence b.
     memory = memory.repeat_interleave(k, dim=0)
     src_mask = src_mask.repeat_interleave(k, dim=0)
     caches: list[dict] = [{} for _ in model.decoder]
-    alive = torch.arange(batch, device=device)  # original index of each sentence still decoding
+    # Which sentences are still decoding is kept on the host: deciding it per sentence from a device
+    # tensor would read the device once per sentence and step (a host sync each on a GPU).
+    alive = list(range(batch))  # original index of each sentence still decoding
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one so the first step is not duplicated
     prefixes = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
 
-    for step in range(int(limit.max())):
-        n = alive.numel()
+    for step in range(max(limit)):
+        n = len(alive)
         logp = model.decode_step(prefixes[:, -1], memory, src_mask, caches, step).float()
         logp = logp.log_softmax(-1)
         vocab = logp.size(-1)
-        at_limit = (step + 1 >= limit[alive])  # (n,) these sentences must end now
-        if bool(at_limit.any()):
-            logp = _only_eos(logp, at_limit.repeat_interleave(k), eos_id)
+        at_limit = [step + 1 >= limit[b] for b in alive]  # these sentences must end now
+        if any(at_limit):
+            logp = _only_eos(logp, torch.tensor(at_limit, device=device).repeat_interleave(k), eos_id)
         candidates = (scores[:, :, None] + logp.view(n, k, vocab)).view(n, k * vocab)
         top_scores, top_index = candidates.topk(2 * k, dim=1)  # (n, 2k)
         origin, token = top_index // vocab, top_index % vocab
         is_eos = token == eos_id
-
-        # Finalise EOS candidates ranked within the top k (as in fairseq / GNMT).
-        eos_hits = (is_eos[:, :k] & (top_scores[:, :k] > float("-inf"))).nonzero().tolist()
-        if eos_hits:
-            cpu_prefix = prefixes.tolist()
-            top_cpu, origin_cpu = top_scores.tolist(), origin.tolist()
-            for i, j in eos_hits:
-                b = int(alive[i])
-                if len(finished[b]) >= k:
-                    continue
-                tokens = cpu_prefix[i * k + origin_cpu[i][j]][1:]
-                lp = top_cpu[i][j]
-                finished[b].append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, alpha)))
-
         # Continue with the best k candidates that did not end.
         masked = top_scores.masked_fill(is_eos, float("-inf"))
         keep_scores, keep = masked.topk(k, dim=1)  # (n, k) positions within the 2k candidates
+
+        # One read of the device per step: the top k's scores, beams and ends, and whether each
+        # sentence has a candidate left to continue (beams < k and 0/1 are exact in float).
+        read = torch.cat([top_scores[:, :k], origin[:, :k].to(top_scores.dtype), is_eos[:, :k].to(top_scores.dtype),
+                          keep_scores[:, :1]], dim=1).tolist()
+        # Finalise EOS candidates ranked within the top k (as in fairseq / GNMT).
+        eos_hits = [(i, j) for i, row in enumerate(read) for j in range(k)
+                    if row[2 * k + j] and row[j] > float("-inf") and len(finished[alive[i]]) < k]
+        if eos_hits:
+            beams = [i * k + int(read[i][k + j]) for i, j in eos_hits]
+            ended = prefixes[torch.tensor(beams, device=device), 1:].tolist()
+            for (i, j), tokens in zip(eos_hits, ended):
+                hyps, lp = finished[alive[i]], read[i][j]
+                if len(hyps) < k:
+                    hyps.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, alpha)))
+
+        done = [len(finished[b]) >= k or at_limit[i] or read[i][3 * k] == float("-inf") for i, b in enumerate(alive)]
+        if all(done):
+            break
+        live_rows = [i for i, d in enumerate(done) if not d]
+        live = torch.tensor(live_rows, device=device)
         keep_origin = origin.gather(1, keep)
         keep_token = token.gather(1, keep)
-        done = torch.tensor([len(finished[int(b)]) >= k for b in alive], device=device) | at_limit
-        done |= keep_scores[:, 0] == float("-inf")
-        if bool(done.all()):
-            break
         rows = (torch.arange(n, device=device)[:, None] * k + keep_origin)  # (n, k) source rows
-        live = (~done).nonzero().squeeze(1)
         rows = rows[live].reshape(-1)
         prefixes = torch.cat([prefixes[rows], keep_token[live].reshape(-1, 1)], dim=1)
         scores = keep_scores[live]
-        alive = alive[live]
+        alive = [alive[i] for i in live_rows]
         for cache in caches:
             for name, tensor in cache.items():
                 cache[name] = tensor[rows]
-        if live.numel() < n:
+        if len(live_rows) < n:
             sentence_rows = (live[:, None] * k + torch.arange(k, device=device)).reshape(-1)
             memory, src_mask = memory[sentence_rows], src_mask[sentence_rows]
 

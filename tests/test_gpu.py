@@ -1,8 +1,10 @@
-"""GPU-only checks (skipped without CUDA): the training step never waits for the device."""
+"""GPU-only checks (skipped without CUDA): the training step never waits for the device, and beam
+search reads it a bounded number of times per step."""
 
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -11,6 +13,7 @@ import torch
 
 from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data import TranslationDataModule
+from lightning_modules.transformer import Transformer
 from lightning_modules.translation import TranslationModule
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -107,3 +110,26 @@ def test_one_graph_for_source_lengths_of_every_alignment():
             loss, _, n = module._forward_loss_fn(src, tgt[:, :-1], tgt[:, 1:], 0.1)
         (loss / n).backward()
     assert compiled_graphs() - before == 1
+
+
+def test_beam_search_reads_the_device_a_bounded_number_of_times_per_step():
+    """Which sentences go on is decided on the host from one read per step (and one more when a
+    hypothesis ends), so the reads per step do not grow with the batch: deciding it from a device
+    tensor sentence by sentence made each step wait on the GPU once per sentence."""
+    from lightning_modules.search import beam_search
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(n_layers=1, d_model=64, d_ff=128, n_heads=4, vocab_size=300,
+                                          dropout=0.0)).cuda().eval()
+    batch, length, offset = 48, 20, 10
+    src = torch.randint(4, 300, (batch, length), device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            hyps = beam_search(model, src, 2, 3, beam_size=4, max_len_offset=offset)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    assert len(hyps) == batch
+    assert 1 <= syncs <= 4 * (length + offset) + 4, syncs  # a read per sentence would be ~48 per step
