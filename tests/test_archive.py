@@ -40,6 +40,7 @@ def complete(tmp: Path) -> dict[int, optuna.trial.FrozenTrial]:
     return {t.user_attrs["seed"]: t for t in trials(tmp) if t.state == TrialState.COMPLETE}
 
 
+@pytest.mark.slow
 def test_a_table_goes_on_from_its_archive_on_a_fresh_machine(tmp_path: Path):
     """Seed 1 finishes and seed 2 is killed after its step-5 checkpoint; with the run directories
     and the database gone, the same command restores both from the archive: seed 1 is adopted as
@@ -214,6 +215,7 @@ def test_a_run_directory_finished_elsewhere_is_queued_before_everything(tmp_path
     assert (study.trials[0].user_attrs["row"], study.trials[0].user_attrs["seed"]) == ("base", 2)
 
 
+@pytest.mark.slow
 def test_a_sitting_given_stop_after_ends_itself_with_its_run_checkpointed_in_the_archive(tmp_path: Path):
     """`--stop-after`: at the set time the table stops as on Ctrl-C (exit 130, one line saying
     why), and the running run's interrupted checkpoint is in the archive for the next sitting."""

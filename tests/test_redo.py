@@ -22,6 +22,7 @@ def sitting(tmp: Path, *extra: str, env: dict[str, str] | None = None):
                                "--report-dir", str(tmp / "report"), *extra), env=env)
 
 
+@pytest.mark.slow
 def test_a_redo_trains_each_run_once_keeps_what_it_replaces_and_the_report_says_so(tmp_path: Path):
     first = sitting(tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]

@@ -93,7 +93,13 @@ STOPS = {
 }
 
 
-@pytest.mark.parametrize("stop", list(STOPS))
+# make test keeps a SIGKILL (periodic checkpoint) and a Ctrl-C (interrupted checkpoint); the other
+# two stops of each kind are slow
+SLOW_STOPS = {"killed after an epoch's end", "SIGTERM at an epoch's end"}
+
+
+@pytest.mark.parametrize("stop", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW_STOPS else s
+                                  for s in STOPS])
 def test_a_stopped_run_resumes_with_the_batches_draws_and_rows_of_an_uninterrupted_one(
         stop, tmp_path, small_corpus, uninterrupted):
     """Stopped four ways, then the same command: every later step trains on the same batches with
