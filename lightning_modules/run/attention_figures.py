@@ -72,7 +72,7 @@ def attention_figure(maps, kind: str, layers: list[int], heads: list[int]) -> "F
             ax.set_yticks(range(len(queries)), queries, fontsize=font)
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
     fig.suptitle(kind, fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # tight_layout ignores the suptitle
     return fig
 
 
