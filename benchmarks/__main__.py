@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", default="",
                         help="gpu_round: ';'-separated CASE:VARIANT pairs to measure, in this order, instead "
                              "of its plan (variant names contain commas), e.g. "
-                             "'wmt-base-37k:eager;wmt-big-37k:compiled'")
+                             "'wmt-base-37k:eager;wmt-big-37k:compiled'; with --cases, only the pairs of "
+                             "those cases")
     parser.add_argument("--pairs", default="",
                         help="wmt_rehearsal: comma-separated scales in training pairs (default: "
                              "WMT14's 4,520,620 EN-DE pairs; --quick: 20,000)")
