@@ -93,8 +93,8 @@ STOPS = {
 }
 
 
-# make test keeps a SIGKILL (periodic checkpoint) and a Ctrl-C (interrupted checkpoint); the other
-# two stops of each kind are slow
+# make test keeps one stop of each kind: a SIGKILL (resumed from a periodic checkpoint) and a Ctrl-C
+# (from the interrupted checkpoint); the second SIGKILL and the SIGTERM are slow
 SLOW_STOPS = {"killed after an epoch's end", "SIGTERM at an epoch's end"}
 
 

@@ -82,45 +82,47 @@ class CountHostReads(pl.Callback):
             self._mode = None
 
 
-@pytest.fixture(scope="module")
-def ding_data(tmp_path_factory) -> TranslationDataModule:
-    dm = TranslationDataModule(DataConfig(vocab_size=500, max_tokens=1500, valid_size=100, test_size=100),
-                               tmp_path_factory.mktemp("run"))
+def ding(path, **data) -> TranslationDataModule:
+    """The Ding corpus, set up for fitting; `data`: DataConfig fields beyond the small defaults."""
+    dm = TranslationDataModule(DataConfig(vocab_size=500, max_tokens=1500, valid_size=100, test_size=100, **data),
+                               path)
     dm.setup("fit")
     return dm
 
 
-def tiny(dm: TranslationDataModule, dropout: float = 0.1, **knobs) -> TranslationModule:
-    """A one-layer model; `knobs`: TransformerConfig or TrainConfig fields (the GPU round's variants)."""
-    model = {k: v for k, v in knobs.items() if k in TransformerConfig.__dataclass_fields__}
-    train = {k: v for k, v in knobs.items() if k not in model}
+@pytest.fixture(scope="module")
+def ding_data(tmp_path_factory) -> TranslationDataModule:
+    return ding(tmp_path_factory.mktemp("run"))
+
+
+def tiny(dm: TranslationDataModule, dropout: float = 0.1, model: dict | None = None,
+         train: dict | None = None) -> TranslationModule:
+    """A one-layer model; `model`, `train`: TransformerConfig and TrainConfig fields beyond its own."""
     return TranslationModule.from_configs(
         TransformerConfig(n_layers=1, d_model=32, d_ff=64, n_heads=4, dropout=dropout, vocab_size=dm.vocab_size,
-                          **model),
-        TrainConfig(warmup_steps=10, **train))
+                          **(model or {})),
+        TrainConfig(warmup_steps=10, **(train or {})))
 
 
 # The GPU round's eager variants that run on a CPU (benchmarks/gpu_round.py VARIANTS; the efficient
 # and cuDNN attention kernels are CUDA's, and the compiled variants are checked on a GPU by
 # tests/test_gpu.py with CUDA's sync detector): each keeps the step free of host reads.
-STEP_VARIANTS = {"default": {}, "attention math": {"attention_backend": "math"},
-                 "attention flash": {"attention_backend": "flash"}, "fused QKV": {"fused_qkv": True},
-                 "loss chunks 8": {"loss_chunks": 8}, "buckets 8": {"shape_buckets": 8}}
+# Each variant's settings by config section (model, train, data).
+STEP_VARIANTS = {"default": {}, "attention math": {"model": {"attention_backend": "math"}},
+                 "attention flash": {"model": {"attention_backend": "flash"}},
+                 "fused QKV": {"model": {"fused_qkv": True}}, "loss chunks 8": {"train": {"loss_chunks": 8}},
+                 "buckets 8": {"data": {"shape_buckets": 8}}}
 
 
 @pytest.mark.parametrize("variant", list(STEP_VARIANTS))
 def test_training_step_reads_the_device_only_at_log_steps(variant, ding_data, tmp_path):
-    knobs = dict(STEP_VARIANTS[variant])
-    dm = ding_data
-    if "shape_buckets" in knobs:
-        dm = TranslationDataModule(DataConfig(vocab_size=500, max_tokens=1500, valid_size=100, test_size=100,
-                                              shape_buckets=knobs.pop("shape_buckets")), tmp_path)
-        dm.setup("fit")
+    knobs = STEP_VARIANTS[variant]
+    dm = ding(tmp_path, **knobs["data"]) if "data" in knobs else ding_data
     counter = CountHostReads()
     trainer = pl.Trainer(accelerator="cpu", max_steps=12, log_every_n_steps=5, limit_val_batches=0,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          callbacks=[counter])
-    trainer.fit(tiny(dm, **knobs), datamodule=dm)
+    trainer.fit(tiny(dm, model=knobs.get("model"), train=knobs.get("train")), datamodule=dm)
     assert sorted(counter.per_step) == list(range(1, 13))
     log_steps = {5, 10, 12}  # every 5 steps, and the last
     for step, calls in counter.per_step.items():
