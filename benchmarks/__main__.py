@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "of its plan (variant names contain commas), e.g. "
                              "'wmt-base-37k:eager;wmt-big-37k:compiled'; with --cases, only the pairs of "
                              "those cases")
+    parser.add_argument("--profile", action="store_true",
+                        help="gpu_round: after timing each variant, profile one pass per batch size (where the "
+                             "step's time goes: a second table, and each pass's top kernels under OUT/profiles/)")
     parser.add_argument("--pairs", default="",
                         help="wmt_rehearsal: comma-separated scales in training pairs (default: "
                              "WMT14's 4,520,620 EN-DE pairs; --quick: 20,000)")
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                         checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
                         cases=tuple(c for c in args.cases.split(",") if c), out=args.out,
                         budget_s=args.budget_s, steps=args.steps, pairs=args.pairs, rehearsal_dir=args.rehearsal_dir,
-                        keep=args.keep)
+                        keep=args.keep, profile=args.profile)
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)
     out: Path = args.out

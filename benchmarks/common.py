@@ -65,6 +65,7 @@ class Settings:
     pairs: tuple[int, ...] = ()  # wmt_rehearsal's scales in training pairs (empty: its default)
     rehearsal_dir: Path = Path("/tmp/ablate-wmt-rehearsal")  # wmt_rehearsal's mirrors and runs
     keep: bool = False  # wmt_rehearsal: keep each scale's download cache and run folder
+    profile: bool = False  # --profile: gpu_round also profiles one pass of each variant
 
     def reps_or(self, default: int) -> int:
         return self.reps if self.reps is not None else default

@@ -34,6 +34,12 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   slowest warm-up of its kind so far) no longer fits is skipped with a note. A variant that fails (a kernel the device lacks, out of
   memory) becomes a row with its error; the run goes on. Results (`gpu_round.json`,
   `gpu_round.md`) are written atomically to `--out` after every variant.
+- `--profile`: after its timed passes, each variant runs one more pass per batch size under
+  `torch.profiler` (`profile_pass`): the device's busy time per step (kernel time ÷ the timed
+  step: below 1, the step waits on the host, i.e. launch-bound) and each kernel's share, grouped
+  by `TIME_GROUPS` (the first pattern that matches a kernel's name). The groups become a second
+  table; each pass's top kernels are written to `profiles/` in `--out`. On CPU the same groups
+  hold aten ops' self time: a check of the code, not of where a GPU spends its time.
 - Variants with `data.shape_buckets` (static shapes, docs/gpus.md#static-shapes-and-cuda-graphs)
   train on other batches (the same pool, bucketed to static shapes), so their losses are compared
   with "eager, buckets 8"'s.
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +142,7 @@ BUDGET_S = 390.0  # the variants' time: with start-up, batches and one overrun t
 AGREE_STEPS = 4  # first steps whose losses are compared
 LR = 5e-4  # constant Adam rate: the first steps move the loss
 TOLERANCE = {"bf16": 2e-2, "fp32": 1e-3}  # relative difference of a per-token loss
+PROFILE_S = 10.0  # --profile's passes and tables, added to a variant's estimated time
 SLOW_STEP = 10.0  # a step this many times the median is a recompilation, left out of tokens/s
 
 
@@ -306,9 +314,74 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
                      "mfu": mfu(sum(flops[i] for i in kept) / time_kept, device),
                      "slow_steps": len(seconds) - len(kept)}
     out["graphs"] = compiled_graphs() - graphs if t.compile else 0
+    if settings.profile:
+        out["profile"] = {}
+        for size in case.tokens:
+            summary, table = profile_pass(step, batches[size], device)
+            out["profile"][size] = {**summary, "busy": summary["busy_ms_per_step"] / out[size]["ms_per_step"]}
+            if settings.out is not None:
+                path = settings.out / "profiles" / f"{case.name}-{slug(name)}-{size}.txt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, f"{case.name}, {name}, {size} tokens per batch and side, "
+                                        f"one pass of {len(batches[size])} steps\n\n{table}\n")
     if device.type == "cuda":
         out["peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
     return out
+
+
+# ----------------------------------------------------------------------------------- profile
+
+# Where a step's time goes: a kernel (CUDA) or aten op (CPU) belongs to the first group whose pattern
+# its name matches. Inductor's Triton kernels fuse several ops; they count as "fused (Triton)" unless
+# they hold the loss or the optimizer.
+TIME_GROUPS: dict[str, str] = {
+    "attention": r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn",  # before matmul: efficient's are CUTLASS
+    "matmul": r"gemm|matmul|\bmm\b|aten::bmm|addmm|cutlass|xmma|nvjet|cublas",
+    "loss": r"log_?softmax|logsumexp|nll_loss|cross_entropy",
+    "optimizer": r"adam|multi_tensor|foreach",
+    "fused (Triton)": r"^triton",
+    "norm": r"layer_norm|rms_norm",
+    "dropout": r"dropout|bernoulli|philox",
+    "cast, copy, fill": r"copy|cast|convert|memcpy|memset|fill|zero",  # before elementwise: autocast's casts
+    "elementwise": r"elementwise|reduce_kernel|softmax|aten::(add|sub|mul|div|neg|ne|eq|where|masked_fill|relu"
+                   r"|gelu|silu|exp|sum|mean|clamp|addcdiv|addcmul|sqrt)_?$",
+}
+OTHER = "other"
+
+
+def time_group(name: str) -> str:
+    """The group of a kernel or op name (`TIME_GROUPS`, else "other")."""
+    return next((group for group, pattern in TIME_GROUPS.items() if re.search(pattern, name, re.IGNORECASE)),
+                OTHER)
+
+
+def slug(name: str) -> str:
+    """A variant's name as a file name: 'compiled, loss chunks 8' -> 'compiled-loss-chunks-8'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def profile_pass(step: Callable[[dict[str, Any]], torch.Tensor], batches: list[dict[str, Any]],
+                 device: torch.device) -> tuple[dict[str, Any], str]:
+    """One pass of `step` over `batches` under torch.profiler: (the busy time per step, each
+    group's share of it and the top kernels; the profiler's table of the 30 largest)."""
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for b in batches:
+            step(b)
+        sync(device)
+    events = prof.key_averages()
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    us = {e.key: float(getattr(e, key)) for e in events if e.device_type == kind and getattr(e, key) > 0}
+    total = sum(us.values()) or 1.0
+    shares = dict.fromkeys([*TIME_GROUPS, OTHER], 0.0)
+    for name, t in us.items():
+        shares[time_group(name)] += t / total
+    top = sorted(us.items(), key=lambda kv: -kv[1])[:12]
+    summary = {"busy_ms_per_step": total / 1000 / len(batches), "shares": shares,
+               "top": [{"name": name[:120], "group": time_group(name), "share": t / total} for name, t in top]}
+    return summary, events.table(sort_by=key, row_limit=30, max_name_column_width=100)
 
 
 # ----------------------------------------------------------------------------------- the round
@@ -330,6 +403,20 @@ def _rows(case: Case, name: str, result: dict[str, Any], reference: list[float] 
                      "peak GB": result.get("peak_gb"), "loss Δ": agree,
                      "agrees": None if agree is None or name == NOISE_FLOOR else agree <= tolerance,
                      "note": f"{r['slow_steps']} slow step(s) left out" if r["slow_steps"] else ""})
+    return rows
+
+
+PROFILE_COLUMNS = ["case", "variant", "tokens/batch", "busy ms/step", "busy", *TIME_GROUPS, OTHER, "top kernel"]
+
+
+def _profile_rows(case: Case, name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of the profile table for one variant: one per batch size it profiled."""
+    rows = []
+    for size, p in result.get("profile", {}).items():
+        top = p["top"][0] if p["top"] else None
+        rows.append({"case": case.name, "variant": name, "tokens/batch": size, "busy ms/step": p["busy_ms_per_step"],
+                     "busy": p["busy"], **p["shares"],
+                     "top kernel": f"{top['name'][:60]} ({top['share']:.0%})" if top else ""})
     return rows
 
 
@@ -370,7 +457,7 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
                 done: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """One variant's measurement, or why it did not run (time budget, an error): never raises.
     `done`: every case's results so far (for the time estimate)."""
-    left, need = deadline - time.perf_counter(), _estimate(case.name, name, done)
+    left, need = deadline - time.perf_counter(), _estimate(case.name, name, done) + (PROFILE_S if settings.profile else 0)
     if left < need:
         return {"skipped": f"time budget: {left:.0f} s left, ~{need:.0f} s needed"}
     try:
@@ -391,6 +478,10 @@ def run(settings: Settings) -> Section:
                       ["case", "variant", "tokens/batch", "tokens/s", "ms/step", "MFU", "warm-up s", "graphs",
                        "peak GB", "loss Δ", "agrees", "note"],
                       formats={"MFU": "{:.1%}", "loss Δ": "{:.1e}"})
+    if settings.profile:
+        section.more.append(Section("gpu_round_profile", "Where the step's time goes (--profile: one pass under "
+                                    "torch.profiler, shares of the busy time)", PROFILE_COLUMNS,
+                                    formats={"busy": "{:.0%}", **{g: "{:.0%}" for g in [*TIME_GROUPS, OTHER]}}))
     steps, budget = plan(settings)
     deadline = time.perf_counter() + budget
     tolerance = TOLERANCE[settings.precision]
@@ -414,6 +505,8 @@ def run(settings: Settings) -> Section:
                                         {c: d["results"] for c, d in data.items()})
             versus = reference(name)
             section.rows += _rows(case, name, results[name], results.get(versus or "", {}).get("losses"), tolerance)
+            if settings.profile:
+                section.more[0].rows += _profile_rows(case, name, results[name])
             section.data[case_name] = {"results": {k: {str(kk): vv for kk, vv in v.items()} for k, v in results.items()},
                                        "case": case.__dict__}
             print(json.dumps({"case": case_name, "variant": name, **section.data[case_name]["results"][name]},

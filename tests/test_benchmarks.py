@@ -72,16 +72,47 @@ def test_gpu_round_measures_the_steps_named_in_their_order_and_refuses_unknown_o
     """--steps: the (case, variant) pairs named, in that order, nothing else; a wrong name: one line."""
     steps = "tiny:eager;tiny:eager, fused QKV"
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
-                             "--steps", steps, "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+                             "--steps", steps, "--profile", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = json.loads((tmp_path / "gpu_round.json").read_text())["rows"]
+    saved = json.loads((tmp_path / "gpu_round.json").read_text())
+    rows = saved["rows"]
     assert [row["variant"] for row in rows] == ["eager", "eager", "eager, fused QKV", "eager, fused QKV"]
     assert all(row["tokens/s"] > 0 for row in rows) and rows[2]["agrees"] is True
+    # --profile: each variant's pass per batch size, its groups' shares summing to one, its top ops on disk
+    for variant in ("eager", "eager, fused QKV"):
+        for size in ("600", "300"):
+            profile = saved["data"]["tiny"]["results"][variant]["profile"][size]
+            assert abs(sum(profile["shares"].values()) - 1) < 1e-6 and profile["busy_ms_per_step"] > 0
+            assert profile["shares"]["matmul"] > 0 and profile["shares"]["attention"] > 0, profile
+            table = (tmp_path / "profiles" / f"tiny-{variant.replace(', ', '-').replace(' ', '-').lower()}-{size}.txt")
+            assert "aten::mm" in table.read_text()
+    assert "## Where the step's time goes" in (tmp_path / "results.md").read_text()
     wrong = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "gpu_round", "--steps", "tiny:eager;tiny:fast",
                             "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 2 and "tiny:fast" in wrong.stderr and "Traceback" not in wrong.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_profile_groups_name_the_kernels_of_real_gpu_profiles():
+    """Kernel names from the H100 profiles committed under benchmarks/results/ (eager and compiled
+    base steps), each in the group a reader would put it in."""
+    from benchmarks.gpu_round import time_group
+
+    assert [time_group(name) for name in [
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "aten::mm",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26",
+        "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>", "fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+        "triton_per_fused__to_copy_add_native_dropout_backward_native_layer_norm_backward_3",
+        "triton_red_fused__log_softmax__log_softmax_backward_data_2",
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+        "at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>",
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+        "aten::native_layer_norm_backward", "aten::transpose"]] == [
+        "matmul", "matmul", "matmul", "attention", "attention", "attention", "fused (Triton)", "loss", "loss",
+        "cast, copy, fill", "elementwise", "optimizer", "norm", "other"]
 
 
 def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp_path: Path):
