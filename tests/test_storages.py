@@ -194,11 +194,15 @@ def test_sweep_through_the_grpc_proxy(proxy: str, tmp_path: Path):
                     "--heartbeat", "15", "--runs-dir", str(tmp_path / "runs"), *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     trials = optuna.load_study(study_name="via-proxy", storage=make_storage(proxy, None)).get_trials()
-    # It has flaked twice in full suites (3 trials, not 2) and not in 8 runs alone: on failure it
-    # shows each trial's state, worker, times and retry link, and what the workers said.
+    # It has flaked twice in full suites (3 trials, not 2) and not in 9 runs alone: on failure it
+    # shows each trial's state, worker, times, fail reason and retry link, a failed trial's log,
+    # and what the workers said.
     seen = [(t.number, t.state.name, t.user_attrs.get("worker"), str(t.datetime_start), str(t.datetime_complete),
-             {k: v for k, v in t.system_attrs.items() if k != "heartbeat"}) for t in trials]
+             t.user_attrs.get("fail_reason"), {k: v for k, v in t.system_attrs.items() if k != "heartbeat"})
+            for t in trials]
+    logs = [(log, log.read_text()[-1500:]) for t in trials if t.state == TrialState.FAIL
+            for log in [tmp_path / "runs" / "via-proxy" / f"trial-{t.number}" / "trial.log"] if log.is_file()]
     assert len(trials) == 2 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials), \
-        f"{seen}\n{result.stderr[-4000:]}"
+        f"{seen}\n{logs}\n{result.stderr[-4000:]}"
     assert {t.user_attrs["run_dir"] for t in trials} == {f"via-proxy/trial-{t.number}" for t in trials}
     assert all("heartbeat" in t.system_attrs for t in trials)  # beaten through the proxy
