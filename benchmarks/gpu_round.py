@@ -317,7 +317,11 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
     if settings.profile:
         out["profile"] = {}
         for size in case.tokens:
-            summary, table = profile_pass(step, batches[size], device)
+            try:  # the profiler failing (CUPTI) costs the profile, not the measurement
+                summary, table = profile_pass(step, batches[size], device)
+            except Exception as error:
+                out["profile_error"] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+                break
             out["profile"][size] = {**summary, "busy": summary["busy_ms_per_step"] / out[size]["ms_per_step"]}
             if settings.out is not None:
                 path = settings.out / "profiles" / f"{case.name}-{slug(name)}-{size}.txt"
@@ -411,6 +415,8 @@ PROFILE_COLUMNS = ["case", "variant", "tokens/batch", "busy ms/step", "busy", *T
 
 def _profile_rows(case: Case, name: str, result: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows of the profile table for one variant: one per batch size it profiled."""
+    if "profile_error" in result:
+        return [{"case": case.name, "variant": name, "top kernel": f"profile failed: {result['profile_error']}"}]
     rows = []
     for size, p in result.get("profile", {}).items():
         top = p["top"][0] if p["top"] else None
