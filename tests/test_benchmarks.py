@@ -4,8 +4,11 @@ themselves are measured by `python -m benchmarks`, not asserted here."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -115,6 +118,31 @@ def test_profile_groups_name_the_kernels_of_real_gpu_profiles():
         "cast, copy, fill", "elementwise", "optimizer", "norm", "other"]
 
 
+def test_a_profiler_that_fails_costs_the_profile_not_the_measurement(monkeypatch, tmp_path: Path):
+    """CUPTI can be missing on a GPU machine: the variant keeps its timed figures, and the profile
+    table says why it has no row of shares."""
+    import time
+
+    import torch
+
+    from benchmarks import gpu_round
+    from benchmarks.common import Settings
+
+    def no_cupti(*args, **kwargs):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED\nmore")
+
+    monkeypatch.setattr(gpu_round, "profile_pass", no_cupti)
+    settings = Settings(device=torch.device("cpu"), precision="fp32", reps=None, quick=True,
+                        cache_dir=tmp_path, multi30k_dir=None, profile=True)
+    case = gpu_round.CASES["tiny"]
+    result = gpu_round.run_variant(case, "eager", gpu_round.case_data(case, settings), settings,
+                                   time.perf_counter() + 600, {})
+    assert all(result[size]["tokens_per_s"] > 0 for size in case.tokens)
+    assert result["profile_error"] == "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+    assert gpu_round._profile_rows(case, "eager", result) == [
+        {"case": "tiny", "variant": "eager", "top kernel": "profile failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}]
+
+
 def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp_path: Path):
     import time
 
@@ -133,6 +161,43 @@ def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp
                                "cudnn; got 'nope'"}
     assert gpu_round._rows(case, "eager, no such kernel", result, None, 1e-3) == [
         {"case": "tiny", "variant": "eager, no such kernel", "note": f"error: {result['error']}"}]
+
+
+def gpu_session(out: Path, seconds: int) -> subprocess.CompletedProcess:
+    """`benchmarks/gpu_session.sh` in its CPU mode, with this interpreter as its `python3`."""
+    env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", "benchmarks/gpu_session.sh", str(seconds)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=seconds + 120)
+
+
+def test_gpu_session_skips_the_steps_its_time_leaves_no_room_for(tmp_path: Path):
+    result = gpu_session(tmp_path, 40)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert len(lines) == 4 and all(re.fullmatch(rf"{name}: skipped, \d+ s left", line) for name, line in
+                                   zip(["profile", "test_gpu", "generation", "gpu_round"], lines)), lines
+    assert (tmp_path / "device.txt").read_text().startswith("no GPU\ntorch ")
+    assert tarfile.open(tmp_path / "session.tgz").getnames() == ["."]
+
+
+@pytest.mark.slow  # every step at tiny sizes (~3 minutes on 2 cores)
+def test_gpu_session_runs_every_step_on_cpu_and_brings_back_few_files(tmp_path: Path):
+    """The script a GPU session runs, end to end at tiny sizes: each step exits 0, the profile and
+    the variants are in its archive, and $OUT holds no more files than the device tool brings back."""
+    result = gpu_session(tmp_path, 420)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == ["profile", "test_gpu", "generation", "gpu_round"]
+    assert all(": exit 0 in " in line for line in summary), summary
+    with tarfile.open(tmp_path / "session.tgz") as tar:
+        profile = json.load(tar.extractfile("./profile/gpu_round.json"))
+        rest = json.load(tar.extractfile("./gpu_round/gpu_round.json"))
+        assert "./generation/results.json" in tar.getnames() and "./test_gpu.log" in tar.getnames()
+    assert {variant for variant, r in profile["data"]["tiny"]["results"].items() if "profile" in r} == {"eager", "compiled"}
+    assert [row["variant"] for row in rest["rows"] if row.get("tokens/s")][::2] == [
+        "eager, fused QKV", "compiled, buckets 8, CUDA graphs"]
+    assert "## Where the step's time goes" in (tmp_path / "profile.md").read_text()
+    assert len([p for p in tmp_path.rglob("*") if p.is_file()]) <= 8
 
 
 def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):
