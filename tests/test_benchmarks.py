@@ -180,7 +180,7 @@ def test_gpu_session_skips_the_steps_its_time_leaves_no_room_for(tmp_path: Path)
     assert tarfile.open(tmp_path / "session.tgz").getnames() == ["."]
 
 
-@pytest.mark.slow  # every step at tiny sizes (~3 minutes on 2 cores)
+@pytest.mark.slow  # every step at tiny sizes (~2 minutes on 2 busy cores)
 def test_gpu_session_runs_every_step_on_cpu_and_brings_back_few_files(tmp_path: Path):
     """The script a GPU session runs, end to end at tiny sizes: each step exits 0, the profile and
     the variants are in its archive, and $OUT holds no more files than the device tool brings back."""
