@@ -56,3 +56,10 @@ def read_rows(log_dir: str | Path) -> list[dict[str, str]]:
         history = [r for r in history + _read(path) if int(r["step"]) <= until]
     current = log_dir / METRICS
     return history + (_read(current) if current.is_file() else [])
+
+
+def last_step(log_dir: Path) -> int:
+    """The last training step a run logged, every attempt joined (0 for none)."""
+    if not log_dir.is_dir():
+        return 0
+    return max((int(row["step"]) for row in read_rows(log_dir) if row.get("step")), default=0)

@@ -24,7 +24,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from lightning_modules.errors import UserError
-from lightning_modules.metrics_log import read_rows
+from lightning_modules.metrics_log import last_step, read_rows
 from lightning_modules.run.results import read_results
 from sweeps import archive as kept
 from sweeps.cost import DeviceRate, TimeUnit, estimate
@@ -53,13 +53,6 @@ class RunProgress:
     @property
     def under_way(self) -> bool:
         return not self.finished and not self.failed and self.step > 0
-
-
-def last_step(log_dir: Path) -> int:
-    """The last training step a run logged (0 for none)."""
-    if not log_dir.is_dir():
-        return 0
-    return max((int(row["step"]) for row in read_rows(log_dir) if row.get("step")), default=0)
 
 
 MIN_WINDOWS = 3  # a rate from fewer logged windows is mostly start-up and compilation

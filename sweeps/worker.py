@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from lightning_modules.run.rundir import claim
 from lightning_modules.errors import UserError, exit_status
+from lightning_modules.metrics_log import last_step
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import on_slurm
 from lightning_modules.run.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_TRIAL, StopRequest
@@ -306,10 +308,12 @@ class Part:
     """A part of a long table (`--stop-after`): a run still training at its end is stopped, and its
     checkpoint stays on the machine, outside the archive, so a queue-only worker starts only the
     queued runs it expects to finish in time: each row's estimate (`sweeps.cost`) times the pace
-    of this study's finished runs (`pace`). A run without an estimate always starts."""
+    of this study's finished runs (`pace`), times the part of it still ahead (`ahead`: a stopped
+    run resumes from its checkpoint). A run without an estimate always starts."""
 
     finish_by: float | None
     run_seconds: dict[str, float]
+    runs_dir: str | Path | None = None  # where a retry copy's run directory and its progress are
     pace: float = 1.0
 
     def update(self, study: optuna.Study) -> None:
@@ -317,7 +321,21 @@ class Part:
 
     def expected_s(self, trial: optuna.trial.FrozenTrial) -> float | None:
         estimate = self.run_seconds.get(trial.user_attrs.get("row"))
-        return None if estimate is None else estimate * self.pace
+        return None if estimate is None else estimate * self.pace * self.ahead(trial)
+
+    def ahead(self, trial: optuna.trial.FrozenTrial) -> float:
+        """The part of a run's training still ahead: a retry copy resumes from its checkpoint, so
+        its last logged step of its `train.max_steps` is behind it (1.0 for a run never started,
+        and where its run directory is not on this machine)."""
+        place = trial.user_attrs.get("run_dir")
+        if self.runs_dir is None or not place or retried_trial_number(trial) is None:
+            return 1.0
+        run = resolve_run_dir(self.runs_dir, place)
+        try:
+            max_steps = int(yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["max_steps"])
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+            return 1.0
+        return max(0.0, 1.0 - last_step(run / "logs") / max_steps) if max_steps > 0 else 1.0
 
     def fits(self, trial: optuna.trial.FrozenTrial) -> bool:
         expected = self.expected_s(trial)
@@ -369,7 +387,7 @@ def run_worker(settings: WorkerSettings) -> int:
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
     storage = make_storage(settings.storage, settings.heartbeat_s)
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    part = Part(settings.finish_by, settings.run_seconds)
+    part = Part(settings.finish_by, settings.run_seconds, settings.runs_dir)
     study = RetriesFirstStudy(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
                                                  settings.prune_warmup_steps), claimable=part.fits)

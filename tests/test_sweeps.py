@@ -359,3 +359,32 @@ def test_wandb_sweep_yaml_and_agent_arguments_train(tmp_path):
                          text=True, timeout=240, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "runs" / "wandb" / "sw" / "r1" / "results.json").is_file()
+
+
+def test_a_part_expects_a_resumed_run_to_take_only_the_steps_ahead_of_it(tmp_path: Path):
+    """`--stop-after`: a run stopped at step 18,000 of 24,000 resumes from its checkpoint, so a part
+    with room for a quarter of a run starts it, and still not a run that has not started."""
+    import time
+
+    import optuna
+
+    from sweeps.optuna_api import queue_retry
+    from sweeps.worker import Part
+
+    study = optuna.create_study()
+    for seed in (1, 2):
+        study.enqueue_trial({}, user_attrs={"row": "base", "run_dir": f"t/base-s{seed}"})
+    stopped = study.ask()
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL)
+    queue_retry(study, study.trials[stopped.number])
+    fresh, copy = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    run = tmp_path / "t" / "base-s1"
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text("train:\n  max_steps: 24000\n")
+    (run / "logs" / "metrics.csv").write_text("epoch,step,train/loss\n0,100,7.0\n40,18000,3.1\n")
+
+    part = Part(time.time() + 1500, {"base": 4000.0}, tmp_path)
+    assert part.ahead(copy) == 0.25 and part.expected_s(copy) == 1000.0
+    assert part.ahead(fresh) == 1.0 and part.expected_s(fresh) == 4000.0
+    assert part.fits(copy) and not part.fits(fresh)
+    assert Part(time.time() + 1500, {"base": 4000.0}, tmp_path / "elsewhere").ahead(copy) == 1.0  # not on this machine
