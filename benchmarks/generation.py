@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from benchmarks.common import (
     Section,
@@ -40,6 +39,7 @@ from lightning_modules.evaluate import length_batches
 from lightning_modules.search import beam_search, greedy_search
 from lightning_modules.transformer import Transformer
 from lightning_modules.loss import label_smoothed_nll
+from lightning_modules.run.use import read_run_config
 from lightning_modules.translation import TranslationModule
 
 TARGET_SPEEDUP = 3.0
@@ -83,7 +83,7 @@ def train_demo_model(settings: Settings, steps: int, n_layers: int = 3
 def load_checkpoint(settings: Settings, path: Path) -> tuple[Transformer, Any, dict[str, Any]]:
     """A model from an `ablate train` checkpoint, with its run's BPE model and corpus."""
     run_dir = path.resolve().parent.parent  # RUN/checkpoints/last.ckpt
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    cfg = read_run_config(run_dir)
     module = TranslationModule.load_from_checkpoint(str(path), map_location="cpu",
                                                     weights_only=True)
     data = {k: v for k, v in cfg["data"].items()

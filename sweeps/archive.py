@@ -53,13 +53,12 @@ from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import METRICS, read_rows
 from lightning_modules.run.attention_figures import ATTENTION_FILE
 from lightning_modules.run.io import atomic_write_bytes, atomic_write_json, check_writable_dir
-from lightning_modules.run.rundir import mark
+from lightning_modules.run.rundir import CONFIG, mark
 from lightning_modules.run.results import RESULTS, read_results
 
 SAVE_EVERY_S = 600.0
 IDENTITY = "table3.json"
 STUDY = "study.journal.xz"
-CONFIG = "config.yaml"
 DEV_FILES = ("dev.src.txt", "dev.ref.txt", "dev.hyp.txt")
 FINISHED_FILES = (*DEV_FILES, ATTENTION_FILE)  # a finished run's, beside results.json and its curve
 

@@ -36,12 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
-from lightning_modules.run.rundir import claim
+from lightning_modules.run.rundir import claim, saved_config
 from lightning_modules.errors import UserError, exit_status
 from lightning_modules.metrics_log import last_step
 from lightning_modules.run.results import RunResult, read_results
@@ -332,8 +331,8 @@ class Part:
             return 1.0
         run = resolve_run_dir(self.runs_dir, place)
         try:
-            max_steps = int(yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["train"]["max_steps"])
-        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+            max_steps = int(saved_config(run)["train"]["max_steps"])  # type: ignore[index]
+        except (KeyError, TypeError, ValueError):  # TypeError: no config (None)
             return 1.0
         return max(0.0, 1.0 - last_step(run / "logs") / max_steps) if max_steps > 0 else 1.0
 

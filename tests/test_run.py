@@ -147,6 +147,29 @@ def test_run_directory_of_another_model_is_refused(finished_run: Path, capsys):
 
 
 
+def test_a_run_directory_written_before_markers_is_claimed_and_a_folder_whose_config_is_not_ours_is_not(
+        tmp_path: Path):
+    """A folder without the marker is ours only when its config.yaml is a run's (a mapping with
+    preset, model, train and data): a list, a mapping missing a section, or text that is not YAML
+    leaves it someone else's, refused in one line with nothing written."""
+    from lightning_modules.errors import UserError
+    from lightning_modules.run.rundir import MARKER, claim
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.yaml").write_text("preset: tiny\nmodel: {d_model: 32}\ntrain: {}\ndata: {}\n")
+    (old / "results.json").write_text("{}")
+    claim(old)
+    assert (old / MARKER).is_file()
+    for n, text in enumerate(["- 1\n- 2\n", "preset: tiny\nmodel: {}\ntrain: {}\n", "model: {d_model: [1, 2\n"]):
+        other = tmp_path / f"other{n}"
+        other.mkdir()
+        (other / "config.yaml").write_text(text)
+        with pytest.raises(UserError, match="is not an ablate run directory"):
+            claim(other)
+        assert sorted(p.name for p in other.iterdir()) == ["config.yaml"]
+
+
 def test_saved_config_trains_the_same_model_with_the_same_overrides(finished_run: Path):
     """config.yaml holds what was asked for: a width override derives d_k again (d_model / h)."""
     from ablations.resolve import resolve

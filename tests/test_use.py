@@ -194,6 +194,10 @@ def test_bad_inputs(run_dir: Path, tmp_path: Path, capsys):
     for name in ("config.yaml", "spm.model"):
         shutil.copy(run_dir / name, bare / name)
     _fails(capsys, ["translate", str(bare), "--input", str(run_dir / "dev.src.txt")], "has no checkpoint")
+    (bare / "config.yaml").write_text("- 1\n- 2\n")
+    _fails(capsys, ["translate", str(bare), "--input", str(run_dir / "dev.src.txt")], "not a run's configuration")
+    (bare / "config.yaml").unlink()
+    _fails(capsys, ["translate", str(bare), "--input", str(run_dir / "dev.src.txt")], "is not a run directory")
     _fails(capsys, ["evaluate", str(run_dir), "--checkpoint", "average:4"], "keeps 3 checkpoint")
     _fails(capsys, ["evaluate", str(run_dir), "--checkpoint", "newest"], "last, best or average:K")
     _fails(capsys, ["attention", str(run_dir), "--sentence", "ツツツ ツ", "--out", str(tmp_path / "m")],

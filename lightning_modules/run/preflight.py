@@ -17,13 +17,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import yaml
 
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
 from lightning_modules.errors import UserError
 from lightning_modules.run.io import set_aside
-from lightning_modules.run.rundir import MARKER
+from lightning_modules.run.rundir import CONFIG, MARKER, saved_config
 from lightning_modules.run.results import RunResult
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
@@ -115,14 +114,11 @@ def remove_stale_temporaries(out: Path) -> None:
 
 def check_same_run(out: Path, cfg: RunConfig) -> None:
     """A run directory belongs to one model and corpus: refuse to resume a different one."""
-    saved_path = out / "config.yaml"
+    saved_path = out / CONFIG
     if not saved_path.is_file():
         return
-    try:
-        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError):
-        saved = None
-    if not isinstance(saved, dict) or not all(isinstance(saved.get(s), dict) for s in IDENTITY_KEYS):
+    saved = saved_config(out)
+    if saved is None or not all(isinstance(saved.get(s), dict) for s in IDENTITY_KEYS):
         set_aside(saved_path, "not the configuration a run writes")  # a new one is written
         return
     current = asdict(cfg)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -35,6 +36,7 @@ from lightning_modules.run.io import atomic_write_json
 
 MARKER = "ablate-run.json"  # a run directory's; a report directory has `ablate-report.json`
 LOCK = ".ablate-run.lock"
+CONFIG = "config.yaml"  # the run's configuration as asked for (`lightning_modules.config.to_yaml`)
 
 
 def _marker(out: Path, kind: str) -> Path:
@@ -79,12 +81,19 @@ def refuse_foreign(out: Path, kind: str = "run", option: str = "--out") -> None:
                         f"give an empty or new {option}")
 
 
-def _written_before_markers(out: Path) -> bool:
+def saved_config(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's `config.yaml` as saved: a mapping, or None where it is missing, unreadable
+    or not a mapping (the one reader of the file; each caller says what None means to it)."""
     try:
-        saved = yaml.safe_load((out / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return False
-    return isinstance(saved, dict) and "preset" in saved and all(
+        saved = yaml.safe_load((Path(run_dir) / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: UnicodeDecodeError included
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def _written_before_markers(out: Path) -> bool:
+    saved = saved_config(out)
+    return saved is not None and "preset" in saved and all(
         isinstance(saved.get(section), dict) for section in ("model", "train", "data"))
 
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-import yaml
 
 from lightning_modules.config import DataConfig, EvalConfig, TransformerConfig
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load
@@ -36,6 +35,7 @@ from lightning_modules.evaluate import corpus_bleu, length_batches, translate
 from lightning_modules.run.io import atomic_write_json, check_writable_file, write_lines
 from lightning_modules.run.preflight import resume_checkpoint
 from lightning_modules.run.results import RESULTS
+from lightning_modules.run.rundir import CONFIG, saved_config
 from lightning_modules.transformer import Transformer
 
 _AVERAGE = re.compile(r"average:(\d+)$")
@@ -49,13 +49,13 @@ def _known(cls: type, values: dict[str, Any]) -> Any:
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The run's config.yaml as saved (one line if it is missing or not YAML)."""
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG
     if not path.is_file():
-        raise UserError(f"{run_dir} is not a run directory (no config.yaml)")
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
-        raise UserError(f"{path} is not valid YAML") from None
+        raise UserError(f"{run_dir} is not a run directory (no {CONFIG})")
+    saved = saved_config(run_dir)
+    if saved is None:
+        raise UserError(f"{path} is not a run's configuration (not a YAML mapping)")
+    return saved
 
 
 def pick_device(name: str | None) -> torch.device:
