@@ -278,5 +278,11 @@ def test_wmt_rehearsal_runs_the_gpu_presets_data_path_through_a_local_mirror(tmp
     assert all(s["cpu_s"] >= 0 and s["peak_rss_mb"] > 0 for s in stages.values())
     assert stages["bpe"]["cpu_s"] > 0 and run["run"]["cpu_s"] >= sum(s["cpu_s"] for s in stages.values())
     assert f"data: wmt14, {pairs:,} train pairs, 3,000 dev, 3,003 test; BPE vocabulary 8,000" in run["run"]["summary"][1]
+    assert "from data.cache_dir" not in run["run"]["summary"][2]
+    # the next run on the same cache: the BPE model and the encoded splits come from it
+    following = {s["stage"]: s for s in run["next"]["stages"]}
+    assert run["next"]["summary"][2].endswith("; from data.cache_dir: the BPE model, train and valid encoded")
+    for stage in ("bpe", "encode"):
+        assert following[stage]["cpu_s"] < stages[stage]["cpu_s"] / 2, (stage, following[stage], stages[stage])
     assert run["disk_mb"]["cache"] > 0 and not (tmp_path / "rehearsal" / "work-20000").exists()
-    assert section["rows"][-1]["stage"] == "whole run to its first step"
+    assert [(r["run"], r["stage"]) for r in section["rows"]][-1] == ("next", "whole run to its first step")

@@ -249,14 +249,15 @@ def test_train_pairs_takes_the_same_random_subset_in_corpus_order_and_leaves_dev
 def test_tokenizer_trains_once_then_reuses(tmp_path):
     src, tgt = synthetic_pairs(2000)
     path = tmp_path / "spm.model"
-    sp = train_or_load(path, src + tgt, 300, 100_000)
+    sp, origin = train_or_load(path, src + tgt, 300, 100_000)
+    assert origin == "trained"
     assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
     assert sp.get_piece_size() == 300
     assert path.with_suffix(".vocab").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".spm-")]
     mtime = path.stat().st_mtime_ns
-    again = train_or_load(path, iter(["completely different text"]), 999, 10)
-    assert path.stat().st_mtime_ns == mtime and again.get_piece_size() == 300
+    again, origin = train_or_load(path, iter(["completely different text"]), 999, 10)
+    assert path.stat().st_mtime_ns == mtime and again.get_piece_size() == 300 and origin == "run directory"
     # deterministic: a fresh training on the same input gives the same vocabulary
     train_or_load(tmp_path / "b" / "spm.model", src + tgt, 300, 100_000)
     assert (tmp_path / "b" / "spm.vocab").read_text() == path.with_suffix(".vocab").read_text()
@@ -439,6 +440,73 @@ def test_padding_share_on_ding_sentences(ding_module):
     print(f"\npadding share at max_tokens=4096: train incl. dictionary "
           f"{ding_module.stats['train_padding_share']:.4f}, sentences only {sentences_only:.4f}")
     assert sentences_only < 0.10
+
+
+def test_a_run_on_a_prepared_corpus_takes_its_bpe_and_encoded_pairs_from_the_cache(tmp_path):
+    """The first run trains the BPE and encodes the splits, and keeps them in the cache; the next
+    run on the same corpus and settings copies the model and reads the arrays: the same pieces, the
+    same ids, the same statistics. A damaged entry is derived and written again; other settings or
+    text get their own entries; a resumed run keeps its own model; an unwritable cache is no error."""
+    from lightning_modules.data.prepared import TranslationData, read_encoded
+
+    src, tgt = synthetic_pairs(600)
+    files = {}
+    for split in ("train", "valid"):
+        files[f"{split}_src"] = str(write_lines(tmp_path / f"{split}.en", src[:500] if split == "train" else src[500:]))
+        files[f"{split}_tgt"] = str(write_lines(tmp_path / f"{split}.de", tgt[:500] if split == "train" else tgt[500:]))
+    cache = tmp_path / "cache"
+    cfg = DataConfig(corpus="files", vocab_size=200, max_tokens=300, cache_dir=str(cache), **files)
+
+    def prepared(name: str, config: DataConfig = cfg) -> TranslationData:
+        data = TranslationData(config, tmp_path / name, seed=3)
+        data.setup()
+        return data
+
+    def same(a: TranslationData, b: TranslationData) -> None:
+        for split in ("train_set", "valid_set"):
+            for (name, x), y in zip(getattr(a, split).arrays().items(), getattr(b, split).arrays().values()):
+                assert x.dtype == y.dtype and (x == y).all(), (split, name)
+        pieces = [[(t.tokenizer.id_to_piece(i), t.tokenizer.get_score(i)) for i in range(t.vocab_size)] for t in (a, b)]
+        assert pieces[0] == pieces[1]
+        ignore = ("stages", "prepared", "setup_seconds")
+        assert {k: v for k, v in a.stats.items() if k not in ignore} == {k: v for k, v in b.stats.items() if k not in ignore}
+
+    first = prepared("first")
+    assert first.stats["prepared"] == {"bpe": "trained", "encoded_from_cache": []}
+    models, encoded = sorted((cache / "bpe").glob("*.model")), sorted((cache / "encoded").glob("*.npz"))
+    assert len(models) == 1 and models[0].with_suffix(".vocab").is_file() and len(encoded) == 2
+    second = prepared("second")
+    assert second.stats["prepared"] == {"bpe": "cache", "encoded_from_cache": ["train", "valid"]}
+    assert (tmp_path / "second" / "spm.model").read_bytes() == models[0].read_bytes()
+    assert (tmp_path / "second" / "spm.vocab").is_file()
+    same(first, second)
+    assert prepared("second").stats["prepared"]["bpe"] == "run directory"  # a resumed run's own model
+
+    # damaged entries: derived again and written again, the same result
+    train_entry = max(encoded, key=lambda p: p.stat().st_size)
+    train_entry.write_bytes(train_entry.read_bytes()[:-100])
+    third = prepared("third")
+    assert third.stats["prepared"] == {"bpe": "cache", "encoded_from_cache": ["valid"]}
+    same(first, third)
+    assert prepared("fourth").stats["prepared"]["encoded_from_cache"] == ["train", "valid"]  # rewritten
+    assert read_encoded(train_entry, len(third.corpus.train), vocab_size=50) is None  # ids beyond the vocabulary
+    assert read_encoded(train_entry, len(third.corpus.train) + 1, vocab_size=200) is None  # another split
+    models[0].write_text("not a model")
+    fifth = prepared("fifth")
+    assert fifth.stats["prepared"]["bpe"] == "trained" and models[0].stat().st_size > 100
+    same(first, fifth)
+
+    # other settings, other text: entries of their own
+    assert prepared("vocab", DataConfig(**{**cfg.__dict__, "vocab_size": 150})).stats["prepared"]["bpe"] == "trained"
+    write_lines(tmp_path / "valid.de", [t + " X" for t in tgt[500:]])
+    assert prepared("edited").stats["prepared"] == {"bpe": "cache", "encoded_from_cache": ["train"]}
+    assert len(list((cache / "bpe").glob("*.model"))) == 2
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would go")
+    unwritable = prepared("unwritable", DataConfig(**{**cfg.__dict__, "cache_dir": str(blocked)}))
+    assert unwritable.stats["prepared"] == {"bpe": "trained", "encoded_from_cache": []}
+    assert (unwritable.valid_set.arrays()["tgt_ids"] == prepared("edited").valid_set.arrays()["tgt_ids"]).all()
 
 
 def test_lightning_advances_sampler_epoch(tmp_path):

@@ -11,13 +11,13 @@ keep the chosen pairs), so that only the subset is ever held in memory (WMT14: 1
 from __future__ import annotations
 
 import gzip
-import hashlib
 import itertools
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import unicodedata
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_modules.config import DataConfig
+from lightning_modules.data import cache
 from lightning_modules.errors import UserError
-from lightning_modules.run.io import atomic_write_text, check_readable_file
+from lightning_modules.run.io import check_readable_file
 from lightning_modules.stopwatch import Stages
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -345,10 +346,8 @@ def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool =
     path = Path(path).expanduser()
     if not path.is_file():
         return extract_ding(path)  # its one-line UserError
-    digest = hashlib.sha256(path.read_bytes())
-    digest.update(Path(__file__).read_bytes())
-    folder = Path(cache_dir).expanduser() / "ding"
-    entries = {kind: folder / f"{kind}-{digest.hexdigest()[:32]}.json" for kind in ("sentences", "phrases")}
+    name = cache.key(path.read_bytes(), cache.source(sys.modules[__name__]))
+    entries = {kind: cache.entry(cache_dir, "ding", f"{kind}-{name}.json") for kind in ("sentences", "phrases")}
     wanted = ("sentences", "phrases") if phrases else ("sentences",)
     try:
         found = [[(en, de) for en, de in json.loads(entries[kind].read_text(encoding="utf-8"))]
@@ -358,11 +357,9 @@ def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool =
     except (OSError, ValueError, TypeError):
         pass  # absent, or not what this function writes: extract again
     sentences, all_phrases = extract_ding(path)
-    try:  # phrases first: a sentences entry is only ever beside its phrases
-        for kind, pairs in (("phrases", all_phrases), ("sentences", sentences)):
-            atomic_write_text(entries[kind], json.dumps(pairs, ensure_ascii=False))
-    except OSError:
-        pass
+    for kind, pairs in (("phrases", all_phrases), ("sentences", sentences)):  # sentences only beside their phrases
+        if not cache.store(entries[kind], json.dumps(pairs, ensure_ascii=False).encode("utf-8")):
+            break
     return sentences, all_phrases if phrases else None
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import sentencepiece as spm
 from torch.utils.data import Dataset
 
 from lightning_modules.config import DataConfig
+from lightning_modules.data import cache, tokenizer
 from lightning_modules.data.batching import (ShapeBuckets, TokenBucketBatchSampler, batch_shapes,
                                              padding_share)
 from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
@@ -37,6 +40,8 @@ def unigram_perplexity(target_ids: np.ndarray, sentences: int, vocab_size: int) 
 
 
 ENCODE_CHUNK = 50_000  # sentences encoded at a time: as Python lists their ids take ~36 bytes each
+BPE_SEED = 0  # sentencepiece's sampling of the training sentences: one BPE model per corpus and settings
+ARRAYS = ("src_lengths", "src_ids", "tgt_lengths", "tgt_ids")  # an encoded split as the cache keeps it
 
 
 class EncodedPairs(Dataset):
@@ -66,6 +71,10 @@ class EncodedPairs(Dataset):
         flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32, count=int(lengths.sum()))
         return lengths, flat
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Each side's lengths and its ids concatenated (`from_arrays`' arguments, by `ARRAYS` name)."""
+        return dict(zip(ARRAYS, (self.src_lengths, self._src, self.tgt_lengths, self._tgt)))
+
     def select(self, keep: np.ndarray) -> EncodedPairs:
         """The pairs where the boolean mask `keep` is set, in order."""
         return EncodedPairs.from_arrays(self.src_lengths[keep], self._src[np.repeat(keep, self.src_lengths)],
@@ -85,6 +94,22 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return offsets
+
+
+def read_encoded(path: Path, pairs: int, vocab_size: int) -> EncodedPairs | None:
+    """An encoded split from the cache, or None where the entry is absent, unreadable or not one of
+    `pairs` pairs of ids below `vocab_size` (then it is encoded again)."""
+    try:
+        with np.load(path, allow_pickle=False) as entry:
+            arrays = [entry[name] for name in ARRAYS]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # absent, cut short, not an .npz of ours
+        return None
+    for lengths, ids in (arrays[:2], arrays[2:]):
+        if (lengths.dtype != np.int64 or ids.dtype != np.int32 or lengths.shape != (pairs,) or ids.ndim != 1
+                or int(lengths.sum()) != len(ids) or (len(lengths) and lengths.min() < 0)
+                or (len(ids) and not 0 <= ids.min() <= ids.max() < vocab_size)):
+            return None
+    return EncodedPairs.from_arrays(*arrays)
 
 
 def concatenate(parts: Sequence[EncodedPairs]) -> EncodedPairs:
@@ -121,6 +146,9 @@ class TranslationData:
         self._corpus: Corpus | None = None
         self._ready = False
         self.stages = Stages()  # wall, CPU and peak memory of each preparation step (stats["stages"])
+        self._digests: dict[int, bytes] = {}  # id(split) -> its text's digest (`_digest`)
+        self.bpe_origin = ""  # where spm.model came from: run directory, cache or trained
+        self.from_cache: list[str] = []  # the encoded splits read from the cache (stats["prepared"])
 
     # ----------------------------------------------------------------- preparation
 
@@ -141,10 +169,27 @@ class TranslationData:
             yield from part.src
             yield from part.tgt
 
+    def _digest(self, split: ParallelText) -> bytes:
+        """A digest of a split's text (both sides), computed once per split: the cache's keys."""
+        if id(split) not in self._digests:
+            self._digests[id(split)] = cache.texts_digest(split.src) + cache.texts_digest(split.tgt)
+        return self._digests[id(split)]
+
+    def _bpe_entry(self, corpus: Corpus) -> Path:
+        """The cache entry of the BPE model these training texts and settings train."""
+        parts = [corpus.train] + ([corpus.extra_train] if corpus.extra_train is not None else [])
+        name = cache.key("bpe", *(self._digest(part) for part in parts), self.cfg.vocab_size,
+                         self.cfg.spm_input_sentence_size, BPE_SEED, spm.__version__, cache.source(tokenizer))
+        return cache.entry(self.cfg.cache_dir, "bpe", f"{name}.model")
+
     def _tokenizer(self, corpus: Corpus) -> spm.SentencePieceProcessor:
         with self.stages("bpe"):
-            return train_or_load(self.spm_path, self._bpe_texts(corpus), self.cfg.vocab_size,
-                                 self.cfg.spm_input_sentence_size, seed=0)
+            cached = None if self.spm_path.is_file() else self._bpe_entry(corpus)  # a resumed run has its own
+            processor, origin = train_or_load(
+                self.spm_path, self._bpe_texts(corpus), self.cfg.vocab_size, self.cfg.spm_input_sentence_size,
+                seed=BPE_SEED, cached=cached)
+            self.bpe_origin = self.bpe_origin or origin  # prepare_data's, not setup's reload of it
+            return processor
 
     def setup(self, stage: str | None = None) -> None:
         """Load the corpus, train-or-load the tokenizer and encode every split (idempotent)."""
@@ -156,10 +201,10 @@ class TranslationData:
         self.vocab_size = self.tokenizer.get_piece_size()
         train_limit = min(self.cfg.max_train_len, self.max_len - 1)
         with self.stages("encode"):
-            parts = [corpus.train] + ([corpus.extra_train] if corpus.extra_train is not None else [])
-            train = concatenate([self._encode_split(part) for part in parts])
+            parts = {"train": corpus.train, "extra_train": corpus.extra_train}
+            train = concatenate([self._encode_split(part, name) for name, part in parts.items() if part is not None])
             self.train_set, train_dropped = self._filter(train, train_limit)
-            self.valid_set, valid_dropped = self._filter(self._encode_split(corpus.valid), self.max_len - 1)
+            self.valid_set, valid_dropped = self._filter(self._encode_split(corpus.valid, "valid"), self.max_len - 1)
         self._check_left("training", self.train_set, train_dropped, train_limit,
                          f"data.max_train_len ({self.cfg.max_train_len}) or model.max_len ({self.max_len})")
         self._check_left("dev", self.valid_set, valid_dropped, self.max_len - 1, f"model.max_len ({self.max_len})")
@@ -171,6 +216,7 @@ class TranslationData:
                                                 self.cfg.shape_buckets, self.cfg.max_tokens, self.pad_multiple)
             self.stats = self._statistics(corpus, train_dropped, valid_dropped, train_limit)
         self.stats["stages"] = list(self.stages.done)  # not the later reloads (prepare_data)
+        self.stats["prepared"] = {"bpe": self.bpe_origin, "encoded_from_cache": list(self.from_cache)}
         self.stats["setup_seconds"] = round(time.perf_counter() - start, 2)
         self._ready = True
 
@@ -237,7 +283,20 @@ class TranslationData:
             ids = ids[:ids.index(EOS_ID)]
         return self.tokenizer.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
-    def _encode_split(self, split: ParallelText) -> EncodedPairs:
+    def _encode_split(self, split: ParallelText, name: str) -> EncodedPairs:
+        """The split `name` encoded with this run's BPE model: from the cache, else encoded and kept there."""
+        digest = cache.key("encoded", self.spm_path.read_bytes(), self._digest(split), spm.__version__,
+                           cache.source(sys.modules[__name__]))
+        path = cache.entry(self.cfg.cache_dir, "encoded", f"{digest}.npz")
+        pairs = read_encoded(path, len(split), self.vocab_size)
+        if pairs is None:
+            pairs = self._encode_fresh(split)
+            cache.store(path, lambda file: np.savez(file, **pairs.arrays()))
+        else:
+            self.from_cache.append(name)
+        return pairs
+
+    def _encode_fresh(self, split: ParallelText) -> EncodedPairs:
         """Both sides encoded `ENCODE_CHUNK` sentences at a time, each chunk packed at once (the
         Python lists of a 1M-pair split's ids would take ~2.5 GB)."""
         sides = []

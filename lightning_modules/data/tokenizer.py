@@ -1,4 +1,5 @@
-"""A shared source/target BPE vocabulary (sentencepiece), trained once per run and reused."""
+"""A shared source/target BPE vocabulary (sentencepiece), trained once per corpus and settings
+(kept in the preparation cache) and saved in each run directory."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from lightning_modules.data import cache
 from lightning_modules.errors import UserError
-from lightning_modules.run.io import set_aside
+from lightning_modules.run.io import atomic_write_bytes, set_aside
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _TOO_LARGE = re.compile(r"[Vv]ocabulary size (?:is )?too high \((\d+)\).*?<=\s*(\d+)", re.S)
@@ -28,22 +30,29 @@ def load(model_path: str | Path) -> spm.SentencePieceProcessor:
 
 
 def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
-                  input_sentence_size: int, seed: int = 0) -> spm.SentencePieceProcessor:
-    """Load `model_path` if it exists; otherwise train a BPE model on `texts` and save it there.
+                  input_sentence_size: int, seed: int = 0, cached: Path | None = None
+                  ) -> tuple[spm.SentencePieceProcessor, str]:
+    """Load `model_path` if it exists; otherwise copy it from the cache entry `cached` (a `.model`
+    beside its `.vocab`, see `data.cache`) if that holds one, or train a BPE model on `texts`, save
+    it there and keep a copy in `cached`. Returns the model and where it came from: "run
+    directory", "cache" or "trained".
 
     The model is trained under a temporary prefix in the same directory and then moved into
     place with os.replace (the .vocab first, the .model last), so a concurrent or interrupted
-    run never sees a half-written model. Training is deterministic for a given input and seed.
+    run never sees a half-written model. Training is deterministic for a given input and seed
+    (the same pieces and scores at any thread count; the file also records its temporary prefix).
     """
     model_path = Path(model_path)
     if model_path.is_file():
         try:
-            return load(model_path)
+            return load(model_path), "run directory"
         except (OSError, RuntimeError) as err:  # not a sentencepiece model: set aside, trained anew
             set_aside(model_path, f"not a sentencepiece model: {str(err).splitlines()[0][:120]}")
             if model_path.with_suffix(".vocab").is_file():
                 set_aside(model_path.with_suffix(".vocab"), "the vocabulary of a damaged spm.model")
     model_path.parent.mkdir(parents=True, exist_ok=True)
+    if cached is not None and _from_cache(cached, model_path):
+        return load(model_path), "cache"
     spm.set_random_generator_seed(seed)
     with tempfile.TemporaryDirectory(dir=model_path.parent, prefix=".spm-") as tmp:
         prefix = Path(tmp) / "spm"
@@ -71,4 +80,20 @@ def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
             raise UserError(f"sentencepiece training failed: {err}") from err
         os.replace(f"{prefix}.vocab", model_path.with_suffix(".vocab"))
         os.replace(f"{prefix}.model", model_path)
-    return load(model_path)
+    if cached is not None:  # the .vocab first: a .model entry is only ever beside its .vocab
+        if cache.store(cached.with_suffix(".vocab"), model_path.with_suffix(".vocab").read_bytes()):
+            cache.store(cached, model_path.read_bytes())
+    return load(model_path), "trained"
+
+
+def _from_cache(cached: Path, model_path: Path) -> bool:
+    """Copy the cache entry `cached` (.vocab, then .model) to `model_path` if it holds a model of
+    ours; False where it is absent, unreadable or not one (it is then trained and written again)."""
+    try:
+        load(cached)
+        model, vocab = cached.read_bytes(), cached.with_suffix(".vocab").read_bytes()
+    except (OSError, RuntimeError, UserError):
+        return False
+    atomic_write_bytes(model_path.with_suffix(".vocab"), vocab)
+    atomic_write_bytes(model_path, model)
+    return True

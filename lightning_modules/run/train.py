@@ -335,7 +335,7 @@ def describe(cfg: RunConfig, stats: dict[str, Any], n_parameters: int, out: Path
             f"{stats['valid_pairs']:,} dev, {stats['test_pairs']:,} test; BPE vocabulary "
             f"{stats['vocab_size']:,}; {stats['train_batches']:,} batches of <= {cfg.data.max_tokens:,} "
             f"tokens, {stats['train_padding_share']:.1%} padding; {cfg.train.max_steps:,} steps\n"
-            f"data preparation: {describe_stages(stats.get('stages', []))}")
+            f"data preparation: {describe_stages(stats.get('stages', []))}{describe_cached(stats.get('prepared'))}")
 
 
 def describe_stages(stages: list[dict[str, Any]]) -> str:
@@ -343,6 +343,15 @@ def describe_stages(stages: list[dict[str, Any]]) -> str:
     return ", ".join(f"{s['stage']} {s['wall_s']:.1f} s (CPU {s['cpu_s']:.1f} s, peak RSS "
                      f"{'?' if s['peak_rss_mb'] is None else format(s['peak_rss_mb'], ',')} MB)"
                      for s in stages) or "nothing"
+
+
+def describe_cached(prepared: dict[str, Any] | None) -> str:
+    """`; from data.cache_dir: the BPE model, train and valid encoded`, or nothing where none was."""
+    prepared = prepared or {}
+    taken = ["the BPE model"] if prepared.get("bpe") == "cache" else []
+    if prepared.get("encoded_from_cache"):
+        taken.append(" and ".join(prepared["encoded_from_cache"]) + " encoded")
+    return f"; from data.cache_dir: {', '.join(taken)}" if taken else ""
 
 
 SUMMARY_KEYS = [("row", "row"), ("params", "params"), ("ppl", "dev PPL"), ("bleu", "dev BLEU"),
