@@ -5,7 +5,6 @@ while compiling."""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -19,17 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_modules.run.faults import inject
 from lightning_modules.run.stop import REQUEUE_SIGNAL, StopRequest
-from lightning_modules.stopwatch import Stopwatch
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux /proc), else None."""
-    try:
-        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-        uptime = float(open("/proc/uptime").read().split()[0])
-        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+from lightning_modules.stopwatch import StartUp, Stopwatch
 
 
 class TrainingClock(pl.Callback):
@@ -45,8 +34,9 @@ class TrainingClock(pl.Callback):
     are the device's).
     """
 
-    def __init__(self, every: int = 50) -> None:
+    def __init__(self, every: int = 50, startup: StartUp | None = None) -> None:
         self.training = Stopwatch()  # validation inside fit left out
+        self.startup = startup or StartUp()  # its last part ends at the first training step
         self.target_tokens = 0
         self.every = max(1, every)
         self.startup_s: float | None = None
@@ -95,7 +85,7 @@ class TrainingClock(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         if self.startup_s is None:
-            self.startup_s = process_age_s()
+            self.startup_s = self.startup.mark("fit")  # fit's set-up: device, optimizer, checkpoint, the first batch
             self._first_started = time.perf_counter()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

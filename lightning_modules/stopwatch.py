@@ -1,9 +1,11 @@
-"""Stopwatches over stretches of a run: its training time (validation inside fit left out), and
-the stages of its data preparation (wall, CPU and peak memory of each)."""
+"""Stopwatches over stretches of a run: its training time (validation inside fit left out), the
+stages of its data preparation (wall, CPU and peak memory of each), and the parts of its start-up
+(process start to the first training step)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import time
 from collections.abc import Iterator
@@ -31,6 +33,39 @@ class Stopwatch:
     def total(self) -> float:
         """The seconds so far, the running stretch included."""
         return self.seconds + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), else None."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StartUp:
+    """Where a run's start-up goes: the process's age at the end of each named part, from the
+    process's start to its first training step (`parts`: each part's seconds, summing to the whole).
+    Ages come from /proc (clock ticks: 10 ms); where there is none, nothing is recorded."""
+
+    def __init__(self) -> None:
+        self._ends: list[tuple[str, float]] = []
+
+    def mark(self, part: str) -> float | None:
+        """End `part` now; the process's age (None without /proc)."""
+        age = process_age_s()
+        if age is not None:
+            self._ends.append((part, age))
+        return age
+
+    @property
+    def parts(self) -> list[dict[str, Any]]:
+        """[{"part": name, "s": seconds}] in order; each part ends where the next begins."""
+        starts = [0.0] + [age for _, age in self._ends[:-1]]
+        return [{"part": part, "s": round(max(0.0, age - start), 2)}
+                for (part, age), start in zip(self._ends, starts)]
 
 
 def _peak_rss_mb() -> float | None:

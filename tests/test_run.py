@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -54,6 +55,11 @@ def test_run_writes_complete_results(finished_run: Path):
     assert results["params"] == sum(v.numel() for v in state.values())
     assert results["ppl"] > 1 and results["train_time_s"] > 0 and results["tokens_per_s"] > 0
     assert results["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    # where the start-up went: its parts in order, adding up to startup_s (each rounded to 10 ms)
+    parts = results["startup"]
+    assert [p["part"] for p in parts] == ["imports", "checks", "data", "model", "trainer", "fit"]
+    assert all(p["s"] >= 0 for p in parts) and parts[2]["s"] > 0
+    assert abs(sum(p["s"] for p in parts) - results["startup_s"]) < 0.05, (parts, results["startup_s"])
     for name in ("config.yaml", "spm.model", "logs/metrics.csv"):
         assert (finished_run / name).is_file(), name
 
@@ -136,7 +142,8 @@ def test_finished_run_is_not_trained_again(finished_run: Path, capsys):
     assert main(["train", "--out", str(finished_run), "--max-steps", "12", "--seed", "3",
                  "--no-wandb", *SMALL, "train.val_check_interval=6"]) == 0
     assert (finished_run / "results.json").stat().st_mtime_ns == before
-    assert "dev BLEU" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "dev BLEU" in out and re.search(r"start-up \(s\)\s+[\d.]+ \(imports [\d.]+, checks [\d.]+, data", out), out
 
 
 def test_run_directory_of_another_model_is_refused(finished_run: Path, capsys):

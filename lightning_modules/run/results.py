@@ -43,6 +43,10 @@ class RunResult:
     steady_tokens_per_s: float | None = _f("target tokens/s after the first log window (no compile or "
                                            "warm-up)", trial=True)
     startup_s: float | None = _f("process start to the first training step, seconds", trial=True)
+    startup: list[dict[str, Any]] | None = _f("where startup_s went, [{part, s}]: imports (Python, the imports, "
+                                              "the command line), checks, data, model, trainer (the Trainer, "
+                                              "loggers, callbacks) and fit (its set-up to the first step)",
+                                              trial=True)
     first_step_s: float | None = _f("the first training step (compilation included), seconds", trial=True)
     compiled: bool | None = _f("whether the training step ran through torch.compile", trial=True)
     compiled_graphs: int | None = _f("graphs torch.compile built (a recompilation storm shows here)",

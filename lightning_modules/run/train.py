@@ -44,13 +44,14 @@ from lightning_modules.run.faults import inject
 from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
-from lightning_modules.run.rundir import claim, global_rank_zero, training_lock, wait_until_ours
+from lightning_modules.run.rundir import CONFIG, claim, global_rank_zero, training_lock, wait_until_ours
 from lightning_modules.run.slurm import on_slurm
 from lightning_modules.run.stop import REQUEUE_SIGNAL, STOP
 from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_result, check_same_run, remove_stale_temporaries,
                                         resume_checkpoint, uses_gpu, wandb_mode)
 from lightning_modules.config import to_yaml
+from lightning_modules.stopwatch import StartUp
 from lightning_modules.translation import TranslationModule
 
 # train.compile=auto compiles CUDA runs of at least this many steps. Measured on an H100
@@ -158,6 +159,8 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     be new, empty or one of our run directories (`run/rundir.py`); while it trains it is locked,
     and another command on it stops in one line, or with `wait` waits for the lock.
     """
+    startup = StartUp()
+    startup.mark("imports")  # Python, the imports, the command line
     inject("startup")
     out = Path(out)
     hardware = resolve_hardware(cfg)  # bad or missing hardware fails before any work
@@ -176,12 +179,12 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
             shutil.rmtree(created, ignore_errors=True)
         raise
     with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
-        return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks)
+        return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks, startup)
 
 
 def _checked_and_trained(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
                          created: Path | None, group: str | None,
-                         callbacks: list[pl.Callback] | None) -> RunResult | None:
+                         callbacks: list[pl.Callback] | None, startup: StartUp) -> RunResult | None:
     """`train` under the run directory's lock: what a killed run left, the checks against what
     the directory holds, then the work."""
     remove_stale_temporaries(out)
@@ -200,14 +203,16 @@ def _checked_and_trained(cfg: RunConfig, out: Path, hardware: dict[str, Any], wa
         raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "
                         f"(or delete {out}) to try again")
     with disk_full_ends_the_run(out):
-        return _train_and_evaluate(cfg, out, hardware, wandb, created, group, callbacks)
+        return _train_and_evaluate(cfg, out, hardware, wandb, created, group, callbacks, startup)
 
 
 def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
                         created: Path | None, group: str | None,
-                        callbacks: list[pl.Callback] | None) -> RunResult | None:
+                        callbacks: list[pl.Callback] | None, startup: StartUp) -> RunResult | None:
     """`train`'s work once every check has passed: data, fit, validation, beam search, results.json
-    (`created`: the directory the run made, removed if the corpus turns out unusable)."""
+    (`created`: the directory the run made, removed if the corpus turns out unusable; `startup`:
+    where the start-up went, its parts ended here and by the clock at the first step)."""
+    startup.mark("checks")  # hardware, memory, W&B, the run directory and its lock
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     slurm, requeue = slurm_requeue(cfg)
@@ -224,7 +229,8 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         if created:  # a bad corpus, or a decoding that cannot fit, leaves nothing behind
             shutil.rmtree(created, ignore_errors=True)
         raise
-    atomic_write_text(out / "config.yaml", to_yaml(cfg))  # as asked for: no derived value
+    startup.mark("data")
+    atomic_write_text(out / CONFIG, to_yaml(cfg))  # as asked for: no derived value
     # The model as built: the tokenizer decides the vocabulary (the config holds data.vocab_size).
     cfg = replace(cfg, model=cfg.model.with_vocabulary(dm.vocab_size, dm.pad_id))
     module = TranslationModule.from_configs(cfg.model, cfg.train)
@@ -232,13 +238,14 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
     compiled = compile_enabled(cfg)
     if compiled:
         module.compile_step()
+    startup.mark("model")
 
     ckpt_dir = out / "checkpoints"
     resume = resume_checkpoint(ckpt_dir, cfg.model)
     resume_from = resume[0] if resume else None
     if resume and rank_zero_only.rank == 0:  # Lightning's CSVLogger would delete the curve so far
         set_aside(out / "logs", resume[1])
-    clock = TrainingClock(cfg.train.log_every_n_steps)
+    clock = TrainingClock(cfg.train.log_every_n_steps, startup)
     trainer = pl.Trainer(
         **hardware,
         max_steps=cfg.train.max_steps, max_epochs=-1,
@@ -261,6 +268,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
                    *([PromptInterruptWhileCompiling(STOP)] if compiled else []),
                    *(callbacks or [])],
     )
+    startup.mark("trainer")  # the Trainer, its loggers and callbacks
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
     except NonFiniteLoss as err:
@@ -303,7 +311,8 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         test_bleu=test_bleu, sacrebleu_signature=signature,
         train_time_s=round(clock.train_time_s, 1), tokens_per_s=round(clock.tokens_per_s, 1),
         steady_tokens_per_s=_round(clock.steady_tokens_per_s, 1),
-        startup_s=_round(clock.startup_s, 2), first_step_s=_round(clock.first_step_s, 2),
+        startup_s=_round(clock.startup_s, 2), startup=clock.startup.parts or None,
+        first_step_s=_round(clock.first_step_s, 2),
         compiled=compiled, compiled_graphs=compiled_graphs() if compiled else 0,
         target_tokens=clock.target_tokens, steps=trainer.global_step, seed=cfg.train.seed,
         beam_size=cfg.eval.beam_size, length_penalty=cfg.eval.length_penalty,
@@ -362,6 +371,9 @@ SUMMARY_KEYS = [("row", "row"), ("params", "params"), ("ppl", "dev PPL"), ("bleu
 def summary_table(results: RunResult, out: str | Path) -> str:
     """A short two-column table of the headline numbers, and the run directory `out`."""
     rows = [(label, getattr(results, key)) for key, label in SUMMARY_KEYS]
+    if results.startup_s is not None:  # absent from a finished run's results.json of an older version
+        parts = ", ".join(f"{p['part']} {p['s']:.1f}" for p in results.startup or [])
+        rows.append(("start-up (s)", f"{results.startup_s:.1f}" + (f" ({parts})" if parts else "")))
     rows.append(("sacreBLEU", results.sacrebleu_signature))
     rows.append(("run directory", str(out)))
     width = max(len(label) for label, _ in rows)
