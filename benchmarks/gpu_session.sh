@@ -8,13 +8,17 @@
 # Steps, each cut to what is left (a step that no longer fits is skipped and said so in summary.txt):
 #   1. profile: where the compiled base and big steps (and the eager base step, if time is left)
 #      spend their time (gpu_round --profile), the figures the issue's "what stands in the way" needs;
-#   2. tests/test_gpu.py (not the CUDA-graph case): no host sync in the step per variant, beam
+#   2. generation: greedy and beam 4 against Hugging Face `generate` on the same model;
+#   3. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache);
+#   4. tests/test_gpu.py (not the CUDA-graph case): no host sync in the step per variant, beam
 #      search's reads per step, the one-graph case;
-#   3. generation: greedy and beam 4 against Hugging Face `generate` on the same model;
-#   4. gpu_round: the variants the earlier rounds left, CUDA graphs last (it ended a process once).
+#   5. gpu_round: the variants the earlier rounds left, CUDA graphs last (it ended a process once).
 # Output ($OUT, default /tmp/gpu-session): summary.txt, device.txt, each step's markdown table,
 # and session.tgz with every log, JSON and profile (the device tool brings back at most 8 files).
-# Needs nothing the GPU machines lack: no optuna, omegaconf, wandb, corpus or network.
+# Needs no optuna, wandb, corpus or network. The startup step runs `ablate train`, which needs
+# omegaconf: carry its wheel in .whl/ (git-ignored), made once with
+#   pip download --no-deps -d .whl omegaconf==2.4.0
+# and installed here when the machine lacks it (without it that step fails alone).
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 DEVICE=${DEVICE:-cuda}
@@ -58,15 +62,18 @@ step() {
   git rev-parse --short HEAD 2>/dev/null; } > "$OUT/device.txt"
 cat "$OUT/device.txt"
 : > "$OUT/summary.txt"
+python3 -c "import omegaconf" 2>/dev/null || { [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl omegaconf; } \
+  || echo "omegaconf: not installed (carry .whl); the startup step will fail" | tee -a "$OUT/summary.txt"
 
 step profile 330 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round --profile \
   --budget-s "$(max 10 "$(min 280 $(( $(left) - 60 )))")" --out "$W/profile" --steps "$PROFILE_STEPS"
-step test_gpu 150 python3 -m pytest -q -p no:cacheprovider -rxXs tests/test_gpu.py -k "not graphs"
 step generation 150 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only generation --out "$W/generation"
+step startup 120 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only startup --out "$W/startup"
+step test_gpu 150 python3 -m pytest -q -p no:cacheprovider -rxXs tests/test_gpu.py -k "not graphs"
 step gpu_round 600 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round \
   --budget-s "$(max 10 $(( $(left) - 75 )))" --out "$W/gpu_round" --steps "$REST_STEPS"
 
-for name in profile gpu_round generation; do
+for name in profile gpu_round generation startup; do
   [ -f "$W/$name/results.md" ] && cp "$W/$name/results.md" "$OUT/$name.md"
 done
 tar czf "$OUT/session.tgz" -C "$W" .

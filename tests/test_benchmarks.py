@@ -174,8 +174,8 @@ def test_gpu_session_skips_the_steps_its_time_leaves_no_room_for(tmp_path: Path)
     result = gpu_session(tmp_path, 40)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = (tmp_path / "summary.txt").read_text().splitlines()
-    assert len(lines) == 4 and all(re.fullmatch(rf"{name}: skipped, \d+ s left", line) for name, line in
-                                   zip(["profile", "test_gpu", "generation", "gpu_round"], lines)), lines
+    assert len(lines) == 5 and all(re.fullmatch(rf"{name}: skipped, \d+ s left", line) for name, line in
+                                   zip(["profile", "generation", "startup", "test_gpu", "gpu_round"], lines)), lines
     assert (tmp_path / "device.txt").read_text().startswith("no GPU\ntorch ")
     assert tarfile.open(tmp_path / "session.tgz").getnames() == ["."]
 
@@ -187,17 +187,39 @@ def test_gpu_session_runs_every_step_on_cpu_and_brings_back_few_files(tmp_path: 
     result = gpu_session(tmp_path, 420)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = (tmp_path / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in summary] == ["profile", "test_gpu", "generation", "gpu_round"]
+    assert [line.split(":")[0] for line in summary] == ["profile", "generation", "startup", "test_gpu", "gpu_round"]
     assert all(": exit 0 in " in line for line in summary), summary
     with tarfile.open(tmp_path / "session.tgz") as tar:
         profile = json.load(tar.extractfile("./profile/gpu_round.json"))
         rest = json.load(tar.extractfile("./gpu_round/gpu_round.json"))
+        startup = json.load(tar.extractfile("./startup/results.json"))["benchmarks"]["startup"]
         assert "./generation/results.json" in tar.getnames() and "./test_gpu.log" in tar.getnames()
+    assert startup["data"]["next"]["data"]["prepared"] == {"bpe": "cache", "encoded_from_cache": ["train", "valid"]}
     assert {variant for variant, r in profile["data"]["tiny"]["results"].items() if "profile" in r} == {"eager", "compiled"}
     assert [row["variant"] for row in rest["rows"] if row.get("tokens/s")][::2] == [
         "eager, fused QKV", "compiled, buckets 8, CUDA graphs"]
     assert "## Where the step's time goes" in (tmp_path / "profile.md").read_text()
     assert len([p for p in tmp_path.rglob("*") if p.is_file()]) <= 8
+
+
+@pytest.mark.slow  # two `ablate train` processes at tiny sizes (~40 s on 2 cores)
+def test_startup_benchmark_splits_a_first_and_a_next_runs_start_up(tmp_path: Path):
+    """`--only startup --quick`: two runs on one cache; each start-up's parts are rows that add up
+    to it, the first trains its BPE and encodes, the next takes both from the cache."""
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "startup", "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    section = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["startup"]
+    for run, prepared in (("first", {"bpe": "trained", "encoded_from_cache": []}),
+                          ("next", {"bpe": "cache", "encoded_from_cache": ["train", "valid"]})):
+        data = section["data"][run]
+        assert data["data"]["prepared"] == prepared
+        rows = [r for r in section["rows"] if r["run"] == run]
+        assert [r["part"] for r in rows] == ["imports", "checks", "data", "model", "trainer", "fit", "start-up"]
+        assert abs(sum(r["s"] for r in rows[:-1]) - rows[-1]["s"]) < 0.05
+    stages = {run: {s["stage"]: s for s in section["data"][run]["data"]["stages"]} for run in ("first", "next")}
+    assert stages["next"]["bpe"]["cpu_s"] < stages["first"]["bpe"]["cpu_s"]
+    assert section["targets"][0]["goal"] == "≤ 15" and section["targets"][0]["met"] is None  # --quick: no verdict
 
 
 def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):

@@ -1,0 +1,109 @@
+"""Benchmark 10 (opt-in): where `ablate train`'s start-up goes, for a table's first run and its next.
+
+Method: WMT-length synthetic text (`wmt_rehearsal`'s generator: lognormal lengths of ~25 words,
+Zipf-drawn words; 48,000 training pairs and 200 dev pairs, the size of the newstest stand-in of the
+H100 start-up figures; no corpus or network needed) is written as `--data files`. `ablate train`
+then runs twice as a subprocess on one empty `data.cache_dir`: the first run trains the BPE model
+and encodes the pairs, the next one (another run directory and seed, as a table's next row) takes
+both from the preparation cache. Base dims and a 37,000-piece BPE (`--quick`: 1 layer at d_model
+32, 1,000 pieces, 4,000 pairs); 2 steps of 4,000 tokens, eager, greedy dev decoding, no test set:
+what follows the first step is not measured, only kept short. The figures are each run's
+`results.json`: `startup_s` and its parts (imports, checks, data, model, trainer, fit) and the data
+stages. Target (issue #40): start-up ≤ 15 s, counted apart from training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import REPO, Section, Settings, stopwatch
+from benchmarks.wmt_rehearsal import Sampler, vocabularies, write_pairs
+
+BASE = ["n_layers=6", "d_model=512", "d_ff=2048", "n_heads=8"]
+TINY = ["n_layers=1", "d_model=32", "d_ff=64", "n_heads=4"]
+TARGET_S = 15.0
+
+
+def corpus(folder: Path, pairs: int, dev: int, seed: int = 0) -> dict[str, str]:
+    """`--data files` settings: `pairs` training and `dev` dev pairs of WMT-length synthetic text."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    words = vocabularies(rng, extra=100_000)
+    samplers = {lang: Sampler(words[lang]) for lang in ("en", "de")}
+    train = write_pairs(folder, "train", pairs, 3.0, 0.65, samplers, rng)
+    valid = write_pairs(folder, "valid", dev, 3.0, 0.65, samplers, rng)
+    return {"train-src": str(train["en"]), "train-tgt": str(train["de"]),
+            "valid-src": str(valid["en"]), "valid-tgt": str(valid["de"])}
+
+
+def train(files: dict[str, str], work: Path, name: str, seed: int, settings: Settings) -> dict[str, Any]:
+    """One `ablate train` on `files` with the shared cache `work/cache`: its results.json."""
+    out = work / name
+    hardware = ["--accelerator", "gpu", "--devices", "1"] if settings.device.type == "cuda" else \
+        ["--accelerator", "cpu"]
+    cmd = [sys.executable, "-m", "ablate", "train", "--data", "files",
+           *[arg for key, path in files.items() for arg in (f"--{key}", path)],
+           "--out", str(out), "--seed", str(seed), "--max-steps", "2", "--no-wandb", *hardware,
+           *(TINY if settings.quick else BASE), f"data.vocab_size={1000 if settings.quick else 37000}",
+           "data.max_tokens=4000", f"data.cache_dir={work / 'cache'}", "train.compile=false",
+           "train.val_check_interval=2", "eval.beam_size=1", "eval.decode_test=false", "train.progress_bar=false"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"ablate train ({name}) exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads((out / "results.json").read_text())
+
+
+def rows_of(run: str, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per start-up part, its data stages under `data`, then the whole start-up."""
+    stages = {s["stage"]: s["wall_s"] for s in result["data"]["stages"]}
+    rows = []
+    for part in result["startup"]:
+        detail = ", ".join(f"{stage} {s:.2f}" for stage, s in stages.items()) if part["part"] == "data" else ""
+        rows.append({"run": run, "part": part["part"], "s": part["s"], "detail": detail})
+    prepared = result["data"].get("prepared") or {}
+    taken = ["BPE" if prepared.get("bpe") == "cache" else "", *prepared.get("encoded_from_cache", [])]
+    rows.append({"run": run, "part": "start-up", "s": result["startup_s"],
+                 "detail": "from the cache: " + (", ".join(t for t in taken if t) or "nothing")})
+    return rows
+
+
+def run(settings: Settings) -> Section:
+    section = Section("startup", "10. Where `ablate train`'s start-up goes: a table's first run and its next "
+                      "(the preparation cache)", ["run", "part", "s", "detail"])
+    pairs, dev = (4_000, 100) if settings.quick else (48_000, 200)
+    work = Path(tempfile.mkdtemp(prefix="ablate-startup-"))
+    try:
+        with stopwatch(section):
+            files = corpus(work / "text", pairs, dev)
+            for run_name, seed in (("first", 1), ("next", 2)):
+                result = train(files, work, run_name, seed, settings)
+                section.rows += rows_of(run_name, result)
+                section.data[run_name] = {key: result.get(key) for key in ("startup_s", "startup", "first_step_s",
+                                                                        "device", "params")}
+                section.data[run_name]["data"] = {key: result["data"].get(key) for key in
+                                                  ("stages", "prepared", "train_pairs", "vocab_size")}
+                parts = ", ".join(f"{p['part']} {p['s']:.1f}" for p in result["startup"])
+                print(f"  {run_name}: start-up {result['startup_s']:.1f} s ({parts})", flush=True)
+        following = section.data["next"]["startup_s"]
+        section.target("start-up of a table's next run (s)", following, f"≤ {TARGET_S:g}",
+                       None if settings.quick else following <= TARGET_S)
+        section.notes += [
+            f"{pairs:,} training pairs of synthetic WMT-length text, {dev} dev; "
+            + ("tiny dims, BPE 1,000 (--quick)" if settings.quick else "base dims, BPE 37,000"),
+            "imports: Python, the imports, the command line; checks: hardware, memory, W&B, the run directory; "
+            "data: its stages in detail (wall s); trainer: the Trainer, loggers and callbacks; fit: Lightning's "
+            "set-up to the first batch (the device, the optimizer)",
+            "first: an empty data.cache_dir; next: the same cache, another run directory and seed"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return section
