@@ -78,7 +78,8 @@ def check_hardware(cfg: RunConfig) -> None:
 def check_data(cfg: RunConfig) -> None:
     """Prepare the data as the run would (corpus, BPE, encoding, length filter) in a scratch
     directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a
-    length limit that leaves no pairs fails here, once, before a sweep or a table queues anything."""
+    length limit that leaves no pairs fails here, once, before a sweep or a table queues anything.
+    The BPE model and the encoded splits stay in the preparation cache (`data.cache`) for the runs."""
     from lightning_modules.data.prepared import TranslationData  # the data stack: only here
 
     with tempfile.TemporaryDirectory(prefix="ablate-data-check-") as scratch:
