@@ -398,7 +398,9 @@ def _target_value(target: dict[str, Any]) -> str:
     value = target["value"]
     if value is None:
         return ""
-    return f"{value:.1%}" if "%" in target["goal"] else f"{value:.2f}×"
+    if "%" in target["goal"]:
+        return f"{value:.1%}"
+    return f"{value:.2f} s" if target["goal"].endswith(" s") else f"{value:.2f}×"  # seconds, else a ratio
 
 
 def render_section(section: Section) -> str:

@@ -95,7 +95,7 @@ def run(settings: Settings) -> Section:
                 parts = ", ".join(f"{p['part']} {p['s']:.1f}" for p in result["startup"])
                 print(f"  {run_name}: start-up {result['startup_s']:.1f} s ({parts})", flush=True)
         following = section.data["next"]["startup_s"]
-        section.target("start-up of a table's next run (s)", following, f"≤ {TARGET_S:g}",
+        section.target("start-up of a table's next run (s)", following, f"≤ {TARGET_S:g} s",
                        None if settings.quick else following <= TARGET_S)
         section.notes += [
             f"{pairs:,} training pairs of synthetic WMT-length text, {dev} dev; "

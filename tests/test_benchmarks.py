@@ -219,7 +219,8 @@ def test_startup_benchmark_splits_a_first_and_a_next_runs_start_up(tmp_path: Pat
         assert abs(sum(r["s"] for r in rows[:-1]) - rows[-1]["s"]) < 0.05
     stages = {run: {s["stage"]: s for s in section["data"][run]["data"]["stages"]} for run in ("first", "next")}
     assert stages["next"]["bpe"]["cpu_s"] < stages["first"]["bpe"]["cpu_s"]
-    assert section["targets"][0]["goal"] == "≤ 15" and section["targets"][0]["met"] is None  # --quick: no verdict
+    assert section["targets"][0]["goal"] == "≤ 15 s" and section["targets"][0]["met"] is None  # --quick: no verdict
+    assert re.search(r"\| start-up of a table's next run \(s\) \| [\d.]+ s \| ≤ 15 s \|", (tmp_path / "results.md").read_text())
 
 
 def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):
