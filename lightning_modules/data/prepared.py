@@ -201,10 +201,14 @@ class TranslationData:
         self.vocab_size = self.tokenizer.get_piece_size()
         train_limit = min(self.cfg.max_train_len, self.max_len - 1)
         with self.stages("encode"):
+            # what every split's cache key shares: this run's BPE model and the encoding code, read once
+            encoder = cache.key("encoded", self.spm_path.read_bytes(), spm.__version__, cache.source(sys.modules[__name__]))
             parts = {"train": corpus.train, "extra_train": corpus.extra_train}
-            train = concatenate([self._encode_split(part, name) for name, part in parts.items() if part is not None])
+            train = concatenate([self._encode_split(part, name, encoder) for name, part in parts.items()
+                                 if part is not None])
             self.train_set, train_dropped = self._filter(train, train_limit)
-            self.valid_set, valid_dropped = self._filter(self._encode_split(corpus.valid, "valid"), self.max_len - 1)
+            self.valid_set, valid_dropped = self._filter(self._encode_split(corpus.valid, "valid", encoder),
+                                                         self.max_len - 1)
         self._check_left("training", self.train_set, train_dropped, train_limit,
                          f"data.max_train_len ({self.cfg.max_train_len}) or model.max_len ({self.max_len})")
         self._check_left("dev", self.valid_set, valid_dropped, self.max_len - 1, f"model.max_len ({self.max_len})")
@@ -283,10 +287,10 @@ class TranslationData:
             ids = ids[:ids.index(EOS_ID)]
         return self.tokenizer.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
-    def _encode_split(self, split: ParallelText, name: str) -> EncodedPairs:
-        """The split `name` encoded with this run's BPE model: from the cache, else encoded and kept there."""
-        digest = cache.key("encoded", self.spm_path.read_bytes(), self._digest(split), spm.__version__,
-                           cache.source(sys.modules[__name__]))
+    def _encode_split(self, split: ParallelText, name: str, encoder: str) -> EncodedPairs:
+        """The split `name` encoded with this run's BPE model (`encoder`: its key): from the cache,
+        else encoded and kept there."""
+        digest = cache.key(encoder, self._digest(split))
         path = cache.entry(self.cfg.cache_dir, "encoded", f"{digest}.npz")
         pairs = read_encoded(path, len(split), self.vocab_size)
         if pairs is None:
