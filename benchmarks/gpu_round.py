@@ -24,7 +24,9 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   slower than 10× the median (a recompilation) is left out and counted.
 - MFU: matmul FLOPs of forward + backward (`common.train_flops`, the vocabulary projection
   included) ÷ time ÷ the device's dense bf16 peak (`common.PEAK_BF16_FLOPS`). Graphs:
-  `compiling.compiled_graphs()` over the variant (in-process compiler state reset before each).
+  `compiling.compiled_graphs()` over the variant (in-process compiler state reset before each);
+  with more than one, the guards that failed (`compiling.recompile_reasons()`) go in the JSON
+  row's "recompiled because" and the first in its note.
 - Loss agreement: the largest relative difference of those first losses from the eager
   default's. Dropout is on (the measured step is the real one): eager variants draw the same
   masks as the eager default; compiled ones draw Inductor's, so their difference holds dropout
@@ -66,7 +68,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import Section, Settings, mfu, render_section, seeded, stopwatch, sync, train_flops
-from lightning_modules.compiling import compiled_graphs
+from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data import TokenBucketBatchSampler, collate
 from lightning_modules.data.batching import ShapeBuckets
@@ -314,6 +316,7 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
                      "mfu": mfu(sum(flops[i] for i in kept) / time_kept, device),
                      "slow_steps": len(seconds) - len(kept)}
     out["graphs"] = compiled_graphs() - graphs if t.compile else 0
+    out["recompiled_because"] = recompile_reasons() if t.compile else []
     if settings.profile:
         out["profile"] = {}
         for size in case.tokens:
@@ -400,13 +403,16 @@ def _rows(case: Case, name: str, result: dict[str, Any], reference: list[float] 
     if reference:
         agree = max(abs(a - b) / abs(b) for a, b in zip(result["losses"], reference))
     rows = []
+    recompiled = result.get("recompiled_because") or []
     for size in case.tokens:
         r = result[size]
+        notes = [f"{r['slow_steps']} slow step(s) left out"] if r["slow_steps"] else []
+        notes += [f"recompiled: {recompiled[0]}"] if recompiled else []
         rows.append({**base, "tokens/batch": size, "tokens/s": r["tokens_per_s"], "ms/step": r["ms_per_step"],
                      "MFU": r["mfu"], "warm-up s": result["warmup_s"], "graphs": result["graphs"],
                      "peak GB": result.get("peak_gb"), "loss Δ": agree,
                      "agrees": None if agree is None or name == NOISE_FLOOR else agree <= tolerance,
-                     "note": f"{r['slow_steps']} slow step(s) left out" if r["slow_steps"] else ""})
+                     "recompiled because": recompiled, "note": "; ".join(notes)})
     return rows
 
 

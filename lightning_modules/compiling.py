@@ -20,6 +20,9 @@
   recompilations", torch's own comment) and fuses at every size. Not yet verified on a GPU.
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
+- `torch._dynamo.utils.guard_failures` (semi-private): why each recompilation happened, the failed
+  guards that `TORCH_LOGS=recompiles` prints; results.json and the GPU round keep the first few,
+  so that a run which compiled more than one graph says why without being run again.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import torch
 
 # Inductor settings for every mode (see the module docstring)
 INDUCTOR_PATCHES = {"triton.mix_order_reduction_non_strict_mode": True}
+# recompilation reasons a result keeps (a storm repeats the same few), each cut to REASON_CHARS
+REASONS_KEPT, REASON_CHARS = 8, 300
 # Recompilations beyond this are a bug (shapes are symbolic): fail loudly instead of silently
 # compiling for minutes per batch.
 RECOMPILE_LIMIT = 4
@@ -102,3 +107,14 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def recompile_reasons() -> list[str]:
+    """Why torch.compile compiled again in this process (since `torch.compiler.reset()`): each
+    guard that failed, "<function>: <graph>: <guard>", as `TORCH_LOGS=recompiles` prints it; empty
+    when every call found its graph. The first `REASONS_KEPT`, each cut to `REASON_CHARS`."""
+    from torch._dynamo.utils import guard_failures
+
+    reasons = [f"{getattr(code, 'co_name', code)}: {reason}" for code, failed in guard_failures.items()
+               for reason in failed]
+    return [reason[:REASON_CHARS] for reason in reasons[:REASONS_KEPT]]

@@ -177,4 +177,4 @@ def test_sigterm_while_compiling_stops_at_once_and_the_run_resumes(tmp_path: Pat
     assert second.returncode == 0, second.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and results["steps"] == 20 and results["compiled"]
-    assert results["compiled_graphs"] == 1
+    assert results["compiled_graphs"] == 1 and results["recompiled_because"] == []

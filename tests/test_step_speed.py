@@ -156,3 +156,26 @@ def test_compiled_step_gives_the_eager_losses(ding_data):
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)
     assert losses["eager"][-1] < losses["eager"][0]  # it trained
     assert compiled_graphs() - graphs_before == 1
+
+
+def test_a_recompilation_is_recorded_with_the_guard_that_failed():
+    """One graph serves every length (no reason recorded); a call its guards refuse compiles again,
+    and `recompile_reasons` names the function and the guard, as results.json keeps them."""
+    from lightning_modules.compiling import compile_dynamic, compiled_graphs, recompile_reasons
+
+    torch.compiler.reset()
+
+    def doubled_sum(x):
+        return (x * 2).sum()
+
+    fn = compile_dynamic(doubled_sum, backend="aot_eager")
+    before = compiled_graphs()
+    fn(torch.randn(3))
+    fn(torch.randn(5))
+    assert compiled_graphs() - before == 1 and recompile_reasons() == []
+    fn(torch.randn(4, dtype=torch.float64))
+    assert compiled_graphs() - before == 2
+    (reason,) = recompile_reasons()
+    assert reason.startswith("doubled_sum: ") and "dtype mismatch" in reason, reason
+    torch.compiler.reset()
+    assert recompile_reasons() == []

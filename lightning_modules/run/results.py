@@ -51,6 +51,9 @@ class RunResult:
     compiled: bool | None = _f("whether the training step ran through torch.compile", trial=True)
     compiled_graphs: int | None = _f("graphs torch.compile built (a recompilation storm shows here)",
                                      trial=True)
+    recompiled_because: list[str] | None = _f("why torch.compile built more than one graph: the guards "
+                                              "that failed, as TORCH_LOGS=recompiles prints them (empty "
+                                              "with one graph)")
     target_tokens: int | None = _f("target tokens trained on", trial=True, column=True)
     steps: int | None = _f("optimizer steps", trial=True, column=True)
     seed: int | None = _f("random seed (train.seed)", trial=True)

@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lightning_modules.callbacks import (FaultPoints, NonFiniteLoss, PromptInterruptWhileCompiling, StopAtStepEnd,
                                          TrainingClock)
-from lightning_modules.compiling import compiled_graphs
+from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import RunConfig, parse_devices
 from lightning_modules.convergence import classify_run
 from lightning_modules.data import TranslationDataModule
@@ -314,6 +314,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         startup_s=_round(clock.startup_s, 2), startup=clock.startup.parts or None,
         first_step_s=_round(clock.first_step_s, 2),
         compiled=compiled, compiled_graphs=compiled_graphs() if compiled else 0,
+        recompiled_because=recompile_reasons() if compiled else None,
         target_tokens=clock.target_tokens, steps=trainer.global_step, seed=cfg.train.seed,
         beam_size=cfg.eval.beam_size, length_penalty=cfg.eval.length_penalty,
         padding_share=round(dm.stats["train_padding_share"], 4),
