@@ -108,6 +108,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--device cuda: no CUDA device is available")
     if args.checkpoint is not None and not args.checkpoint.is_file():
         parser.error(f"--checkpoint {args.checkpoint}: file not found")
+    try:  # last: a command refused above leaves no folder behind
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--out {args.out}: cannot make this folder ({error.strerror or error})")
     return args
 
 
@@ -144,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                         keep=args.keep, profile=args.profile)
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    out: Path = args.out  # made by parse_args
     sections: list[Section] = []
     start = time.perf_counter()
     for name in [n for n in BENCHMARKS if n in args.only.split(",")]:

@@ -97,6 +97,16 @@ def test_gpu_round_measures_the_steps_named_in_their_order_and_refuses_unknown_o
     assert not (tmp_path / "x").exists()
 
 
+def test_an_out_folder_that_cannot_be_made_is_one_line_before_any_benchmark(tmp_path: Path):
+    (tmp_path / "a-file").write_text("")
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "padding",
+                             "--out", str(tmp_path / "a-file" / "out")], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].endswith("cannot make this folder (Not a directory)")
+    assert "running" not in result.stdout
+
+
 def test_profile_groups_name_the_kernels_of_real_gpu_profiles():
     """Kernel names from the H100 profiles committed under benchmarks/results/ (eager and compiled
     base steps), each in the group a reader would put it in."""
