@@ -100,6 +100,19 @@ def test_ding_splits_disjoint_and_deterministic(ding, ding_corpus):
     assert flipped.test.tgt == corpus.test.src and flipped.train.tgt == corpus.train.src
 
 
+def test_a_texts_digest_tells_apart_lists_that_join_to_the_same_text(monkeypatch):
+    """The preparation cache's key of a corpus: a list that differs from another in its order,
+    count, content or where its texts split (a text holding the separator) gets another digest."""
+    from lightning_modules.data import cache
+
+    monkeypatch.setattr(cache, "TEXT_CHUNK", 2)  # chunk boundaries inside the lists too
+    lists = [[], [""], ["", ""], ["a\nb", "c"], ["a", "b\nc"], ["a", "b", "c"], ["b", "a", "c"],
+             ["ab", "c"], ["a", "bc"], ["a", "b", "c", "d"], ["a", "b", "c\nd"], ["a", "b", "cd"]]
+    digests = [cache.texts_digest(texts) for texts in lists]
+    assert len(set(digests)) == len(lists)
+    assert cache.texts_digest(["a", "b", "c"]) == digests[5]  # the same list, the same digest
+
+
 def test_ding_extraction_is_cached_under_the_dictionarys_digest(tmp_path):
     """The cache returns what `extract_ding` returns; an edited dictionary is extracted anew; a
     damaged entry is extracted again and rewritten; an unwritable cache is no error."""

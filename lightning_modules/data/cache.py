@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -41,11 +42,18 @@ def key(*parts: bytes | str | int) -> str:
 
 
 def texts_digest(texts: Sequence[str]) -> bytes:
-    """A digest of `texts` (their order, count and content)."""
+    """A digest of `texts` (their order, count and content). A chunk is hashed as its texts joined
+    by newlines; one where a text holds a newline itself also hashes its texts' lengths (and a
+    different first byte), so that no two lists give the same bytes."""
     digest = hashlib.sha256(len(texts).to_bytes(8, "little"))
     for start in range(0, len(texts), TEXT_CHUNK):
-        digest.update("\n".join(texts[start:start + TEXT_CHUNK]).encode("utf-8", "surrogatepass"))
-        digest.update(b"\n")
+        chunk = texts[start:start + TEXT_CHUNK]
+        joined = "\n".join(chunk)
+        if joined.count("\n") == len(chunk) - 1:  # the usual case: one text per line
+            digest.update(b"\x00")
+        else:
+            digest.update(b"\x01" + array("Q", map(len, chunk)).tobytes())
+        digest.update(joined.encode("utf-8", "surrogatepass") + b"\n")
     return digest.digest()
 
 
