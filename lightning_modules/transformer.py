@@ -170,7 +170,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                is_causal: bool = False, offset: int = 0) -> Tensor:
         """Queries from `x` (at positions offset ..) attend over precomputed keys/values (g heads
-        each); `mask` is True where allowed."""
+        each); `mask` an additive bias (0 where allowed, -inf where not; `Transformer.padding_mask`)."""
         return self._attention(self.queries(x, offset), k, v, mask, is_causal)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None,
@@ -402,17 +402,24 @@ class Transformer(nn.Module):
         return self.dropout(x)
 
     def padding_mask(self, src: Tensor) -> Tensor:
-        """(B, 1, 1, S) boolean mask, True on real source tokens.
+        """(B, 1, 1, S) additive attention bias over the source: 0 on real tokens, -inf on padding,
+        in the dtype attention computes in (autocast's, when it is on), so SDPA takes it as it is.
 
-        It is a view of a wider mask whose rows lie a multiple of MASK_ALIGNMENT elements apart,
-        always wider than S: SDPA's CUDA kernels want a mask's rows aligned (eager SDPA copies a
-        mask into such a layout itself), and torch.compile would otherwise guard on S % 8, or
-        on the mask being contiguous, and compile the step a second time for the first source
-        length of the other kind (~50 s for the base model on an H100 host).
+        It is a view of a wider bias whose rows lie a multiple of MASK_ALIGNMENT elements apart,
+        always wider than S. SDPA's CUDA kernels want a bias's rows aligned, and Inductor checks
+        the buffer SDPA receives: a boolean mask (or a bias of another dtype) became a new,
+        contiguous float bias inside SDPA, with row stride S, and torch.compile guarded on
+        S % 8 and compiled the step a second time for the first source length of the other kind
+        (~50 s for the base model on an H100 host; docs/gpus.md, the one-graph case). The rows of
+        this buffer lie 8·(S // 8 + 1) apart, aligned for every S.
         """
         s = src.size(1)
         wide = MASK_ALIGNMENT * (s // MASK_ALIGNMENT + 1)
-        return (F.pad(src, (0, wide - s), value=self.config.pad_id) != self.config.pad_id)[:, None, None, :s]
+        padding = F.pad(src, (0, wide - s), value=self.config.pad_id) == self.config.pad_id
+        device = src.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.embedding.weight.dtype
+        bias = torch.zeros(padding.shape, dtype=dtype, device=src.device).masked_fill(padding, float("-inf"))
+        return bias[:, None, None, :s]
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Source ids (B, S) -> memory (B, S, d_model) and its padding mask."""

@@ -88,9 +88,10 @@ def test_training_steps_do_not_synchronise(tmp_path: Path, variant: str):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "known, not fixed: on an H100 with torch 2.11 this compiles 4 graphs, not 1 "
-    "(benchmarks/results/gpu-h100-2026-11-23: Inductor still guards on the source length modulo 8, "
-    "and on a fusion size threshold); strict, so a fix shows up as XPASS"))
+    "known on an H100 with torch 2.11: 4 graphs, not 1 (benchmarks/results/gpu-h100-2026-11-23: "
+    "Inductor guarded on the source length modulo 8, and on a fusion size threshold); both are "
+    "addressed (an aligned additive bias, the fusion's non-strict mode) and not yet verified on a "
+    "GPU; strict, so a fix shows up as XPASS"))
 def test_one_graph_for_source_lengths_of_every_alignment():
     """Inductor's SDPA lowering guards on a mask's alignment; lengths 13, 16, 21, 24 must share
     one compiled graph (a second costs ~50 s for the base model)."""

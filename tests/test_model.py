@@ -439,7 +439,7 @@ def test_tiny_model_overfits_fixed_pairs_and_greedy_reproduces_them():
     assert [h.tokens for h in hyps] == [t for _, t in pairs]
 
 
-def test_padding_mask_rows_lie_a_multiple_of_eight_apart():
+def test_padding_mask_is_an_additive_bias_whose_rows_lie_a_multiple_of_eight_apart():
     # SDPA's CUDA kernels want this layout; without it torch.compile guards on S % 8 and builds
     # the step twice (tests/test_gpu.py checks the graph count on a GPU).
     model = tiny_model()
@@ -447,9 +447,47 @@ def test_padding_mask_rows_lie_a_multiple_of_eight_apart():
         src = torch.randint(4, model.config.vocab_size, (3, s))
         src[1, s // 2:] = model.config.pad_id
         mask = model.padding_mask(src)
-        assert mask.shape == (3, 1, 1, s)
-        assert torch.equal(mask, (src != model.config.pad_id)[:, None, None, :])
+        assert mask.shape == (3, 1, 1, s) and mask.dtype == torch.float32
+        real = (src != model.config.pad_id)[:, None, None, :]
+        assert torch.equal(mask == 0, real) and torch.equal(mask == float("-inf"), ~real)
         assert mask.stride(0) % 8 == 0 and mask.stride(-1) == 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the dtype attention computes in
+        assert model.padding_mask(src).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
+def test_the_compiled_step_hands_sdpa_a_bias_aligned_for_every_source_length(autocast):
+    """What Inductor checks before its CUDA SDPA kernels (`is_aligned_realized_tensor`): every
+    stride but the last of the bias a multiple of 8. With the source length S symbolic, a bias
+    with row stride S makes that a guard on S % 8, and the step compiles again for the first
+    length of the other kind (on a GPU; CPU kernels skip the check). Here the traced graph, on a
+    CPU: the bias SDPA receives must be aligned whatever S is, with no guard."""
+    import torch.fx.experimental._config as fx_config
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    graphs = []
+
+    def capture(graph, example_inputs):
+        graphs.append(graph)
+        return make_boxed_func(graph.forward)
+
+    torch.compiler.reset()
+    model = tiny_model()
+    compiled = torch.compile(model, dynamic=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    src = torch.randint(4, model.config.vocab_size, (3, 13))
+    src[0, -3:] = model.config.pad_id
+    with fx_config.patch(use_duck_shape=False), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        compiled(src, torch.randint(4, model.config.vocab_size, (3, 9))).float().sum().backward()
+    biases = [node.kwargs["attn_mask"].meta["val"] for node in graphs[0].graph.nodes
+              if "scaled_dot_product" in str(node.target) and isinstance(node.kwargs.get("attn_mask"), torch.fx.Node)]
+    assert len(biases) == 2 * model.config.n_layers  # encoder self-attention and cross-attention
+    for bias in biases:
+        assert bias.dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert isinstance(bias.size(-1), torch.SymInt)  # S is symbolic: one graph for every length
+        assert all(statically_known_true(stride % 8 == 0) for stride in bias.stride()[:-1]), bias.stride()
+    torch.compiler.reset()
 
 
 @pytest.mark.parametrize("settings", [{}, dict(n_kv_heads=2, positional="rope")], ids=["paper", "gqa,rope"])

@@ -24,12 +24,13 @@ from lightning_modules.transformer import MultiHeadAttention, Transformer
 def explicit_attention(module: MultiHeadAttention, x: Tensor, memory: Tensor, mask: Tensor | None = None,
                        is_causal: bool = False) -> tuple[Tensor, Tensor]:
     """(weights (B, h, T_q, T_k), output (B, T_q, d_model)) of `module` for queries from `x` over
-    keys/values from `memory`; `mask` is True where attending is allowed (as SDPA's boolean mask)."""
+    keys/values from `memory`; `mask` the additive bias SDPA takes (0 where attending is allowed,
+    -inf where not: `Transformer.padding_mask`)."""
     q = module.queries(x)  # the module's own projections: rotary and shared key/value heads included
     k, v = module.per_query_head(*module.project_kv(memory))
     scores = q @ k.transpose(-2, -1) / math.sqrt(module.d_k)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores + mask
     if is_causal:
         t_q, t_k = scores.shape[-2:]
         causal = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).tril()
