@@ -41,14 +41,16 @@ REASONS_KEPT, REASON_CHARS = 8, 300
 RECOMPILE_LIMIT = 4
 
 
-def compile_dynamic(fn: Callable[..., Any], mode: str = "default", backend: str = "inductor") -> Callable[..., Any]:
+def compile_dynamic(fn: Callable[..., Any], mode: str = "default",
+                    backend: str | Callable[..., Any] = "inductor") -> Callable[..., Any]:
     """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes for every
     dimension. reduce-overhead (CUDA graphs; on a CPU Inductor skips them) records one graph per
     batch shape on top of the one compiled graph; each call starts a new CUDA-graph step
     (`torch.compiler.cudagraph_mark_step_begin`), so one step's outputs are never taken for the
     previous step's still in use. `backend` another of torch.compile's: "aot_eager" traces the
     same graphs, forward and backward, without Inductor's code generation (and without `mode`'s
-    Inductor options): the benchmarks' CPU smoke check of GPU code paths."""
+    Inductor options): the benchmarks' CPU smoke check of GPU code paths; a callable backend
+    (tests: one that keeps the traced graphs) is used as it is."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
@@ -68,7 +70,7 @@ def compile_dynamic(fn: Callable[..., Any], mode: str = "default", backend: str 
     return step
 
 
-def _with_fault_point(backend: str) -> Callable[..., Any]:
+def _with_fault_point(backend: str | Callable[..., Any]) -> Callable[..., Any]:
     """`backend` (Inductor in torch.compile's `mode`), with the `compile` fault point at the start
     of each compilation."""
 

@@ -462,10 +462,11 @@ def test_the_compiled_step_hands_sdpa_a_bias_aligned_for_every_source_length(aut
     with row stride S makes that a guard on S % 8, and the step compiles again for the first
     length of the other kind (on a GPU; CPU kernels skip the check). Here the traced graph, on a
     CPU: the bias SDPA receives must be aligned whatever S is, with no guard."""
-    import torch.fx.experimental._config as fx_config
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    from lightning_modules.compiling import compile_dynamic
 
     graphs = []
 
@@ -475,10 +476,10 @@ def test_the_compiled_step_hands_sdpa_a_bias_aligned_for_every_source_length(aut
 
     torch.compiler.reset()
     model = tiny_model()
-    compiled = torch.compile(model, dynamic=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    compiled = compile_dynamic(model, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
     src = torch.randint(4, model.config.vocab_size, (3, 13))
     src[0, -3:] = model.config.pad_id
-    with fx_config.patch(use_duck_shape=False), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         compiled(src, torch.randint(4, model.config.vocab_size, (3, 9))).float().sum().backward()
     biases = [node.kwargs["attn_mask"].meta["val"] for node in graphs[0].graph.nodes
               if "scaled_dot_product" in str(node.target) and isinstance(node.kwargs.get("attn_mask"), torch.fx.Node)]
