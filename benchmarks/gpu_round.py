@@ -14,7 +14,9 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   capped at 250), target = source × a log-normal ratio (median 1.05, σ 0.2); ids drawn from a
   Zipf(1.1) law over the vocabulary (a real BPE's frequency profile), so the first steps learn and
   the loss moves. Nothing is read from disk or the network. `Case.batches` batches per batch size
-  are drawn from one shuffled epoch.
+  are drawn from one shuffled epoch; with exact lengths, a later batch of that epoch replaces the
+  last (or first) where needed so that one source width is divisible by 8 and one is not (the
+  alignment a compiled graph could guard on; "graphs" then shows such a guard).
 - Per variant: a fresh module (same seed, then the eager default's initial state_dict loaded),
   a warm-up pass over every batch (two when compiled: CUDA graphs record a shape on its second
   call; compilation included, timed apart as "warm-up s"), whose first
@@ -187,7 +189,16 @@ def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: i
         flat = [ids[start:end] for start, end in zip([0, *ends[:-1]], ends)]
         return list(zip(flat[0::2], flat[1::2]))
 
-    return [collate(pairs(index), buckets=buckets) for index in sampler.global_batches()[:count]]
+    order = sampler.global_batches()
+    chosen = order[:count]
+    if buckets is None:  # exact widths (source ids + EOS): one divisible by 8 and one not, so that a
+        # compiled variant meets both alignments and a guard on the source width shows as a second graph
+        for aligned in (True, False):
+            if count > 1 and not any(((src_len[i].max() + 1) % 8 == 0) == aligned for i in chosen):
+                swap = next((i for i in order[count:] if ((src_len[i].max() + 1) % 8 == 0) == aligned), None)
+                if swap is not None:
+                    chosen = [*chosen[:-1], swap] if aligned else [swap, *chosen[1:]]
+    return [collate(pairs(index), buckets=buckets) for index in chosen]
 
 
 # ----------------------------------------------------------------------------------- variants

@@ -6,19 +6,22 @@
 #   DEVICE=cpu bash benchmarks/gpu_session.sh 240     # the same steps at tiny sizes on a CPU (its test)
 #
 # Steps, each cut to what is left (a step that no longer fits is skipped and said so in summary.txt):
-#   1. profile: where the compiled base and big steps (and the eager base step, if time is left)
-#      spend their time (gpu_round --profile), the figures the issue's "what stands in the way" needs;
+#   1. test_gpu: tests/test_gpu.py's one-graph case (source widths of every alignment compile once)
+#      and beam search's reads per step: the checks no session has reached yet;
 #   2. generation: greedy and beam 4 against Hugging Face `generate` on the same model;
 #   3. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache);
-#   4. tests/test_gpu.py (not the CUDA-graph case): no host sync in the step per variant, beam
-#      search's reads per step, the one-graph case;
-#   5. gpu_round: the variants the earlier rounds left, CUDA graphs last (it ended a process once).
+#   4. gpu_round: the variants the earlier rounds left, CUDA graphs last (it ended a process once);
+#   5. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);
+#   6. profile: where the compiled base and big steps (and the eager base step) spend their time
+#      (gpu_round --profile; measured on an H200 on 2026-11-27, so last).
 # Output ($OUT, default /tmp/gpu-session): summary.txt, device.txt, each step's markdown table,
 # and session.tgz with every log, JSON and profile (the device tool brings back at most 8 files).
-# Needs no optuna, wandb, corpus or network. The startup step runs `ablate train`, which needs
-# omegaconf: carry its wheel in .whl/ (git-ignored), made once with
-#   pip download --no-deps -d .whl omegaconf==2.4.0
-# and installed here when the machine lacks it (without it that step fails alone).
+# Needs no optuna, wandb or network. Carry two git-ignored files the GPU machine lacks:
+#   .whl/ : omegaconf's wheel, for `ablate train` (the startup step), made once with
+#           pip download --no-deps -d .whl omegaconf==2.4.0
+#   local-data/de-en.gz : the Ding dictionary the generation step trains its model on, made once with
+#           mkdir -p local-data && gzip -9 -c /usr/share/trans/de-en > local-data/de-en.gz
+# Each is installed when the machine lacks it (without it, that step fails alone).
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 DEVICE=${DEVICE:-cuda}
@@ -36,9 +39,10 @@ if [ "$DEVICE" = cpu ]; then
   REST_STEPS="tiny:eager, fused QKV;tiny:compiled, buckets 8, CUDA graphs"
 else
   QUICK=()
-  # compiled first (each compiles for 70-90 s on an H200); eager base last, if the budget leaves room
+  # profile: compiled first (each compiles for 70-90 s on an H200), eager base last; the rest: an exact-width
+  # compiled variant first (its graphs column meets both source-width alignments)
   PROFILE_STEPS="wmt-base-37k:compiled;wmt-big-37k:compiled;wmt-base-37k:eager"
-  REST_STEPS="wmt-base-37k:eager;wmt-base-37k:compiled, buckets 8;wmt-base-37k:compiled, loss chunks 8;\
+  REST_STEPS="wmt-base-37k:eager;wmt-base-37k:compiled, loss chunks 8;wmt-base-37k:compiled, buckets 8;\
 wmt-big-37k:compiled, all: flash, fused QKV, loss chunks 8;wmt-base-37k:compiled, buckets 8, CUDA graphs"
 fi
 
@@ -64,14 +68,19 @@ cat "$OUT/device.txt"
 : > "$OUT/summary.txt"
 python3 -c "import omegaconf" 2>/dev/null || { [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl omegaconf; } \
   || echo "omegaconf: not installed (carry .whl); the startup step will fail" | tee -a "$OUT/summary.txt"
+DING=/usr/share/trans/de-en  # data.ding_path's default
+[ -f "$DING" ] || { [ -f local-data/de-en.gz ] && mkdir -p "$(dirname "$DING")" && gunzip -c local-data/de-en.gz > "$DING"; } \
+  || echo "Ding: not installed (carry local-data/de-en.gz); the generation step will fail" | tee -a "$OUT/summary.txt"
 
-step profile 330 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round --profile \
-  --budget-s "$(max 10 "$(min 280 $(( $(left) - 60 )))")" --out "$W/profile" --steps "$PROFILE_STEPS"
+PYTEST=(python3 -m pytest -q -p no:cacheprovider -rxXs --show-capture=no --tb=short tests/test_gpu.py)
+step test_gpu 150 "${PYTEST[@]}" -k "one_graph or beam_search"
 step generation 150 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only generation --out "$W/generation"
-step startup 120 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only startup --out "$W/startup"
-step test_gpu 150 python3 -m pytest -q -p no:cacheprovider -rxXs tests/test_gpu.py -k "not graphs"
-step gpu_round 600 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round \
-  --budget-s "$(max 10 $(( $(left) - 75 )))" --out "$W/gpu_round" --steps "$REST_STEPS"
+step startup 180 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only startup --out "$W/startup"
+step gpu_round 300 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round \
+  --budget-s "$(max 10 "$(min 285 $(( $(left) - 30 )))")" --out "$W/gpu_round" --steps "$REST_STEPS"
+step test_gpu_sync 300 "${PYTEST[@]}" -k "synchronise and not graphs"
+step profile 330 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round --profile \
+  --budget-s "$(max 10 "$(min 315 $(( $(left) - 30 )))")" --out "$W/profile" --steps "$PROFILE_STEPS"
 
 for name in profile gpu_round generation startup; do
   [ -f "$W/$name/results.md" ] && cp "$W/$name/results.md" "$OUT/$name.md"

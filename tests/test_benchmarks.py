@@ -59,6 +59,19 @@ def test_gpu_round_quick_runs_every_variant_and_each_agrees_with_eager(tmp_path:
     assert (tmp_path / "gpu_round.md").read_text().startswith("## GPU round")
 
 
+def test_gpu_round_batches_hold_source_widths_of_both_alignments():
+    """A compiled variant must meet a source width divisible by 8 and one not, or a guard on the
+    width (Inductor's alignment check) cannot show in its graphs column (the 2026-11-27 H200 round's
+    12 widths held none divisible by 8)."""
+    from benchmarks.gpu_round import CASES, wmt_like_batches
+
+    for case in (CASES["wmt-base-37k"], CASES["tiny"]):
+        for size in case.tokens:
+            batches = wmt_like_batches(case.vocab, size, case.batches, 1, case.pool, case.max_len)
+            widths = [batch["src"].shape[1] for batch in batches]
+            assert len(widths) == case.batches and {w % 8 == 0 for w in widths} == {True, False}, widths
+
+
 def test_gpu_round_skips_what_its_time_budget_leaves_no_room_for(tmp_path: Path):
     """A budget that fits the eager variants but no compilation: those rows say why, the run ends."""
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
@@ -173,6 +186,9 @@ def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp
         {"case": "tiny", "variant": "eager, no such kernel", "note": f"error: {result['error']}"}]
 
 
+STEPS = ["test_gpu", "generation", "startup", "gpu_round", "test_gpu_sync", "profile"]  # its priority order
+
+
 def gpu_session(out: Path, seconds: int) -> subprocess.CompletedProcess:
     """`benchmarks/gpu_session.sh` in its CPU mode, with this interpreter as its `python3`."""
     env = {**os.environ, "OUT": str(out), "DEVICE": "cpu", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -184,8 +200,8 @@ def test_gpu_session_skips_the_steps_its_time_leaves_no_room_for(tmp_path: Path)
     result = gpu_session(tmp_path, 40)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = (tmp_path / "summary.txt").read_text().splitlines()
-    assert len(lines) == 5 and all(re.fullmatch(rf"{name}: skipped, \d+ s left", line) for name, line in
-                                   zip(["profile", "generation", "startup", "test_gpu", "gpu_round"], lines)), lines
+    assert len(lines) == 6 and all(re.fullmatch(rf"{name}: skipped, \d+ s left", line) for name, line in
+                                   zip(STEPS, lines)), lines
     assert (tmp_path / "device.txt").read_text().startswith("no GPU\ntorch ")
     assert tarfile.open(tmp_path / "session.tgz").getnames() == ["."]
 
@@ -197,13 +213,14 @@ def test_gpu_session_runs_every_step_on_cpu_and_brings_back_few_files(tmp_path: 
     result = gpu_session(tmp_path, 420)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = (tmp_path / "summary.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in summary] == ["profile", "generation", "startup", "test_gpu", "gpu_round"]
+    assert [line.split(":")[0] for line in summary] == STEPS
     assert all(": exit 0 in " in line for line in summary), summary
     with tarfile.open(tmp_path / "session.tgz") as tar:
         profile = json.load(tar.extractfile("./profile/gpu_round.json"))
         rest = json.load(tar.extractfile("./gpu_round/gpu_round.json"))
         startup = json.load(tar.extractfile("./startup/results.json"))["benchmarks"]["startup"]
         assert "./generation/results.json" in tar.getnames() and "./test_gpu.log" in tar.getnames()
+        assert "./test_gpu_sync.log" in tar.getnames()
     assert startup["data"]["next"]["data"]["prepared"] == {"bpe": "cache", "encoded_from_cache": ["train", "valid"]}
     assert {variant for variant, r in profile["data"]["tiny"]["results"].items() if "profile" in r} == {"eager", "compiled"}
     assert [row["variant"] for row in rest["rows"] if row.get("tokens/s")][::2] == [
