@@ -6,15 +6,19 @@ For one target token with logits x (V values), label y and smoothing ε:
     nll  = lse(x) - x_y
     ∂loss/∂x_v = softmax(x)_v - (1 - ε)·[v = y] - ε/V
 
-`LabelSmoothedNLL` works through the rows in chunks of about CHUNK_ELEMENTS values: each chunk is
-read into fp32 and reduced to three numbers per row (lse, x_y, mean), and in the backward pass its
-gradient is formed in fp32 and written straight in the logits' dtype. The textbook form, a
-log-softmax of the whole (N, V) matrix in fp32, keeps an fp32 copy of bf16 logits and of their
-gradient (25K tokens × 37,000 pieces: 3.7 GB each); in an eager base step on an H100 it took ~20 %
-of the GPU time (benchmarks/results/gpu-h100-2026-11-22b). It stays in use where it costs
-nothing: fp32 logits that fit one chunk (CPU training; there the chunked form was 4-30 % slower
-on 1,500 × 2,000-37,000 logits and 2× faster on 6,000 × 37,000), and under torch.compile, which
-fuses it into a few kernels itself (a Python loop over a symbolic row count would not trace).
+`LabelSmoothedNLL` reads the logits once in the forward pass, into three fp32 numbers per row
+(lse, x_y, mean), and once in the backward pass, where each gradient value is formed from its
+logit, its row's lse and whether it is the target, and written in the logits' dtype: no fp32
+(N, V) tensor ever exists. Eager, it works through the rows in chunks of about CHUNK_ELEMENTS
+values; compiled, in one piece (a traced step has no loop over a symbolic row count, and Inductor
+fuses each pass into one kernel). The textbook form, a log-softmax of the whole (N, V) matrix in
+fp32 with autograd for the rest, keeps an fp32 copy of bf16 logits and of their gradient (25K
+tokens × 37,000 pieces: 3.7 GB each): in an eager base step on an H100 it took ~20 % of the GPU
+time (benchmarks/results/gpu-h100-2026-11-22b), and compiled on an H200 its kernels (the
+log-softmax forward and backward, and a zero-filled fp32 (N, V) gradient scattered into) still took
+16 % of the base step's (gpu-h200-2026-11-27). It stays in use where it costs nothing: eager fp32
+logits that fit one chunk (CPU training; there the chunked form was 4-30 % slower on 1,500 ×
+2,000-37,000 logits and 2× faster on 6,000 × 37,000).
 """
 
 from __future__ import annotations
@@ -35,8 +39,20 @@ def _terms(x: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _chunks(rows: int, vocab: int) -> list[slice]:
+    """Row slices of about CHUNK_ELEMENTS values; one slice of everything when compiling."""
+    if torch.compiler.is_compiling():
+        return [slice(None)]
     step = max(1, CHUNK_ELEMENTS // max(1, vocab))
     return [slice(start, start + step) for start in range(0, rows, step)]
+
+
+def _grad(x: Tensor, target: Tensor, lse: Tensor, scale: Tensor, epsilon: float) -> Tensor:
+    """∂loss/∂x of rows of logits `x` (rows, V), each row's gradient scaled by `scale` (rows,),
+    in x's dtype: (softmax(x)_v - ε/V - (1 - ε)·[v = y])·scale, one pointwise pass over x."""
+    vocab = x.size(-1)
+    is_target = torch.arange(vocab, device=x.device) == target[:, None]
+    g = torch.exp(x.float() - lse[:, None]) - epsilon / vocab - is_target * (1 - epsilon)
+    return (g * scale[:, None]).to(x.dtype)
 
 
 class LabelSmoothedNLL(torch.autograd.Function):
@@ -46,29 +62,30 @@ class LabelSmoothedNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: Tensor, target: Tensor, keep: Tensor, epsilon: float
                 ) -> tuple[Tensor, Tensor]:
-        n, vocab = logits.shape
-        lse, target_logit, mean_logit = (logits.new_empty(n, dtype=torch.float32) for _ in range(3))
-        for rows in _chunks(n, vocab):
-            lse[rows], target_logit[rows], mean_logit[rows] = _terms(logits[rows], target[rows])
+        pieces = _chunks(*logits.shape)
+        if len(pieces) == 1:
+            lse, target_logit, mean_logit = _terms(logits, target)
+        else:
+            lse, target_logit, mean_logit = (logits.new_empty(logits.size(0), dtype=torch.float32) for _ in range(3))
+            for rows in pieces:
+                lse[rows], target_logit[rows], mean_logit[rows] = _terms(logits[rows], target[rows])
         nll_tokens = (lse - target_logit).masked_fill(~keep, 0.0)
         loss_tokens = (lse - (1 - epsilon) * target_logit - epsilon * mean_logit).masked_fill(~keep, 0.0)
-        ctx.save_for_backward(logits, target, keep)
-        ctx.epsilon = epsilon
+        ctx.save_for_backward(logits, target, keep, lse)
+        ctx.epsilon, ctx.pieces = epsilon, pieces
         nll = nll_tokens.sum()
         ctx.mark_non_differentiable(nll)
         return loss_tokens.sum(), nll
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
-        logits, target, keep = ctx.saved_tensors
-        epsilon, (n, vocab) = ctx.epsilon, logits.shape
-        grad = torch.empty_like(logits)
+        logits, target, keep, lse = ctx.saved_tensors
         scale = grad_loss.float() * keep.float()  # (N,): 0 on left-out rows
-        for rows in _chunks(n, vocab):
-            s = scale[rows, None]
-            # (softmax - ε/V)·s, then -(1 - ε)·s at the target: one fused pass after the softmax
-            g = torch.addcmul(s * (-epsilon / vocab), torch.softmax(logits[rows].float(), dim=-1), s)
-            grad[rows] = g.scatter_add_(1, target[rows, None], s * -(1 - epsilon))
+        if len(ctx.pieces) == 1:
+            return _grad(logits, target, lse, scale, ctx.epsilon), None, None, None
+        grad = torch.empty_like(logits)
+        for rows in ctx.pieces:
+            grad[rows] = _grad(logits[rows], target[rows], lse[rows], scale[rows], ctx.epsilon)
         return grad, None, None, None
 
 
@@ -91,7 +108,7 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
     flat = logits.reshape(-1, logits.size(-1))
     keep = target.reshape(-1) != pad_id
     flat_target = target.reshape(-1).masked_fill(~keep, 0)
-    if torch.compiler.is_compiling() or (flat.dtype == torch.float32 and flat.numel() <= CHUNK_ELEMENTS):
+    if not torch.compiler.is_compiling() and flat.dtype == torch.float32 and flat.numel() <= CHUNK_ELEMENTS:
         loss, nll = _whole(flat, flat_target, keep, epsilon)
     else:
         loss, nll = LabelSmoothedNLL.apply(flat, flat_target, keep, epsilon)
@@ -114,7 +131,7 @@ class ProjectedLabelSmoothedNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, epsilon: float,
                 chunks: int) -> tuple[Tensor, Tensor]:
-        (n, d), vocab = hidden.shape, weight.size(0)
+        n, d = hidden.shape
         rows = (n + chunks - 1) // chunks  # per piece; the last rows are padding, left out (keep False)
         pad = rows * chunks - n
         pieces = (F.pad(hidden, (0, 0, 0, pad)).view(chunks, rows, d), F.pad(target, (0, pad)).view(chunks, rows),
@@ -128,9 +145,7 @@ class ProjectedLabelSmoothedNLL(torch.autograd.Function):
             lse, x_t = torch.logsumexp(x, dim=-1), x.gather(1, t.unsqueeze(1)).squeeze(1)
             loss = loss + (lse - (1 - epsilon) * x_t - epsilon * x.mean(dim=-1)).masked_fill(~k, 0.0).sum()
             nll = nll + (lse - x_t).masked_fill(~k, 0.0).sum()
-            s = k.float()[:, None]  # (rows, 1): 0 on left-out rows
-            g = torch.addcmul(s * (-epsilon / vocab), torch.softmax(x, dim=-1), s)
-            g = g.scatter_add(1, t[:, None], s * -(1 - epsilon))  # (n, V) ∂loss/∂logits
+            g = _grad(x, t, lse, k.float(), epsilon)  # (rows, V) ∂loss/∂logits, 0 on left-out rows
             grad_hidden.append((g @ weight).to(hidden.dtype))  # (rows, d)
             grad_weight = grad_weight + (g.t() @ h).float()  # (V, d)
         ctx.save_for_backward(torch.cat(grad_hidden)[:n], grad_weight.to(weight.dtype))

@@ -70,7 +70,7 @@ def test_keeps_no_fp32_copy_of_the_logits_for_the_backward_pass():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         label_smoothed_nll(logits, target, PAD, 0.1)
         reference(logits, target, 0.1)
-    ours, theirs = saved[:3], saved[3:]  # ours: logits, target, keep
+    ours, theirs = saved[:4], saved[4:]  # ours: logits, target, keep, lse
     full = logits.numel()
     assert not any(t.dtype == torch.float32 and t.numel() >= full for t in ours)
     assert any(t.dtype == torch.float32 and t.numel() >= full for t in theirs)  # the check can fail
@@ -88,6 +88,47 @@ def test_compiled_formula_gives_the_chunked_values_and_gradients(monkeypatch):
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, eager_nll, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_the_compiled_loss_saves_no_fp32_logits_and_scatters_no_gradient():
+    """What the compiled step's loss costs on a GPU is bytes moved over the (N, V) logits: the
+    textbook log-softmax saved its fp32 output for the backward pass and built the gradient by
+    scattering into a zero-filled fp32 (N, V) tensor (16 % of a compiled base step on an H200).
+    Traced here on a CPU, bf16 logits with N symbolic: the forward pass must hand the backward
+    nothing V-wide in fp32, and the backward pass must form the gradient pointwise (no scatter)
+    in the logits' dtype, in one graph each."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from lightning_modules.compiling import compile_dynamic
+
+    graphs = []
+
+    def capture(graph, example_inputs):
+        graphs.append(graph)
+        return make_boxed_func(graph.forward)
+
+    torch.compiler.reset()
+    compiled = compile_dynamic(lambda x, y: label_smoothed_nll(x, y, PAD, 0.1)[:2],
+                               backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    logits, target = batch(torch.bfloat16, seed=6)
+    loss, _ = compiled(logits, target)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert len(graphs) == 2, graphs  # one forward, one backward
+    forward, backward = graphs
+    vocab = logits.size(-1)
+    (outputs,) = [node.args[0] for node in forward.graph.nodes if node.op == "output"]
+    wide = [node.meta["val"] for node in outputs if isinstance(node, torch.fx.Node)
+            and isinstance(node.meta.get("val"), torch.Tensor)
+            and node.meta["val"].dim() == 2 and node.meta["val"].size(-1) == vocab]
+    assert all(t.dtype == torch.bfloat16 for t in wide), [(t.dtype, t.shape) for t in wide]
+    targets = {str(node.target) for node in backward.graph.nodes if node.op == "call_function"}
+    assert not any("scatter" in t or "new_zeros" in t for t in targets), sorted(targets)
+    assert grad.dtype == torch.bfloat16
+    ref_logits = logits.detach().float().requires_grad_()
+    (ref_grad,) = torch.autograd.grad(reference(ref_logits, target, 0.1)[0], ref_logits)
+    torch.testing.assert_close(grad, ref_grad.to(torch.bfloat16), rtol=0, atol=1e-2)
+    torch.compiler.reset()
 
 
 # --------------------------------------------------------------------------- projection and loss in chunks
