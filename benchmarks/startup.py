@@ -9,18 +9,24 @@ both from the preparation cache. Base dims and a 37,000-piece BPE (`--quick`: 1 
 32, 1,000 pieces, 4,000 pairs); 2 steps of 4,000 tokens, eager, greedy dev decoding, no test set:
 what follows the first step is not measured, only kept short. The figures are each run's
 `results.json`: `startup_s` and its parts (imports, checks, data, model, trainer, fit) and the data
-stages. Target (issue #40): start-up ≤ 15 s, counted apart from training.
+stages. Then the imports part split by package: one more process imports what `ablate train` has
+imported when its clock reads "imports" (`ablate.cli` and `lightning_modules.run.train`) under
+`python -X importtime`, and each module's own time is summed by its top-level package (torch,
+lightning, torchmetrics, transformers, ...); the sums add up to that process's import time.
+Target (issue #40): start-up ≤ 15 s, counted apart from training.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,8 @@ from benchmarks.wmt_rehearsal import Sampler, vocabularies, write_pairs
 BASE = ["n_layers=6", "d_model=512", "d_ff=2048", "n_heads=8"]
 TINY = ["n_layers=1", "d_model=32", "d_ff=64", "n_heads=4"]
 TARGET_S = 15.0
+IMPORTS = "import ablate.cli; from lightning_modules.run.train import train"  # what `ablate train` imports first
+TOP_PACKAGES = 8  # packages named in the split; the rest are one row
 
 
 def corpus(folder: Path, pairs: int, dev: int, seed: int = 0) -> dict[str, str]:
@@ -63,6 +71,27 @@ def train(files: dict[str, str], work: Path, name: str, seed: int, settings: Set
     if done.returncode != 0:
         raise RuntimeError(f"ablate train ({name}) exited {done.returncode}:\n{done.stderr[-3000:]}")
     return {**json.loads((out / "results.json").read_text()), "process_s": time.perf_counter() - start}
+
+
+def import_times(lines: list[str]) -> dict[str, float]:
+    """Seconds per top-level package from `python -X importtime` lines ("import time: self [us] |
+    cumulative | name", nesting by indentation): each module's self time added to its first dotted
+    name, largest first."""
+    totals: dict[str, float] = defaultdict(float)
+    for line in lines:
+        found = re.match(r"import time:\s+(\d+) \|\s+\d+ \|\s*(\S+)\s*$", line)
+        if found:
+            totals[found.group(2).split(".")[0]] += int(found.group(1)) / 1e6
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def imports_by_package() -> dict[str, float]:
+    """`import_times` of one process importing `IMPORTS` (bytecode already cached by the runs)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", IMPORTS], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"importing {IMPORTS!r} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return import_times(done.stderr.splitlines())
 
 
 def rows_of(run: str, result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -97,6 +126,16 @@ def run(settings: Settings) -> Section:
                 parts = ", ".join(f"{p['part']} {p['s']:.1f}" for p in result["startup"])
                 print(f"  {run_name}: start-up {result['startup_s']:.1f} s ({parts}); the whole process "
                       f"{result['process_s']:.1f} s", flush=True)
+            packages = imports_by_package()
+            named = list(packages.items())[:TOP_PACKAGES]
+            rest = sum(packages.values()) - sum(s for _, s in named)
+            section.rows += [{"run": "imports by package", "part": name, "s": s, "detail": ""} for name, s in named]
+            section.rows += [{"run": "imports by package", "part": f"{len(packages) - len(named)} others", "s": rest,
+                              "detail": ""},
+                             {"run": "imports by package", "part": "all", "s": sum(packages.values()),
+                              "detail": IMPORTS}]
+            section.data["imports_by_package"] = packages
+            print("  imports: " + ", ".join(f"{name} {s:.1f}" for name, s in named), flush=True)
         following = section.data["next"]["startup_s"]
         section.target("start-up of a table's next run (s)", following, f"≤ {TARGET_S:g} s",
                        None if settings.quick else following <= TARGET_S)

@@ -248,6 +248,26 @@ def test_startup_benchmark_splits_a_first_and_a_next_runs_start_up(tmp_path: Pat
     assert stages["next"]["bpe"]["cpu_s"] < stages["first"]["bpe"]["cpu_s"]
     assert section["targets"][0]["goal"] == "≤ 15 s" and section["targets"][0]["met"] is None  # --quick: no verdict
     assert re.search(r"\| start-up of a table's next run \(s\) \| [\d.]+ s \| ≤ 15 s \|", (tmp_path / "results.md").read_text())
+    packages = section["data"]["imports_by_package"]
+    assert {"torch", "lightning", "lightning_modules", "ablate"} <= set(packages)
+    split = [r for r in section["rows"] if r["run"] == "imports by package"]
+    assert split[-1]["part"] == "all" and abs(sum(r["s"] for r in split[:-1]) - split[-1]["s"]) < 1e-6
+
+
+def test_import_times_add_each_modules_own_time_to_its_top_level_package():
+    """On a real `python -X importtime`: the per-package sums add up to the whole import time (the
+    cumulative times of the outermost imports, within the timer's own overhead), and a package
+    imported by another is its own row."""
+    from benchmarks.startup import import_times
+
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import json; import email.message"],
+                          capture_output=True, text=True, check=True)
+    lines = done.stderr.splitlines()
+    packages = import_times(lines)
+    outermost = [int(m.group(1)) for m in (re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\S+)\s*$", line)
+                                           for line in lines) if m]
+    assert {"json", "email"} <= set(packages) and list(packages.values()) == sorted(packages.values(), reverse=True)
+    assert sum(packages.values()) == pytest.approx(sum(outermost) / 1e6, rel=0.02)  # the timer's own overhead
 
 
 def test_newstest_files_repeat_both_years_as_training_text_and_keep_2013_as_dev(tmp_path: Path):
