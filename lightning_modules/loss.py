@@ -8,10 +8,11 @@ For one target token with logits x (V values), label y and smoothing ε:
 
 `LabelSmoothedNLL` reads the logits once in the forward pass, into three fp32 numbers per row
 (lse, x_y, mean), and once in the backward pass, where each gradient value is formed from its
-logit, its row's lse and whether it is the target, and written in the logits' dtype: no fp32
-(N, V) tensor ever exists. Eager, it works through the rows in chunks of about CHUNK_ELEMENTS
-values; compiled, in one piece (a traced step has no loop over a symbolic row count, and Inductor
-fuses each pass into one kernel). The textbook form, a log-softmax of the whole (N, V) matrix in
+logit, its row's lse and whether it is the target, and written in the logits' dtype. Eager, it
+works through the rows in chunks of about CHUNK_ELEMENTS values, so fp32 values exist for one chunk
+at a time; compiled, in one piece (a traced step has no loop over a symbolic row count), whose
+casts Inductor fuses into each pass's kernel; either way nothing V-wide in fp32 is kept for the
+backward pass. The textbook form, a log-softmax of the whole (N, V) matrix in
 fp32 with autograd for the rest, keeps an fp32 copy of bf16 logits and of their gradient (25K
 tokens × 37,000 pieces: 3.7 GB each): in an eager base step on an H100 it took ~20 % of the GPU
 time (benchmarks/results/gpu-h100-2026-11-22b), and compiled on an H200 its kernels (the
