@@ -53,6 +53,26 @@ def browser(tmp_path: Path) -> Iterator[object]:
         driver.quit()
 
 
+@pytest.fixture
+def traced_graphs() -> Iterator[tuple[object, list]]:
+    """`(backend, graphs)`: a torch.compile backend that keeps each FX graph AOTAutograd traces
+    (the forward graph, then the backward graph, in `graphs`) and runs it as it is; torch.compile's
+    caches are reset before and after, so the graphs are this test's own."""
+    import torch
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list = []
+
+    def keep(graph, example_inputs):
+        graphs.append(graph)
+        return make_boxed_func(graph.forward)
+
+    torch.compiler.reset()
+    yield aot_autograd(fw_compiler=keep, bw_compiler=keep), graphs
+    torch.compiler.reset()
+
+
 SKIP = "PostgreSQL server not installed (apt-get install postgresql)"
 
 

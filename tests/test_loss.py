@@ -90,27 +90,17 @@ def test_compiled_formula_gives_the_chunked_values_and_gradients(monkeypatch):
     torch.testing.assert_close(grad, eager_grad, rtol=1e-5, atol=1e-6)
 
 
-def test_the_compiled_loss_saves_no_fp32_logits_and_scatters_no_gradient():
+def test_the_compiled_loss_saves_no_fp32_logits_and_scatters_no_gradient(traced_graphs):
     """What the compiled step's loss costs on a GPU is bytes moved over the (N, V) logits: the
     textbook log-softmax saved its fp32 output for the backward pass and built the gradient by
     scattering into a zero-filled fp32 (N, V) tensor (16 % of a compiled base step on an H200).
     Traced here on a CPU, bf16 logits with N symbolic: the forward pass must hand the backward
     nothing V-wide in fp32, and the backward pass must form the gradient pointwise (no scatter)
     in the logits' dtype, in one graph each."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
     from lightning_modules.compiling import compile_dynamic
 
-    graphs = []
-
-    def capture(graph, example_inputs):
-        graphs.append(graph)
-        return make_boxed_func(graph.forward)
-
-    torch.compiler.reset()
-    compiled = compile_dynamic(lambda x, y: label_smoothed_nll(x, y, PAD, 0.1)[:2],
-                               backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    backend, graphs = traced_graphs
+    compiled = compile_dynamic(lambda x, y: label_smoothed_nll(x, y, PAD, 0.1)[:2], backend=backend)
     logits, target = batch(torch.bfloat16, seed=6)
     loss, _ = compiled(logits, target)
     (grad,) = torch.autograd.grad(loss, logits)
@@ -128,7 +118,6 @@ def test_the_compiled_loss_saves_no_fp32_logits_and_scatters_no_gradient():
     ref_logits = logits.detach().float().requires_grad_()
     (ref_grad,) = torch.autograd.grad(reference(ref_logits, target, 0.1)[0], ref_logits)
     torch.testing.assert_close(grad, ref_grad.to(torch.bfloat16), rtol=0, atol=1e-2)
-    torch.compiler.reset()
 
 
 # --------------------------------------------------------------------------- projection and loss in chunks

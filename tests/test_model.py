@@ -456,27 +456,19 @@ def test_padding_mask_is_an_additive_bias_whose_rows_lie_a_multiple_of_eight_apa
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
-def test_the_compiled_step_hands_sdpa_a_bias_aligned_for_every_source_length(autocast):
+def test_the_compiled_step_hands_sdpa_a_bias_aligned_for_every_source_length(autocast, traced_graphs):
     """What Inductor checks before its CUDA SDPA kernels (`is_aligned_realized_tensor`): every
     stride but the last of the bias a multiple of 8. With the source length S symbolic, a bias
     with row stride S makes that a guard on S % 8, and the step compiles again for the first
     length of the other kind (on a GPU; CPU kernels skip the check). Here the traced graph, on a
     CPU: the bias SDPA receives must be aligned whatever S is, with no guard."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     from lightning_modules.compiling import compile_dynamic
 
-    graphs = []
-
-    def capture(graph, example_inputs):
-        graphs.append(graph)
-        return make_boxed_func(graph.forward)
-
-    torch.compiler.reset()
+    backend, graphs = traced_graphs
     model = tiny_model()
-    compiled = compile_dynamic(model, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture))
+    compiled = compile_dynamic(model, backend=backend)
     src = torch.randint(4, model.config.vocab_size, (3, 13))
     src[0, -3:] = model.config.pad_id
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -488,7 +480,6 @@ def test_the_compiled_step_hands_sdpa_a_bias_aligned_for_every_source_length(aut
         assert bias.dtype == (torch.bfloat16 if autocast else torch.float32)
         assert isinstance(bias.size(-1), torch.SymInt)  # S is symbolic: one graph for every length
         assert all(statically_known_true(stride % 8 == 0) for stride in bias.stride()[:-1]), bias.stride()
-    torch.compiler.reset()
 
 
 @pytest.mark.parametrize("settings", [{}, dict(n_kv_heads=2, positional="rope")], ids=["paper", "gqa,rope"])
