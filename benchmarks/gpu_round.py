@@ -191,13 +191,17 @@ def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: i
 
     order = sampler.global_batches()
     chosen = order[:count]
-    if buckets is None:  # exact widths (source ids + EOS): one divisible by 8 and one not, so that a
-        # compiled variant meets both alignments and a guard on the source width shows as a second graph
-        for aligned in (True, False):
-            if count > 1 and not any(((src_len[i].max() + 1) % 8 == 0) == aligned for i in chosen):
-                swap = next((i for i in order[count:] if ((src_len[i].max() + 1) % 8 == 0) == aligned), None)
+
+    def aligned(index: list[int]) -> bool:  # its exact source width (ids + EOS) divisible by 8
+        return (src_len[index].max() + 1) % 8 == 0
+
+    if buckets is None and count > 1:  # one width divisible by 8 and one not, so that a compiled variant
+        # meets both alignments and a guard on the source width shows as a second graph
+        for want in (True, False):
+            if not any(aligned(i) == want for i in chosen):
+                swap = next((i for i in order[count:] if aligned(i) == want), None)
                 if swap is not None:
-                    chosen = [*chosen[:-1], swap] if aligned else [swap, *chosen[1:]]
+                    chosen = [*chosen[:-1], swap] if want else [swap, *chosen[1:]]
     return [collate(pairs(index), buckets=buckets) for index in chosen]
 
 

@@ -71,7 +71,7 @@ cat "$OUT/device.txt"
 : > "$OUT/summary.txt"
 python3 -c "import omegaconf" 2>/dev/null || { [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl omegaconf; } \
   || echo "omegaconf: not installed (carry .whl); the startup step will fail" | tee -a "$OUT/summary.txt"
-DING=/usr/share/trans/de-en  # data.ding_path's default
+DING=$(python3 -c "from lightning_modules.config import DataConfig; print(DataConfig().ding_path)")
 [ -f "$DING" ] || { [ -f local-data/de-en.gz ] && mkdir -p "$(dirname "$DING")" && gunzip -c local-data/de-en.gz > "$DING"; } \
   || echo "Ding: not installed (carry local-data/de-en.gz); the generation step will fail" | tee -a "$OUT/summary.txt"
 
