@@ -331,7 +331,7 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
                      "mfu": mfu(sum(flops[i] for i in kept) / time_kept, device),
                      "slow_steps": len(seconds) - len(kept)}
     out["graphs"] = compiled_graphs() - graphs if t.compile else 0
-    out["recompiled_because"] = recompile_reasons() if t.compile else []
+    out["recompiled_because"] = recompile_reasons() if t.compile else None
     if settings.profile:
         out["profile"] = {}
         for size in case.tokens:
@@ -418,7 +418,7 @@ def _rows(case: Case, name: str, result: dict[str, Any], reference: list[float] 
     if reference:
         agree = max(abs(a - b) / abs(b) for a, b in zip(result["losses"], reference))
     rows = []
-    recompiled = result.get("recompiled_because") or []
+    recompiled = result.get("recompiled_because")  # None: not compiled
     for size in case.tokens:
         r = result[size]
         notes = [f"{r['slow_steps']} slow step(s) left out"] if r["slow_steps"] else []

@@ -56,6 +56,8 @@ def test_gpu_round_quick_runs_every_variant_and_each_agrees_with_eager(tmp_path:
             assert row["agrees"] is True and row["loss Δ"] <= 1e-3, row
         if row["variant"].startswith("compiled"):
             assert row["graphs"] == 1 and row["recompiled because"] == [], row  # one graph for every batch shape
+        elif row.get("tokens/s"):
+            assert row["graphs"] == 0 and row["recompiled because"] is None, row  # as results.json: not compiled
     assert (tmp_path / "gpu_round.md").read_text().startswith("## GPU round")
 
 

@@ -53,7 +53,7 @@ class RunResult:
                                      trial=True)
     recompiled_because: list[str] | None = _f("why torch.compile built more than one graph: the guards "
                                               "that failed, as TORCH_LOGS=recompiles prints them (empty "
-                                              "with one graph)")
+                                              "with one graph; null when not compiled)")
     target_tokens: int | None = _f("target tokens trained on", trial=True, column=True)
     steps: int | None = _f("optimizer steps", trial=True, column=True)
     seed: int | None = _f("random seed (train.seed)", trial=True)
