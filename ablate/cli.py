@@ -414,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every-seed", action="store_true",
                    help="run every row with every seed (by default the cpu and gpu presets run rows "
                         "whose paper dev PPL differs from base's by >= 10%% with the first seed only)")
-    p.add_argument("--study", type=study_name, help="study name (default table3-PRESET); re-running resumes it")
+    p.add_argument("--study", type=study_name, help="study name (default table3-PRESET; SPEC-PRESET for another --spec, e.g. "
+                                                     "modifications-demo); re-running resumes it")
     p.add_argument("--redo", metavar="ROWS",
                    help="train these rows' finished runs again, e.g. base,C5 (runs trained before runs kept "
                         "dev translations, or under older code): each run once, the same command resumes; "

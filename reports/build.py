@@ -3,8 +3,8 @@
 Writes `table3.csv` (numbers), `table3.md`, `table3.tex`, `figures/*.png` and a self-contained
 `report.html`, each atomically; the same inputs give the same bytes (no timestamps; sacreBLEU's
 bootstrap has a fixed seed). The report answers first: any caveats, then "What this table says"
-(a verdict per group and the rank correlation with the paper), then the table, the figures, and
-the methods last (collapsed in report.html). With W&B on, one run logs the table (`wandb.Table`),
+(a verdict per group and, where the spec has the paper's numbers, the rank correlation with
+them), then the table, the figures, and the methods last (collapsed in report.html). With W&B on, one run logs the table (`wandb.Table`),
 every figure, report.html, and the report's opening lines (the run's notes, and a table of lines).
 """
 
@@ -31,7 +31,7 @@ from reports.collect import Table3Data, load_table3
 from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
 from reports.significance import missing_p, paired_bootstrap
 from reports.seeds import PAPER_THRESHOLD
-from reports.table3 import display_frame, spearman, table3_frame, to_latex, to_markdown
+from reports.table3 import display_frame, has_paper, spearman, table3_frame, to_latex, to_markdown
 from reports.verdicts import verdicts
 
 
@@ -43,9 +43,9 @@ def caption(data: Table3Data, frame: pd.DataFrame) -> str:
             f"N x {scale.get('depth')}, steps x {scale.get('steps')}); corpus {setup.get('corpus')}, "
             f"shared BPE vocabulary {setup.get('vocab_size')}; dev perplexity per wordpiece and dev BLEU "
             f"(sacreBLEU, beam {setup.get('beam_size')}, alpha {setup.get('length_penalty')}); "
-            f"{len(frame)} rows, seeds {', '.join(map(str, seeds))}. The configuration columns are the "
-            f"paper's, shown only where a row changes base; PPL/BLEU/params/time/tokens are ours (mean ± 95% "
-            f"CI over seeds) beside the paper's.")
+            f"{len(frame)} rows, seeds {', '.join(map(str, seeds))}. The configuration is at the paper's "
+            f"scale (before the preset's rule), shown only where a row changes base; PPL/BLEU/params/time "
+            f"are ours (mean ± 95% CI over seeds)" + (" beside the paper's." if has_paper(frame) else "."))
 
 
 def preset_note(preset: str) -> str | None:
@@ -61,8 +61,7 @@ def missing_base(data: Table3Data) -> str | None:
     if "base" in set(data.runs["row"]):
         return None
     return (f"study {data.study!r} has no complete base run, so the report has each row's PPL and BLEU "
-            f"beside the paper's but no change against base (Δ, its interval, sign, p-value, verdicts); "
-            f"run base to complete it")
+            f"but no change against base (Δ, its interval, sign, p-value, verdicts); run base to complete it")
 
 
 def unclassified(runs: pd.DataFrame) -> str | None:
@@ -112,7 +111,7 @@ def summary(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """What the report opens with ("What this table says"), as (kind, line): one verdict per group
     (`reports.verdicts`), then how our ordering of the rows agrees with the paper's."""
     out = [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
-    if not any(frame[f"paper_{m}"].notna().any() for m in ("ppl", "bleu") if f"paper_{m}" in frame):
+    if not has_paper(frame):
         return out  # a spec without the paper's numbers (ablations/modifications.yaml): nothing to rank against
     ranks = []
     for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
@@ -132,9 +131,11 @@ def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str
     out = [f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
            f"paired by seed when the seeds match (Welch otherwise; a one-seed row against base's 95% "
            f"prediction interval, i.e. assuming base's seed noise); 'beyond noise' = that interval "
-           f"excludes zero. 'sign = paper' compares our ΔPPL's sign with the paper's where the "
-           f"paper's |ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within "
-           f"what a second single run could change)."]
+           f"excludes zero."]
+    if has_paper(frame):
+        out[0] += (f" 'sign = paper' compares our ΔPPL's sign with the paper's where the paper's "
+                   f"|ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within what a "
+                   f"second single run could change).")
     if n_bootstrap:
         out.append(f"p vs base: sacreBLEU paired bootstrap ({n_bootstrap} resamples) of each row's dev "
                    f"translations against base's, seeds pooled; p < 0.05 means the BLEU difference is "
@@ -200,7 +201,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     out = Path(out)
     p_values = paired_bootstrap(data, bootstrap) if bootstrap else {}
     frame = table3_frame(data, p_values)
-    title = f"Table 3 replica: {data.study}"
+    title = f"{'Table 3 replica' if has_paper(frame) else 'Ablation table'}: {data.study}"
     cap = caption(data, frame)
     summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data)
     method_lines = methods(data, frame, bootstrap)

@@ -1,5 +1,5 @@
 """The report's figures (matplotlib, PNG bytes): the change of every row against base, ours beside
-the paper's, BLEU vs parameters, PPL vs training time, and learning curves per group. A row far off
+the paper's where the spec has its numbers, BLEU vs parameters, PPL vs training time, and learning curves per group. A row far off
 the others does not flatten an axis: the axis keeps to the rest (`robust_limits`), and that row is
 drawn at the edge with its value written there."""
 
@@ -15,12 +15,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-GROUP_COLORS = {"base": "black", "A": "tab:blue", "B": "tab:orange", "C": "tab:green", "D": "tab:red",
-                "E": "tab:purple", "big": "tab:brown"}
+from reports.table3 import has_paper  # noqa: E402
+
+PALETTE = [f"tab:{name}" for name in ("blue", "orange", "green", "red", "purple", "brown", "pink", "olive",
+                                      "cyan", "gray")]
 
 
-def _color(group: str) -> str:
-    return GROUP_COLORS.get(group, "tab:gray")
+def group_colors(groups: Iterable[str]) -> dict[str, str]:
+    """A colour per group: base black, every other group one of matplotlib's tab10 in the order the
+    groups first appear (Table 3's A, B, C, D, E, big: blue, orange, green, red, purple, brown)."""
+    others = [group for group in dict.fromkeys(groups) if group != "base"]
+    return {"base": "black", **{group: PALETTE[i % len(PALETTE)] for i, group in enumerate(others)}}
 
 
 def _png(fig: plt.Figure) -> bytes:
@@ -78,11 +83,12 @@ def _scatter(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabe
     xlim = robust_limits(frame[x]) if robust_x else None
     ylim = robust_limits(frame[y])
     arrows = {(0, 0): "o", (1, 0): ">", (-1, 0): "<", (0, 1): "^", (0, -1): "v"}
+    colors = group_colors(frame["group"])
     for row, r in frame.iterrows():
         (px, sx), (py, sy) = _edge(r[x], xlim), _edge(r[y], ylim)
         marker = arrows.get((sx, sy), "D")
         error = None if sx or sy or pd.isna(r[y_err]) else r[y_err]
-        ax.errorbar(px, py, yerr=error, fmt=marker, color=_color(r.group), capsize=3)
+        ax.errorbar(px, py, yerr=error, fmt=marker, color=colors[r.group], capsize=3)
         off = [_short(r[x])] * bool(sx) + [_short(r[y])] * bool(sy)  # its value on the axis it is off
         label = f"{row}: {', '.join(off)}" if off else str(row)
         ax.annotate(label, (px, py), textcoords="offset points", fontsize=8,
@@ -107,7 +113,7 @@ def _short(value: float) -> str:
 
 def bleu_vs_params(frame: pd.DataFrame) -> bytes:
     return _scatter(frame, "params_m", "bleu", "bleu_std", "parameters (millions)", "dev BLEU",
-                    "Dev BLEU against model size (colour: Table 3 group)")
+                    "Dev BLEU against model size (colour: group)")
 
 
 def ppl_vs_time(frame: pd.DataFrame) -> bytes:
@@ -117,27 +123,32 @@ def ppl_vs_time(frame: pd.DataFrame) -> bytes:
 
 def change_vs_base(frame: pd.DataFrame) -> bytes:
     """Per-row bars of the relative change of PPL and BLEU against base (%): ours solid, the
-    paper's hatched (relative, since our CPU-scale values and the paper's differ in magnitude). A
+    paper's hatched where the table has the paper's numbers (relative, since our CPU-scale values and the paper's differ in magnitude). A
     bar far beyond the others (`robust_limits`) is cut at the axis edge, its value written there."""
     rows = [r for r in frame.index if r != "base"]
+    with_paper = has_paper(frame)  # a spec without the paper's numbers: our bars alone
     fig, axes = plt.subplots(2, 1, figsize=(max(6.4, 0.45 * len(rows) + 2), 6.0), sharex=True)
     positions = range(len(rows))
     cut = False
+    by_group = group_colors(frame["group"])
+    colors = [by_group[frame.loc[r, "group"]] for r in rows]
     for ax, metric, label in ((axes[0], "ppl", "PPL vs base, % (lower is better)"),
                               (axes[1], "bleu", "BLEU vs base, % (higher is better)")):
-        colors = [_color(frame.loc[r, "group"]) for r in rows]
         bars = {}
         for name in (f"d_{metric}_pct", f"d_paper_{metric}_pct"):
             column = frame[name] if name in frame else pd.Series(0.0, index=frame.index)
             bars[name] = [0.0 if pd.isna(column[r]) else float(column[r]) for r in rows]
         ours, paper = bars.values()
-        ax.bar([p - 0.2 for p in positions], ours, width=0.4, color=colors, label="ours")
-        ax.bar([p + 0.2 for p in positions], paper, width=0.4, color="white", edgecolor=colors, hatch="///",
-               label="paper")
-        if limits := robust_limits([0.0, *ours, *paper]):
+        drawn = [(0.0, ours)]
+        if with_paper:
+            drawn = [(-0.2, ours), (0.2, paper)]
+            ax.bar([p + 0.2 for p in positions], paper, width=0.4, color="white", edgecolor=colors,
+                   hatch="///", label="paper")
+        ax.bar([p + drawn[0][0] for p in positions], ours, width=0.4, color=colors, label="ours")
+        if limits := robust_limits([0.0, *(v for _, values in drawn for v in values)]):
             ax.set_ylim(*limits)
             cut = True
-            for shift, values in ((-0.2, ours), (0.2, paper)):
+            for shift, values in drawn:
                 for p, v in zip(positions, values):
                     edge, side = _edge(v, limits)
                     if side:
@@ -147,9 +158,10 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_ylabel(label, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if with_paper:
+        axes[0].legend(fontsize=8)
     axes[1].set_xticks(list(positions), rows, rotation=0, fontsize=8)
-    axes[0].set_title("Relative change against base, per Table 3 row"
+    axes[0].set_title("Relative change against base, per row"
                       + ("\n(a bar far beyond the others is cut at the edge, its value written there)" if cut else ""),
                       fontsize=10)
     return _png(fig)

@@ -49,8 +49,16 @@ def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> 
             # Relative change: our scale's PPL/BLEU and the paper's differ by an order of magnitude.
             frame[f"d_{col}_pct"] = 100 * frame[f"d_{col}"] / base if base else math.nan
         frame.loc["base", "p_bleu_vs_base"] = math.nan
-        add_seed_statistics(frame, runs)
+    add_seed_statistics(frame, runs)
     return frame
+
+
+def has_paper(frame: pd.DataFrame) -> bool:
+    """Whether the table carries any of the paper's numbers (ablations/table3.yaml does;
+    ablations/modifications.yaml has none): without them the report has no paper column, no sign
+    comparison and no rank correlation."""
+    columns = [c for c in ("paper_ppl", "paper_bleu", "paper_params_m") if c in frame]
+    return bool(columns) and bool(frame[columns].notna().to_numpy().any())
 
 
 def paper_configuration(row: str, spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -75,8 +83,9 @@ def convergence_summary(classes: pd.Series) -> str | None:
 
 
 def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
-    """Per row: 95% CI of PPL and BLEU, the difference to base with its CI, whether it is beyond
-    seed noise, the sign agreement with the paper, and the convergence class over seeds."""
+    """Per row: 95% CI of PPL and BLEU and the convergence class over seeds; with a base row, also
+    the difference to base with its CI, whether it is beyond seed noise, and the sign agreement
+    with the paper."""
     by_seed = {(row, metric): dict(zip(part["seed"], part[metric]))
                for row, part in runs.groupby("row", sort=False) for metric in ("ppl", "bleu")}
     for row in frame.index:
@@ -84,6 +93,8 @@ def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
             values = by_seed.get((row, metric), {})
             ci = mean_ci([v for v in values.values() if v is not None and not pd.isna(v)])
             frame.loc[row, f"{metric}_ci"] = ci.half_width
+            if "base" not in frame.index:
+                continue  # no difference to base without it
             diff, method = difference_ci(values, by_seed.get(("base", metric), {}))
             frame.loc[row, f"d_{metric}_low"], frame.loc[row, f"d_{metric}_high"] = diff.low, diff.high
             if metric == "ppl":
@@ -156,9 +167,11 @@ def _seeds(r: pd.Series) -> str:
 
 def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
     """The table as text cells, narrow enough for a normal window: the paper configuration as the
-    row's changes from base, then ours with the paper's value in parentheses. ± is the 95%
-    confidence interval over seeds; Δ is against base with its interval in brackets."""
+    row's changes from base, then ours with the paper's value in parentheses (columns named
+    '... (paper)'; a table without the paper's numbers has neither, nor 'sign = paper'). ± is the
+    95% confidence interval over seeds; Δ is against base with its interval in brackets."""
     pm = r" $\pm$ " if tex else " ± "
+    paper = " (paper)" if has_paper(frame) else ""
 
     def ours_paper(mean: Any, half: Any, paper: Any, digits: int, paper_digits: int) -> str:
         text = _num(mean, digits)
@@ -182,18 +195,20 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
     for row, r in frame.iterrows():
         rows.append({
             "row": row, "changes from base": changes(r, base), "seeds": _seeds(r),
-            "PPL (paper)": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
-            f"{d}PPL [95% CI] (paper)": delta(r, "ppl", 2),
+            f"PPL{paper}": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
+            f"{d}PPL [95% CI]{paper}": delta(r, "ppl", 2),
             "beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
             "sign = paper": {True: "yes", False: "no"}.get(r.get("ppl_sign_agrees"), ""),
             "converged": str(r.get("convergence") or ""),
-            "BLEU (paper)": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
+            f"BLEU{paper}": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
             # (the paper's BLEU is in the column before: its Δ would widen the table past a window)
             f"{d}BLEU [95% CI]": delta(r, "bleu", 2, with_paper=False), "p vs base": _num(r.p_bleu_vs_base, 3),
-            f"params {x6} (paper)": ours_paper(r.params_m, None, r.paper_params_m, 2, 0),
+            f"params {x6}{paper}": ours_paper(r.params_m, None, r.paper_params_m, 2, 0),
             "train s": _num(r.train_time_s, 0),
         })
     table = pd.DataFrame.from_records(rows)
+    if not paper:
+        table = table.drop(columns="sign = paper", errors="ignore")
     if tex:
         table.columns = [c.replace("_", r"\_") if "$" not in c else c for c in table.columns]
         table["changes from base"] = table["changes from base"].str.replace("_", r"\_")

@@ -76,10 +76,10 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     """The plan of `ablate table3`: rows (`base,A,D3`; default: the preset's, else the spec's),
     seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed; rows the
     preset's one-seed rule names get the first only, unless `every_seed`), study name (default
-    `table3-PRESET`), rows to redo (`base,C5`: rows or groups of the table)."""
+    `SPEC-PRESET`, `default_study`), rows to redo (`base,C5`: rows or groups of the table)."""
     from lightning_modules.run.preflight import check_hardware  # loads torch: not for the report's imports
 
-    name = check_name(study or f"table3-{preset}", "study name")  # before anything is written
+    name = check_name(study or default_study(preset, spec_path), "study name")  # before anything is written
     spec = load_spec(spec_path)
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
     base = resolve(preset, "base", config, overrides, spec_path)
@@ -94,6 +94,13 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     return Table3Plan(study=name, storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
                       config=config, one_seed_rows=single, redo=again)
+
+
+def default_study(preset: str, spec_path: str | None = None) -> str:
+    """`table3-PRESET` for the paper's table, `SPEC-PRESET` for another spec (its file name without
+    `.yaml`: `modifications-cpu`), so that two tables run in one storage never meet in one study
+    (a study holds one table: the second would be refused for rows its spec lacks)."""
+    return f"{Path(spec_path).stem if spec_path else 'table3'}-{preset}"
 
 
 def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default: list[str] | None,

@@ -276,7 +276,8 @@ def test_modifications_table_reads_without_a_paper_column():
 
     from ablations.spec import load_spec
     from reports.collect import Table3Data
-    from reports.table3 import changes, table3_frame
+    from reports.figures import change_vs_base, group_colors
+    from reports.table3 import changes, display_frame, has_paper, table3_frame
     from reports.verdicts import verdicts
 
     spec = load_spec("ablations/modifications.yaml")
@@ -302,6 +303,39 @@ def test_modifications_table_reads_without_a_paper_column():
     base = frame.attrs["base_configuration"]
     assert changes(frame.loc["pre_ln"], base) == "norm_position pre"
     assert changes(frame.loc["swiglu"], base) == "d_ff 1365, activation swiglu"
+    assert not has_paper(frame)
+    shown = display_frame(frame).set_index("row")
+    assert list(shown.columns) == ["changes from base", "seeds", "PPL", "ΔPPL [95% CI]", "beyond noise", "converged",
+                                   "BLEU", "ΔBLEU [95% CI]", "p vs base", "params ×10⁶", "train s"]
+    assert shown.loc["pre_ln", "ΔPPL [95% CI]"].startswith("-2.00 [")  # no paper's Δ after it
+    assert shown.loc["pre_ln", "PPL"] == f"{frame.loc['pre_ln', 'ppl']:.2f} ± {frame.loc['pre_ln', 'ppl_ci']:.2f}"
+    colors = group_colors(frame["group"])
+    assert colors["base"] == "black" and len({colors[g] for g in frame["group"]}) == frame["group"].nunique()
+    assert change_vs_base(frame).startswith(b"\x89PNG")  # our bars alone
+
+
+def test_a_table_without_base_still_shows_each_rows_seed_interval_and_convergence():
+    """A table whose base run has not finished (the cpu modifications table in its parts) has no Δ,
+    but each row's mean ± interval and convergence class are its own."""
+    import pandas as pd
+
+    from ablations.spec import load_spec
+    from reports.collect import Table3Data
+    from reports.table3 import display_frame, table3_frame
+
+    spec = load_spec("ablations/modifications.yaml")
+    runs = pd.DataFrame.from_records(
+        {"row": row, "seed": seed, "ppl": ppl, "bleu": 4.0, "params": 480_000, "train_time_s": 600.0,
+         "tokens_per_s": 900.0, "steps": 500, "convergence": conv}
+        for row, values in {"pre_ln": [(25.4, "converged"), (24.8, "converged")],
+                            "swiglu": [(23.3, "converged"), (22.9, "still improving")]}.items()
+        for seed, (ppl, conv) in zip((1, 2), values))
+    frame = table3_frame(Table3Data(study="t", storage="sqlite://", preset="cpu", overrides=[], setup={},
+                                    runs=runs, spec={row: spec[row] for row in ("base", "pre_ln", "swiglu")}))
+    shown = display_frame(frame).set_index("row")
+    assert shown.loc["pre_ln", "PPL"].startswith("25.10 ± ") and shown.loc["pre_ln", "converged"] == "converged"
+    assert shown.loc["swiglu", "converged"] == "still improving (1/2)"
+    assert (shown["ΔPPL [95% CI]"] == "").all() and (shown["beyond noise"] == "").all()
 
 
 if __name__ == "__main__":
