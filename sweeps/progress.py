@@ -27,7 +27,7 @@ from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import last_step, read_rows
 from lightning_modules.run.results import read_results
 from sweeps import archive as kept
-from sweeps.cost import DeviceRate, TimeUnit, estimate
+from sweeps.cost import DeviceRate, TimeUnit, estimate, own_or_overall
 from sweeps.redo import redo_requests
 from sweeps.table3 import Table3Plan, check_archive, check_study, identity, run_dir, status
 
@@ -131,11 +131,9 @@ def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers
 
 def left_at_own_rate(left: pd.Series, found: pd.Series) -> float:
     """Device time left (`left`: per row, at the preset's rate, in any unit) at each row's own
-    measured share (the median over its measured runs), or the median over all measured runs for a
-    row with none: FLOPs alone miss what makes a row slow (on 2 cores, A3's 16 heads of 4 dimensions
-    trained at two thirds of A2's tokens/s with the same parameters)."""
-    own, elsewhere = found.groupby(level=0).median(), found.median()
-    return float(sum(time / own.get(row, elsewhere) for row, time in left.items()))
+    measured share (`found`, indexed by row; `sweeps.cost.own_or_overall`)."""
+    share = own_or_overall(found.items())
+    return float(sum(time / share(row) for row, time in left.items()))
 
 
 def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, workers: int,

@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,15 +292,19 @@ def describe_duration(seconds: float) -> str:
     return " ".join(parts) or "0s"
 
 
-def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) -> float:
-    """How many times its estimate a run takes here: the largest ratio of a complete trial's wall
-    time to its row's estimate (the largest, because a trial that resumed a run from a checkpoint
-    took less than a whole run); 1.0 before any has finished."""
-    ratios = [(t.datetime_complete - t.datetime_start).total_seconds() / run_seconds[row]
-              for t in trials
-              if t.state == TrialState.COMPLETE and (row := t.user_attrs.get("row")) in run_seconds
-              and t.datetime_start is not None and t.datetime_complete is not None]
-    return max(ratios, default=1.0)
+def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) -> Callable[[str], float]:
+    """How many times its estimate a run of a row takes here: over this study's complete runs, the
+    ratio of a run's training seconds (`train_time_s`, its own over every part it ran in: a resumed
+    run counts whole, the time between parts not at all) to its row's estimate; the row's own
+    median, or the median over every row for a row with none (`sweeps.cost.own_or_overall`);
+    1.0 before any has finished."""
+    from sweeps.cost import own_or_overall
+
+    ratios = own_or_overall(
+        (row, float(t.user_attrs["train_time_s"]) / run_seconds[row]) for t in trials
+        if t.state == TrialState.COMPLETE and (row := t.user_attrs.get("row")) in run_seconds
+        and t.user_attrs.get("train_time_s"))
+    return lambda row: ratios(row) or 1.0
 
 
 @dataclass
@@ -313,14 +318,15 @@ class Part:
     finish_by: float | None
     run_seconds: dict[str, float]
     runs_dir: str | Path | None = None  # where a retry copy's run directory and its progress are
-    pace: float = 1.0
+    pace: Callable[[str], float] = lambda row: 1.0
 
     def update(self, study: optuna.Study) -> None:
         self.pace = pace(study.get_trials(deepcopy=False), self.run_seconds)
 
     def expected_s(self, trial: optuna.trial.FrozenTrial) -> float | None:
-        estimate = self.run_seconds.get(trial.user_attrs.get("row"))
-        return None if estimate is None else estimate * self.pace * self.ahead(trial)
+        row = trial.user_attrs.get("row")
+        estimate = self.run_seconds.get(row)
+        return None if estimate is None else estimate * self.pace(row) * self.ahead(trial)
 
     def ahead(self, trial: optuna.trial.FrozenTrial) -> float:
         """The part of a run's training still ahead: a retry copy resumes from its checkpoint, so
@@ -429,11 +435,13 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
         if waiting and part is not None:
             part.update(study)
             if not any(part.fits(t) for t in waiting):
-                shortest = min(part.expected_s(t) or 0.0 for t in waiting)
+                first = min(waiting, key=lambda t: part.expected_s(t) or 0.0)
+                row = first.user_attrs.get("row")
                 print(f"worker {os.getpid()}: the {len(waiting)} queued run(s) left cannot finish in the "
                       f"{describe_duration(max(0.0, (part.finish_by or 0) - time.time()))} left of this part "
-                      f"(--stop-after; the shortest is expected to take {describe_duration(shortest)}, "
-                      f"{part.pace:.2f} x its estimate); leaving them for the next part", file=sys.stderr)
+                      f"(--stop-after; the shortest, {row}, is expected to take "
+                      f"{describe_duration(part.expected_s(first) or 0.0)}, {part.pace(row):.2f} x its "
+                      f"estimate); leaving them for the next part", file=sys.stderr)
                 return False
         if waiting:
             return True
