@@ -112,13 +112,13 @@ def _short(value: float) -> str:
 
 
 def bleu_vs_params(frame: pd.DataFrame) -> bytes:
-    return _scatter(frame, "params_m", "bleu", "bleu_std", "parameters (millions)", "dev BLEU",
-                    "Dev BLEU against model size (colour: group)")
+    return _scatter(frame, "params_m", "bleu", "bleu_ci", "parameters (millions)", "dev BLEU",
+                    "Dev BLEU against model size (colour: group; bars: 95% CI over seeds)")
 
 
 def ppl_vs_time(frame: pd.DataFrame) -> bytes:
-    return _scatter(frame, "train_time_s", "ppl", "ppl_std", "training time (s)",
-                    "dev perplexity (per wordpiece)", "Dev perplexity against training time", robust_x=True)
+    return _scatter(frame, "train_time_s", "ppl", "ppl_ci", "training time (s)", "dev perplexity (per wordpiece)",
+                    "Dev perplexity against training time (bars: 95% CI over seeds)", robust_x=True)
 
 
 def change_vs_base(frame: pd.DataFrame) -> bytes:

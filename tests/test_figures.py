@@ -32,7 +32,7 @@ def test_a_spread_without_a_gap_keeps_the_axis_as_it_is():
 def _frame(d1_ppl: float) -> pd.DataFrame:
     rows = ["base", "A1", "A2", "C1", "C2", "D1", "D2", "E"]
     ppl = [24.0, 24.9, 23.5, 29.7, 24.5, d1_ppl, 28.3, 23.4]
-    frame = pd.DataFrame({"group": [r if r == "base" else r[0] for r in rows], "ppl": ppl, "ppl_std": 0.5,
+    frame = pd.DataFrame({"group": [r if r == "base" else r[0] for r in rows], "ppl": ppl, "ppl_ci": 0.5,
                           "train_time_s": [3600.0, 3300, 2700, 1500, 2200, 3300, 3700, 3500]}, index=rows)
     frame["d_ppl_pct"] = 100 * (frame["ppl"] - 24.0) / 24.0
     return frame
