@@ -10,9 +10,7 @@ than estimated; the estimate says which device it holds for.
 
 from __future__ import annotations
 
-import statistics
 import sys
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -105,21 +103,6 @@ def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> di
         return {}
     share = workers if devices is None else 1
     return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
-
-
-def own_or_overall(measured: Iterable[tuple[str, float]]) -> Callable[[str], float | None]:
-    """How a table's measured runs speak for a row (`measured`: (row, value) per run): the median of
-    the row's own values, or the median over every row for a row with none (FLOPs alone miss what
-    makes a row slow: on 2 cores, A3's 16 heads of 4 dimensions trained at two thirds of A2's
-    tokens/s with the same parameters); None before any run is measured. Medians, so that one run
-    slowed by other work beside it does not speak for the rest. Both `--dry-run`'s time left at
-    each row's own rate and a part's choice of runs that fit (`sweeps.worker.pace`) read it."""
-    by_row: dict[str, list[float]] = {}
-    for row, value in measured:
-        by_row.setdefault(row, []).append(value)
-    overall = statistics.median(v for values in by_row.values() for v in values) if by_row else None
-    own = {row: statistics.median(values) for row, values in by_row.items()}
-    return lambda row: own.get(row, overall)
 
 
 def describe(plan: Table3Plan) -> str:

@@ -27,9 +27,10 @@ from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import last_step, read_rows
 from lightning_modules.run.results import read_results
 from sweeps import archive as kept
-from sweeps.cost import DeviceRate, TimeUnit, estimate, own_or_overall
+from sweeps.cost import DeviceRate, TimeUnit, estimate
 from sweeps.redo import redo_requests
 from sweeps.table3 import Table3Plan, check_archive, check_study, identity, run_dir, status
+from sweeps.worker import own_or_overall
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers
 
 def left_at_own_rate(left: pd.Series, found: pd.Series) -> float:
     """Device time left (`left`: per row, at the preset's rate, in any unit) at each row's own
-    measured share (`found`, indexed by row; `sweeps.cost.own_or_overall`)."""
+    measured share (`found`, indexed by row; `sweeps.worker.own_or_overall`)."""
     share = own_or_overall(found.items())
     return float(sum(time / share(row) for row, time in left.items()))
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -292,14 +293,27 @@ def describe_duration(seconds: float) -> str:
     return " ".join(parts) or "0s"
 
 
+def own_or_overall(measured: Iterable[tuple[str, float]]) -> Callable[[str], float | None]:
+    """How a table's measured runs speak for a row (`measured`: (row, value) per run): the median of
+    the row's own values, or the median over every row for a row with none (FLOPs alone miss what
+    makes a row slow: on 2 cores, A3's 16 heads of 4 dimensions trained at two thirds of A2's
+    tokens/s with the same parameters); None before any run is measured. Medians, so that one run
+    slowed by other work beside it does not speak for the rest. Both `--dry-run`'s time left at
+    each row's own rate (`sweeps.progress`) and a part's choice of runs that fit (`pace`) read it."""
+    by_row: dict[str, list[float]] = {}
+    for row, value in measured:
+        by_row.setdefault(row, []).append(value)
+    overall = statistics.median(v for values in by_row.values() for v in values) if by_row else None
+    own = {row: statistics.median(values) for row, values in by_row.items()}
+    return lambda row: own.get(row, overall)
+
+
 def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) -> Callable[[str], float]:
     """How many times its estimate a run of a row takes here: over this study's complete runs, the
     ratio of a run's training seconds (`train_time_s`, its own over every part it ran in: a resumed
     run counts whole, the time between parts not at all) to its row's estimate; the row's own
-    median, or the median over every row for a row with none (`sweeps.cost.own_or_overall`);
+    median, or the median over every row for a row with none (`own_or_overall`);
     1.0 before any has finished."""
-    from sweeps.cost import own_or_overall
-
     ratios = own_or_overall(
         (row, float(t.user_attrs["train_time_s"]) / run_seconds[row]) for t in trials
         if t.state == TrialState.COMPLETE and (row := t.user_attrs.get("row")) in run_seconds
