@@ -4,8 +4,9 @@ Writes `table3.csv` (numbers), `table3.md`, `table3.tex`, `figures/*.png` and a 
 `report.html`, each atomically; the same inputs give the same bytes (no timestamps; sacreBLEU's
 bootstrap has a fixed seed). The report answers first: any caveats, then "What this table says"
 (a verdict per group and, where the spec has the paper's numbers, the rank correlation with
-them), then the table, the figures, and the methods last (collapsed in report.html). With W&B on, one run logs the table (`wandb.Table`),
-every figure, report.html, and the report's opening lines (the run's notes, and a table of lines).
+them), then the table, the figures, and the methods last (collapsed in report.html). With W&B on,
+one run logs the table (`wandb.Table`), every figure, report.html, and the report's opening lines
+(the run's notes, and a table of lines).
 """
 
 from __future__ import annotations
