@@ -1,7 +1,7 @@
 """The report's figures (matplotlib, PNG bytes): the change of every row against base, ours beside
-the paper's where the spec has its numbers, BLEU vs parameters, PPL vs training time, and learning curves per group. A row far off
-the others does not flatten an axis: the axis keeps to the rest (`robust_limits`), and that row is
-drawn at the edge with its value written there."""
+the paper's where the spec has its numbers, BLEU vs parameters, PPL vs training time, and learning
+curves per group. A row far off the others does not flatten an axis: the axis keeps to the rest
+(`robust_limits`), and that row is drawn at the edge with its value written there."""
 
 from __future__ import annotations
 
@@ -123,8 +123,9 @@ def ppl_vs_time(frame: pd.DataFrame) -> bytes:
 
 def change_vs_base(frame: pd.DataFrame) -> bytes:
     """Per-row bars of the relative change of PPL and BLEU against base (%): ours solid, the
-    paper's hatched where the table has the paper's numbers (relative, since our CPU-scale values and the paper's differ in magnitude). A
-    bar far beyond the others (`robust_limits`) is cut at the axis edge, its value written there."""
+    paper's hatched where the table has the paper's numbers (relative, since our CPU-scale values
+    and the paper's differ in magnitude). A bar far beyond the others (`robust_limits`) is cut at
+    the axis edge, its value written there."""
     rows = [r for r in frame.index if r != "base"]
     with_paper = has_paper(frame)  # a spec without the paper's numbers: our bars alone
     fig, axes = plt.subplots(2, 1, figsize=(max(6.4, 0.45 * len(rows) + 2), 6.0), sharex=True)
@@ -139,12 +140,11 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
             column = frame[name] if name in frame else pd.Series(0.0, index=frame.index)
             bars[name] = [0.0 if pd.isna(column[r]) else float(column[r]) for r in rows]
         ours, paper = bars.values()
-        drawn = [(0.0, ours)]
+        drawn = [(-0.2, ours), (0.2, paper)] if with_paper else [(0.0, ours)]  # (shift, values)
+        ax.bar([p + drawn[0][0] for p in positions], ours, width=0.4, color=colors, label="ours")
         if with_paper:
-            drawn = [(-0.2, ours), (0.2, paper)]
             ax.bar([p + 0.2 for p in positions], paper, width=0.4, color="white", edgecolor=colors,
                    hatch="///", label="paper")
-        ax.bar([p + drawn[0][0] for p in positions], ours, width=0.4, color=colors, label="ours")
         if limits := robust_limits([0.0, *(v for _, values in drawn for v in values)]):
             ax.set_ylim(*limits)
             cut = True
