@@ -14,6 +14,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.legend import Legend  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 
 from reports.table3 import has_paper  # noqa: E402
 
@@ -26,6 +29,14 @@ def group_colors(groups: Iterable[str]) -> dict[str, str]:
     groups first appear (Table 3's A, B, C, D, E, big: blue, orange, green, red, purple, brown)."""
     others = [group for group in dict.fromkeys(groups) if group != "base"]
     return {"base": "black", **{group: PALETTE[i % len(PALETTE)] for i, group in enumerate(others)}}
+
+
+def group_legend(ax: plt.Axes, groups: Iterable[str], marker: str = "o", **options) -> Legend:
+    """A legend naming the colour of each group in `groups`, in the order they first appear."""
+    present = list(dict.fromkeys(groups))
+    colors = group_colors(present)
+    handles = [Line2D([], [], marker=marker, linestyle="", color=colors[group], label=group) for group in present]
+    return ax.legend(handles=handles, title="group", fontsize=7, title_fontsize=7, **options)
 
 
 def _png(fig: plt.Figure) -> bytes:
@@ -97,6 +108,7 @@ def _scatter(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabe
         ax.set_xlim(*xlim)
     if ylim:
         ax.set_ylim(*ylim)
+    group_legend(ax, frame["group"])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title + (OFF_SCALE if xlim or ylim else ""), fontsize=10)
@@ -141,10 +153,10 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
             bars[name] = [0.0 if pd.isna(column[r]) else float(column[r]) for r in rows]
         ours, paper = bars.values()
         drawn = [(-0.2, ours), (0.2, paper)] if with_paper else [(0.0, ours)]  # (shift, values)
-        ax.bar([p + drawn[0][0] for p in positions], ours, width=0.4, color=colors, label="ours")
+        ax.bar([p + drawn[0][0] for p in positions], ours, width=0.4, color=colors)
         if with_paper:
             ax.bar([p + 0.2 for p in positions], paper, width=0.4, color="white", edgecolor=colors,
-                   hatch="///", label="paper")
+                   hatch="///")
         if limits := robust_limits([0.0, *(v for _, values in drawn for v in values)]):
             ax.set_ylim(*limits)
             cut = True
@@ -158,8 +170,10 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_ylabel(label, fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    if with_paper:
-        axes[0].legend(fontsize=8)
+    if with_paper:  # which bar is whose, in grey: the colours are the groups'
+        axes[0].legend(handles=[Patch(color="grey", label="ours"),
+                                Patch(facecolor="white", edgecolor="grey", hatch="///", label="paper")], fontsize=8)
+    group_legend(axes[1], [frame.loc[r, "group"] for r in rows], marker="s")
     axes[1].set_xticks(list(positions), rows, rotation=0, fontsize=8)
     axes[0].set_title("Relative change against base, per row"
                       + ("\n(a bar far beyond the others is cut at the edge, its value written there)" if cut else ""),

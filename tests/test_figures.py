@@ -3,9 +3,11 @@ D1 at +418% PPL against base flattened every other bar), and draw that row at th
 
 import math
 
+import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.colors import to_hex
 
-from reports.figures import change_vs_base, kept_range, ppl_vs_time, robust_limits
+from reports.figures import change_vs_base, group_colors, group_legend, kept_range, ppl_vs_time, robust_limits
 
 # the cpu table's changes against base, % (ours and the paper's, rows A1..big): D1 at +418
 PPL_PCT = [3.0, -2.8, 5.0, 15.1, 11.0, 8.6, 23.1, 1.7, 13.7, 44.8, 7.3, 5.0, -1.1, 417.8, 17.1, 2.2, 7.3, -3.0,
@@ -48,3 +50,20 @@ def test_the_axis_keeps_to_the_rest_however_far_off_a_row_is():
     for draw in (change_vs_base, ppl_vs_time):
         pictures = {draw(f) for f in (near, far, farther)}
         assert len(pictures) == 3 and all(p.startswith(b"\x89PNG") for p in pictures)
+
+
+def test_the_legend_names_each_groups_colour_as_the_points_are_drawn():
+    """The legend lists each group once, in the order the rows give them, each in the colour its
+    points and bars are drawn in; a group absent from the rows drawn (base in the change figure)
+    is left out without shifting the others' colours."""
+    groups = ["base", "normalisation", "normalisation", "feed-forward", "positions", "feed-forward"]
+    fig, ax = plt.subplots()
+    legend = group_legend(ax, groups)
+    assert [t.get_text() for t in legend.get_texts()] == ["base", "normalisation", "feed-forward", "positions"]
+    drawn = {h.get_label(): to_hex(h.get_color()) for h in legend.legend_handles}
+    assert drawn == {g: to_hex(c) for g, c in group_colors(groups).items()}
+    assert len(set(drawn.values())) == 4
+    without_base = group_legend(ax, groups[1:])
+    assert {h.get_label(): to_hex(h.get_color()) for h in without_base.legend_handles} == \
+        {g: c for g, c in drawn.items() if g != "base"}
+    plt.close(fig)
