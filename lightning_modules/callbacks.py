@@ -30,19 +30,19 @@ class TrainingClock(pl.Callback):
     Also measures this process's start-up (process start to the first training step, the data,
     model and Trainer set-up included), the first step's own time (which holds torch.compile's
     compilation) and the steady-state rate: target tokens/s between the log-window boundaries
-    after the first one (synchronised with the device there, once per window, so these times
-    are the device's).
+    after the first one, over the training clock's seconds (synchronised with the device there,
+    once per window, so these times are the device's).
     """
 
     def __init__(self, every: int = 50, startup: StartUp | None = None) -> None:
-        self.training = Stopwatch()  # validation inside fit left out
+        self.training = Stopwatch()  # validation inside fit and stretches stopped left out
         self.startup = startup or StartUp()  # its last part ends at the first training step
         self.target_tokens = 0
         self.every = max(1, every)
         self.startup_s: float | None = None
         self.first_step_s: float | None = None
         self._first_started: float | None = None
-        self._marks: list[tuple[float, int]] = []  # (time, tokens) at window boundaries
+        self._marks: list[tuple[float, int]] = []  # (training seconds, tokens) at window boundaries
         self._lapped = 0.0  # the training seconds at the previous lap
 
     @property
@@ -100,7 +100,7 @@ class TrainingClock(pl.Callback):
         if first:
             self.first_step_s = time.perf_counter() - self._first_started
         if mark:
-            self._marks.append((time.perf_counter(), self.target_tokens))
+            self._marks.append((self.training.total, self.target_tokens))
 
     @property
     def tokens_per_s(self) -> float:

@@ -1,12 +1,13 @@
-"""Stopwatches over stretches of a run: its training time (validation inside fit left out), the
-stages of its data preparation (wall, CPU and peak memory of each), and the parts of its start-up
-(process start to the first training step)."""
+"""Stopwatches over stretches of a run: its training time (validation inside fit and any stretch
+in which the process was stopped left out), the stages of its data preparation (wall, CPU and peak
+memory of each), and the parts of its start-up (process start to the first training step)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import resource
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,25 +15,78 @@ from pathlib import Path
 from typing import Any
 
 
+TICK_S = 1.0  # how often the watcher notes the clock
+STOPPED_AFTER_S = 10.0  # a gap between its notes this long: no thread of the process ran
+
+
+class _Stopped:
+    """The stretches in which this process was stopped (SIGSTOP, Ctrl-Z, SLURM's `scontrol
+    suspend`), which the host clock (`perf_counter`, CLOCK_MONOTONIC) runs on through.
+
+    A daemon thread notes the clock every TICK_S seconds. Stopped, it cannot, so a gap between two
+    notes longer than STOPPED_AFTER_S is a stretch in which no thread of the process ran; it is
+    counted from one tick after the last note (it may have begun up to TICK_S earlier). Shorter
+    gaps (a busy machine) count as the run's time. One watcher a process, started by the first
+    stopwatch that runs (again in a forked child, whose copy of the thread does not run).
+    """
+
+    def __init__(self) -> None:
+        self._gaps: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+
+    def watch(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid, self._gaps = os.getpid(), []
+        threading.Thread(target=self._note, name="stopwatch-stopped", daemon=True).start()
+
+    def _note(self) -> None:
+        last = time.perf_counter()
+        while True:
+            time.sleep(TICK_S)
+            now = time.perf_counter()
+            if now - last > STOPPED_AFTER_S:
+                with self._lock:
+                    self._gaps.append((last + TICK_S, now))
+            last = now
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds of [start, end] (host clock) in which the process was stopped."""
+        with self._lock:
+            return sum(max(0.0, min(b, end) - max(a, start)) for a, b in self._gaps)
+
+
+STOPPED = _Stopped()
+
+
 class Stopwatch:
-    """Seconds accumulated over the stretches between `start()` and `stop()` (host clock)."""
+    """Seconds accumulated over the stretches between `start()` and `stop()`: the host clock's,
+    less any time inside them in which the process was stopped (`_Stopped`)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0  # the stretches ended so far
         self._since: float | None = None
 
     def start(self) -> None:
+        STOPPED.watch()
         self._since = time.perf_counter()
 
+    def _running(self) -> float:
+        if self._since is None:
+            return 0.0
+        now = time.perf_counter()
+        return now - self._since - STOPPED.within(self._since, now)
+
     def stop(self) -> None:
-        if self._since is not None:
-            self.seconds += time.perf_counter() - self._since
-            self._since = None
+        self.seconds += self._running()
+        self._since = None
 
     @property
     def total(self) -> float:
         """The seconds so far, the running stretch included."""
-        return self.seconds + (time.perf_counter() - self._since if self._since is not None else 0.0)
+        return self.seconds + self._running()
 
 
 def process_age_s() -> float | None:

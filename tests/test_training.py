@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 
@@ -209,3 +214,38 @@ def test_training_clock_excludes_validation_and_counts_tokens(tmp_path):
     # 20 training steps of >= 20 ms, after every validation too; 4 validations of 200 ms excluded.
     assert 20 * 0.02 <= clock.train_time_s <= wall - 4 * 2 * 0.1
     assert clock.tokens_per_s == pytest.approx(140 / clock.train_time_s)
+
+
+# A stopwatch runs 6 s of host clock in a child process that the test stops (SIGSTOP) for 4 s of
+# them; the watcher's thresholds are lowered so that a 4 s stop counts (the default is 10 s).
+STOPPED_CHILD = r"""
+import json, sys, time
+from lightning_modules import stopwatch
+stopwatch.TICK_S, stopwatch.STOPPED_AFTER_S = 0.1, 1.0
+watch = stopwatch.Stopwatch()
+started = time.perf_counter()
+watch.start()
+print("running", flush=True)
+while time.perf_counter() - started < 6.0:
+    time.sleep(0.05)
+watch.stop()
+print(json.dumps({"wall": time.perf_counter() - started, "clock": watch.seconds}), flush=True)
+"""
+
+
+def test_the_training_clock_leaves_out_a_stretch_in_which_the_process_was_stopped():
+    """SIGSTOP (Ctrl-Z, SLURM's `scontrol suspend`) holds every thread while the host clock runs
+    on: the stopwatch counts the 6 s less the 4 s stopped, to within the watcher's tick."""
+    child = subprocess.Popen([sys.executable, "-c", STOPPED_CHILD], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "running"
+    time.sleep(1.0)
+    os.kill(child.pid, signal.SIGSTOP)
+    stopped = time.perf_counter()
+    time.sleep(4.0)
+    os.kill(child.pid, signal.SIGCONT)
+    stopped = time.perf_counter() - stopped
+    measured = json.loads(child.communicate(timeout=60)[0])
+    assert child.returncode == 0
+    assert measured["wall"] == pytest.approx(6.0, abs=1.5)
+    expected = measured["wall"] - stopped
+    assert expected - 0.1 <= measured["clock"] <= expected + 0.2 + 0.1, (measured, stopped)  # one tick (0.1 s) each way

@@ -38,7 +38,8 @@ class RunResult:
     test_bleu: float | None = _f("test BLEU (None when the test split is not decoded)", trial=True,
                                  summary=True)
     sacrebleu_signature: str | None = _f("sacreBLEU's signature of the dev score", trial=True)
-    train_time_s: float | None = _f("training seconds, validation excluded", trial=True, column=True)
+    train_time_s: float | None = _f("training seconds, validation and stretches stopped excluded", trial=True,
+                                   column=True)
     tokens_per_s: float | None = _f("target tokens per training second", trial=True, column=True)
     steady_tokens_per_s: float | None = _f("target tokens/s after the first log window (no compile or "
                                            "warm-up)", trial=True)
