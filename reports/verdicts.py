@@ -50,9 +50,12 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
         if worse:
             parts.append("higher PPL than base beyond seed noise: "
                          + ", ".join(_row_phrase(row, beyond.loc[row]) for row in worse))
-    if within:
-        no_ci = all(math.isnan(rows.loc[row].get("d_ppl_low", math.nan)) for row in within)
-        parts.append(("no interval (one seed): " if no_ci else "within seed noise: ") + ", ".join(within))
+    open_ = [row for row in within if math.isnan(rows.loc[row].get("d_ppl_low", math.nan))]
+    if inside := [row for row in within if row not in open_]:
+        parts.append("within seed noise: " + ", ".join(inside))
+    if open_:  # one seed on both sides; or base has one so far, and a row of several cannot be paired
+        base_seeds = frame["seeds"].get("base", 0) if "seeds" in frame else 0
+        parts.append(f"no interval ({'base has one seed' if base_seeds == 1 else 'one seed'}): " + ", ".join(open_))
     comparable = rows["ppl_sign_agrees"].dropna()
     if len(comparable):
         parts.append(f"signs agree with the paper for {int(comparable.sum())} of {len(comparable)} rows "

@@ -62,3 +62,18 @@ def test_a_table_without_the_papers_numbers_ranks_nothing_against_them():
         row.pop("paper", None)
     kinds = [kind for kind, _ in summary(table3_frame(data))]
     assert "rank correlation" not in kinds and any(kind.startswith("verdict") for kind in kinds)
+
+
+def test_a_row_without_an_interval_is_not_called_within_noise_and_the_reason_is_named():
+    """A row has no interval with one seed on both sides, or while base has one seed (a table in
+    progress): it is listed apart from the rows within seed noise, with which side lacks seeds."""
+    data = _table({"C3": [0.05, -0.05, 0.02], "C6": [1.0, 1.1, 1.2]})
+    data.runs = data.runs[~((data.runs["row"] == "C6") & (data.runs["seed"] > 1))]  # C6: seed 1 alone
+    frame = table3_frame(data)
+    assert frame.loc["C3", "beyond_noise"] == False and not np.isnan(frame.loc["C6", "d_ppl_low"])  # noqa: E712
+    data.runs = data.runs[~((data.runs["row"] == "base") & (data.runs["seed"] > 1))]  # base: seed 1 alone
+    frame = table3_frame(data)
+    sentence = group_verdict(frame, "C")
+    assert "no interval (base has one seed): C3, C6" in sentence and "within seed noise" not in sentence
+    both = table3_frame(_table({"C3": [0.05, -0.05, 0.02]}))
+    assert "within seed noise: C3" in group_verdict(both, "C")
