@@ -6,9 +6,10 @@ Intervals use Student's t. A row and base trained with the same seeds are compar
 with one seed against a base run with several is placed against base's seed noise: its
 difference's interval is base's 95% prediction interval for one more run (the row is assumed as
 noisy as base). A difference is "beyond seed noise" when its interval excludes zero; with one seed
-on both sides there is no interval and nothing is claimed. The paper reports single runs, so the sign of its difference is
-only compared where that difference is at least `PAPER_THRESHOLD` perplexity (smaller printed
-differences are within what a second run could change).
+on both sides, or one in base against several in the row, there is no interval and nothing is
+claimed. The paper reports single runs, so the sign of its difference is only compared where that
+difference is at least `PAPER_THRESHOLD` perplexity (smaller printed differences are within what a
+second run could change).
 """
 
 from __future__ import annotations
