@@ -17,7 +17,8 @@
   sizes, i.e. `512*src.size()[0]*src.size()[1] >= 5242880` for the base model, a guard that
   compiled the step again for a batch on the other side of it (benchmarks/results/
   gpu-h100-2026-11-23). Non-strict mode skips those size checks ("could be helpful to avoid
-  recompilations", torch's own comment) and fuses at every size. Not yet verified on a GPU.
+  recompilations", torch's own comment) and fuses at every size. On an H200, 12 batch shapes on
+  both sides of the threshold built one graph (benchmarks/results/gpu-h200-2026-11-27).
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
 - `torch._dynamo.utils.guard_failures` (semi-private): why each recompilation happened, the failed

@@ -88,10 +88,12 @@ def test_training_steps_do_not_synchronise(tmp_path: Path, variant: str):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "known on an H100 with torch 2.11: 4 graphs, not 1 (benchmarks/results/gpu-h100-2026-11-23: "
+    "known with torch 2.11: 4 graphs, not 1, on an H100 (benchmarks/results/gpu-h100-2026-11-23: "
     "Inductor guarded on the source length modulo 8, and on a fusion size threshold); both are "
-    "addressed (an aligned additive bias, the fusion's non-strict mode) and not yet verified on a "
-    "GPU; strict, so a fix shows up as XPASS"))
+    "addressed (an aligned additive bias, the fusion's non-strict mode), and on an H200 the round's "
+    "base model builds one graph over widths of both alignments, but this small model still built "
+    "more than one (gpu-h200-2026-11-27b; run with --runxfail to see the guards); strict, so a fix "
+    "shows up as XPASS"))
 def test_one_graph_for_source_lengths_of_every_alignment():
     """Inductor's SDPA lowering guards on a mask's alignment; lengths 13, 16, 21, 24 must share
     one compiled graph (a second costs ~50 s for the base model)."""
