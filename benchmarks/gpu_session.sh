@@ -8,14 +8,16 @@
 # Steps, each cut to what is left (a step that no longer fits is skipped and said so in summary.txt):
 #   1. test_gpu: tests/test_gpu.py's one-graph case (source widths of every alignment compile once)
 #      under --runxfail, so that its failure prints the guards (it still failed on an H200 on
-#      2026-11-27, with the round's base model building one graph), and beam search's reads per step;
-#   2. gpu_round: the eager and compiled base (the reference and the figure to beat), then CUDA
+#      2026-11-27, with the round's base model building one graph), beam search's reads per step,
+#      and decoding through CUDA graphs against the growing caches;
+#   2. generation: greedy and beam 4 against Hugging Face `generate` on the same model, with and
+#      without CUDA graphs (`eval.cuda_graphs`, not yet timed on a GPU; without them it was
+#      measured on an H200 on 2026-11-27: ~150 s with its training);
+#   3. gpu_round: the eager and compiled base (the reference and the figure to beat), then CUDA
 #      graphs at 4K tokens' host-bound steps (they ended a process once, so what follows them may
 #      be lost), then what earlier rounds left;
-#   3. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache;
+#   4. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache;
 #      the next run has not been reached on a GPU);
-#   4. generation: greedy and beam 4 against Hugging Face `generate` on the same model (measured
-#      on an H200 on 2026-11-27: ~150 s with its training);
 #   5. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);
 #   6. profile: where the compiled base and big steps (and the eager base step) spend their time
 #      (gpu_round --profile; measured on an H200 on 2026-11-27, so last).
@@ -78,11 +80,11 @@ DING=$(python3 -c "from lightning_modules.config import DataConfig; print(DataCo
   || echo "Ding: not installed (carry local-data/de-en.gz); the generation step will fail" | tee -a "$OUT/summary.txt"
 
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -rxXs --show-capture=no --tb=short tests/test_gpu.py)
-step test_gpu 150 "${PYTEST[@]}" --runxfail -k "one_graph or beam_search"
+step test_gpu 150 "${PYTEST[@]}" --runxfail -k "one_graph or beam_search or cuda_graphs"
+step generation 200 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only generation --out "$W/generation"
 step gpu_round 260 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round \
   --budget-s "$(max 10 "$(min 245 $(( $(left) - 30 )))")" --out "$W/gpu_round" --steps "$REST_STEPS"
 step startup 180 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only startup --out "$W/startup"
-step generation 170 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only generation --out "$W/generation"
 step test_gpu_sync 300 "${PYTEST[@]}" -k "synchronise and not graphs"
 step profile 330 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round --profile \
   --budget-s "$(max 10 "$(min 315 $(( $(left) - 30 )))")" --out "$W/profile" --steps "$PROFILE_STEPS"

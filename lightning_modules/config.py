@@ -349,6 +349,9 @@ class EvalConfig:
     batch_tokens: int = 8000  # source tokens per decoding batch
     bleu_tokenize: str = "13a"  # sacreBLEU tokenizer ("13a", "intl", ...)
     decode_test: bool = True  # also translate and score the test split
+    # decode through fixed-size caches, each batch's step replayed as one CUDA graph on a GPU
+    # (decoding a small model is bound by kernel launches); the same numbers, without a graph, on a CPU
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         _positive("eval", beam_size=self.beam_size, batch_tokens=self.batch_tokens)

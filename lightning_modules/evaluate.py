@@ -38,7 +38,7 @@ def translate(model: Transformer, sources: Sequence[list[int]], bos_id: int, eos
         for row, i in enumerate(batch):
             src[row, : len(sources[i])] = torch.tensor(sources[i])
         hyps = beam_search(model, src.to(device), bos_id, eos_id, beam_size or cfg.beam_size,
-                           cfg.length_penalty, cfg.max_len_offset)
+                           cfg.length_penalty, cfg.max_len_offset, cfg.cuda_graphs)
         for i, hyp in zip(batch, hyps):
             outputs[i] = hyp.tokens
         inject("decode")

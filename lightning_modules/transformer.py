@@ -51,6 +51,16 @@ def check_length(length: int, max_len: int) -> None:
         raise ValueError(f"sequence of length {length} exceeds model.max_len={max_len}")
 
 
+def rows_at(table: Tensor, offset: int | Tensor, length: int) -> Tensor:
+    """Rows offset .. offset + length - 1 of a table of positions. `offset` is an int (checked
+    against the table) or, in a fixed-size decoding step, a 0-d tensor on the table's device,
+    which is read without a host read (the decoder keeps it below the table's length)."""
+    if isinstance(offset, Tensor):
+        return table.index_select(0, offset + torch.arange(length, device=table.device))
+    check_length(offset + length, table.size(0))
+    return table[offset: offset + length]
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary positions (Su et al. 2021, eq. 34): each pair (x_2i, x_2i+1) of a query or key at
     position m is rotated by the angle m·theta_i, theta_i = 10000^(-2i/d_k), so that the dot
@@ -63,12 +73,10 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """(B, h, T, d_head) at positions offset .. offset + T - 1 -> the same, rotated."""
-        length = x.size(2)
-        check_length(offset + length, self.cos.size(0))
-        cos = self.cos[offset: offset + length].to(x.dtype)
-        sin = self.sin[offset: offset + length].to(x.dtype)
+        cos = rows_at(self.cos, offset, x.size(2)).to(x.dtype)
+        sin = rows_at(self.sin, offset, x.size(2)).to(x.dtype)
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
@@ -131,7 +139,7 @@ class MultiHeadAttention(nn.Module):
         """(B, T, heads·d) -> (B, heads, T, d)."""
         return x.unflatten(-1, (heads, d_head)).transpose(1, 2)
 
-    def _keys_values(self, kv: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+    def _keys_values(self, kv: Tensor, offset: int | Tensor) -> tuple[Tensor, Tensor]:
         """(B, T, g·(d_k + d_v)) projected -> keys and values, each (B, g, T, d_k or d_v)."""
         g = self.n_kv_heads
         k, v = kv.split([g * self.d_k, g * self.d_v], dim=-1)
@@ -140,16 +148,16 @@ class MultiHeadAttention(nn.Module):
             k = self.rotary(k, offset)
         return k, self._split(v, g, self.d_v)
 
-    def _queries(self, q: Tensor, offset: int) -> Tensor:
+    def _queries(self, q: Tensor, offset: int | Tensor) -> Tensor:
         """(B, T, h·d_k) projected -> queries (B, h, T, d_k)."""
         q = self._split(q, self.n_heads, self.d_k)
         return self.rotary(q, offset) if self.rotary is not None else q
 
-    def project_kv(self, x: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
+    def project_kv(self, x: Tensor, offset: int | Tensor = 0) -> tuple[Tensor, Tensor]:
         """Keys and values of `x` (at positions offset ..), each (B, g, T, d_k or d_v)."""
         return self._keys_values(self._projection("kv", x), offset)
 
-    def queries(self, x: Tensor, offset: int = 0) -> Tensor:
+    def queries(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """Queries of `x` (at positions offset ..), (B, h, T, d_k)."""
         return self._queries(self._projection("q", x), offset)
 
@@ -168,7 +176,7 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(out.transpose(1, 2).flatten(2))
 
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-               is_causal: bool = False, offset: int = 0) -> Tensor:
+               is_causal: bool = False, offset: int | Tensor = 0) -> Tensor:
         """Queries from `x` (at positions offset ..) attend over precomputed keys/values (g heads
         each); `mask` an additive bias (0 where allowed, -inf where not; `Transformer.padding_mask`)."""
         return self._attention(self.queries(x, offset), k, v, mask, is_causal)
@@ -285,9 +293,9 @@ class DecoderLayer(nn.Module):
         self.sublayers = nn.ModuleList(SublayerConnection(c) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor,
-                cache: LayerCache | None = None, position: int = 0) -> Tensor:
+                cache: LayerCache | None = None, position: int | Tensor = 0) -> Tensor:
         """Full sequence (cache=None, causal mask) or one new position per call (with cache),
-        `position` its index in the target."""
+        `position` its index in the target (a 0-d tensor: a fixed-size cache, `fixed_size_cache`)."""
         if cache is None:
             x = self.sublayers[0](x, lambda y: self.self_attn(y, y, is_causal=True))
             x = self.sublayers[1](x, lambda y: self.cross_attn(y, memory, src_mask))
@@ -299,9 +307,18 @@ class DecoderLayer(nn.Module):
                                                                       src_mask))
         return self.sublayers[2](x, self.feed_forward)
 
-    def _cached_self_attention(self, y: Tensor, cache: LayerCache, position: int) -> Tensor:
-        """Append this position's keys/values to the cache; it may see all cached ones."""
+    def _cached_self_attention(self, y: Tensor, cache: LayerCache, position: int | Tensor) -> Tensor:
+        """Append this position's keys/values to the cache; it may see all cached ones. A
+        fixed-size cache (a tensor `position`) takes them into slot `position` and hides the
+        slots after it, so that every step has the same shapes (one CUDA graph replays them)."""
         k, v = self.self_attn.project_kv(y, offset=position)
+        if isinstance(position, Tensor):
+            keys, values = cache["self_k"], cache["self_v"]  # (B, g, L, d_k), (B, g, L, d_v)
+            keys.index_copy_(2, position.view(1), k.to(keys.dtype))
+            values.index_copy_(2, position.view(1), v.to(values.dtype))
+            later = torch.arange(keys.size(2), device=keys.device) > position
+            hidden = torch.zeros(later.shape, dtype=keys.dtype, device=keys.device).masked_fill(later, float("-inf"))
+            return self.self_attn.attend(y, keys, values, hidden.view(1, 1, 1, -1), offset=position)
         if "self_k" in cache:
             k = torch.cat([cache["self_k"], k], dim=2)
             v = torch.cat([cache["self_v"], v], dim=2)
@@ -331,14 +348,9 @@ class PositionalEncoding(nn.Module):
         else:
             self.register_buffer("table", sinusoidal_table(c.max_len, c.d_model), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        length = x.size(1)
-        check_length(offset + length, self._max_len())
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         weights = self.table.weight if self.learned else self.table
-        return x + weights[offset: offset + length].to(x.dtype)
-
-    def _max_len(self) -> int:
-        return self.table.num_embeddings if self.learned else self.table.size(0)
+        return x + rows_at(weights, offset, x.size(1)).to(x.dtype)
 
 
 class Transformer(nn.Module):
@@ -386,7 +398,7 @@ class Transformer(nn.Module):
         return [m.weight for m in (getattr(self, "src_embedding", None), getattr(self, "output", None))
                 if m is not None]
 
-    def embed(self, tokens: Tensor, side: str, offset: int = 0) -> Tensor:
+    def embed(self, tokens: Tensor, side: str, offset: int | Tensor = 0) -> Tensor:
         """Token ids (B, T) of the "source" or "target" side -> inputs (B, T, d_model) of its stack,
         positions from `offset`."""
         source = side == "source"
@@ -397,7 +409,7 @@ class Transformer(nn.Module):
         positions = self.src_positions if source else self.tgt_positions
         if positions is not None:
             x = positions(x, offset)
-        else:  # rotary: the self-attentions check the length
+        elif not isinstance(offset, Tensor):  # rotary: the self-attentions rotate, check here
             check_length(offset + x.size(1), self.config.max_len)
         return self.dropout(x)
 
@@ -416,10 +428,13 @@ class Transformer(nn.Module):
         s = src.size(1)
         wide = MASK_ALIGNMENT * (s // MASK_ALIGNMENT + 1)
         padding = F.pad(src, (0, wide - s), value=self.config.pad_id) == self.config.pad_id
-        device = src.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.embedding.weight.dtype
-        bias = torch.zeros(padding.shape, dtype=dtype, device=src.device).masked_fill(padding, float("-inf"))
-        return bias[:, None, None, :s]
+        bias = torch.zeros(padding.shape, dtype=self.compute_dtype(src.device), device=src.device)
+        return bias.masked_fill(padding, float("-inf"))[:, None, None, :s]
+
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype attention computes in on `device`: autocast's where it is on, else the weights'."""
+        on = torch.is_autocast_enabled(device.type)
+        return torch.get_autocast_dtype(device.type) if on else self.embedding.weight.dtype
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Source ids (B, S) -> memory (B, S, d_model) and its padding mask."""
@@ -435,6 +450,21 @@ class Transformer(nn.Module):
         for layer in self.decoder:
             x = layer(x, memory, src_mask)
         return self._final_norm(x, "decoder_norm")
+
+    def fixed_size_cache(self, memory: Tensor, slots: int) -> list[LayerCache]:
+        """Caches for `decode_step` at a tensor position, one dict per layer: the cross-attention's
+        keys and values of `memory` (B, S, d_model), and self-attention slots for `slots` target
+        positions (zeros, each hidden until its step writes it), in the dtype attention computes in."""
+        check_length(slots, self.config.max_len)
+        dtype, caches = self.compute_dtype(memory.device), []
+        for layer in self.decoder:
+            a = layer.self_attn
+            cross_k, cross_v = layer.cross_attn.project_kv(memory)
+            shape = (memory.size(0), a.n_kv_heads, slots)
+            caches.append({"cross_k": cross_k, "cross_v": cross_v,
+                           "self_k": memory.new_zeros((*shape, a.d_k), dtype=dtype),
+                           "self_v": memory.new_zeros((*shape, a.d_v), dtype=dtype)})
+        return caches
 
     def _final_norm(self, x: Tensor, name: str) -> Tensor:
         """Pre-LN's final norm of a stack's output; post-LN's output is normalised already."""
@@ -458,10 +488,12 @@ class Transformer(nn.Module):
         return self.project(self.hidden_states(src, tgt_in))
 
     def decode_step(self, token: Tensor, memory: Tensor, src_mask: Tensor,
-                    caches: list[LayerCache], position: int) -> Tensor:
+                    caches: list[LayerCache], position: int | Tensor) -> Tensor:
         """One incremental decoder step: last tokens (B,) -> logits (B, vocab_size).
 
-        `caches` (one dict per layer, start with empty dicts) keeps keys/values of earlier steps.
+        `caches` (one dict per layer, start with empty dicts) keeps keys/values of earlier steps,
+        growing by one position a step. With `fixed_size_cache`'s caches and `position` a 0-d
+        long tensor on the device, every step has the same shapes and reads nothing on the host.
         """
         x = self.embed(token[:, None], "target", offset=position)
         for layer, cache in zip(self.decoder, caches):

@@ -188,7 +188,7 @@ def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp
         {"case": "tiny", "variant": "eager, no such kernel", "note": f"error: {result['error']}"}]
 
 
-STEPS = ["test_gpu", "gpu_round", "startup", "generation", "test_gpu_sync", "profile"]  # its priority order
+STEPS = ["test_gpu", "generation", "gpu_round", "startup", "test_gpu_sync", "profile"]  # its priority order
 
 
 def gpu_session(out: Path, seconds: int) -> subprocess.CompletedProcess:

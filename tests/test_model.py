@@ -176,6 +176,36 @@ def test_incremental_decoding_equals_full_decode(settings):
     assert all(cache[name].size(1) == model.config.n_kv_heads for cache in caches for name in cache)
 
 
+@pytest.mark.parametrize("settings", KNOB_SETTINGS, ids=KNOB_IDS)
+def test_fixed_size_decoding_equals_full_decode(settings):
+    """The fixed-size cache (`cuda_graphs`' decoding): the position a tensor, every step the same
+    shapes, later slots hidden; the logits are the full decode's at every position."""
+    model = tiny_model(**{"d_k": 6, "d_v": 11, **settings})
+    src, tgt = source_batch(), target_batch(length=8)
+    with torch.no_grad():
+        full = model(src, tgt)
+        memory, src_mask = model.encode(src)
+        caches = model.fixed_size_cache(memory, slots=11)
+        shapes = {name: tensor.shape for name, tensor in caches[0].items()}
+        for position in range(tgt.size(1)):
+            step = model.decode_step(tgt[:, position], memory, src_mask, caches, torch.tensor(position))
+            torch.testing.assert_close(step, full[:, position], atol=1e-5, rtol=1e-5)
+    assert {name: tensor.shape for name, tensor in caches[0].items()} == shapes
+    assert shapes["self_k"] == (src.size(0), model.config.n_kv_heads, 11, 6)
+    assert shapes["self_v"] == (src.size(0), model.config.n_kv_heads, 11, 11)
+
+
+def test_fixed_size_cache_takes_autocasts_dtype_and_refuses_more_slots_than_positions():
+    model = tiny_model()
+    src = source_batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        memory, _ = model.encode(src)
+        caches = model.fixed_size_cache(memory, slots=4)
+    assert caches[0]["self_k"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="exceeds model.max_len"):
+        model.fixed_size_cache(memory.float(), slots=model.config.max_len + 1)
+
+
 # --------------------------------------------------------------------------- weight tying, embeddings
 
 

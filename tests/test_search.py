@@ -143,6 +143,32 @@ def test_search_with_the_cache_equals_full_recomputation_for_the_modifications(k
         assert hyp.score == pytest.approx(score, abs=1e-4)
 
 
+@pytest.mark.parametrize("knobs", [{}, dict(positional="rope"), dict(n_kv_heads=2), dict(positional="learned"),
+                                   dict(norm_position="pre", norm="rmsnorm", activation="swiglu", positional="rope")],
+                         ids=["paper", "rope", "gqa", "learned", "modern"])
+def test_fixed_size_search_equals_the_growing_one(knobs, sources):
+    """`cuda_graphs=True` decodes through fixed-size buffers in which finished sentences' rows
+    stay (on a CPU without the graph): the same hypotheses as the growing caches that drop them."""
+    model = make_model(seed=7, **knobs).eval()
+    src = pad_batch(sources)
+    for beam_size in (1, 4):
+        growing = beam_search(model, src, BOS, EOS, beam_size=beam_size, alpha=ALPHA, max_len_offset=6)
+        fixed = beam_search(model, src, BOS, EOS, beam_size=beam_size, alpha=ALPHA, max_len_offset=6,
+                            cuda_graphs=True)
+        assert [h.tokens for h in fixed] == [h.tokens for h in growing]
+        for f, g in zip(fixed, growing):
+            assert f.score == pytest.approx(g.score, abs=1e-4) and f.log_prob == pytest.approx(g.log_prob, abs=1e-4)
+    assert len({len(h.tokens) for h in growing}) > 1  # sentences ended at different steps
+
+
+def test_fixed_size_search_of_a_trained_model_as_sentences_leave(trained, sources):
+    growing = beam_search(trained, pad_batch(sources), BOS, EOS, beam_size=4, alpha=ALPHA, max_len_offset=50)
+    fixed = beam_search(trained, pad_batch(sources), BOS, EOS, beam_size=4, alpha=ALPHA, max_len_offset=50,
+                        cuda_graphs=True)
+    assert [h.tokens for h in fixed] == [h.tokens for h in growing]
+    assert len({len(h.tokens) for h in growing}) > 1
+
+
 def test_beam_four_scores_at_least_greedy_on_average(trained, sources):
     src = pad_batch(sources)
     greedy = greedy_search(trained, src, BOS, EOS, max_len_offset=50, alpha=ALPHA)
