@@ -286,7 +286,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     stream, interactive = open_input(args.input)
     run = load_run(args.run, args.checkpoint, args.device)
-    cfg = decoding(run, args.beam, args.alpha, args.max_len_offset, args.batch_tokens)
+    cfg = decoding(run, args.beam, args.alpha, args.max_len_offset, args.batch_tokens, args.cuda_graphs)
     translate_stream(run, stream, sys.stdout, cfg, interactive)
     return 0
 
@@ -297,7 +297,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     name, sources, references, label = evaluation_texts(
         read_run_config(Path(args.run)), args.split, args.src, args.ref, args.data, args.data_dir, args.base_url)
     run = load_run(args.run, args.checkpoint, args.device)
-    cfg = decoding(run, args.beam, args.alpha, args.max_len_offset, args.batch_tokens)
+    cfg = decoding(run, args.beam, args.alpha, args.max_len_offset, args.batch_tokens, args.cuda_graphs)
     numbers, path = evaluate(run, name, sources, references, cfg, args.checkpoint, label)
     print(f"{label}: BLEU {numbers['bleu']} ({numbers['sacrebleu_signature']}), PPL {numbers['ppl']}, "
           f"{numbers['sentences']} sentences, {run.weights}\nwrote {path}")
@@ -330,6 +330,9 @@ def _add_use_options(p: argparse.ArgumentParser) -> None:
                    help="output length limit = source length + this (default: the run's eval.max_len_offset)")
     p.add_argument("--batch-tokens", type=at_least(1),
                    help="source tokens per decoding batch (default: the run's eval.batch_tokens)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="decode through fixed-size caches, each batch's step replayed as one CUDA graph "
+                        "(docs/gpus.md; on a CPU the same search without a graph; default: the run's eval.cuda_graphs)")
 
 
 def _version() -> str:

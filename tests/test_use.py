@@ -88,6 +88,9 @@ def test_translate_batch_from_file_equals_line_by_line(run_dir: Path, loaded, tm
     assert main(["translate", str(run_dir), "--input", str(src), "--device", "cpu"]) == 0
     one_by_one = [translate_lines(loaded, [s], loaded.eval_config)[0] for s in SENTENCES]
     assert capsys.readouterr().out.splitlines() == one_by_one
+    # the fixed-size caches of --cuda-graphs (no graph on a CPU): the same search, the same lines
+    assert main(["translate", str(run_dir), "--input", str(src), "--device", "cpu", "--cuda-graphs"]) == 0
+    assert capsys.readouterr().out.splitlines() == one_by_one
 
 
 # --- evaluate ---------------------------------------------------------------------------------

@@ -245,10 +245,11 @@ def _saved_precision(run_dir: Path) -> str:
 
 
 def decoding(run: LoadedRun, beam: int | None = None, alpha: float | None = None,
-             max_len_offset: int | None = None, batch_tokens: int | None = None) -> EvalConfig:
+             max_len_offset: int | None = None, batch_tokens: int | None = None,
+             cuda_graphs: bool | None = None) -> EvalConfig:
     """The run's decoding settings with the given ones in their place (validated)."""
     chosen = {"beam_size": beam, "length_penalty": alpha, "max_len_offset": max_len_offset,
-              "batch_tokens": batch_tokens}
+              "batch_tokens": batch_tokens, "cuda_graphs": cuda_graphs}
     return replace(run.eval_config, **{k: v for k, v in chosen.items() if v is not None})
 
 
@@ -369,7 +370,7 @@ def evaluate(run: LoadedRun, name: str, sources: list[str], references: list[str
         "settings": {"checkpoint": checkpoint, "weights": run.weights, "steps": run.steps,
                      "beam_size": cfg.beam_size, "length_penalty": cfg.length_penalty,
                      "max_len_offset": cfg.max_len_offset, "batch_tokens": cfg.batch_tokens,
-                     "bleu_tokenize": cfg.bleu_tokenize, "device": str(run.device),
+                     "bleu_tokenize": cfg.bleu_tokenize, "cuda_graphs": cfg.cuda_graphs, "device": str(run.device),
                      "bf16_autocast": run.bf16},
         "hypotheses": f"{stem}.hyp.txt", "references": f"{stem}.ref.txt",
     }
