@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -102,11 +103,31 @@ def _hf_tokens(sequences: torch.Tensor) -> list[list[int]]:
     return out
 
 
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def host_work(fn: Callable[[], Any], cuda: bool, sentences: int) -> dict[str, float | None]:
+    """What one call of `fn` asks of the host per sentence, under torch.profiler (outside any
+    timing): the PyTorch operators it dispatches (aten calls not made by another aten call) and, on
+    CUDA, the kernels and CUDA graphs it launches. Counts, not times: they do not depend on the load."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+    events = prof.events()
+    operators = sum(e.name.startswith("aten::") and not (e.cpu_parent and e.cpu_parent.name.startswith("aten::"))
+                    for e in events)
+    return {"operators": operators / sentences,
+            "kernel launches": sum(e.name in LAUNCHES for e in events) / sentences if cuda else None,
+            "graph launches": sum(e.name == "cudaGraphLaunch" for e in events) / sentences if cuda else None}
+
+
 def run(settings: Settings) -> Section:
     section = Section("generation", "4. Generation: batched search vs Hugging Face generate",
                       ["decoder", "sentences/s", "ms/sentence", "ours/HF", "same output as peer",
-                       "mean length", "hit length cap", "spread"],
-                      formats={"same output as peer": "{:.1%}", "hit length cap": "{:.1%}"})
+                       "mean length", "hit length cap", "spread", "operators", "kernel launches",
+                       "graph launches"],
+                      formats={"same output as peer": "{:.1%}", "hit length cap": "{:.1%}", "operators": "{:,.0f}",
+                               "kernel launches": "{:,.0f}", "graph launches": "{:,.1f}"})
     try:
         import transformers
     except ImportError:
@@ -188,6 +209,7 @@ def run(settings: Settings) -> Section:
                                                                      cuda_graphs=True)}
             runs |= {"ours greedy, CUDA graphs": lambda: ours(1, True), "ours beam 4, CUDA graphs": lambda: ours(BEAM, True)}
         times = alternate(runs, settings.reps_or(2 if quick else 3), device, warmup=warm)
+        work = {name: host_work(runs[name], device.type == "cuda", len(sources)) for name in runs}  # one more pass each
 
         def capped(tokens: list[int], i: int) -> bool:
             return len(tokens) + 1 >= limits[i]
@@ -216,7 +238,7 @@ def run(settings: Settings) -> Section:
                 "same output as peer": agree[name.replace("ours ", "")] if "graphs" in name else agree[kind],
                 "mean length": sum(map(len, hyps)) / len(hyps),
                 "hit length cap": sum(capped(h, i) for i, h in enumerate(hyps)) / len(hyps),
-                "spread": spread(times[name])})
+                "spread": spread(times[name]), **work[name]})
         beam_speedup = speed["ours beam 4"] / speed["HF beam 4"]
         section.target("beam 4: ours/HF generate sentences/s", beam_speedup,
                        f"≥ {TARGET_SPEEDUP}", beam_speedup >= TARGET_SPEEDUP)
@@ -229,7 +251,7 @@ def run(settings: Settings) -> Section:
         section.data = {"model": info, "config": vars(c).copy(), "sentences": len(sources),
                         "batches": len(batches), "port_max_abs_logit_error": error,
                         "marian_position_table_gap": position_gap, "times_s": times,
-                        "sentences_per_s": speed, "agreement": agree,
+                        "sentences_per_s": speed, "agreement": agree, "host_work": work,
                         "greedy_speedup": speed["ours greedy"] / speed["HF greedy"],
                         "beam_speedup": beam_speedup}
     section.notes += [
@@ -247,6 +269,10 @@ def run(settings: Settings) -> Section:
         "Beam: ours ranks finished hypotheses by log P / ((5 + |Y|)/6)^0.6 (GNMT, the paper), HF "
         "by log P / |Y|^0.6; same beam size, EOS handling and early stopping, so differences come "
         "from the ranking (and from HF capping the batch at its longest source + 50).",
+        "operators, kernel launches, graph launches: per sentence, what one more pass of each "
+        "decoder over all batches asks of the host, counted under torch.profiler outside the "
+        "timing: PyTorch operators dispatched (aten calls not made by another), and on CUDA the "
+        "kernels and CUDA graphs launched.",
         "CUDA graphs (`eval.cuda_graphs`): our search over fixed-size caches, each batch's step "
         "captured once and replayed (on a CPU without a graph: timed in the quick smoke check "
         "only); its peer is our own search over growing caches.",
