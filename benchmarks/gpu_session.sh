@@ -81,7 +81,7 @@ DING=$(python3 -c "from lightning_modules.config import DataConfig; print(DataCo
 
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -rxXs --show-capture=no --tb=short tests/test_gpu.py)
 step test_gpu 150 "${PYTEST[@]}" --runxfail -k "one_graph or beam_search or cuda_graphs"
-step generation 200 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only generation --out "$W/generation"
+step generation 230 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only generation --out "$W/generation"
 step gpu_round 260 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round \
   --budget-s "$(max 10 "$(min 245 $(( $(left) - 30 )))")" --out "$W/gpu_round" --steps "$REST_STEPS"
 step startup 180 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only startup --out "$W/startup"
