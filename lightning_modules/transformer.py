@@ -454,13 +454,16 @@ class Transformer(nn.Module):
     def fixed_size_cache(self, memory: Tensor, slots: int) -> list[LayerCache]:
         """Caches for `decode_step` at a tensor position, one dict per layer: the cross-attention's
         keys and values of `memory` (B, S, d_model), and self-attention slots for `slots` target
-        positions (zeros, each hidden until its step writes it), in the dtype attention computes in."""
+        positions (zeros, each hidden until its step writes it), in the dtype attention computes in.
+        The slots are rounded up to a multiple of MASK_ALIGNMENT, so that the bias hiding them has
+        aligned rows (as `padding_mask`'s); the extra ones stay hidden."""
         check_length(slots, self.config.max_len)
         dtype, caches = self.compute_dtype(memory.device), []
+        width = MASK_ALIGNMENT * -(-slots // MASK_ALIGNMENT)
         for layer in self.decoder:
             a = layer.self_attn
             cross_k, cross_v = layer.cross_attn.project_kv(memory)
-            shape = (memory.size(0), a.n_kv_heads, slots)
+            shape = (memory.size(0), a.n_kv_heads, width)
             caches.append({"cross_k": cross_k, "cross_v": cross_v,
                            "self_k": memory.new_zeros((*shape, a.d_k), dtype=dtype),
                            "self_v": memory.new_zeros((*shape, a.d_v), dtype=dtype)})

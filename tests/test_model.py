@@ -191,8 +191,8 @@ def test_fixed_size_decoding_equals_full_decode(settings):
             step = model.decode_step(tgt[:, position], memory, src_mask, caches, torch.tensor(position))
             torch.testing.assert_close(step, full[:, position], atol=1e-5, rtol=1e-5)
     assert {name: tensor.shape for name, tensor in caches[0].items()} == shapes
-    assert shapes["self_k"] == (src.size(0), model.config.n_kv_heads, 11, 6)
-    assert shapes["self_v"] == (src.size(0), model.config.n_kv_heads, 11, 11)
+    assert shapes["self_k"] == (src.size(0), model.config.n_kv_heads, 16, 6)  # 11 slots, aligned to 8
+    assert shapes["self_v"] == (src.size(0), model.config.n_kv_heads, 16, 11)
 
 
 def test_fixed_size_cache_takes_autocasts_dtype_and_refuses_more_slots_than_positions():
