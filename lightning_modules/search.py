@@ -51,16 +51,21 @@ def _only_eos(logp: Tensor, rows: Tensor, eos_id: int) -> Tensor:
     return logp.masked_fill(rows[:, None] & not_eos, float("-inf"))
 
 
+def _encoded_rows(model: Transformer, src: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The encoder's memory and padding mask of `src`, repeated for each sentence's k rows."""
+    memory, src_mask = model.encode(src)
+    if k > 1:
+        memory, src_mask = memory.repeat_interleave(k, dim=0), src_mask.repeat_interleave(k, dim=0)
+    return memory, src_mask
+
+
 class _Growing:
     """The network's side of a search, with caches that grow a position per step; the rows of
     finished sentences leave. Rows b·k .. b·k + k - 1 are sentence b's k beams."""
 
     def __init__(self, model: Transformer, src: Tensor, k: int) -> None:
         self.model, self.k, self.position = model, k, 0
-        memory, src_mask = model.encode(src)
-        if k > 1:
-            memory, src_mask = memory.repeat_interleave(k, dim=0), src_mask.repeat_interleave(k, dim=0)
-        self.memory, self.src_mask = memory, src_mask
+        self.memory, self.src_mask = _encoded_rows(model, src, k)
         self.caches: list[dict] = [{} for _ in model.decoder]
 
     def logprobs(self, tokens: Tensor) -> Tensor:
@@ -91,10 +96,7 @@ class _FixedSize:
 
     def __init__(self, model: Transformer, src: Tensor, k: int, steps: int) -> None:
         self.model, self.k, self.step = model, k, 0
-        memory, src_mask = model.encode(src)
-        if k > 1:
-            memory, src_mask = memory.repeat_interleave(k, dim=0), src_mask.repeat_interleave(k, dim=0)
-        self.memory, self.src_mask = memory, src_mask
+        self.memory, self.src_mask = memory, src_mask = _encoded_rows(model, src, k)
         self.caches = model.fixed_size_cache(memory, steps)
         rows, device = memory.size(0), memory.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)  # the graph's inputs ...
