@@ -6,6 +6,10 @@
 #   DEVICE=cpu bash benchmarks/gpu_session.sh 240     # the same steps at tiny sizes on a CPU (its test)
 #
 # Steps, each cut to what is left (a step that no longer fits is skipped and said so in summary.txt):
+#   0. attention_shapes: what a batch shape not met before costs each attention kernel, training and
+#      decoding (PyTorch puts cuDNN first on sm90, and cuDNN builds a plan per new shape; a run with
+#      exact lengths meets ~1,200 shapes in its first epoch); its rule decides model.attention_backend's
+#      default, so it runs first (~1-2 minutes; not yet measured on a GPU);
 #   1. test_gpu: tests/test_gpu.py's one-graph case (source widths of every alignment compile once)
 #      under --runxfail, so that its failure prints the guards (it still failed on an H200 on
 #      2026-11-27, with the round's base model building one graph), beam search's reads per step,
@@ -21,8 +25,8 @@
 #   5. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);
 #   6. profile: where the compiled base and big steps (and the eager base step) spend their time
 #      (gpu_round --profile; measured on an H200 on 2026-11-27, so last).
-# Output ($OUT, default /tmp/gpu-session): summary.txt, device.txt, each step's markdown table,
-# and session.tgz with every log, JSON and profile (the device tool brings back at most 8 files).
+# Output ($OUT, default /tmp/gpu-session): summary.txt, device.txt, each benchmark's markdown table (5),
+# and session.tgz with every log, JSON and profile: 8 files, what the device tool brings back at most.
 # Needs no optuna, wandb or network. Carry two git-ignored files the GPU machine lacks:
 #   .whl/ : omegaconf's wheel, for `ablate train` (the startup step), made once with
 #           pip download --no-deps -d .whl omegaconf==2.4.0
@@ -80,6 +84,8 @@ DING=$(python3 -c "from lightning_modules.config import DataConfig; print(DataCo
   || echo "Ding: not installed (carry local-data/de-en.gz); the generation step will fail" | tee -a "$OUT/summary.txt"
 
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -rxXs --show-capture=no --tb=short tests/test_gpu.py)
+step attention_shapes 150 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only attention_shapes \
+  --out "$W/attention_shapes"
 step test_gpu 150 "${PYTEST[@]}" --runxfail -k "one_graph or beam_search or cuda_graphs"
 step generation 230 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only generation --out "$W/generation"
 step gpu_round 260 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round \
@@ -89,7 +95,7 @@ step test_gpu_sync 300 "${PYTEST[@]}" -k "synchronise and not graphs"
 step profile 330 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round --profile \
   --budget-s "$(max 10 "$(min 315 $(( $(left) - 30 )))")" --out "$W/profile" --steps "$PROFILE_STEPS"
 
-for name in profile gpu_round generation startup; do
+for name in attention_shapes profile gpu_round generation startup; do
   [ -f "$W/$name/results.md" ] && cp "$W/$name/results.md" "$OUT/$name.md"
 done
 tar czf "$OUT/session.tgz" -C "$W" .

@@ -122,6 +122,43 @@ def test_an_out_folder_that_cannot_be_made_is_one_line_before_any_benchmark(tmp_
     assert "running" not in result.stdout
 
 
+def test_attention_shapes_quick_times_every_kernel_on_shapes_no_kernel_before_it_met(tmp_path: Path):
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only",
+                             "attention_shapes", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from lightning_modules.config import ATTENTION_BACKENDS
+    section = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["attention_shapes"]
+    works = {(row["kernel"], row["work"].split(",")[0] + ("" if "train" in row["work"] else row["work"].split(",")[1]))
+             for row in section["rows"]}
+    assert works == {(k, w) for k in ATTENTION_BACKENDS
+                     for w in ("train step", "decode step growing caches", "decode step fixed-size caches")}
+    train = {row["kernel"]: row for row in section["rows"] if row["work"].startswith("train")}
+    assert train["auto"]["vs auto"] == 1.0 and all(row["first visit ms"] > 0 for row in train.values())
+    counts = section["more"][0]["rows"][0]
+    assert counts["shapes"] <= counts["batches"] and counts["cross"] == counts["shapes"]
+
+
+def test_a_second_epoch_of_token_buckets_meets_no_batch_shape_the_first_did_not():
+    """What attention_shapes' estimate rests on: ties regroup every epoch, the batch shapes stay."""
+    import numpy as np
+    from lightning_modules.data import TokenBucketBatchSampler
+    from lightning_modules.data.batching import batch_shapes
+    from benchmarks.attention_shapes import shape_counts
+    rng = np.random.default_rng(0)
+    src = rng.integers(1, 60, 5000)
+    tgt = np.clip(src + rng.integers(-5, 6, 5000), 1, None)
+    sampler = TokenBucketBatchSampler(src, tgt, 800, shuffle=True, seed=3, num_replicas=1, rank=0)
+    epochs = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        batches = sampler.global_batches()
+        epochs.append((sorted(batch_shapes(batches, src, tgt)), sorted(map(tuple, map(sorted, batches)))))
+    assert epochs[0][0] == epochs[1][0] == epochs[2][0]  # the same shapes ...
+    assert epochs[0][1] != epochs[1][1]  # ... of other sentences
+    counts = shape_counts(800, 5000, seed=0, max_len=60)
+    assert counts["shapes"] < counts["batches"] and counts["encoder self"] <= counts["shapes"]
+
+
 def test_profile_groups_name_the_kernels_of_real_gpu_profiles():
     """Kernel names from the H100 profiles committed under benchmarks/results/ (eager and compiled
     base steps), each in the group a reader would put it in."""
@@ -188,7 +225,7 @@ def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp
         {"case": "tiny", "variant": "eager, no such kernel", "note": f"error: {result['error']}"}]
 
 
-STEPS = ["test_gpu", "generation", "gpu_round", "startup", "test_gpu_sync", "profile"]  # its priority order
+STEPS = ["attention_shapes", "test_gpu", "generation", "gpu_round", "startup", "test_gpu_sync", "profile"]  # its priority order
 
 
 def gpu_session(out: Path, seconds: int) -> subprocess.CompletedProcess:
@@ -202,7 +239,7 @@ def test_gpu_session_skips_the_steps_its_time_leaves_no_room_for(tmp_path: Path)
     result = gpu_session(tmp_path, 40)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = (tmp_path / "summary.txt").read_text().splitlines()
-    assert len(lines) == 6 and all(re.fullmatch(rf"{name}: skipped, \d+ s left", line) for name, line in
+    assert len(lines) == len(STEPS) and all(re.fullmatch(rf"{name}: skipped, \d+ s left", line) for name, line in
                                    zip(STEPS, lines)), lines
     assert (tmp_path / "device.txt").read_text().startswith("no GPU\ntorch ")
     assert tarfile.open(tmp_path / "session.tgz").getnames() == ["."]
@@ -223,6 +260,9 @@ def test_gpu_session_runs_every_step_on_cpu_and_brings_back_few_files(tmp_path: 
         startup = json.load(tar.extractfile("./startup/results.json"))["benchmarks"]["startup"]
         assert "./generation/results.json" in tar.getnames() and "./test_gpu.log" in tar.getnames()
         assert "./test_gpu_sync.log" in tar.getnames()
+        shapes = json.load(tar.extractfile("./attention_shapes/results.json"))["benchmarks"]["attention_shapes"]
+    from lightning_modules.config import ATTENTION_BACKENDS
+    assert {row["kernel"] for row in shapes["rows"]} == set(ATTENTION_BACKENDS)
     assert startup["data"]["next"]["data"]["prepared"] == {"bpe": "cache", "encoded_from_cache": ["train", "valid"]}
     assert {variant for variant, r in profile["data"]["tiny"]["results"].items() if "profile" in r} == {"eager", "compiled"}
     assert [row["variant"] for row in rest["rows"] if row.get("tokens/s")][::2] == [

@@ -1,0 +1,216 @@
+"""Benchmark (opt-in): what a shape not met before costs each attention kernel (issue #40).
+
+    python -m benchmarks --device cuda --only attention_shapes --out DIR   # one H100/H200, about 2 minutes
+    python -m benchmarks --only attention_shapes --quick                   # CPU smoke check, tiny dims
+
+Why. With exact lengths (`data.shape_buckets` 0, every preset's default) nearly every batch of a
+run's first epoch has a shape the process has not met: on the `gpu` preset's data (1M WMT-length
+pairs, 25,000 tokens) 1,178 of an epoch's 1,441 batches. The token buckets' boundaries are the same
+in every epoch, so no later epoch adds one. PyTorch puts cuDNN's attention first on sm90 and sm100
+(H100, H200, B200) with a recent cuDNN, and cuDNN builds an execution plan per problem (batch,
+heads, lengths, strides, mask), forward and backward, and caches it: host time that `gpu_round`,
+which repeats six batches, never shows. Decoding with growing key/value caches meets a new key
+length at every step. Such builds would explain the ~20 s first repetitions of the H200's generation
+run, and the 40 s its start-up run spent after start-up on two steps and 200 dev sentences.
+
+Method.
+- Shapes (counted; no device needed): `gpu_round.wmt_like_batches`'s length law over `SHAPE_POOL`
+  pairs, bucketed by `TokenBucketBatchSampler` at each token budget: one epoch's batches, their
+  distinct (rows, source, target) shapes, and the distinct problems of each attention call
+  (encoder self-attention (rows, S, S), decoder self-attention (rows, T, T), cross-attention
+  (rows, T, S)).
+- Training, per `model.attention_backend` in `KERNELS`: a base-dims module (`gpu_round.build`: eager,
+  bf16 autocast on CUDA, Adam, the same initial weights for every kernel). It first steps through
+  `warm` batches that every kernel shares (kernel modules load, the allocator grows). Then come
+  `new` batches whose shapes no kernel before it met, each stepped twice in a row (before any
+  kernel, every batch is stepped once with the math kernel, which caches nothing per shape, so that
+  the allocator's growth is nobody's first visit): the first visit
+  pays for whatever the shape's first call costs, the second is a step with everything cached.
+  Wall clock per step, with a device sync after each (a plan build is host time). Reported: the
+  medians, their difference (the cost of a new shape), and a `gpu` preset run's estimate: its
+  `RUN_STEPS` steps at the second visit's time plus its distinct shapes at the difference. The sample's batches
+  share fewer encoder and decoder problems than a whole epoch's, so the estimate's second term is
+  an upper bound.
+- Decoding, per kernel: `decode_steps` steps of `Transformer.decode_step` for `decode_rows` sentences
+  (a batch of beam 4's rows), twice, with the growing caches (each step's self-attention has one
+  more key: a new problem a step) and with the fixed-size caches of `eval.cuda_graphs`' decoder, run
+  without a graph (one self-attention problem per batch), after two warm-up steps on another
+  number of rows. Each kernel decodes its own numbers of rows, so that no problem carries over
+  from the kernel before it. Reported per step.
+
+Decision, stated before any GPU figure: `model.attention_backend`'s default stays "auto" unless
+another kernel's `gpu` preset estimate at 25,000 tokens is at least 10% below auto's; then that
+kernel becomes the default. The CPU has neither efficient's nor cuDNN's kernel, so its kernel
+does not change.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import Section, Settings, median, seeded, stopwatch, sync
+from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches
+from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
+from lightning_modules.data import TokenBucketBatchSampler
+from lightning_modules.data.batching import batch_shapes
+from lightning_modules.translation import TranslationModule
+
+KERNELS = ATTENTION_BACKENDS  # "auto" first: PyTorch's own choice, the default
+SHAPE_POOL = 1_000_000  # the gpu preset's data.train_pairs
+RUN_STEPS = 10_000  # the gpu preset's base run (scale.steps 0.1)
+GAIN = 0.10  # a kernel replaces "auto" as the default when its run estimate is this much lower
+
+
+def sizes(settings: Settings) -> dict[str, Any]:
+    if settings.quick:
+        return {"dims": TINY, "vocab": 500, "tokens": (600,), "pool": 3_000, "max_len": 60, "warm": 1, "new": 2,
+                "decode_rows": 4, "decode_source": 9, "decode_steps": 6, "run_pool": 3_000}
+    return {"dims": BASE, "vocab": 37_000, "tokens": (25_000, 4_000), "pool": 120_000, "max_len": 250, "warm": 2,
+            "new": 8, "decode_rows": 128, "decode_source": 30, "decode_steps": 40, "run_pool": SHAPE_POOL}
+
+
+def shape_counts(tokens: int, pool: int, seed: int, max_len: int = 250) -> dict[str, int]:
+    """One epoch of `pool` WMT-length pairs bucketed at `tokens`: its batches, distinct batch shapes
+    and distinct attention problems (the lengths as `wmt_like_batches` draws them)."""
+    rng = np.random.default_rng(seed)
+    src = np.clip(np.rint(rng.lognormal(np.log(26), 0.6, pool)), 1, max_len).astype(np.int64)
+    tgt = np.clip(np.rint(src * rng.lognormal(np.log(1.05), 0.2, pool)), 1, max_len).astype(np.int64)
+    sampler = TokenBucketBatchSampler(src, tgt, tokens, shuffle=True, seed=seed, num_replicas=1, rank=0)
+    shapes = set(batch_shapes(sampler.global_batches(), src, tgt))
+    return {"batches": len(sampler), "shapes": len(shapes),
+            "encoder self": len({(b, s) for b, s, _ in shapes}),
+            "decoder self": len({(b, t) for b, _, t in shapes}), "cross": len(shapes)}
+
+
+def _shape(batch: dict[str, Any]) -> tuple[int, int, int]:
+    return batch["src"].size(0), batch["src"].size(1), batch["tgt_in"].size(1)
+
+
+def distinct_batches(s: dict[str, Any], tokens: int, count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` batches of one epoch at `tokens`, no two of one shape."""
+    seen, out = set(), []
+    for batch in wmt_like_batches(s["vocab"], tokens, 3 * count, seed, s["pool"], s["max_len"]):
+        if _shape(batch) not in seen:
+            seen.add(_shape(batch))
+            out.append(batch)
+    if len(out) < count:
+        raise RuntimeError(f"only {len(out)} distinct batch shapes at {tokens} tokens, {count} wanted")
+    return out[:count]
+
+
+def timed(fn, device: torch.device) -> float:
+    """Seconds of `fn()`, the device synchronised before and after."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def decode(model, rows: int, source: int, steps: int, fixed: bool, settings: Settings) -> list[float]:
+    """Seconds of each of `steps` incremental decoder steps for `rows` random sources of `source` pieces."""
+    device, vocab = settings.device, model.config.vocab_size
+    src = torch.randint(4, vocab, (rows, source), device=device)
+    token = torch.randint(4, vocab, (rows,), device=device)
+    with settings.autocast():
+        memory, mask = model.encode(src)
+        caches = model.fixed_size_cache(memory, steps) if fixed else [{} for _ in model.decoder]
+        position = (lambda i: torch.tensor(i, device=device)) if fixed else (lambda i: i)
+        return [timed(lambda: model.decode_step(token, memory, mask, caches, position(i)), device)
+                for i in range(steps)]
+
+
+def run(settings: Settings) -> Section:
+    s = sizes(settings)
+    device = settings.device
+    section = Section("attention_shapes", "What a shape not met before costs each attention kernel (issue #40)",
+                      ["kernel", "work", "first visit ms", "again ms", "new shape costs ms", "gpu run estimate s",
+                       "vs auto"])
+    counts = Section("attention_shapes_counts", "Shapes a `gpu` preset run meets: one epoch of its 1M pairs "
+                     "(later epochs add none; --quick: 3,000)", ["tokens/batch", "batches", "shapes", "encoder self", "decoder self",
+                                                 "cross"])
+    section.more.append(counts)
+    with stopwatch(section):
+        for tokens in s["tokens"]:
+            counts.rows.append({"tokens/batch": tokens, **shape_counts(tokens, s["run_pool"], settings.seed)})
+        run_shapes = {row["tokens/batch"]: row["shapes"] for row in counts.rows}
+        c, _ = configs(s["dims"], s["vocab"], {})
+        seeded(settings.seed)
+        state = TranslationModule.from_configs(c, TrainConfig()).state_dict()
+        batches = {}
+        for tokens in s["tokens"]:
+            found = distinct_batches(s, tokens, s["warm"] + s["new"] * len(KERNELS), settings.seed)
+            batches[tokens] = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in found]
+        # the allocator meets every batch once before any kernel is timed (math caches nothing per shape)
+        c, t = configs(s["dims"], s["vocab"], {"model.attention_backend": "math"})
+        module, step = build(c, t, state, settings)
+        for tokens in s["tokens"]:
+            for b in batches[tokens]:
+                step(b)
+        del module, step
+        estimates: dict[tuple[int, str], float] = {}
+        for k, kernel in enumerate(KERNELS):
+            c, t = configs(s["dims"], s["vocab"], {"model.attention_backend": kernel})
+            module, step = build(c, t, state, settings)
+            for tokens in s["tokens"]:
+                warm, rest = batches[tokens][:s["warm"]], batches[tokens][s["warm"]:]
+                for b in warm:
+                    step(b)
+                first, again = [], []
+                for b in rest[k * s["new"]:(k + 1) * s["new"]]:
+                    first.append(timed(lambda: step(b), device))
+                    again.append(timed(lambda: step(b), device))
+                new_ms = 1000 * (median(first) - median(again))
+                estimate = RUN_STEPS * median(again) + run_shapes[tokens] * max(new_ms, 0.0) / 1000
+                estimates[tokens, kernel] = estimate
+                section.rows.append({"kernel": kernel, "work": f"train step, {tokens:,} tokens",
+                                     "first visit ms": 1000 * median(first), "again ms": 1000 * median(again),
+                                     "new shape costs ms": new_ms,
+                                     "gpu run estimate s": estimate})
+                print(f"  {kernel}, train {tokens}: first {1000 * median(first):.1f} ms, again "
+                      f"{1000 * median(again):.1f} ms", flush=True)
+            module.eval()
+            warm_rows = s["decode_rows"] + len(KERNELS) + k  # kernel modules load on rows no measured pass has
+            decode(module.model, warm_rows, s["decode_source"], 2, False, settings)
+            for fixed in (False, True):
+                rows = s["decode_rows"] + k  # a number of rows no kernel before it decoded
+                passes = [decode(module.model, rows, s["decode_source"], s["decode_steps"], fixed, settings)
+                          for _ in range(2)]
+                name = "fixed-size caches" if fixed else "growing caches"
+                section.rows.append({"kernel": kernel, "work": f"decode step, {name}, {rows} rows",
+                                     "first visit ms": 1000 * np.mean(passes[0]), "again ms": 1000 * np.mean(passes[1]),
+                                     "new shape costs ms": 1000 * (np.mean(passes[0]) - np.mean(passes[1]))})
+                print(f"  {kernel}, decode ({name}): first pass {sum(passes[0]):.2f} s, again "
+                      f"{sum(passes[1]):.2f} s", flush=True)
+            del module, step
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        for row in section.rows:
+            tokens = next((t for t in run_shapes if row["work"] == f"train step, {t:,} tokens"), None)
+            if tokens is not None:
+                row["vs auto"] = estimates[tokens, row["kernel"]] / estimates[tokens, "auto"]
+        tokens = s["tokens"][0]  # the preset's budget
+        best = min(KERNELS, key=lambda kernel: estimates[tokens, kernel])
+        gain = 1 - estimates[tokens, best] / estimates[tokens, "auto"]
+        section.target(f"a gpu run's estimate, best kernel ({best}) below auto's", gain, f"≥ {GAIN:.0%} to change "
+                       "the default", None if settings.quick or device.type != "cuda" else gain >= GAIN)
+    section.formats = {"vs auto": "{:.2f}"}
+    section.notes += [
+        f"Training: per kernel, {s['warm']} shared warm-up batches, then {s['new']} batches of shapes no earlier kernel "
+        "met, each stepped twice in a row; medians. Eager, Adam; dims "
+        f"{s['dims']}, vocabulary {s['vocab']:,}.",
+        f"gpu run estimate: {RUN_STEPS:,} steps at the 'again' time + the run's distinct shapes (the second table) at "
+        "the new-shape cost (an upper bound: the sample's batches share fewer encoder and decoder problems than an "
+        "epoch's).",
+        f"Decoding: {s['decode_steps']} incremental steps of random sources of {s['decode_source']} pieces, twice; "
+        "mean ms per step. Growing caches meet a new key length every step; fixed-size caches one per batch.",
+        "On a CPU, efficient and cudnn fall to the CPU's kernels, and nothing is cached per shape: a smoke check.",
+    ]
+    section.data = {"estimates": {f"{t}:{k}": v for (t, k), v in estimates.items()}, "sizes": {
+        key: value for key, value in s.items() if key != "dims"}, "dims": s["dims"]}
+    return section
