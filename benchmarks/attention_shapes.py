@@ -132,8 +132,8 @@ def run(settings: Settings) -> Section:
                       ["kernel", "work", "first visit ms", "again ms", "new shape costs ms", "gpu run estimate s",
                        "vs auto"])
     counts = Section("attention_shapes_counts", "Shapes a `gpu` preset run meets: one epoch of its 1M pairs "
-                     "(later epochs add none; --quick: 3,000)", ["tokens/batch", "batches", "shapes", "encoder self", "decoder self",
-                                                 "cross"])
+                     "(later epochs add none; --quick: 3,000)",
+                     ["tokens/batch", "batches", "shapes", "encoder self", "decoder self", "cross"])
     section.more.append(counts)
     with stopwatch(section):
         for tokens in s["tokens"]:
@@ -201,8 +201,8 @@ def run(settings: Settings) -> Section:
                        "the default", None if settings.quick or device.type != "cuda" else gain >= GAIN)
     section.formats = {"vs auto": "{:.2f}"}
     section.notes += [
-        f"Training: per kernel, {s['warm']} shared warm-up batches, then {s['new']} batches of shapes no earlier kernel "
-        "met, each stepped twice in a row; medians. Eager, Adam; dims "
+        f"Training: per kernel, {s['warm']} shared warm-up batches, then {s['new']} batches of shapes no earlier "
+        "kernel met, each stepped twice in a row; medians. Eager, Adam; dims "
         f"{s['dims']}, vocabulary {s['vocab']:,}.",
         f"gpu run estimate: {RUN_STEPS:,} steps at the 'again' time + the run's distinct shapes (the second table) at "
         "the new-shape cost (an upper bound: the sample's batches share fewer encoder and decoder problems than an "
