@@ -52,14 +52,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import Section, Settings, median, seeded, stopwatch, sync
+from benchmarks.common import Section, Settings, median, render_section, seeded, stopwatch, sync
 from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data import TokenBucketBatchSampler
 from lightning_modules.data.batching import batch_shapes
+from lightning_modules.run.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
-KERNELS = ATTENTION_BACKENDS  # "auto" first: PyTorch's own choice, the default
+# "auto" (PyTorch's own choice, the default) first: every other kernel is compared with it; then
+# efficient and cudnn, what auto may be on a GPU; a step cut short loses the last
+KERNELS = ("auto", "efficient", "cudnn", "flash", "math")
+assert set(KERNELS) == set(ATTENTION_BACKENDS)
 SHAPE_POOL = 1_000_000  # the gpu preset's data.train_pairs
 RUN_STEPS = 10_000  # the gpu preset's base run (scale.steps 0.1)
 GAIN = 0.10  # a kernel replaces "auto" as the default when its run estimate is this much lower
@@ -70,7 +74,7 @@ def sizes(settings: Settings) -> dict[str, Any]:
         return {"dims": TINY, "vocab": 500, "tokens": (600,), "pool": 3_000, "max_len": 60, "warm": 1, "new": 2,
                 "decode_rows": 4, "decode_source": 9, "decode_steps": 6, "run_pool": 3_000}
     return {"dims": BASE, "vocab": 37_000, "tokens": (25_000, 4_000), "pool": 120_000, "max_len": 250, "warm": 2,
-            "new": 8, "decode_rows": 128, "decode_source": 30, "decode_steps": 40, "run_pool": SHAPE_POOL}
+            "new": 6, "decode_rows": 128, "decode_source": 30, "decode_steps": 32, "run_pool": SHAPE_POOL}
 
 
 def shape_counts(tokens: int, pool: int, seed: int, max_len: int = 250) -> dict[str, int]:
@@ -125,16 +129,73 @@ def decode(model, rows: int, source: int, steps: int, fixed: bool, settings: Set
                 for i in range(steps)]
 
 
+def _train_rows(kernel: str, k: int, s: dict[str, Any], state: dict[str, torch.Tensor],
+                batches: dict[int, list[dict[str, Any]]], run_shapes: dict[int, int], settings: Settings
+                ) -> tuple[list[dict[str, Any]], Any]:
+    """`kernel`'s training rows (its k-th share of the new batches) and its module."""
+    device, rows = settings.device, []
+    c, t = configs(s["dims"], s["vocab"], {"model.attention_backend": kernel})
+    module, step = build(c, t, state, settings)
+    for tokens in s["tokens"]:
+        warm, rest = batches[tokens][:s["warm"]], batches[tokens][s["warm"]:]
+        for b in warm:
+            step(b)
+        first, again = [], []
+        for b in rest[k * s["new"]:(k + 1) * s["new"]]:
+            first.append(timed(lambda: step(b), device))
+            again.append(timed(lambda: step(b), device))
+        new_ms = 1000 * (median(first) - median(again))
+        rows.append({"kernel": kernel, "work": f"train step, {tokens:,} tokens", "tokens": tokens,
+                     "first visit ms": 1000 * median(first), "again ms": 1000 * median(again),
+                     "new shape costs ms": new_ms,
+                     "gpu run estimate s": RUN_STEPS * median(again) + run_shapes[tokens] * max(new_ms, 0.0) / 1000})
+        print(f"  {kernel}, train {tokens}: first {1000 * median(first):.1f} ms, again {1000 * median(again):.1f} ms",
+              flush=True)
+    return rows, module
+
+
+def _decode_rows(kernel: str, k: int, s: dict[str, Any], model, settings: Settings) -> list[dict[str, Any]]:
+    """`kernel`'s decoding rows, on numbers of rows no kernel before it decoded."""
+    rows = []
+    decode(model, s["decode_rows"] + len(KERNELS) + k, s["decode_source"], 2, False, settings)  # kernels load
+    for fixed in (False, True):
+        n = s["decode_rows"] + k
+        passes = [decode(model, n, s["decode_source"], s["decode_steps"], fixed, settings) for _ in range(2)]
+        name = "fixed-size caches" if fixed else "growing caches"
+        rows.append({"kernel": kernel, "work": f"decode step, {name}, {n} rows",
+                     "first visit ms": 1000 * np.mean(passes[0]), "again ms": 1000 * np.mean(passes[1]),
+                     "new shape costs ms": 1000 * (np.mean(passes[0]) - np.mean(passes[1]))})
+        print(f"  {kernel}, decode ({name}): first pass {sum(passes[0]):.2f} s, again {sum(passes[1]):.2f} s",
+              flush=True)
+    return rows
+
+
 def run(settings: Settings) -> Section:
     s = sizes(settings)
     device = settings.device
     section = Section("attention_shapes", "What a shape not met before costs each attention kernel (issue #40)",
                       ["kernel", "work", "first visit ms", "again ms", "new shape costs ms", "gpu run estimate s",
-                       "vs auto"])
+                       "vs auto"], formats={"vs auto": "{:.2f}"})
     counts = Section("attention_shapes_counts", "Shapes a `gpu` preset run meets: one epoch of its 1M pairs "
                      "(later epochs add none; --quick: 3,000)",
                      ["tokens/batch", "batches", "shapes", "encoder self", "decoder self", "cross"])
     section.more.append(counts)
+    section.notes += [
+        f"Training: per kernel, {s['warm']} shared warm-up batches, then {s['new']} batches of shapes no earlier "
+        f"kernel met, each stepped twice in a row; medians. Eager, Adam; dims {s['dims']}, vocabulary {s['vocab']:,}.",
+        f"gpu run estimate: {RUN_STEPS:,} steps at the 'again' time + the run's distinct shapes (the second table) at "
+        "the new-shape cost (an upper bound: the sample's batches share fewer encoder and decoder problems than an "
+        "epoch's).",
+        f"Decoding: {s['decode_steps']} incremental steps of random sources of {s['decode_source']} pieces, twice; "
+        "mean ms per step. Growing caches meet a new key length every step; fixed-size caches one per batch.",
+        "On a CPU, efficient and cudnn fall to the CPU's kernels, and nothing is cached per shape: a smoke check.",
+    ]
+
+    def save() -> None:  # after each kernel: a step cut short keeps what was measured
+        if settings.out is not None:
+            atomic_write_json(settings.out / "attention_shapes.json", section.to_json())
+            atomic_write_text(settings.out / "attention_shapes.md", render_section(section) + "\n")
+
     with stopwatch(section):
         for tokens in s["tokens"]:
             counts.rows.append({"tokens/batch": tokens, **shape_counts(tokens, s["run_pool"], settings.seed)})
@@ -147,70 +208,27 @@ def run(settings: Settings) -> Section:
             found = distinct_batches(s, tokens, s["warm"] + s["new"] * len(KERNELS), settings.seed)
             batches[tokens] = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in found]
         # the allocator meets every batch once before any kernel is timed (math caches nothing per shape)
-        c, t = configs(s["dims"], s["vocab"], {"model.attention_backend": "math"})
-        module, step = build(c, t, state, settings)
-        for tokens in s["tokens"]:
-            for b in batches[tokens]:
-                step(b)
-        del module, step
-        estimates: dict[tuple[int, str], float] = {}
+        _, step = build(*configs(s["dims"], s["vocab"], {"model.attention_backend": "math"}), state, settings)
+        for b in (b for tokens in s["tokens"] for b in batches[tokens]):
+            step(b)
+        del step
+        auto: dict[int, float] = {}
         for k, kernel in enumerate(KERNELS):
-            c, t = configs(s["dims"], s["vocab"], {"model.attention_backend": kernel})
-            module, step = build(c, t, state, settings)
-            for tokens in s["tokens"]:
-                warm, rest = batches[tokens][:s["warm"]], batches[tokens][s["warm"]:]
-                for b in warm:
-                    step(b)
-                first, again = [], []
-                for b in rest[k * s["new"]:(k + 1) * s["new"]]:
-                    first.append(timed(lambda: step(b), device))
-                    again.append(timed(lambda: step(b), device))
-                new_ms = 1000 * (median(first) - median(again))
-                estimate = RUN_STEPS * median(again) + run_shapes[tokens] * max(new_ms, 0.0) / 1000
-                estimates[tokens, kernel] = estimate
-                section.rows.append({"kernel": kernel, "work": f"train step, {tokens:,} tokens",
-                                     "first visit ms": 1000 * median(first), "again ms": 1000 * median(again),
-                                     "new shape costs ms": new_ms,
-                                     "gpu run estimate s": estimate})
-                print(f"  {kernel}, train {tokens}: first {1000 * median(first):.1f} ms, again "
-                      f"{1000 * median(again):.1f} ms", flush=True)
+            rows, module = _train_rows(kernel, k, s, state, batches, run_shapes, settings)
+            for row in rows:
+                auto.setdefault(row["tokens"], row["gpu run estimate s"])  # "auto" runs first
+                row["vs auto"] = row["gpu run estimate s"] / auto[row["tokens"]]
             module.eval()
-            warm_rows = s["decode_rows"] + len(KERNELS) + k  # kernel modules load on rows no measured pass has
-            decode(module.model, warm_rows, s["decode_source"], 2, False, settings)
-            for fixed in (False, True):
-                rows = s["decode_rows"] + k  # a number of rows no kernel before it decoded
-                passes = [decode(module.model, rows, s["decode_source"], s["decode_steps"], fixed, settings)
-                          for _ in range(2)]
-                name = "fixed-size caches" if fixed else "growing caches"
-                section.rows.append({"kernel": kernel, "work": f"decode step, {name}, {rows} rows",
-                                     "first visit ms": 1000 * np.mean(passes[0]), "again ms": 1000 * np.mean(passes[1]),
-                                     "new shape costs ms": 1000 * (np.mean(passes[0]) - np.mean(passes[1]))})
-                print(f"  {kernel}, decode ({name}): first pass {sum(passes[0]):.2f} s, again "
-                      f"{sum(passes[1]):.2f} s", flush=True)
-            del module, step
+            section.rows += rows + _decode_rows(kernel, k, s, module.model, settings)
+            del module
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        for row in section.rows:
-            tokens = next((t for t in run_shapes if row["work"] == f"train step, {t:,} tokens"), None)
-            if tokens is not None:
-                row["vs auto"] = estimates[tokens, row["kernel"]] / estimates[tokens, "auto"]
-        tokens = s["tokens"][0]  # the preset's budget
-        best = min(KERNELS, key=lambda kernel: estimates[tokens, kernel])
-        gain = 1 - estimates[tokens, best] / estimates[tokens, "auto"]
-        section.target(f"a gpu run's estimate, best kernel ({best}) below auto's", gain, f"≥ {GAIN:.0%} to change "
-                       "the default", None if settings.quick or device.type != "cuda" else gain >= GAIN)
-    section.formats = {"vs auto": "{:.2f}"}
-    section.notes += [
-        f"Training: per kernel, {s['warm']} shared warm-up batches, then {s['new']} batches of shapes no earlier "
-        "kernel met, each stepped twice in a row; medians. Eager, Adam; dims "
-        f"{s['dims']}, vocabulary {s['vocab']:,}.",
-        f"gpu run estimate: {RUN_STEPS:,} steps at the 'again' time + the run's distinct shapes (the second table) at "
-        "the new-shape cost (an upper bound: the sample's batches share fewer encoder and decoder problems than an "
-        "epoch's).",
-        f"Decoding: {s['decode_steps']} incremental steps of random sources of {s['decode_source']} pieces, twice; "
-        "mean ms per step. Growing caches meet a new key length every step; fixed-size caches one per batch.",
-        "On a CPU, efficient and cudnn fall to the CPU's kernels, and nothing is cached per shape: a smoke check.",
-    ]
-    section.data = {"estimates": {f"{t}:{k}": v for (t, k), v in estimates.items()}, "sizes": {
-        key: value for key, value in s.items() if key != "dims"}, "dims": s["dims"]}
+            save()
+        preset = [row for row in section.rows if row.get("tokens") == s["tokens"][0]]  # the preset's budget
+        best = min(preset, key=lambda row: row["vs auto"])
+        section.target(f"a gpu run's estimate, best kernel ({best['kernel']}) below auto's", 1 - best["vs auto"],
+                       f"≥ {GAIN:.0%} to change the default",
+                       None if settings.quick or device.type != "cuda" else 1 - best["vs auto"] >= GAIN)
+    section.data = {"sizes": {key: value for key, value in s.items() if key != "dims"}, "dims": s["dims"]}
+    save()
     return section
