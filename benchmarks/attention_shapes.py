@@ -12,6 +12,11 @@ heads, lengths, strides, mask), forward and backward, and caches it: host time t
 which repeats six batches, never shows. Decoding with growing key/value caches meets a new key
 length at every step. Such builds would explain the ~20 s first repetitions of the H200's generation
 run, and the 40 s its start-up run spent after start-up on two steps and 200 dev sentences.
+The GPU round's warm-ups already hint at it (gpu-round-2-h200-2026-11-26, call 1: 12 batches,
+eager base): "eager, attention efficient", whose attention problems were all new to its kernel,
+warmed up in 0.65 s, about its 12 steps; "fused QKV" and "buckets 8", whose self-attention or
+every problem was new to cuDNN (fused, the query, key and value strides change), took 3.0 and
+4.0 s. New matmul shapes came with them, so the split is not known: this benchmark measures it.
 
 Method.
 - Shapes (counted; no device needed): `gpu_round.wmt_like_batches`'s length law over `SHAPE_POOL`
