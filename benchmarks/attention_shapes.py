@@ -23,7 +23,8 @@ Method.
   pairs, bucketed by `TokenBucketBatchSampler` at each token budget: one epoch's batches, their
   distinct (rows, source, target) shapes, and the distinct problems of each attention call
   (encoder self-attention (rows, S, S), decoder self-attention (rows, T, T), cross-attention
-  (rows, T, S)).
+  (rows, T, S)), and the same epoch's shapes with `data.shape_buckets` 8, the static shapes that
+  avoid the question at the cost of padding (both paddings are given).
 - Training, per `model.attention_backend` in `KERNELS`: a base-dims module (`gpu_round.build`: eager,
   bf16 autocast on CUDA, Adam, the same initial weights for every kernel). It first steps through
   `warm` batches that every kernel shares (kernel modules load, the allocator grows). Then come
@@ -61,7 +62,7 @@ from benchmarks.common import Section, Settings, median, render_section, seeded,
 from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data import TokenBucketBatchSampler
-from lightning_modules.data.batching import batch_shapes
+from lightning_modules.data.batching import ShapeBuckets, batch_shapes, padding_share
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
@@ -72,6 +73,7 @@ assert set(KERNELS) == set(ATTENTION_BACKENDS)
 SHAPE_POOL = 1_000_000  # the gpu preset's data.train_pairs
 RUN_STEPS = 10_000  # the gpu preset's base run (scale.steps 0.1)
 GAIN = 0.10  # a kernel replaces "auto" as the default when its run estimate is this much lower
+BUCKETS = 8  # data.shape_buckets for the counts' static-shape columns (the GPU round's "buckets 8")
 
 
 def sizes(settings: Settings) -> dict[str, Any]:
@@ -82,17 +84,25 @@ def sizes(settings: Settings) -> dict[str, Any]:
             "new": 6, "decode_rows": 128, "decode_source": 30, "decode_steps": 32, "run_pool": SHAPE_POOL}
 
 
-def shape_counts(tokens: int, pool: int, seed: int, max_len: int = 250) -> dict[str, int]:
+def shape_counts(tokens: int, pool: int, seed: int, max_len: int = 250) -> dict[str, Any]:
     """One epoch of `pool` WMT-length pairs bucketed at `tokens`: its batches, distinct batch shapes
-    and distinct attention problems (the lengths as `wmt_like_batches` draws them)."""
+    and distinct attention problems (the lengths as `wmt_like_batches` draws them), and its padding;
+    then the shapes and padding with `data.shape_buckets` `BUCKETS` (static shapes) instead."""
     rng = np.random.default_rng(seed)
     src = np.clip(np.rint(rng.lognormal(np.log(26), 0.6, pool)), 1, max_len).astype(np.int64)
     tgt = np.clip(np.rint(src * rng.lognormal(np.log(1.05), 0.2, pool)), 1, max_len).astype(np.int64)
     sampler = TokenBucketBatchSampler(src, tgt, tokens, shuffle=True, seed=seed, num_replicas=1, rank=0)
-    shapes = set(batch_shapes(sampler.global_batches(), src, tgt))
-    return {"batches": len(sampler), "shapes": len(shapes),
+    batches = sampler.global_batches()
+    shapes = set(batch_shapes(batches, src, tgt))
+    buckets = ShapeBuckets.fit(src, tgt, BUCKETS, tokens)
+    static = TokenBucketBatchSampler(src, tgt, tokens, shuffle=True, seed=seed, num_replicas=1, rank=0,
+                                     buckets=buckets).global_batches()
+    return {"batches": len(batches), "shapes": len(shapes),
             "encoder self": len({(b, s) for b, s, _ in shapes}),
-            "decoder self": len({(b, t) for b, _, t in shapes}), "cross": len(shapes)}
+            "decoder self": len({(b, t) for b, _, t in shapes}), "cross": len(shapes),
+            "padding": padding_share(batches, src, tgt),
+            f"shapes, buckets {BUCKETS}": len(set(batch_shapes(static, src, tgt, buckets=buckets))),
+            f"padding, buckets {BUCKETS}": padding_share(static, src, tgt, buckets=buckets)}
 
 
 def _shape(batch: dict[str, Any]) -> tuple[int, int, int]:
@@ -183,7 +193,9 @@ def run(settings: Settings) -> Section:
                        "vs auto"], formats={"vs auto": "{:.2f}"})
     counts = Section("attention_shapes_counts", "Shapes a `gpu` preset run meets: one epoch of its 1M pairs "
                      "(later epochs add none; --quick: 3,000)",
-                     ["tokens/batch", "batches", "shapes", "encoder self", "decoder self", "cross"])
+                     ["tokens/batch", "batches", "shapes", "encoder self", "decoder self", "cross", "padding",
+                      f"shapes, buckets {BUCKETS}", f"padding, buckets {BUCKETS}"],
+                     formats={"padding": "{:.1%}", f"padding, buckets {BUCKETS}": "{:.1%}"})
     section.more.append(counts)
     section.notes += [
         f"Training: per kernel, {s['warm']} shared warm-up batches, then {s['new']} batches of shapes no earlier "
