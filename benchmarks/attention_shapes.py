@@ -19,7 +19,7 @@ every problem was new to cuDNN (fused, the query, key and value strides change),
 4.0 s. New matmul shapes came with them, so the split is not known: this benchmark measures it.
 
 Method.
-- Shapes (counted; no device needed): `gpu_round.wmt_like_batches`'s length law over `SHAPE_POOL`
+- Shapes (counted; no device needed): `gpu_round.wmt_like_lengths` over `SHAPE_POOL`
   pairs, bucketed by `TokenBucketBatchSampler` at each token budget: one epoch's batches, their
   distinct (rows, source, target) shapes, and the distinct problems of each attention call
   (encoder self-attention (rows, S, S), decoder self-attention (rows, T, T), cross-attention
@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import Section, Settings, median, render_section, seeded, stopwatch, sync
-from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches
+from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches, wmt_like_lengths
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data import TokenBucketBatchSampler
 from lightning_modules.data.batching import ShapeBuckets, batch_shapes, padding_share
@@ -86,11 +86,9 @@ def sizes(settings: Settings) -> dict[str, Any]:
 
 def shape_counts(tokens: int, pool: int, seed: int, max_len: int = 250) -> dict[str, Any]:
     """One epoch of `pool` WMT-length pairs bucketed at `tokens`: its batches, distinct batch shapes
-    and distinct attention problems (the lengths as `wmt_like_batches` draws them), and its padding;
+    and distinct attention problems (`gpu_round.wmt_like_lengths`), and its padding;
     then the shapes and padding with `data.shape_buckets` `BUCKETS` (static shapes) instead."""
-    rng = np.random.default_rng(seed)
-    src = np.clip(np.rint(rng.lognormal(np.log(26), 0.6, pool)), 1, max_len).astype(np.int64)
-    tgt = np.clip(np.rint(src * rng.lognormal(np.log(1.05), 0.2, pool)), 1, max_len).astype(np.int64)
+    src, tgt = wmt_like_lengths(np.random.default_rng(seed), pool, max_len)
     sampler = TokenBucketBatchSampler(src, tgt, tokens, shuffle=True, seed=seed, num_replicas=1, rank=0)
     batches = sampler.global_batches()
     shapes = set(batch_shapes(batches, src, tgt))

@@ -168,14 +168,21 @@ def plan(settings: Settings) -> tuple[list[tuple[str, str]], float]:
 
 # ----------------------------------------------------------------------------------- batches
 
-def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: int, max_len: int = 250,
-                     shape_buckets: int = 0) -> list[dict[str, Any]]:
-    """`count` batches of random ids with WMT14-like lengths, bucketed as `ablate train` does
-    (`shape_buckets` > 0: static shapes, `ShapeBuckets` fitted to the pool, as data.shape_buckets)."""
-    rng = np.random.default_rng(seed)
+def wmt_like_lengths(rng: np.random.Generator, pool: int, max_len: int = 250) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target lengths (pieces) of `pool` WMT14-like pairs: source log-normal (median 26,
+    σ 0.6), target = source × a log-normal ratio (median 1.05, σ 0.2), both within 1 .. max_len."""
     src_len = np.clip(np.rint(rng.lognormal(np.log(26), 0.6, pool)), 1, max_len).astype(np.int64)
     ratio = rng.lognormal(np.log(1.05), 0.2, pool)
-    tgt_len = np.clip(np.rint(src_len * ratio), 1, max_len).astype(np.int64)
+    return src_len, np.clip(np.rint(src_len * ratio), 1, max_len).astype(np.int64)
+
+
+def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: int, max_len: int = 250,
+                     shape_buckets: int = 0) -> list[dict[str, Any]]:
+    """`count` batches of random ids with WMT14-like lengths (`wmt_like_lengths`), bucketed as
+    `ablate train` does (`shape_buckets` > 0: static shapes, `ShapeBuckets` fitted to the pool, as
+    data.shape_buckets)."""
+    rng = np.random.default_rng(seed)
+    src_len, tgt_len = wmt_like_lengths(rng, pool, max_len)
     buckets = ShapeBuckets.fit(src_len, tgt_len, shape_buckets, max_tokens) if shape_buckets else None
     sampler = TokenBucketBatchSampler(src_len, tgt_len, max_tokens, shuffle=True, seed=seed,
                                       num_replicas=1, rank=0, buckets=buckets)
