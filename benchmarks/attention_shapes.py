@@ -19,30 +19,33 @@ every problem was new to cuDNN (fused, the query, key and value strides change),
 4.0 s. New matmul shapes came with them, so the split is not known: this benchmark measures it.
 
 Method.
-- Shapes (counted; no device needed): `gpu_round.wmt_like_lengths` over `SHAPE_POOL`
-  pairs, bucketed by `TokenBucketBatchSampler` at each token budget: one epoch's batches, their
-  distinct (rows, source, target) shapes, and the distinct problems of each attention call
-  (encoder self-attention (rows, S, S), decoder self-attention (rows, T, T), cross-attention
-  (rows, T, S)), and the same epoch's shapes with `data.shape_buckets` 8, the static shapes that
-  avoid the question at the cost of padding (both paddings are given).
-- Training, per `model.attention_backend` in `KERNELS`: a base-dims module (`gpu_round.build`: eager,
-  bf16 autocast on CUDA, Adam, the same initial weights for every kernel). It first steps through
-  `warm` batches that every kernel shares (kernel modules load, the allocator grows). Then come
-  `new` batches whose shapes no kernel before it met, each stepped twice in a row (before any
-  kernel, every batch is stepped once with the math kernel, which caches nothing per shape, so that
-  the allocator's growth is nobody's first visit): the first visit
-  pays for whatever the shape's first call costs, the second is a step with everything cached.
-  Wall clock per step, with a device sync after each (a plan build is host time). Reported: the
-  medians, their difference (the cost of a new shape), and a `gpu` preset run's estimate: its
-  `RUN_STEPS` steps at the second visit's time plus its distinct shapes at the difference. The sample's batches
-  share fewer encoder and decoder problems than a whole epoch's, so the estimate's second term is
-  an upper bound.
-- Decoding, per kernel: `decode_steps` steps of `Transformer.decode_step` for `decode_rows` sentences
-  (a batch of beam 4's rows), twice, with the growing caches (each step's self-attention has one
-  more key: a new problem a step) and with the fixed-size caches of `eval.cuda_graphs`' decoder, run
-  without a graph (one self-attention problem per batch), after two warm-up steps on another
-  number of rows. Each kernel decodes its own numbers of rows, so that no problem carries over
-  from the kernel before it. Reported per step.
+- Shapes (counted; no device needed): `gpu_round.wmt_like_lengths` over `SHAPE_POOL` pairs, bucketed
+  by `TokenBucketBatchSampler` at each token budget: one epoch's batches, their distinct (rows,
+  source, target) shapes, and the distinct problems of each attention call (encoder self-attention
+  (rows, S, S), decoder self-attention (rows, T, T), cross-attention (rows, T, S)), and the same
+  epoch's shapes with `data.shape_buckets` 8, the static shapes that avoid the question at the cost
+  of padding (both paddings are given).
+- Training, per `model.attention_backend` in `KERNELS`: a base-dims module (`gpu_round.build`:
+  eager, bf16 autocast on CUDA, Adam, the same initial weights for every kernel). It first steps
+  twice through `warm` batches that every kernel shares: the first pass loads the kernel modules,
+  the second is its step time on batches whose shapes it has cached, the same batches for every
+  kernel. Then come `new` batches whose shapes no kernel before it met, each stepped twice in a row
+  (before any kernel, every batch is stepped once with the math kernel, which caches nothing per
+  shape, so that the allocator's growth is nobody's first visit): the first visit pays for whatever
+  the shape's first call costs, the second is a step with everything cached. Wall clock per step,
+  with a device sync after each (a plan build is host time). Reported: the step time, the medians of
+  both visits and of their paired differences (the cost of a new shape), and a `gpu` preset run's
+  estimate: its `RUN_STEPS` steps at the step time, plus the new-shape cost for each third of its
+  first epoch's distinct attention problems (a sampled batch brings three new ones, one per call;
+  the epoch's 1,178 batch shapes have 818 encoder, 532 decoder and 1,178 cross-attention problems
+  at 25,000 tokens: 843 batches' worth), which assumes that a plan costs about the same for each
+  call.
+- Decoding, per kernel: `decode_steps` steps of `Transformer.decode_step` for `decode_rows`
+  sentences (a batch of beam 4's rows), twice, with the growing caches (each step's self-attention
+  has one more key: a new problem a step) and with the fixed-size caches of `eval.cuda_graphs`'
+  decoder, run without a graph (one self-attention problem per batch), after two warm-up steps on
+  another number of rows. Each kernel decodes its own numbers of rows, so that no problem carries
+  over from the kernel before it. Reported per step.
 
 Decision, stated before any GPU figure: `model.attention_backend`'s default stays "auto" unless
 another kernel's `gpu` preset estimate at 25,000 tokens is at least 10% below auto's; then that
@@ -73,6 +76,7 @@ assert set(KERNELS) == set(ATTENTION_BACKENDS)
 SHAPE_POOL = 1_000_000  # the gpu preset's data.train_pairs
 RUN_STEPS = 10_000  # the gpu preset's base run (scale.steps 0.1)
 GAIN = 0.10  # a kernel replaces "auto" as the default when its run estimate is this much lower
+ATTENTION = ("encoder self", "decoder self", "cross")  # the attention calls of a step, by their problem
 BUCKETS = 8  # data.shape_buckets for the counts' static-shape columns (the GPU round's "buckets 8")
 
 
@@ -80,7 +84,7 @@ def sizes(settings: Settings) -> dict[str, Any]:
     if settings.quick:
         return {"dims": TINY, "vocab": 500, "tokens": (600,), "pool": 3_000, "max_len": 60, "warm": 1, "new": 2,
                 "decode_rows": 4, "decode_source": 9, "decode_steps": 6, "run_pool": 3_000}
-    return {"dims": BASE, "vocab": 37_000, "tokens": (25_000, 4_000), "pool": 120_000, "max_len": 250, "warm": 2,
+    return {"dims": BASE, "vocab": 37_000, "tokens": (25_000, 4_000), "pool": 120_000, "max_len": 250, "warm": 4,
             "new": 6, "decode_rows": 128, "decode_source": 30, "decode_steps": 32, "run_pool": SHAPE_POOL}
 
 
@@ -150,19 +154,21 @@ def _train_rows(kernel: str, k: int, s: dict[str, Any], state: dict[str, torch.T
     c, t = configs(s["dims"], s["vocab"], {"model.attention_backend": kernel})
     module, step = build(c, t, state, settings)
     for tokens in s["tokens"]:
-        warm, rest = batches[tokens][:s["warm"]], batches[tokens][s["warm"]:]
-        for b in warm:
+        shared, rest = batches[tokens][:s["warm"]], batches[tokens][s["warm"]:]
+        for b in shared:  # kernel modules load; these shapes are cached from here on
             step(b)
+        steady = [timed(lambda: step(b), device) for b in shared]  # every kernel on the same batches
         first, again = [], []
         for b in rest[k * s["new"]:(k + 1) * s["new"]]:
             first.append(timed(lambda: step(b), device))
             again.append(timed(lambda: step(b), device))
-        new_ms = 1000 * (median(first) - median(again))
+        new_ms = 1000 * median([f - a for f, a in zip(first, again)])
         rows.append({"kernel": kernel, "work": f"train step, {tokens:,} tokens", "tokens": tokens,
-                     "first visit ms": 1000 * median(first), "again ms": 1000 * median(again),
-                     "new shape costs ms": new_ms,
-                     "gpu run estimate s": RUN_STEPS * median(again) + run_shapes[tokens] * max(new_ms, 0.0) / 1000})
-        print(f"  {kernel}, train {tokens}: first {1000 * median(first):.1f} ms, again {1000 * median(again):.1f} ms",
+                     "step ms": 1000 * float(np.mean(steady)), "first visit ms": 1000 * median(first),
+                     "again ms": 1000 * median(again), "new shape costs ms": new_ms,
+                     "gpu run estimate s": RUN_STEPS * float(np.mean(steady))
+                     + run_shapes[tokens] * max(new_ms, 0.0) / 1000})
+        print(f"  {kernel}, train {tokens}: step {1000 * np.mean(steady):.1f} ms; a new shape {new_ms:.1f} ms",
               flush=True)
     return rows, module
 
@@ -187,8 +193,8 @@ def run(settings: Settings) -> Section:
     s = sizes(settings)
     device = settings.device
     section = Section("attention_shapes", "What a shape not met before costs each attention kernel (issue #40)",
-                      ["kernel", "work", "first visit ms", "again ms", "new shape costs ms", "gpu run estimate s",
-                       "vs auto"], formats={"vs auto": "{:.2f}"})
+                      ["kernel", "work", "step ms", "first visit ms", "again ms", "new shape costs ms",
+                       "gpu run estimate s", "vs auto"], formats={"vs auto": "{:.2f}"})
     counts = Section("attention_shapes_counts", "Shapes a `gpu` preset run meets: one epoch of its 1M pairs "
                      "(later epochs add none; --quick: 3,000)",
                      ["tokens/batch", "batches", "shapes", "encoder self", "decoder self", "cross", "padding",
@@ -196,11 +202,13 @@ def run(settings: Settings) -> Section:
                      formats={"padding": "{:.1%}", f"padding, buckets {BUCKETS}": "{:.1%}"})
     section.more.append(counts)
     section.notes += [
-        f"Training: per kernel, {s['warm']} shared warm-up batches, then {s['new']} batches of shapes no earlier "
-        f"kernel met, each stepped twice in a row; medians. Eager, Adam; dims {s['dims']}, vocabulary {s['vocab']:,}.",
-        f"gpu run estimate: {RUN_STEPS:,} steps at the 'again' time + the run's distinct shapes (the second table) at "
-        "the new-shape cost (an upper bound: the sample's batches share fewer encoder and decoder problems than an "
-        "epoch's).",
+        f"Training: per kernel, {s['warm']} batches every kernel shares, stepped twice (step ms: the mean of the "
+        f"second pass), then {s['new']} batches of shapes no earlier kernel met, each stepped twice in a row (first "
+        "visit, again: medians; a new shape costs: the median of the pairs' differences). Eager, Adam; dims "
+        f"{s['dims']}, vocabulary {s['vocab']:,}.",
+        f"gpu run estimate: {RUN_STEPS:,} steps at 'step ms' + the new-shape cost for each third of the run's distinct "
+        "attention problems (the second table: encoder self + decoder self + cross, over 3; a sampled batch brings "
+        "one of each).",
         f"Decoding: {s['decode_steps']} incremental steps of random sources of {s['decode_source']} pieces, twice; "
         "mean ms per step. Growing caches meet a new key length every step; fixed-size caches one per batch.",
         "On a CPU, efficient and cudnn fall to the CPU's kernels, and nothing is cached per shape: a smoke check.",
@@ -214,7 +222,8 @@ def run(settings: Settings) -> Section:
     with stopwatch(section):
         for tokens in s["tokens"]:
             counts.rows.append({"tokens/batch": tokens, **shape_counts(tokens, s["run_pool"], settings.seed)})
-        run_shapes = {row["tokens/batch"]: row["shapes"] for row in counts.rows}
+        # a sampled batch brings three new attention problems; an epoch's shapes share some (ATTENTION)
+        run_shapes = {row["tokens/batch"]: sum(row[kind] for kind in ATTENTION) / len(ATTENTION) for row in counts.rows}
         c, _ = configs(s["dims"], s["vocab"], {})
         seeded(settings.seed)
         state = TranslationModule.from_configs(c, TrainConfig()).state_dict()
