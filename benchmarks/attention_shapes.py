@@ -55,6 +55,7 @@ does not change.
 
 from __future__ import annotations
 
+import gc
 import time
 from typing import Any
 
@@ -238,21 +239,29 @@ def run(settings: Settings) -> Section:
         del step
         auto: dict[int, float] = {}
         for k, kernel in enumerate(KERNELS):
-            rows, module = _train_rows(kernel, k, s, state, batches, run_shapes, settings)
-            for row in rows:
-                auto.setdefault(row["tokens"], row["gpu run estimate s"])  # "auto" runs first
-                row["vs auto"] = row["gpu run estimate s"] / auto[row["tokens"]]
-            module.eval()
-            section.rows += rows + _decode_rows(kernel, k, s, module.model, settings)
-            del module
+            try:
+                rows, module = _train_rows(kernel, k, s, state, batches, run_shapes, settings)
+                module.eval()
+                rows += _decode_rows(kernel, k, s, module.model, settings)
+                del module
+            except Exception as error:  # a kernel this device lacks, out of memory: a row, not a crash
+                rows = [{"kernel": kernel, "work": f"failed: {type(error).__name__}: "
+                                                  f"{(str(error).strip().splitlines() or [''])[0][:200]}"}]
+            gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+            for row in (row for row in rows if "tokens" in row):
+                if kernel == "auto":
+                    auto[row["tokens"]] = row["gpu run estimate s"]
+                row["vs auto"] = row["gpu run estimate s"] / auto[row["tokens"]] if row["tokens"] in auto else None
+            section.rows += rows
             save()
-        preset = [row for row in section.rows if row.get("tokens") == s["tokens"][0]]  # the preset's budget
-        best = min(preset, key=lambda row: row["vs auto"])
-        section.target(f"a gpu run's estimate, best kernel ({best['kernel']}) below auto's", 1 - best["vs auto"],
-                       f"≥ {GAIN:.0%} to change the default",
-                       None if settings.quick or device.type != "cuda" else 1 - best["vs auto"] >= GAIN)
+        preset = [row for row in section.rows if row.get("tokens") == s["tokens"][0] and row["vs auto"] is not None]
+        if preset:  # the preset's budget, against auto
+            best = min(preset, key=lambda row: row["vs auto"])
+            section.target(f"a gpu run's estimate, best kernel ({best['kernel']}) below auto's", 1 - best["vs auto"],
+                           f"≥ {GAIN:.0%} to change the default",
+                           None if settings.quick or device.type != "cuda" else 1 - best["vs auto"] >= GAIN)
     section.data = {"sizes": {key: value for key, value in s.items() if key != "dims"}, "dims": s["dims"]}
     save()
     return section

@@ -138,6 +138,23 @@ def test_attention_shapes_quick_times_every_kernel_on_shapes_no_kernel_before_it
     assert counts["shapes"] <= counts["batches"] and counts["cross"] == counts["shapes"]
 
 
+def test_an_attention_kernel_that_fails_is_a_row_and_the_others_are_kept(monkeypatch, tmp_path: Path):
+    import torch
+
+    from benchmarks import attention_shapes
+    from benchmarks.common import Settings
+
+    monkeypatch.setattr(attention_shapes, "KERNELS", ("auto", "nope"))
+    settings = Settings(device=torch.device("cpu"), precision="fp32", reps=None, quick=True,
+                        cache_dir=tmp_path, multi30k_dir=None, out=tmp_path)
+    section = attention_shapes.run(settings)
+    assert [row["kernel"] for row in section.rows] == ["auto"] * 3 + ["nope"]
+    assert section.rows[-1]["work"] == ("failed: UserError: model.attention_backend must be one of auto, math, "
+                                        "flash, efficient, cudnn; got 'nope'")
+    assert section.targets[0]["value"] == 0.0  # auto against itself
+    assert "| nope | failed: UserError" in (tmp_path / "attention_shapes.md").read_text()
+
+
 def test_a_second_epoch_of_token_buckets_meets_no_batch_shape_the_first_did_not():
     """What attention_shapes' estimate rests on: ties regroup every epoch, the batch shapes stay."""
     import numpy as np
