@@ -6,24 +6,24 @@
 #   DEVICE=cpu bash benchmarks/gpu_session.sh 240     # the same steps at tiny sizes on a CPU (its test)
 #
 # Steps, each cut to what is left (a step that no longer fits is skipped and said so in summary.txt):
-#   0. attention_shapes: what a batch shape not met before costs each attention kernel, training and
+#   1. attention_shapes: what a batch shape not met before costs each attention kernel, training and
 #      decoding (PyTorch puts cuDNN first on sm90, and cuDNN builds a plan per new shape; a run with
 #      exact lengths meets ~1,200 shapes in its first epoch); its rule decides model.attention_backend's
 #      default, so it runs first (~1-2 minutes; not yet measured on a GPU);
-#   1. test_gpu: tests/test_gpu.py's one-graph case (source widths of every alignment compile once)
+#   2. test_gpu: tests/test_gpu.py's one-graph case (source widths of every alignment compile once)
 #      under --runxfail, so that its failure prints the guards (it still failed on an H200 on
 #      2026-11-27, with the round's base model building one graph), beam search's reads per step,
 #      and decoding through CUDA graphs against the growing caches;
-#   2. generation: greedy and beam 4 against Hugging Face `generate` on the same model, with and
+#   3. generation: greedy and beam 4 against Hugging Face `generate` on the same model, with and
 #      without CUDA graphs (`eval.cuda_graphs`, not yet timed on a GPU; without them it was
 #      measured on an H200 on 2026-11-27: ~150 s with its training);
-#   3. gpu_round: the eager and compiled base (the reference and the figure to beat), then CUDA
+#   4. gpu_round: the eager and compiled base (the reference and the figure to beat), then CUDA
 #      graphs at 4K tokens' host-bound steps (they ended a process once, so what follows them may
 #      be lost), then what earlier rounds left;
-#   4. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache;
+#   5. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache;
 #      the next run has not been reached on a GPU);
-#   5. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);
-#   6. profile: where the compiled base and big steps (and the eager base step) spend their time
+#   6. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);
+#   7. profile: where the compiled base and big steps (and the eager base step) spend their time
 #      (gpu_round --profile; measured on an H200 on 2026-11-27, so last).
 # Output ($OUT, default /tmp/gpu-session): summary.txt, device.txt, each benchmark's markdown table (5),
 # and session.tgz with every log, JSON and profile: 8 files, what the device tool brings back at most.
