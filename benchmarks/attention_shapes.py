@@ -58,14 +58,14 @@ are a larger share of its time than the estimate says.
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.common import Section, Settings, median, render_section, seeded, stopwatch, sync
+from benchmarks.common import (Section, Settings, error_line, free_memory, median, on_device, render_section, seeded,
+                               stopwatch, sync)
 from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches, wmt_like_lengths
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data import TokenBucketBatchSampler
@@ -151,7 +151,7 @@ def decode(model, rows: int, source: int, steps: int, fixed: bool, settings: Set
 
 
 def _train_rows(kernel: str, k: int, s: dict[str, Any], state: dict[str, torch.Tensor],
-                batches: dict[int, list[dict[str, Any]]], run_shapes: dict[int, int], settings: Settings
+                batches: dict[int, list[dict[str, Any]]], first_visits: dict[int, float], settings: Settings
                 ) -> tuple[list[dict[str, Any]], Any]:
     """`kernel`'s training rows (its k-th share of the new batches) and its module."""
     device, rows = settings.device, []
@@ -171,7 +171,7 @@ def _train_rows(kernel: str, k: int, s: dict[str, Any], state: dict[str, torch.T
                      "step ms": 1000 * float(np.mean(steady)), "first visit ms": 1000 * median(first),
                      "again ms": 1000 * median(again), "new shape costs ms": new_ms,
                      "gpu run estimate s": RUN_STEPS * float(np.mean(steady))
-                     + run_shapes[tokens] * max(new_ms, 0.0) / 1000})
+                     + first_visits[tokens] * max(new_ms, 0.0) / 1000})
         print(f"  {kernel}, train {tokens}: step {1000 * np.mean(steady):.1f} ms; a new shape {new_ms:.1f} ms",
               flush=True)
     return rows, module
@@ -226,15 +226,16 @@ def run(settings: Settings) -> Section:
     with stopwatch(section):
         for tokens in s["tokens"]:
             counts.rows.append({"tokens/batch": tokens, **shape_counts(tokens, s["run_pool"], settings.seed)})
-        # a sampled batch brings three new attention problems; an epoch's shapes share some (ATTENTION)
-        run_shapes = {row["tokens/batch"]: sum(row[kind] for kind in ATTENTION) / len(ATTENTION) for row in counts.rows}
+        # a run's first visits, in sampled batches' worth: each brings one new problem per call (ATTENTION),
+        # while an epoch's shapes share some
+        first_visits = {row["tokens/batch"]: sum(row[k] for k in ATTENTION) / len(ATTENTION) for row in counts.rows}
         c, _ = configs(s["dims"], s["vocab"], {})
         seeded(settings.seed)
         state = TranslationModule.from_configs(c, TrainConfig()).state_dict()
         batches = {}
         for tokens in s["tokens"]:
             found = distinct_batches(s, tokens, s["warm"] + s["new"] * len(KERNELS), settings.seed)
-            batches[tokens] = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in found]
+            batches[tokens] = [on_device(b, device) for b in found]
         # the allocator meets every batch once before any kernel is timed (math caches nothing per shape)
         _, step = build(*configs(s["dims"], s["vocab"], {"model.attention_backend": "math"}), state, settings)
         for b in (b for tokens in s["tokens"] for b in batches[tokens]):
@@ -243,16 +244,13 @@ def run(settings: Settings) -> Section:
         auto: dict[int, float] = {}
         for k, kernel in enumerate(KERNELS):
             try:
-                rows, module = _train_rows(kernel, k, s, state, batches, run_shapes, settings)
+                rows, module = _train_rows(kernel, k, s, state, batches, first_visits, settings)
                 module.eval()
                 rows += _decode_rows(kernel, k, s, module.model, settings)
                 del module
             except Exception as error:  # a kernel this device lacks, out of memory: a row, not a crash
-                rows = [{"kernel": kernel, "work": f"failed: {type(error).__name__}: "
-                                                  f"{(str(error).strip().splitlines() or [''])[0][:200]}"}]
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+                rows = [{"kernel": kernel, "work": f"failed: {error_line(error)}"}]
+            free_memory(device)
             for row in (row for row in rows if "tokens" in row):
                 if kernel == "auto":
                     auto[row["tokens"]] = row["gpu run estimate s"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
 import math
 import os
 import platform
@@ -83,6 +84,23 @@ def sync(device: torch.device) -> None:
     """Wait for queued kernels so wall-clock time covers the work (CUDA is asynchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def on_device(batch: Batch, device: torch.device, non_blocking: bool = False) -> Batch:
+    """A batch with its tensors moved to `device` (other values as they are)."""
+    return {k: v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def error_line(error: BaseException) -> str:
+    """An exception as one short line ("Type: its first line"), for a result row that says why."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+
+
+def free_memory(device: torch.device) -> None:
+    """Drop what nothing references any more, and give the CUDA cache back, after a failed or finished variant."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def alternate(runs: dict[str, Callable[[], Any]], reps: int, device: torch.device,

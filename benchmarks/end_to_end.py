@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, mfu, stopwatch, sync,
-                               token_batches, train_flops)
+from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, mfu, on_device, stopwatch,
+                               sync, token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.translation import TranslationModule
 
@@ -159,10 +159,10 @@ def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: boo
     """tokens/s of forward_loss + backward + Adam on batches already on the device."""
     device = settings.device
     step = train_step(c, compile_, settings)
-    on_device = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in batches]
+    moved = [on_device(b, device) for b in batches]
 
     def epoch() -> None:
-        for b in on_device:
+        for b in moved:
             step(b)
 
     start = time.perf_counter()

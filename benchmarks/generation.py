@@ -29,6 +29,7 @@ from benchmarks.common import (
     alternate,
     data_module,
     median,
+    on_device,
     spread,
     stopwatch,
     token_batches,
@@ -65,8 +66,7 @@ def train_demo_model(settings: Settings, steps: int, n_layers: int = 3
     batches = token_batches(dm, 1500, 10**9, seed=settings.seed)  # one shuffled epoch
     start, loss_value = time.perf_counter(), float("nan")
     for step in range(steps):
-        batch = {k: v.to(settings.device) if torch.is_tensor(v) else v
-                 for k, v in batches[step % len(batches)].items()}
+        batch = on_device(batches[step % len(batches)], settings.device)
         with settings.autocast():
             logits = module(batch["src"], batch["tgt_in"])
         loss, nll, n = label_smoothed_nll(logits, batch["tgt_out"], PAD_ID, 0.1)

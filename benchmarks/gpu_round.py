@@ -58,7 +58,6 @@ benchmark's; it needs a trained model).
 
 from __future__ import annotations
 
-import gc
 import json
 import re
 import time
@@ -69,7 +68,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import Section, Settings, mfu, render_section, seeded, stopwatch, sync, train_flops
+from benchmarks.common import (Section, Settings, error_line, free_memory, mfu, on_device, render_section, seeded,
+                               stopwatch, sync, train_flops)
 from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data import TokenBucketBatchSampler, collate
@@ -345,7 +345,7 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
             try:  # the profiler failing (CUPTI) costs the profile, not the measurement
                 summary, table = profile_pass(step, batches[size], device)
             except Exception as error:
-                out["profile_error"] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
+                out["profile_error"] = error_line(error)
                 break
             out["profile"][size] = {**summary, "busy": summary["busy_ms_per_step"] / out[size]["ms_per_step"]}
             if settings.out is not None:
@@ -472,9 +472,8 @@ def _estimate(case: str, name: str, done: dict[str, dict[str, dict[str, Any]]]) 
 
 def case_batches(case: Case, settings: Settings, shape_buckets: int = 0) -> dict[int, list[dict[str, Any]]]:
     """The case's batches on the device, per batch size (`shape_buckets`: data.shape_buckets)."""
-    return {size: [{k: v.to(settings.device) if torch.is_tensor(v) else v for k, v in b.items()}
-                   for b in wmt_like_batches(case.vocab, size, case.batches, settings.seed, case.pool,
-                                             case.max_len, shape_buckets)]
+    return {size: [on_device(b, settings.device) for b in wmt_like_batches(
+        case.vocab, size, case.batches, settings.seed, case.pool, case.max_len, shape_buckets)]
             for size in case.tokens}
 
 
@@ -500,10 +499,8 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
             data["batches"][buckets] = case_batches(case, settings, buckets)
         return measure(name, case, data["batches"][buckets], data["state"], settings)
     except Exception as error:  # a kernel this device lacks, out of memory: a row, not a crash
-        why = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:300]}"
-    gc.collect()  # the failed variant's module and tensors (its traceback is gone with `error`)
-    if settings.device.type == "cuda":
-        torch.cuda.empty_cache()
+        why = error_line(error)
+    free_memory(settings.device)  # the failed variant's module and tensors (its traceback is gone with `error`)
     return {"error": why}
 
 

@@ -27,6 +27,7 @@ from benchmarks.common import (
     Settings,
     data_module,
     median,
+    on_device,
     spread,
     stopwatch,
     sync,
@@ -102,8 +103,7 @@ def plain_run(module: TranslationModule, batches: list[Batch], steps: int, warmu
             if step == warmup:
                 sync(settings.device)
                 start = time.perf_counter()
-            batch = {k: v.to(settings.device, non_blocking=True) if torch.is_tensor(v) else v
-                     for k, v in batch.items()}
+            batch = on_device(batch, settings.device, non_blocking=True)
             with settings.autocast():
                 logits = module(batch["src"], batch["tgt_in"])
             loss, _, n_tokens = label_smoothed_nll(logits, batch["tgt_out"], c.pad_id,
