@@ -187,8 +187,7 @@ def token_batches(dm: TranslationDataModule, max_tokens: int, count: int | None,
     for index in sampler.global_batches()[:count]:
         batch = collate([dm.train_set[i] for i in index], pad_id=dm.pad_id, pad_multiple=dm.pad_multiple,
                         buckets=sampler.buckets)
-        batches.append({k: v.to(device) if device is not None and torch.is_tensor(v) else v
-                        for k, v in batch.items()})
+        batches.append(batch if device is None else on_device(batch, device))
     return batches
 
 

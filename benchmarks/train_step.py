@@ -13,7 +13,6 @@ batches of 1,500 tokens.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from benchmarks.common import (
     alternate,
     batch_stats,
     data_module,
+    free_memory,
     median,
     mfu,
     remap_vocabulary,
@@ -197,6 +197,4 @@ def _run_size(size: Size, settings: Settings, section: Section) -> None:
         section.notes.append(f"{size.name}: parameter counts differ: {params}")
     models.clear()
     steps.clear()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    free_memory(device)
