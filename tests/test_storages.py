@@ -9,6 +9,7 @@ processes whose heartbeat stops, real `ablate table3`, `ablate report`, `ablate 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -206,3 +207,39 @@ def test_sweep_through_the_grpc_proxy(proxy: str, tmp_path: Path):
         f"{seen}\n{logs}\n{result.stderr[-4000:]}"
     assert {t.user_attrs["run_dir"] for t in trials} == {f"via-proxy/trial-{t.number}" for t in trials}
     assert all("heartbeat" in t.system_attrs for t in trials)  # beaten through the proxy
+
+
+# A worker's life, compressed: a gRPC client busy in one thread (the heartbeat, the sampler) while
+# the main thread starts processes as a worker starts its trials (`sweeps.processes.spawn`: fork,
+# then exec). With gRPC's fork support on, grpcio >= 1.80 failed this within 400 children each time
+# it was tried here: a child aborted (exit -6) or hung before exec, and its parent with it.
+SPAWNING = """
+import sys, threading, optuna
+from pathlib import Path
+from sweeps.processes import spawn
+from sweeps.storage import make_storage
+study = optuna.create_study(study_name="spawning", storage=make_storage(sys.argv[1], None))
+done = threading.Event()
+def talk():
+    while not done.is_set():
+        study.get_trials()
+threading.Thread(target=talk, daemon=True).start()
+codes = [spawn(["true"], log=Path(sys.argv[2])).wait() for _ in range(int(sys.argv[3]))]
+done.set()
+print(sum(code != 0 for code in codes))
+"""
+
+
+def test_processes_started_beside_a_grpc_client_neither_abort_nor_hang(proxy: str, tmp_path: Path):
+    log = tmp_path / "children.log"
+    # its own session, so that a child stuck between fork and exec goes with it
+    proc = subprocess.Popen([sys.executable, "-c", SPAWNING, proxy, str(log), "400"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"starting 400 children did not finish in 180 s (one hung before exec?): {log.read_text()[-1500:]}")
+    assert proc.returncode == 0, err[-2000:]
+    assert out.strip() == "0", f"{out.strip()} of 400 children died: {log.read_text()[-1500:]}"
