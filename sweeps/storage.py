@@ -192,8 +192,9 @@ def _open_grpc(host: str, port: int, heartbeat_s: int | None) -> BaseStorage:
     # workers, a worker its trials). With gRPC's fork support on, its poller restarts in the forked
     # child, where Popen closes the poller's descriptor before exec, and grpcio >= 1.80 aborts that
     # child now and then ("epoll_wait error: Bad file descriptor", exit -6; grpc/grpc#43055: 9 of
-    # 800 spawns here, none of 1,800 with it off). gRPC's fork notes advise it off for fork-then-exec.
-    # Read when grpc is first imported, which is below; the children inherit it.
+    # 800 spawns here, none of 1,800 with it off) or deadlocks it before exec, which blocks Popen in
+    # the parent for ever. gRPC's fork notes advise it off for fork-then-exec. Read when grpc is
+    # first imported, which is below; the children inherit it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     try:
         return grpc_storage(host, port, heartbeat_s, GRPC_CONNECT_S)
