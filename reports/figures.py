@@ -86,15 +86,18 @@ def _edge(value: float, limits: tuple[float, float] | None) -> tuple[float, int]
     return (limits[1] - inset, 1) if value > limits[1] else (limits[0] + inset, -1)
 
 
-def _scatter(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabel: str, title: str,
-             robust_x: bool = False) -> bytes:
+def scatter_figure(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabel: str, title: str,
+                   robust_x: bool = False) -> plt.Figure:
     """One point per row with its error bar; a row far off the others (`robust_limits`, on y and
-    where `robust_x` on x) is drawn as an arrow at the edge with its value written beside it."""
+    where `robust_x` on x) is drawn as an arrow at the edge with its value written beside it, the
+    labels of the rows at the top or bottom edge (all at one height) stacked inwards so that none
+    covers another."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     xlim = robust_limits(frame[x]) if robust_x else None
     ylim = robust_limits(frame[y])
     arrows = {(0, 0): "o", (1, 0): ">", (-1, 0): "<", (0, 1): "^", (0, -1): "v"}
     colors = group_colors(frame["group"])
+    at_edge = {1: 0, -1: 0}  # labels already written at the top (1) and bottom (-1) edge
     for row, r in frame.iterrows():
         (px, sx), (py, sy) = _edge(r[x], xlim), _edge(r[y], ylim)
         marker = arrows.get((sx, sy), "D")
@@ -102,8 +105,12 @@ def _scatter(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabe
         ax.errorbar(px, py, yerr=error, fmt=marker, color=colors[r.group], capsize=3)
         off = [_short(r[x])] * bool(sx) + [_short(r[y])] * bool(sy)  # its value on the axis it is off
         label = f"{row}: {', '.join(off)}" if off else str(row)
+        stack = at_edge[sy] if sy else 0
+        if sy:
+            at_edge[sy] += 1
         ax.annotate(label, (px, py), textcoords="offset points", fontsize=8,
-                    xytext=(-4 if sx > 0 else 4, -9 if sy > 0 else 3), ha="right" if sx > 0 else "left")
+                    xytext=(-4 if sx > 0 else 4, (-9 if sy > 0 else 3) + (-10 if sy > 0 else 10) * stack),
+                    ha="right" if sx > 0 else "left")
     if xlim:
         ax.set_xlim(*xlim)
     if ylim:
@@ -113,7 +120,7 @@ def _scatter(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str, ylabe
     ax.set_ylabel(ylabel)
     ax.set_title(title + (OFF_SCALE if xlim or ylim else ""), fontsize=10)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return fig
 
 
 OFF_SCALE = "\n(a row far off the others: an arrow at the edge, its value beside it)"
@@ -124,20 +131,29 @@ def _short(value: float) -> str:
 
 
 def bleu_vs_params(frame: pd.DataFrame) -> bytes:
-    return _scatter(frame, "params_m", "bleu", "bleu_ci", "parameters (millions)", "dev BLEU",
-                    "Dev BLEU against model size (colour: group; bars: 95% CI over seeds)")
+    return _png(scatter_figure(frame, "params_m", "bleu", "bleu_ci", "parameters (millions)", "dev BLEU",
+                               "Dev BLEU against model size (colour: group; bars: 95% CI over seeds)"))
 
 
 def ppl_vs_time(frame: pd.DataFrame) -> bytes:
-    return _scatter(frame, "train_time_s", "ppl", "ppl_ci", "training time (s)", "dev perplexity (per wordpiece)",
-                    "Dev perplexity against training time (bars: 95% CI over seeds)", robust_x=True)
+    return _png(scatter_figure(frame, "train_time_s", "ppl", "ppl_ci", "training time (s)",
+                               "dev perplexity (per wordpiece)",
+                               "Dev perplexity against training time (bars: 95% CI over seeds)", robust_x=True))
+
+
+OUTSIDE_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}  # a legend beside the axes
 
 
 def change_vs_base(frame: pd.DataFrame) -> bytes:
+    return _png(change_vs_base_figure(frame))
+
+
+def change_vs_base_figure(frame: pd.DataFrame) -> plt.Figure:
     """Per-row bars of the relative change of PPL and BLEU against base (%): ours solid, the
     paper's hatched where the table has the paper's numbers (relative, since our CPU-scale values
     and the paper's differ in magnitude). A bar far beyond the others (`robust_limits`) is cut at
-    the axis edge, its value written there."""
+    the axis edge, its value written there. The legends sit right of the axes, clear of every
+    bar, and row names longer than a bar's width (the modifications' names) are written upright."""
     rows = [r for r in frame.index if r != "base"]
     with_paper = has_paper(frame)  # a spec without the paper's numbers: our bars alone
     fig, axes = plt.subplots(2, 1, figsize=(max(6.4, 0.45 * len(rows) + 2), 6.0), sharex=True)
@@ -172,13 +188,15 @@ def change_vs_base(frame: pd.DataFrame) -> bytes:
         ax.grid(axis="y", alpha=0.3)
     if with_paper:  # which bar is whose, in grey: the colours are the groups'
         axes[0].legend(handles=[Patch(color="grey", label="ours"),
-                                Patch(facecolor="white", edgecolor="grey", hatch="///", label="paper")], fontsize=8)
-    group_legend(axes[1], [frame.loc[r, "group"] for r in rows], marker="s")
-    axes[1].set_xticks(list(positions), rows, rotation=0, fontsize=8)
+                                Patch(facecolor="white", edgecolor="grey", hatch="///", label="paper")], fontsize=8,
+                       **OUTSIDE_RIGHT)
+    group_legend(axes[1], [frame.loc[r, "group"] for r in rows], marker="s", **OUTSIDE_RIGHT)
+    upright = max(map(len, rows), default=0) > 4  # about the most characters a bar's width holds at this size
+    axes[1].set_xticks(list(positions), rows, rotation=90 if upright else 0, fontsize=8)
     axes[0].set_title("Relative change against base, per row"
                       + ("\n(a bar far beyond the others is cut at the edge, its value written there)" if cut else ""),
                       fontsize=10)
-    return _png(fig)
+    return fig
 
 
 CLASS_STYLES = {"converged": "solid", "still improving": "dashed", "overfitting": (0, (6, 2, 1, 2, 1, 2)),

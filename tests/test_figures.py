@@ -7,7 +7,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.colors import to_hex
 
-from reports.figures import change_vs_base, group_colors, group_legend, kept_range, ppl_vs_time, robust_limits
+from reports.figures import (change_vs_base, change_vs_base_figure, group_colors, group_legend, kept_range, ppl_vs_time,
+                             robust_limits, scatter_figure)
 
 # the cpu table's changes against base, % (ours and the paper's, rows A1..big): D1 at +418
 PPL_PCT = [3.0, -2.8, 5.0, 15.1, 11.0, 8.6, 23.1, 1.7, 13.7, 44.8, 7.3, 5.0, -1.1, 417.8, 17.1, 2.2, 7.3, -3.0,
@@ -66,4 +67,58 @@ def test_the_legend_names_each_groups_colour_as_the_points_are_drawn():
     without_base = group_legend(ax, groups[1:])
     assert {h.get_label(): to_hex(h.get_color()) for h in without_base.legend_handles} == \
         {g: c for g, c in drawn.items() if g != "base"}
+    plt.close(fig)
+
+
+def _modifications_frame(with_paper: bool) -> pd.DataFrame:
+    """The shipped modifications table's rows and groups, with its cpu report's changes (%)."""
+    groups = {"base": "base", "pre_ln": "normalisation", "rmsnorm": "normalisation", "gelu": "feed-forward",
+              "swiglu": "feed-forward", "geglu": "feed-forward", "learned": "positions", "rope": "positions",
+              "tie_decoder": "embeddings", "untied": "embeddings", "unscaled": "embeddings",
+              "gqa": "attention-heads", "mqa": "attention-heads", "modern": "modern"}
+    ppl = [0.0, 4.3, -1.4, -3.4, -4.0, -2.6, -3.0, -13.5, 2.4, 3.8, 58.2, 20.8, 36.9, -9.1]
+    bleu = [0.0, 15.7, 11.1, 16.5, 26.1, 13.7, 22.5, 44.3, 5.8, -1.3, -87.8, -52.4, -79.0, 29.1]
+    frame = pd.DataFrame({"group": list(groups.values()), "d_ppl_pct": ppl, "d_bleu_pct": bleu}, index=list(groups))
+    if with_paper:  # a paper column of the same size: the second legend and hatched bars
+        frame["paper_ppl"], frame["d_paper_ppl_pct"], frame["d_paper_bleu_pct"] = 4.9, ppl, bleu
+    return frame
+
+
+def test_the_change_figure_keeps_its_row_names_and_legends_clear_of_each_other_and_the_bars():
+    """With the modifications' long row names (tie_decoder, unscaled), no two names overlap on the
+    axis, and neither legend covers a bar (the cpu report's legend once hid modern's BLEU bar)."""
+    for with_paper in (False, True):
+        fig = change_vs_base_figure(_modifications_frame(with_paper))
+        renderer = fig.canvas.get_renderer()
+        fig.draw(renderer)
+        top, bottom = fig.axes
+        names = [t for t in bottom.get_xticklabels() if t.get_text()]
+        assert [t.get_text() for t in names][:3] == ["pre_ln", "rmsnorm", "gelu"]
+        boxes = [t.get_window_extent(renderer) for t in names]
+        assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+        legends = [ax.get_legend() for ax in (top, bottom) if ax.get_legend() is not None]
+        assert len(legends) == (2 if with_paper else 1)
+        bars = [p.get_window_extent(renderer) for ax in (top, bottom) for p in ax.patches]
+        assert len(bars) == 13 * 2 * (2 if with_paper else 1)
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert not any(box.overlaps(bar) for bar in bars)
+        plt.close(fig)
+
+
+def test_the_labels_of_rows_drawn_at_one_edge_do_not_cover_each_other():
+    """The cpu modifications report's BLEU: gqa, mqa and unscaled lie far below the rest and are
+    drawn at the bottom edge, two of them at nearly one model size; each label stays readable."""
+    frame = _modifications_frame(with_paper=False)
+    frame["bleu"] = [3.95, 4.58, 4.39, 4.60, 4.98, 4.50, 4.85, 5.70, 4.18, 3.90, 0.48, 1.88, 0.83, 5.10]
+    frame["bleu_ci"] = 0.5
+    frame["params_m"] = [0.478, 0.478, 0.477, 0.478, 0.479, 0.479, 0.511, 0.478, 0.606, 0.734, 0.478, 0.422,
+                         0.413, 0.478]
+    fig = scatter_figure(frame, "params_m", "bleu", "bleu_ci", "parameters", "BLEU", "t")
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    labels = {t.get_text(): t.get_window_extent(renderer) for t in fig.axes[0].texts}
+    assert {"unscaled: 0.48", "gqa: 1.88", "mqa: 0.83"} <= set(labels)  # each with its value beside it
+    at_edge = [labels[name] for name in ("unscaled: 0.48", "gqa: 1.88", "mqa: 0.83")]
+    assert not any(a.overlaps(b) for i, a in enumerate(at_edge) for b in at_edge[i + 1:])
     plt.close(fig)
