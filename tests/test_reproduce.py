@@ -3,7 +3,7 @@ absolute path of the machine that trained it, and the report reads nothing but t
 run's class comes from the inputs it stored, by the current rule).
 
 Real tiny runs on the Ding corpus, real SQLite studies, commands run as a user types them (relative
-paths, from the table's folder); the slow test rebuilds the committed cpu table with the two
+paths, from the table's folder); the slow test rebuilds each committed cpu table with the two
 commands of its results page.
 """
 
@@ -82,24 +82,36 @@ def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(
             assert again[name] == data, f"{home}: {name}"
 
 
+# each committed table: its results folder, spec (None: Table 3's), study and storage, as its page names them
+COMMITTED = {
+    "table3": (CPU, None, "table3-cpu-v2", "sqlite:///runs/table3-cpu.db"),
+    "modifications": (Path("reports/results/cpu-modifications-2026-11-26"), "ablations/modifications.yaml",
+                      "modifications-cpu", "sqlite:///runs/modifications-cpu.db"),
+}
+
+
 @pytest.mark.slow
-def test_the_committed_cpu_report_regenerates_byte_for_byte_in_another_folder(tmp_path: Path):
-    """The committed cpu table, rebuilt in a folder that is not this checkout from a copy of its
-    results folder, with its results page's own two commands: every file of the report (tables,
-    HTML, figures) as committed, and the archive as it was."""
+@pytest.mark.parametrize("table", sorted(COMMITTED))
+def test_a_committed_cpu_report_regenerates_byte_for_byte_in_another_folder(tmp_path: Path, table: str):
+    """A committed cpu table, rebuilt in a folder that is not this checkout from a copy of its
+    results folder (and its spec), with its results page's own two commands: every file of the
+    report (tables, HTML, figures) as committed, and the archive as it was."""
+    folder, spec, study, storage = COMMITTED[table]
     home = tmp_path / "elsewhere"
-    committed = REPO / CPU
-    shutil.copytree(committed, home / CPU)
+    committed = REPO / folder
+    shutil.copytree(committed, home / folder)
+    if spec:
+        (home / spec).parent.mkdir(parents=True)
+        shutil.copy(REPO / spec, home / spec)
     archive = files(committed / "archive")
-    ablate(home, "table3", "--preset", "cpu", "--workers", "2", "--study", "table3-cpu-v2",
-           "--storage", "sqlite:///runs/table3-cpu.db", "--runs-dir", "runs/table3", "--no-wandb",
-           "--archive", str(CPU / "archive"), timeout=3600)
-    ablate(home, "report", "--storage", "sqlite:///runs/table3-cpu.db", "--study", "table3-cpu-v2",
-           "--out", str(CPU), timeout=1200)
+    ablate(home, "table3", *(["--spec", spec] if spec else []), "--preset", "cpu", "--workers", "2",
+           "--study", study, "--storage", storage, "--runs-dir", "runs/table3", "--no-wandb",
+           "--archive", str(folder / "archive"), timeout=3600)
+    ablate(home, "report", "--storage", storage, "--study", study, "--out", str(folder), timeout=1200)
     for name in ["table3.md", "table3.csv", "table3.tex", "report.html",
                  *(f"figures/{p.name}" for p in sorted((committed / "figures").glob("*.png")))]:
-        assert (home / CPU / name).read_bytes() == (committed / name).read_bytes(), name
-    assert files(home / CPU / "archive") == archive
+        assert (home / folder / name).read_bytes() == (committed / name).read_bytes(), name
+    assert files(home / folder / "archive") == archive
 
 
 def test_no_committed_result_names_a_path_of_the_machine_that_made_it():
