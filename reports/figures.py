@@ -173,7 +173,8 @@ def change_vs_base_figure(frame: pd.DataFrame) -> plt.Figure:
         if with_paper:
             ax.bar([p + 0.2 for p in positions], paper, width=0.4, color="white", edgecolor=colors,
                    hatch="///")
-        if limits := robust_limits([0.0, *(v for _, values in drawn for v in values)]):
+        if limits := robust_limits([v for _, values in drawn for v in values]):
+            limits = (min(limits[0], 0.0), max(limits[1], 0.0))  # the bars start at zero: never cut it off
             ax.set_ylim(*limits)
             cut = True
             for shift, values in drawn:

@@ -122,3 +122,20 @@ def test_the_labels_of_rows_drawn_at_one_edge_do_not_cover_each_other():
     at_edge = [labels[name] for name in ("unscaled: 0.48", "gqa: 1.88", "mqa: 0.83")]
     assert not any(a.overlaps(b) for i, a in enumerate(at_edge) for b in at_edge[i + 1:])
     plt.close(fig)
+
+
+def test_the_change_figure_always_shows_zero_where_its_bars_start():
+    """Three rows all 21-29% below base, and one far above two others: the axis keeps zero in view
+    (zero once counted as a value the rule could leave out, and the bars hung from the top edge)."""
+    frame = pd.DataFrame({"group": ["base", "normalisation", "feed-forward", "positions"],
+                          "d_ppl_pct": [0.0, -29.3, -22.5, -21.7], "d_bleu_pct": [0.0, 48.8, 53.5, 135.0]},
+                         index=["base", "pre_ln", "swiglu", "rope"])
+    fig = change_vs_base_figure(frame)
+    for ax, values in zip(fig.axes, (frame["d_ppl_pct"], frame["d_bleu_pct"])):
+        low, high = ax.get_ylim()
+        assert low <= 0.0 <= high and low <= values.min() and values.max() <= high  # every bar whole
+    plt.close(fig)
+    fig = change_vs_base_figure(_frame(2000.0).assign(d_bleu_pct=0.0))  # D1 far off: cut, zero still in view
+    low, high = fig.axes[0].get_ylim()
+    assert low <= 0.0 < high < 100
+    plt.close(fig)
