@@ -97,7 +97,7 @@ def scatter_figure(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str,
     ylim = robust_limits(frame[y])
     arrows = {(0, 0): "o", (1, 0): ">", (-1, 0): "<", (0, 1): "^", (0, -1): "v"}
     colors = group_colors(frame["group"])
-    at_edge = {1: 0, -1: 0}  # labels already written at the top (1) and bottom (-1) edge
+    at_edge = {1: 0, 0: 0, -1: 0}  # labels already written at the top (1) and bottom (-1) edge; 0 never grows
     for row, r in frame.iterrows():
         (px, sx), (py, sy) = _edge(r[x], xlim), _edge(r[y], ylim)
         marker = arrows.get((sx, sy), "D")
@@ -105,9 +105,8 @@ def scatter_figure(frame: pd.DataFrame, x: str, y: str, y_err: str, xlabel: str,
         ax.errorbar(px, py, yerr=error, fmt=marker, color=colors[r.group], capsize=3)
         off = [_short(r[x])] * bool(sx) + [_short(r[y])] * bool(sy)  # its value on the axis it is off
         label = f"{row}: {', '.join(off)}" if off else str(row)
-        stack = at_edge[sy] if sy else 0
-        if sy:
-            at_edge[sy] += 1
+        stack = at_edge[sy]
+        at_edge[sy] += bool(sy)
         ax.annotate(label, (px, py), textcoords="offset points", fontsize=8,
                     xytext=(-4 if sx > 0 else 4, (-9 if sy > 0 else 3) + (-10 if sy > 0 else 10) * stack),
                     ha="right" if sx > 0 else "left")
