@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ablations.spec import load_preset, load_spec, load_yaml, row_settings
+from ablations.spec import RECIPE_SECTIONS, load_preset, load_spec, load_yaml, recipe_ratios, row_settings
 from lightning_modules.config import HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
 from lightning_modules.errors import UserError
 
@@ -147,20 +148,37 @@ def _merge(base, update: dict[str, Any], source: str):
         raise UserError(f"{source}: {key + ': ' if key else ''}{message}") from None
 
 
+def _preset_config(preset: str):
+    """The defaults with `preset` merged in (its `table3:` section left out: its rows, not settings)."""
+    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), requested_config(RunConfig()))
+    cfg = _merge(cfg, {"preset": preset}, "arguments")
+    return _merge(cfg, {k: v for k, v in load_preset(preset).items() if k != "table3"}, f"preset {preset}")
+
+
+@lru_cache(maxsize=1)
+def _paper_recipe() -> dict[str, Any]:
+    """The paper's training and data settings (the `paper` preset): what a row's numbers are read
+    against (`ablations.spec.recipe_ratios`)."""
+    return _recipe(_preset_config("paper"))
+
+
+def _recipe(cfg) -> dict[str, Any]:
+    """The training and data sections of a configuration, as plain values."""
+    return {section: OmegaConf.to_container(cfg[section]) for section in RECIPE_SECTIONS}
+
+
 def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | None = None,
             overrides: list[str] | None = None, spec_path: str | Path | None = None) -> RunConfig:
     """The complete, validated configuration of one run."""
-    # The defaults as asked for: head sizes not set (they follow the final d_model and h).
-    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), requested_config(RunConfig()))
-    cfg = _merge(cfg, {"preset": preset, "row": row}, "arguments")
-    preset_data = {k: v for k, v in load_preset(preset).items() if k != "table3"}  # table3: its rows
-    cfg = _merge(cfg, preset_data, f"preset {preset}")
+    # The defaults as asked for (head sizes not set: they follow the final d_model and h), the preset
+    cfg = _merge(_preset_config(preset), {"row": row}, "arguments")
     later = [(str(config_file), load_config_file(config_file))] if config_file else []
     later += [("override", parse_overrides(overrides))] if overrides else []
     for source, values in later:  # a scale given there scales the row too (it would do nothing after it)
         cfg = _merge(cfg, {"scale": values.get("scale") or {}}, source)
     scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
-    cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale), f"row {row}")
+    ratios = recipe_ratios(_recipe(cfg), _paper_recipe())
+    cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale, ratios), f"row {row}")
     for source, values in later:
         cfg = _merge(cfg, values, source)
     try:

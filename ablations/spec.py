@@ -2,8 +2,17 @@
 presets (`ablations/presets/`), and the scale rule that turns a row at the paper's scale into the
 row at a preset's scale.
 
-A spec is a mapping of row names to `{group, model, train_steps, paper}`; every row overrides
-`base`. A row name given twice is refused (YAML would silently keep the last one).
+A spec is a mapping of row names to `{group, model, train, data, train_steps, paper}`; every row
+overrides `base`. A row name given twice is refused (YAML would silently keep the last one).
+
+A row's values are at the paper's scale, and a preset scales them by one rule (`row_settings`):
+widths times scale.width, N times scale.depth, train_steps times scale.steps, and a `train:` or
+`data:` number the paper sets (warmup 4000, lr_scale 1.0, 25K tokens, a 37K vocabulary, ...)
+times the ratio the preset itself applies to that number (cpu's warmup 300 / the paper's 4000):
+a row that halves the paper's warmup halves the preset's. Other `train:`/`data:` values (text,
+switches, numbers the paper leaves unset or at zero) are taken as they are. What every row of a
+table must share is refused in a row (`ROW_REFUSED`): the corpus and its dev and test sets, the
+BLEU settings (`eval`), the seed (the table's), where a run trains, and output-only fields.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from lightning_modules.config import ScaleConfig, TransformerConfig
+from lightning_modules.config import DataConfig, ScaleConfig, TrainConfig, TransformerConfig
 from lightning_modules.errors import UserError
 from lightning_modules.names import check_name
 from lightning_modules.run.io import check_readable_file
@@ -122,7 +131,19 @@ def _checked_spec(shown: str, where: str, mtime_ns: int, size: int) -> dict[str,
     return {name: _checked_row(f"{path}: row {name!r}", name, row, schema) for name, row in rows.items()}
 
 
-ROW_KEYS = ("group", "model", "train_steps", "paper")
+ROW_KEYS = ("group", "model", "train", "data", "train_steps", "paper")
+RECIPE_SECTIONS = {"train": TrainConfig, "data": DataConfig}  # a row's training and data settings
+_SAME_DATA = "every row of a table is compared on the same corpus, dev and test sets"
+# Settings a row may not change, and why: the table's comparison or its runs depend on them.
+ROW_REFUSED = {
+    **{f"data.{key}": _SAME_DATA for key in (
+        "corpus", "src_lang", "tgt_lang", "ding_path", "valid_size", "test_size", "train_src",
+        "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt", "data_dir", "base_url")},
+    "train.max_steps": "a row sets its steps with train_steps (at the paper's scale)",
+    "train.seed": "the seeds are the table's (--seeds), the same for every row",
+    **{f"train.{key}": "where a run trains is the launcher's, not a row's" for key in (
+        "accelerator", "devices", "strategy", "num_nodes")},
+}
 PAPER_KEYS = ("ppl", "bleu", "params_m")  # the paper's dev PPL, dev BLEU, parameters in millions
 
 
@@ -133,6 +154,9 @@ def _checked_row(where: str, name: Any, row: Any, schema: DictConfig) -> dict[st
     check_name(name, "row name", where.rsplit(": row ", 1)[0])
     if not isinstance(row, dict) or not isinstance(row.get("model", {}), dict):
         raise UserError(f"{where} must be a mapping with a 'model' mapping")
+    if "eval" in row:
+        raise UserError(f"{where}: a row cannot change eval: every row of a table is scored with the "
+                        f"same BLEU settings (beam, length penalty, tokenizer)")
     unknown = set(row) - set(ROW_KEYS)
     if unknown:
         raise UserError(f"{where} has unknown keys: {', '.join(sorted(map(str, unknown)))}; "
@@ -145,7 +169,35 @@ def _checked_row(where: str, name: Any, row: Any, schema: DictConfig) -> dict[st
     if "group" in row:
         check_name(row["group"], "group name", where)
     _check_paper(where, row.get("paper"))
-    return {**row, "model": _typed_model(where, row.get("model", {}), schema)}
+    recipe = {section: _typed_recipe(where, section, row[section]) for section in RECIPE_SECTIONS if section in row}
+    return {**row, **recipe, "model": _typed_model(where, row.get("model", {}), schema)}
+
+
+def _typed_recipe(where: str, section: str, values: Any) -> dict[str, Any]:
+    """A row's `train:` or `data:` mapping: keys of TrainConfig or DataConfig that a row may change
+    (`ROW_REFUSED` says why not), each of its field's type."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    owner = RECIPE_SECTIONS[section]
+    if not isinstance(values, dict):
+        raise UserError(f"{where}: {section} must be a mapping like {{warmup_steps: 0}}, got {values!r}")
+    known = {f.name: f for f in fields(owner)}
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UserError(f"{where}: unknown {section} key {key!r}{hint}")
+        if f"{section}.{key}" in ROW_REFUSED:
+            raise UserError(f"{where}: a row cannot change {section}.{key}: {ROW_REFUSED[f'{section}.{key}']}")
+        if known[key].metadata.get("output_only"):
+            raise UserError(f"{where}: a row cannot change {section}.{key}: it only chooses where or how "
+                            f"often output is written, never what a run trains")
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(owner), values)
+    except OmegaConfBaseException as err:
+        raise UserError(f"{where}: {section}.{err.full_key}: {str(err).splitlines()[0]}") from None
+    return {key: typed[key] for key in values}
 
 
 def _check_paper(where: str, paper: Any) -> None:
@@ -179,8 +231,11 @@ def _typed_model(where: str, model: dict[str, Any], schema: DictConfig) -> dict[
     return {key: typed[key] for key in model}
 
 
-def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig) -> dict[str, Any]:
-    """The row's model keys and training steps (base overridden by the row), scaled by `scale`."""
+def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig,
+                 ratios: dict[str, float] | None = None) -> dict[str, Any]:
+    """The row's model keys, training steps and `train:`/`data:` settings (base overridden by the
+    row), scaled by `scale` and by the preset's `ratios` ({'train.warmup_steps': 0.075, ...}: the
+    preset's value of a key over the paper's, `recipe_ratios`; a key without one stays as given)."""
     if row not in spec:
         close = difflib.get_close_matches(row, list(spec), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -193,10 +248,45 @@ def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig) 
     if "n_layers" in model:
         model["n_layers"] = max(1, round(model["n_layers"] * scale.depth))
     settings: dict[str, Any] = {"model": model}
+    for section in RECIPE_SECTIONS:
+        values = {**base.get(section, {}), **chosen.get(section, {})}
+        if values:
+            settings[section] = {key: _scaled(value, (ratios or {}).get(f"{section}.{key}"))
+                                 for key, value in values.items()}
     steps = chosen.get("train_steps", base.get("train_steps"))
     if steps is not None:
-        settings["train"] = {"max_steps": max(1, round(steps * scale.steps))}
+        settings.setdefault("train", {})["max_steps"] = max(1, round(steps * scale.steps))
     return settings
+
+
+def _scaled(value: Any, ratio: float | None) -> Any:
+    """A row's number at the paper's scale times the preset's ratio for its key (whole numbers
+    stay whole, and a positive one at least 1); anything else as it is."""
+    if ratio is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(value, int):
+        return max(1, round(value * ratio)) if value > 0 else value
+    return value * ratio
+
+
+def recipe_ratios(preset: dict[str, Any], paper: dict[str, Any]) -> dict[str, float]:
+    """For each number the paper's configuration sets (`paper`: {'train': {...}, 'data': {...}},
+    nonzero), the preset's value over it: how the preset scales that setting."""
+    ratios = {}
+    for section in RECIPE_SECTIONS:
+        for key, ours in preset.get(section, {}).items():
+            theirs = paper.get(section, {}).get(key)
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (ours, theirs)) and theirs:
+                ratios[f"{section}.{key}"] = ours / theirs
+    return ratios
+
+
+def recipe_changes(row: str, spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The `train:`/`data:` settings where `row` differs from base, at the paper's scale:
+    {'train.warmup_steps': 0}."""
+    base, chosen = spec["base"], spec[row]
+    return {f"{section}.{key}": value for section in RECIPE_SECTIONS
+            for key, value in chosen.get(section, {}).items() if base.get(section, {}).get(key) != value}
 
 
 def table3_section(preset: str) -> dict[str, Any]:

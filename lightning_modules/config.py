@@ -21,10 +21,13 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 TIE_EMBEDDINGS = ("all", "decoder", "none")
-# How the model computes, never what (docs/gpus.md#kernel-variants): SDPA kernels of
+# How the model computes, never what (docs/gpu-performance.md#kernel-variants): SDPA kernels of
 # `model.attention_backend`, "auto" = PyTorch's own choice (transformer.SDPA_BACKENDS)
 ATTENTION_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
 CORPORA = ("ding", "files", "multi30k", "wmt14")
+# Disk a corpus takes in data.cache_dir, downloads and extracted text (docs/corpora.md), for the
+# dry run's plan; `files` are the user's own.
+CORPUS_DISK_GB = {"ding": 0.1, "multi30k": 0.1, "wmt14": 5.0}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile modes
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT; tests/test_config.py
@@ -143,7 +146,7 @@ class TransformerConfig:
     # key/value heads, each shared by n_heads / n_kv_heads query heads: 1 = multi-query,
     # a divisor of h = grouped-query; default h
     n_kv_heads: int | None = Derived(lambda c: c.n_heads)  # type: ignore[assignment]
-    # Kernel choices (docs/gpus.md#kernel-variants): the same function and parameters, other kernels.
+    # Kernel choices (docs/gpu-performance.md#kernel-variants): the same function and parameters, other kernels.
     # The SDPA kernel tried first: "auto" (PyTorch's order) | "math" | "flash" | "efficient" | "cudnn";
     # a call it does not take (flash: a padding mask) falls to the next in PyTorch's order
     attention_backend: str = "auto"
@@ -234,7 +237,7 @@ class DataConfig:
     # static batch shapes for CUDA graphs (train.compile_mode=reduce-overhead): each side's lengths
     # padded up to one of this many lengths fitted to the training corpus (multiples of
     # pad_multiple), rows fixed per (source, target) length cell; 0 = off (exact lengths).
-    # Padding vs shapes on WMT-like lengths at 25K tokens: 8 -> 16%, 16 -> 8%, 24 -> 5% (docs/gpus.md)
+    # Padding vs shapes on WMT-like lengths at 25K tokens: 8 -> 16%, 16 -> 8%, 24 -> 5% (docs/gpu-performance.md)
     shape_buckets: int = 0
 
     def __post_init__(self) -> None:
@@ -259,7 +262,7 @@ class TrainConfig:
     """Optimisation and the Lightning Trainer."""
 
     max_steps: int = 100_000
-    warmup_steps: int = 4000
+    warmup_steps: int = 4000  # 0: no warmup, the formula's rsqrt decay from step 1 (translation.noam_lrate)
     lr_scale: float = 1.0  # multiplies the paper's lrate (1.0 = the paper)
     lr_decay: str = "rsqrt"  # after warmup: "rsqrt" (the paper) or "cosine" (to zero at max_steps)
     adam_beta1: float = 0.9
@@ -311,7 +314,9 @@ class TrainConfig:
     loss_chunks: int = 0
 
     def __post_init__(self) -> None:
-        _positive("train", max_steps=self.max_steps, warmup_steps=self.warmup_steps,
+        if self.warmup_steps < 0:
+            raise UserError(f"train.warmup_steps must be 0 (no warmup) or more, got {self.warmup_steps}")
+        _positive("train", max_steps=self.max_steps,
                   lr_scale=self.lr_scale, adam_eps=self.adam_eps,
                   accumulate_grad_batches=self.accumulate_grad_batches,
                   val_check_interval=self.val_check_interval,

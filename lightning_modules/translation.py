@@ -20,8 +20,14 @@ from lightning_modules.transformer import Transformer, count_parameters
 
 
 def noam_lrate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
-    """lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), steps counted from 1."""
+    """lrate = d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5), steps counted from 1.
+
+    Without warmup (`warmup_steps` 0) the ramp term is gone: d_model^-0.5 · step^-0.5, which starts
+    at d_model^-0.5 (above any warmed-up peak, d_model^-0.5 · warmup^-0.5) and meets the warmed-up
+    schedule where that one peaks."""
     step = max(step, 1)
+    if warmup_steps == 0:
+        return scale * d_model ** -0.5 * step ** -0.5
     return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
@@ -34,7 +40,7 @@ def lrate(step: int, d_model: int, train: TrainConfig) -> float:
     """
     if train.lr_decay == "rsqrt" or step <= train.warmup_steps:
         return noam_lrate(step, d_model, train.warmup_steps, train.lr_scale)
-    peak = noam_lrate(train.warmup_steps, d_model, train.warmup_steps, train.lr_scale)
+    peak = noam_lrate(max(train.warmup_steps, 1), d_model, train.warmup_steps, train.lr_scale)
     progress = min(1.0, (step - train.warmup_steps) / max(1, train.max_steps - train.warmup_steps))
     return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
 

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ablations.params import paper_architecture
+from ablations.spec import RECIPE_SECTIONS, recipe_changes
 from lightning_modules.config import modifications
 from reports.collect import Table3Data
 from reports.seeds import difference_ci, mean_ci, sign_agrees
@@ -64,10 +65,15 @@ def has_paper(frame: pd.DataFrame) -> bool:
 def paper_configuration(row: str, spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The row's configuration columns at the paper's scale (N, d_model, ..., its training steps)."""
     c = paper_architecture(row, spec)
-    return {"N": c.n_layers, "d_model": c.d_model, "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k,
-            "d_v": c.d_v, "P_drop": c.dropout, "eps_ls": c.label_smoothing, "positional": c.positional,
-            "modifications": modifications(c),
-            "paper_steps": spec[row].get("train_steps", spec["base"].get("train_steps"))}
+    columns = {"N": c.n_layers, "d_model": c.d_model, "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k,
+               "d_v": c.d_v, "P_drop": c.dropout, "eps_ls": c.label_smoothing, "positional": c.positional,
+               "modifications": modifications(c),
+               "paper_steps": spec[row].get("train_steps", spec["base"].get("train_steps"))}
+    if any(section in entry for entry in spec.values() for section in RECIPE_SECTIONS):
+        # the training and data settings of a spec whose rows change them ('warmup_steps=0')
+        columns["recipe"] = ", ".join(f"{key.split('.', 1)[1]}={value}"
+                                      for key, value in recipe_changes(row, spec).items())
+    return columns
 
 
 def convergence_summary(classes: pd.Series) -> str | None:
@@ -135,7 +141,8 @@ def _steps(n: Any) -> str:
 CONFIG_COLUMNS = {"N": "N", "d_model": "d_model", "d_ff": "d_ff", "h": "h", "d_k": "d_k", "d_v": "d_v",
                   "P_drop": "P_drop", "eps_ls": "eps_ls", "positional": "pos",
                   "modifications": "",  # the later modifications' knobs, 'norm=rmsnorm, ...' (named in the value)
-                  "paper_steps": "steps"}
+                  "paper_steps": "steps",
+                  "recipe": ""}  # a row's training and data settings, 'warmup_steps=0' (named in the value)
 
 
 def _setting(col: str, value: Any) -> str:
@@ -145,6 +152,8 @@ def _setting(col: str, value: Any) -> str:
         return _steps(value)
     if col == "modifications":
         return value.replace("=", " ") if value else "none of the later modifications"
+    if col == "recipe":
+        return value.replace("=", " ") if value else "base's training recipe"
     if col in ("P_drop", "eps_ls"):
         return _num(value, 1)
     return str(value)
@@ -155,7 +164,7 @@ def changes(r: pd.Series, base: Mapping[str, Any]) -> str:
     if r.name == "base":
         return "the paper's base"
     return ", ".join(f"{name} {_setting(col, r[col])}".strip() for col, name in CONFIG_COLUMNS.items()
-                     if r[col] != base.get(col)) or "as base"
+                     if col in r and r[col] != base.get(col)) or "as base"
 
 
 def _seeds(r: pd.Series) -> str:

@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -551,3 +552,68 @@ def test_a_spec_is_read_again_once_its_file_changes_and_each_caller_gets_its_own
     os.utime(spec, ns=(0, spec.stat().st_mtime_ns + 1))  # a new version even on a coarse clock
     assert load_spec(spec)["wide"]["model"]["d_model"] == 2048
     assert resolve("tiny", "wide", spec_path=spec).model.d_model == 2048 * load_preset("tiny")["scale"]["width"]
+
+
+def test_a_row_may_change_the_recipe_scaled_by_the_presets_own_ratio(tmp_path):
+    """`train:`/`data:` in a row, at the paper's scale: a number the paper sets follows the preset's
+    ratio for it (cpu's warmup 300 of the paper's 4,000, lr_scale 0.5 of 1, 1,500 of 25,000 tokens);
+    0, text, switches and what the paper leaves unset are taken as given."""
+    spec = tmp_path / "recipe.yaml"
+    spec.write_text("base: {model: {d_model: 512}, train_steps: 100000}\n"
+                    "slow: {train: {warmup_steps: 8000, lr_scale: 2.0, lr_decay: rsqrt}, data: {max_tokens: 50000}}\n"
+                    "nowarm: {train: {warmup_steps: 0, gradient_clip_val: 1.0}, data: {train_pairs: 500}}\n")
+    for preset, warmup, lr, tokens in (("paper", 8000, 2.0, 50000), ("cpu", 600, 1.0, 3000), ("gpu", 8000, 2.0, 50000)):
+        cfg = resolve(preset, "slow", spec_path=spec)
+        base = resolve(preset, "base", spec_path=spec)
+        assert (cfg.train.warmup_steps, cfg.train.lr_scale, cfg.data.max_tokens) == (warmup, lr, tokens), preset
+        assert cfg.train.lr_decay == "rsqrt" and cfg.train.max_steps == base.train.max_steps
+        assert (cfg.model, cfg.data.corpus) == (base.model, base.data.corpus)
+    nowarm = resolve("cpu", "nowarm", spec_path=spec)
+    assert (nowarm.train.warmup_steps, nowarm.train.gradient_clip_val, nowarm.data.train_pairs) == (0, 1.0, 500)
+    assert resolve("cpu", "nowarm", None, ["train.warmup_steps=5"], spec).train.warmup_steps == 5  # overrides win
+    shipped = resolve("cpu", "pre_ln_nowarm", spec_path="ablations/modifications.yaml")
+    assert (shipped.train.warmup_steps, shipped.model.norm_position) == (0, "pre")
+
+
+@pytest.mark.parametrize("row,message", [
+    ("{data: {corpus: multi30k}}", "cannot change data.corpus: every row of a table is compared on the same corpus"),
+    ("{data: {valid_size: 10}}", "cannot change data.valid_size"),
+    ("{eval: {beam_size: 1}}", "cannot change eval: every row of a table is scored with the same BLEU settings"),
+    ("{train: {seed: 4}}", "cannot change train.seed: the seeds are the table's"),
+    ("{train: {max_steps: 4}}", "cannot change train.max_steps: a row sets its steps with train_steps"),
+    ("{train: {devices: '2'}}", "cannot change train.devices: where a run trains is the launcher's"),
+    ("{train: {wandb: 'off'}}", "cannot change train.wandb: it only chooses where or how often output is written"),
+    ("{train: {warmup_step: 0}}", "unknown train key 'warmup_step' (did you mean 'warmup_steps'?)"),
+    ("{train: {warmup_steps: soon}}", "train.warmup_steps"),
+    ("{train: [1]}", "train must be a mapping"),
+])
+def test_a_row_that_would_change_what_the_table_compares_on_is_refused_in_one_line(tmp_path, row, message):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(f"base: {{model: {{d_model: 64}}}}\nX9: {row}\n")
+    with pytest.raises(UserError) as caught:
+        load_spec(spec)
+    assert message in str(caught.value) and "row 'X9'" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_rows_recipe_is_part_of_the_tables_identity_and_shows_as_a_change(tmp_path, capsys):
+    from ablate.cli import main
+    from reports.table3 import changes, paper_configuration
+    from sweeps.table3 import make_plan, queue
+
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("base: {model: {d_model: 512}, train_steps: 100000}\nnowarm: {train: {warmup_steps: 0}}\n")
+    rows = load_spec(spec)
+    base = paper_configuration("base", rows)
+    assert changes(pd.Series(paper_configuration("nowarm", rows), name="nowarm"), base) == "warmup_steps 0"
+    assert changes(pd.Series(paper_configuration("base", rows), name="X"), base) == "as base"
+    storage = f"sqlite:///{tmp_path}/t.db"
+    queue(make_plan("demo", storage, str(tmp_path / "runs"), [], spec_path=str(spec)))
+    assert main(["table3", "--preset", "demo", "--spec", str(spec), "--storage", storage, "--runs-dir",
+                 str(tmp_path / "runs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[-1] == "recipe" and "warmup_steps 0" in out.splitlines()[3]
+    spec.write_text("base: {model: {d_model: 512}, train_steps: 100000}\nnowarm: {train: {warmup_steps: 4000}}\n")
+    assert main(["table3", "--preset", "demo", "--spec", str(spec), "--storage", storage, "--runs-dir",
+                 str(tmp_path / "runs"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "train.warmup_steps: 0 -> 200 in nowarm-s1" in err and "the ablation spec" in err

@@ -385,3 +385,32 @@ def test_attention_maps_are_the_modified_models_attention(settings):
     maps = attention_maps(model, [5, 6, 7, 8], [9, 10, 11], lambda ids: [str(i) for i in ids])
     assert maps.max_difference < 1e-5
     assert maps.weights["encoder self-attention"].shape[:2] == (2, 4)  # every query head drawn
+
+
+def test_a_row_without_warmup_trains_without_it(tmp_path):
+    """`pre_ln_nowarm` (`train: {warmup_steps: 0}` in ablations/modifications.yaml) trained for real:
+    its config.yaml says warmup 0, and its learning rate is the formula's decay from the first step
+    (d_model^-0.5 · lr_scale · step^-0.5), never a ramp."""
+    import csv
+    import subprocess
+    import sys
+
+    import yaml
+
+    out = tmp_path / "run"
+    args = ["train", "--spec", "ablations/modifications.yaml", "--row", "pre_ln_nowarm", "--preset", "tiny",
+            "--out", str(out), "--no-wandb", "--max-steps", "4", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
+            "data.vocab_size=500", "data.valid_size=50", "data.test_size=50", "data.max_tokens=1000",
+            "eval.beam_size=1", "eval.max_len_offset=5", "eval.decode_test=false", "train.progress_bar=false",
+            "train.log_every_n_steps=1"]
+    done = subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["train"]["warmup_steps"] == 0 and config["model"]["norm_position"] == "pre"
+    rates = {int(r["step"]): float(r["train/lr"]) for r in csv.DictReader((out / "logs" / "metrics.csv").open())
+             if r.get("train/lr")}
+    scale = config["train"]["lr_scale"]
+    assert sorted(rates) == [0, 1, 2, 3]  # the logged step counts from 0: the rate of step s + 1
+    assert all(rate == pytest.approx(scale * 32 ** -0.5 * (step + 1) ** -0.5, rel=1e-6)
+               for step, rate in rates.items()), rates

@@ -83,10 +83,12 @@ def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(
 
 
 # each committed table: its results folder, spec (None: Table 3's), study and storage, as its page names them
+# folder, spec, study, storage, the rows its page's command names (None: the preset's)
 COMMITTED = {
-    "table3": (CPU, None, "table3-cpu-v2", "sqlite:///runs/table3-cpu.db"),
+    "table3": (CPU, None, "table3-cpu-v2", "sqlite:///runs/table3-cpu.db", None),
     "modifications": (Path("reports/results/cpu-modifications-2026-11-26"), "ablations/modifications.yaml",
-                      "modifications-cpu", "sqlite:///runs/modifications-cpu.db"),
+                      "modifications-cpu", "sqlite:///runs/modifications-cpu.db",
+                      "base,pre_ln,rmsnorm,feed-forward,positions,embeddings,attention-heads,modern"),
 }
 
 
@@ -96,7 +98,7 @@ def test_a_committed_cpu_report_regenerates_byte_for_byte_in_another_folder(tmp_
     """A committed cpu table, rebuilt in a folder that is not this checkout from a copy of its
     results folder (and its spec), with its results page's own two commands: every file of the
     report (tables, HTML, figures) as committed, and the archive as it was."""
-    folder, spec, study, storage = COMMITTED[table]
+    folder, spec, study, storage, rows = COMMITTED[table]
     home = tmp_path / "elsewhere"
     committed = REPO / folder
     shutil.copytree(committed, home / folder)
@@ -104,7 +106,8 @@ def test_a_committed_cpu_report_regenerates_byte_for_byte_in_another_folder(tmp_
         (home / spec).parent.mkdir(parents=True)
         shutil.copy(REPO / spec, home / spec)
     archive = files(committed / "archive")
-    ablate(home, "table3", *(["--spec", spec] if spec else []), "--preset", "cpu", "--workers", "2",
+    ablate(home, "table3", *(["--spec", spec] if spec else []), *(["--rows", rows] if rows else []),
+           "--preset", "cpu", "--workers", "2",
            "--study", study, "--storage", storage, "--runs-dir", "runs/table3", "--no-wandb",
            "--archive", str(folder / "archive"), timeout=3600)
     ablate(home, "report", "--storage", storage, "--study", study, "--out", str(folder), timeout=1200)
