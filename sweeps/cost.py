@@ -1,11 +1,17 @@
-"""What a table will cost before it runs (`ablate table3 --dry-run`); nothing is written.
+"""What a table will cost before it runs (`ablate table3 --dry-run`); nothing is written, and no GPU
+need be present: a cluster's table is planned from a laptop.
 
 Training FLOPs of a run ≈ 6 · parameters · target tokens (the convention behind the MFU figures
 in benchmarks/), target tokens = steps × the token budget per step (an upper bound: batches fill
-their budget to ~95%). Time = FLOPs ÷ the rate the preset's device sustained on the base row,
-plus a fixed per-run overhead (start-up, dev decoding), both measured and stated in the preset's
-`table3.cost`. Rows narrower than base run below base's FLOP rate, so they take somewhat longer
-than estimated; the estimate says which device it holds for.
+their budget to ~95%). Time = FLOPs ÷ the FLOP rate the preset's device sustained on the base row
+(× the devices a run trains on), plus a fixed per-run overhead (start-up, dev decoding), both
+stated in the preset's `table3.cost`: measured there, or derived from another preset's
+measurement (`derived_from: gpu`: that preset's base-row FLOP rate, taken to hold for this
+preset's models too; the printout says which). Rows narrower than base run below base's FLOP rate,
+so they take somewhat longer than estimated.
+
+The wall-clock on N workers replays the launcher's own order (`sweeps.schedule`: longest first).
+Disk and memory are the run's own preflight estimates (`lightning_modules.run.preflight`).
 """
 
 from __future__ import annotations
@@ -16,29 +22,45 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ablations.resolve import resolve
-from ablations.spec import table3_section
-from lightning_modules.config import RunConfig, count_parameters, parse_devices
+from ablations.spec import load_spec, recipe_changes, table3_section
+from lightning_modules.config import CORPUS_DISK_GB, RunConfig, parse_devices
 from lightning_modules.errors import UserError
-from sweeps.table3 import Table3Plan
+from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
+from sweeps.schedule import parameters, tokens_per_step, training_flops, wall_clock
+from sweeps.table3 import Table3Plan, run_config, start_order
 
 
 @dataclass(frozen=True)
 class DeviceRate:
-    """How fast the preset's device trained the base row (from `table3.cost` in the preset)."""
+    """How fast the preset's device trains the base row (from `table3.cost` in the preset)."""
 
     device: str
-    base_tokens_per_s: float  # target tokens per second on the base row, whole device
+    base_tokens_per_s: float  # target tokens per second on this preset's base row, whole device
     overhead_s: float  # per run: start-up and dev decoding
     measured: str  # the command and date behind the figures
+    derived: str = ""  # how this preset's rate follows from another's measurement ('' = measured here)
 
     @classmethod
-    def of_preset(cls, preset: str) -> DeviceRate:
+    def of_preset(cls, preset: str, base_params: int) -> DeviceRate:
+        """The preset's rate for a base row of `base_params` parameters: its own measurement, or
+        (`derived_from: NAME`) NAME's measured FLOP rate on NAME's base row carried over."""
         cost = table3_section(preset).get("cost")
         if not cost:
             raise UserError(f"preset {preset!r} states no table3.cost (device and measured "
                             f"base-row throughput), so --dry-run cannot estimate its time")
-        return cls(str(cost["device"]), float(cost["base_tokens_per_s"]), float(cost["overhead_s"]),
-                   str(cost["measured"]))
+        source = cost.get("derived_from")
+        if source is None:
+            return cls(str(cost["device"]), float(cost["base_tokens_per_s"]), float(cost["overhead_s"]),
+                       str(cost["measured"]))
+        if source == preset or table3_section(str(source)).get("cost", {}).get("derived_from"):
+            raise UserError(f"preset {preset!r}: table3.cost.derived_from must name a preset with a "
+                            f"measured rate, got {source!r}")
+        theirs = cls.of_preset(str(source), parameters(resolve(str(source), "base")))
+        flops_per_s = 6.0 * parameters(resolve(str(source), "base")) * theirs.base_tokens_per_s
+        return cls(theirs.device, flops_per_s / (6.0 * base_params), theirs.overhead_s, theirs.measured,
+                   derived=f"derived from the {source} preset's measured rate ({theirs.base_tokens_per_s:,.0f} "
+                           f"target tokens/s on its base row, {flops_per_s / 1e12:.3g} TFLOP/s) taken to hold "
+                           f"for this preset's models, and its per-run overhead")
 
 
 @dataclass(frozen=True)
@@ -55,39 +77,34 @@ class TimeUnit:
         return cls("minutes", "min", 60.0) if table["hours"].sum() < 1.0 else cls("hours", "hours", 1.0)
 
 
-def parameters(cfg: RunConfig) -> int:
-    """The row's parameter count with the BPE vocabulary the tokenizer will have."""
-    return count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
-
-
-def tokens_per_step(cfg: RunConfig) -> int:
-    """The token budget of one optimizer step; `auto` devices count as one (their number is unknown here)."""
-    devices = parse_devices(cfg.train.devices)
-    devices = len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1
-    return cfg.data.max_tokens * cfg.train.accumulate_grad_batches * devices * cfg.train.num_nodes
-
-
-def training_flops(cfg: RunConfig, params: int) -> float:
-    return 6.0 * params * cfg.train.max_steps * tokens_per_step(cfg)
+def devices(cfg: RunConfig) -> int:
+    """The devices one run trains on (`auto` counts as one), over all its nodes."""
+    listed = parse_devices(cfg.train.devices)
+    return (len(listed) if isinstance(listed, list) else listed if isinstance(listed, int) else 1) \
+        * cfg.train.num_nodes
 
 
 def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
-    """One line per row: parameters, steps, tokens, FLOPs and device-hours for all its seeds."""
-    rate = DeviceRate.of_preset(plan.preset)
+    """One line per row: parameters, steps, tokens, FLOPs and device-hours for all its seeds, and
+    its peak training memory per device."""
     configs = {row: resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
                for row in plan.rows}
     base = configs.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    rate = DeviceRate.of_preset(plan.preset, parameters(base))
     flops_per_s = 6.0 * parameters(base) * rate.base_tokens_per_s
+    spec = load_spec(plan.spec_path)
     lines = []
     for row, cfg in configs.items():
-        params = parameters(cfg)
-        flops = training_flops(cfg, params)
-        seconds = flops / flops_per_s + rate.overhead_s
-        lines.append({"row": row, "params": params, "steps": cfg.train.max_steps,
+        flops = training_flops(cfg)
+        seconds = flops / (flops_per_s * devices(cfg)) + rate.overhead_s
+        n = len(plan.seeds_of(row))
+        recipe = ", ".join(f"{key.split('.', 1)[1]} {value}" for key, value in recipe_changes(row, spec).items())
+        lines.append({"row": row, "params": parameters(cfg), "steps": cfg.train.max_steps,
                       "tokens/step": tokens_per_step(cfg), "PFLOP": flops / 1e15,
-                      "hours/run": seconds / 3600, "seeds": len(plan.seeds_of(row)),
-                      "hours": seconds * len(plan.seeds_of(row)) / 3600})
-    return pd.DataFrame(lines).set_index("row"), rate
+                      "hours/run": seconds / 3600, "seeds": n, "hours": seconds * n / 3600,
+                      "memory GB": sum(estimate_memory_gb(cfg)), "recipe": recipe})
+    table = pd.DataFrame(lines).set_index("row")
+    return (table if table["recipe"].astype(bool).any() else table.drop(columns="recipe")), rate
 
 
 def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
@@ -105,17 +122,72 @@ def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> di
     return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
 
 
-def describe(plan: Table3Plan) -> str:
-    """The dry-run's printout: the table, the total and what the estimate assumes."""
+@dataclass(frozen=True)
+class Workers:
+    """Where a table's runs go: `count` workers, each run on a worker taking `share` times its
+    whole-device time (K CPU workers share one machine's cores; one GPU per worker has it whole)."""
+
+    count: int
+    share: int
+    what: str  # '8 workers (GPUs 0,1,...,7 of each of 2 machines)'
+
+    @classmethod
+    def of(cls, workers: int | None, gpu_groups: list[str] | None, machines: int = 1) -> Workers:
+        if gpu_groups:
+            count = len(gpu_groups) * machines
+            gpus = ", ".join(gpu_groups) if len(gpu_groups) <= 4 else f"{gpu_groups[0]}, ..., {gpu_groups[-1]}"
+            where = f"GPUs {gpus}" if all("," not in g for g in gpu_groups) else f"GPU groups {' | '.join(gpu_groups)}"
+            machine = f" of each of {machines} machines" if machines > 1 else ""
+            return cls(count, 1, f"{count} worker{'s' * (count != 1)} ({where}{machine}, one worker each)")
+        k = workers or 1
+        where = f"{k} on each of {machines} machines' CPUs" if machines > 1 else f"{k} on this machine's CPU"
+        shared = f", sharing its cores: each run takes {k}x its device time" if k > 1 else ""
+        return cls(k * machines, k, f"{k * machines} worker{'s' * (k * machines != 1)} ({where}{shared})")
+
+
+def schedule(plan: Table3Plan, table: pd.DataFrame, workers: Workers) -> tuple[float, float, str]:
+    """(wall-clock seconds, longest run's seconds, its name) of the whole table on `workers`, in
+    the order the launcher queues it (`sweeps.table3.start_order`)."""
+    configs = {(row, seed): run_config(plan, row, seed) for row, seed in plan.runs()}
+    seconds = {run: float(table.loc[run[0], "hours/run"]) * 3600 * workers.share for run in configs}
+    order = start_order(configs)
+    longest = max(order, key=lambda run: seconds[run])
+    return wall_clock([seconds[run] for run in order], workers.count), seconds[longest], \
+        f"{longest[0]} seed {longest[1]}"
+
+
+def describe(plan: Table3Plan, workers: Workers | None = None) -> str:
+    """The dry-run's printout: the table, the total, what the estimate assumes and which figures are
+    measured, the wall-clock on `workers` (default: one), disk and memory."""
+    workers = workers or Workers.of(1, None)
     table, rate = estimate(plan)
     unit = TimeUnit.of(table)
     shown = table.assign(**{col: table[col] * unit.per_hour for col in ("hours/run", "hours")}) \
         .rename(columns={"hours/run": f"{unit.short}/run", "hours": unit.short})
     text = shown.to_string(formatters={"params": "{:,}".format, "steps": "{:,}".format,
                                        "tokens/step": "{:,}".format, "PFLOP": "{:.3g}".format,
-                                       f"{unit.short}/run": "{:.2f}".format, unit.short: "{:.2f}".format})
+                                       f"{unit.short}/run": "{:.2f}".format, unit.short: "{:.2f}".format,
+                                       "memory GB": "{:.1f}".format})
+    source = (f"measured: {rate.measured}" if not rate.derived
+              else f"{rate.derived}; measured: {rate.measured}")
+    total = shown[unit.short].sum()
+    wall, longest, which = schedule(plan, table, workers)
+    per = unit.per_hour / 3600
+    base = resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    runs = [run_config(plan, row, seed) for row, seed in plan.runs()]
+    checkpoints = sum(checkpoint_bytes(cfg) for cfg in runs) / GB
+    corpus = CORPUS_DISK_GB.get(base.data.corpus)
+    data = (f"about {corpus:g} GB for the {base.data.corpus} corpus in data.cache_dir on each machine"
+            if corpus is not None else f"the {base.data.corpus} corpus's own files")
+    peak = table["memory GB"].idxmax()
     return (f"{text}\n\n{len(table)} rows x {plan.describe_seeds()}, {int(table['seeds'].sum())} runs: "
-            f"about {shown[unit.short].sum():.1f} device-{unit.name} on "
+            f"about {total:.1f} device-{unit.name} on "
             f"{rate.device} (base row at {rate.base_tokens_per_s:,.0f} target tokens/s, "
-            f"{rate.overhead_s:.0f} s per run for start-up and decoding; measured: {rate.measured}). "
-            f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.")
+            f"{rate.overhead_s:.0f} s per run for start-up and decoding; {source}). "
+            f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.\n"
+            f"On {workers.what}, longest first as the launcher queues them: about {wall * per:.1f} "
+            f"{unit.name} wall-clock (the total / {workers.count} = {total * workers.share / workers.count:.1f}; "
+            f"the longest run, {which}, {longest * per:.1f}).\n"
+            f"Disk: {data}; checkpoints up to {checkpoints:.1f} GB if every run's are kept "
+            f"(3 x weights and Adam states a run). Memory: up to {table['memory GB'].max():.1f} GB per "
+            f"device for training ({peak}; a float32 estimate, lower in bf16).")

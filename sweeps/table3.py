@@ -26,14 +26,15 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from ablations.resolve import load_config_file, parse_overrides, resolve
-from ablations.spec import default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
-from lightning_modules.config import RunConfig, check_seed, computed_config, count_parameters
+from ablations.spec import RECIPE_SECTIONS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
+from lightning_modules.config import RunConfig, check_seed, computed_config
 from lightning_modules.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.names import check_name, inside
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import check_writable_dir
 from lightning_modules.run.results import read_results
 from sweeps.redo import REDO_OF, aside, redo_requests, superseded
+from sweeps.schedule import longest_first, training_flops
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import enqueue, open_study
 
@@ -276,6 +277,8 @@ def _changed_by(plan: Table3Plan, stored: dict[str, Any], keys: set[str]) -> str
     spec = load_spec(plan.spec_path)
     row_keys = {f"model.{key}" for row in spec.values() for key in row.get("model", {})}
     row_keys |= {"train.max_steps"} if any("train_steps" in row for row in spec.values()) else set()
+    row_keys |= {f"{section}.{key}" for row in spec.values() for section in RECIPE_SECTIONS
+                 for key in row.get(section, {})}
     files = {f"the --config file {plan.config}": _leaf_keys(load_config_file(plan.config)) if plan.config else set(),
              f"the ablation spec {plan.spec_path or default_spec_path()}": row_keys,
              f"the preset's file ablations/presets/{plan.preset}.yaml": _leaf_keys(load_preset(plan.preset))}
@@ -349,11 +352,6 @@ def queue(plan: Table3Plan, archive: Path | None = None,
     set aside too. Returns the study and the number queued now."""
     spec = load_spec(plan.spec_path)
     configs = {(row, seed): run_config(plan, row, seed) for row, seed in plan.runs()}
-    jobs = []
-    for (row, seed), cfg in configs.items():
-        model = cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id)  # about right
-        cost = count_parameters(model) * cfg.train.max_steps  # for ordering by cost
-        jobs.append((cost, row, seed, seed_overrides(seed)))
     storage = storage or make_storage(plan.storage, None)
     if archive is not None:
         from sweeps.archive import STUDY, restore_study
@@ -363,14 +361,21 @@ def queue(plan: Table3Plan, archive: Path | None = None,
     study = open_study(plan.study, storage, "ppl")
     check_study(study, plan, identity_of(configs))
     redone = redo(plan, study, spec, archive)
-    # Longest first: the big model starts at once instead of last, which shortens the table;
-    # finished run directories the study does not know yet (restored, copied in) go before
-    # everything: adopted in seconds, they are in the study from the start.
-    done = {(row, seed): finished(Path(run_dir(plan, row, seed))) for row, seed in plan.runs()}
+    # Longest first (`sweeps.schedule`, which the dry run replays): the big model starts at once
+    # instead of last; finished run directories the study does not know yet (restored, copied in)
+    # go before everything: adopted in seconds, they are in the study from the start.
+    done = [run for run in plan.runs() if finished(Path(run_dir(plan, *run)))]
     queued = 0
-    for _, row, seed, overrides in sorted(jobs, key=lambda j: (not done[j[1], j[2]], -j[0])):
-        queued += enqueue(study, overrides, trial_attrs(plan, spec, row, seed))
+    for row, seed in start_order(configs, done):
+        queued += enqueue(study, seed_overrides(seed), trial_attrs(plan, spec, row, seed))
     return study, queued + redone
+
+
+def start_order(configs: dict[tuple[str, int], RunConfig],
+                done: list[tuple[str, int]] = ()) -> list[tuple[str, int]]:
+    """The (row, seed)s in the order their trials are queued: finished ones to adopt first, then
+    longest first by training FLOPs (`sweeps.schedule.longest_first`)."""
+    return longest_first({run: training_flops(cfg) for run, cfg in configs.items()}, done)
 
 
 def seed_overrides(seed: int) -> list[str]:
@@ -461,7 +466,7 @@ class Table3Outcome:
 
 
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
-               devices_per_trial: int = 1, heartbeat_s: int = 60, archive: str | None = None,
+               devices_per_run: int = 1, heartbeat_s: int = 60, archive: str | None = None,
                stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None) -> Table3Outcome:
     """Check the planned rows' data (`check_data`: one line, before anything is queued), queue
     every planned (row, seed) not complete, run the queue-only workers until it is empty (or they
@@ -478,7 +483,7 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     inject("startup")
     if archive is None:
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, run_seconds)
+        return _run_queue(plan, workers, devices, devices_per_run, heartbeat_s, stop_after_s, run_seconds)
     folder = Path(archive)
     record = check_archive(folder, plan, identity(plan))
     check_writable_dir(folder, "the archive (--archive)")
@@ -489,11 +494,11 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     storage = make_storage(plan.storage, None)
     study, queued = queue(plan, folder, storage)
     with kept.kept_in(runs, folder, record, (storage, plan.study)):
-        return _run_queue(plan, workers, devices, devices_per_trial, heartbeat_s, stop_after_s, run_seconds,
+        return _run_queue(plan, workers, devices, devices_per_run, heartbeat_s, stop_after_s, run_seconds,
                           (study, queued))
 
 
-def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_trial: int,
+def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_run: int,
                heartbeat_s: int, stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None,
                queued_now: tuple[optuna.Study, int] | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
@@ -514,7 +519,7 @@ def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, device
                                   finish_by=finish_by, run_seconds=dict(run_seconds or {}))
         while True:
             left = None if finish_by is None else max(0.0, finish_by - time.time())
-            code = run_workers(settings, workers, devices, devices_per_trial, quiet=True, stop_after_s=left)
+            code = run_workers(settings, workers, devices, devices_per_run, quiet=True, stop_after_s=left)
             if code == EXIT_INTERRUPTED:
                 return Table3Outcome(code, [])
             if finish_by is not None and study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):

@@ -87,16 +87,74 @@ def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_no
     assert big.train.max_steps == 3 * resolve(preset, "base").train.max_steps  # 300K vs 100K
 
 
-def test_dry_run_of_a_preset_without_a_measured_rate_is_one_line(tmp_path, capsys):
-    assert main(["table3", "--preset", "tiny", "--dry-run", "--storage", f"sqlite:///{tmp_path}/t.db",
-                 "--runs-dir", str(tmp_path / "runs")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "states no table3.cost" in err[0]
+def test_every_preset_is_costed_and_says_which_rates_are_measured_and_which_derived(tmp_path, capsys):
+    """The paper's own preset (and tiny) have no measurement of their own: their rate is the
+    measured preset's FLOP rate carried over, said so, and the hours follow from it."""
+    from ablations.spec import preset_names
+    from sweeps.schedule import parameters
+
+    for preset in preset_names():
+        result = dry_run_here(tmp_path, capsys, "--preset", preset, "--rows", "base,big")
+        assert result.returncode == 0, (preset, result.stderr)
+        cost = load_preset(preset)["table3"]["cost"]
+        source = cost.get("derived_from")
+        assert (f"derived from the {source} preset's measured rate" in result.stdout) == bool(source)
+        if source:
+            measured = load_preset(source)["table3"]["cost"]
+            flop_rate = 6 * parameters(resolve(source, "base")) * measured["base_tokens_per_s"]
+            rate = float(result.stdout.split("base row at ")[1].split(" target tokens/s")[0].replace(",", ""))
+            assert 6 * parameters(resolve(preset, "base")) * rate == pytest.approx(flop_rate, rel=1e-3)
+            assert measured["device"] in result.stdout
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_eight_gpu_plan_needs_no_gpu_and_replays_the_launchers_order(tmp_path):
+    """`--gpus 0,...,7 --dry-run` on this CPU machine: the wall-clock of the queue's own order on 8
+    workers, between the bounds max(total / 8, longest run) and 4/3 of it; `--machines 2` is 16
+    workers; a real run still needs the GPUs."""
+    result = dry_run(tmp_path, "--preset", "gpu", "--gpus", "0,1,2,3,4,5,6,7")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    total = float(text.split("runs: about ")[1].split(" device-hours")[0])
+    wall = float(text.split("longest first as the launcher queues them: about ")[1].split(" hours")[0])
+    longest = float(text.split("the longest run, big seed 1, ")[1].split(")")[0])
+    assert "On 8 workers (GPUs 0, ..., 7, one worker each)" in text
+    bound = max(total / 8, longest)
+    assert bound - 0.1 <= wall <= 4 / 3 * bound + 0.1
+    assert "checkpoints up to" in text and "GB per device for training (big" in text
+    two = dry_run(tmp_path, "--preset", "gpu", "--gpus", "0,1,2,3,4,5,6,7", "--machines", "2")
+    assert two.returncode == 0 and "On 16 workers" in two.stdout, two.stderr
+    real = subprocess.run([sys.executable, "-m", "ablate", "table3", *dry_run_args(tmp_path)[2:], "--gpus", "0,1"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert real.returncode == 2 and "no CUDA GPU is visible" in real.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_longest_first_and_its_wall_clock():
+    from sweeps.schedule import longest_first, wall_clock
+
+    costs = {"a": 1.0, "b": 5.0, "c": 3.0, "d": 3.0, "e": 9.0}
+    assert longest_first(costs) == ["e", "b", "c", "d", "a"]  # ties keep their order
+    assert longest_first(costs, first=["a"]) == ["a", "e", "b", "c", "d"]
+    assert wall_clock([9, 5, 3, 3, 1], workers=2) == 11  # 9+1 | 5+3+3
+    assert wall_clock([9, 5, 3, 3, 1], workers=8) == 9  # the longest run
+    assert wall_clock([1, 3, 3, 5, 9], workers=2) == 13  # shortest first: 1+3+9 | 3+5
+
+
+def test_the_queue_holds_the_runs_in_the_plans_order(tmp_path):
+    """One scheduling function: the launcher's queue is the order the dry run replays."""
+    from sweeps.table3 import run_config, start_order
+
+    plan = make_plan("gpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), [], rows="base,C,big")
+    study, queued = queue(plan)
+    waiting = [(t.user_attrs["row"], t.user_attrs["seed"]) for t in sorted(study.get_trials(), key=lambda t: t.number)]
+    assert queued == len(plan.runs())
+    assert waiting == start_order({run: run_config(plan, *run) for run in plan.runs()})
+    assert waiting[0] == ("big", 1) and waiting[1][0] == "C5"
+
+
 def test_tokens_per_step_count_every_device_and_accumulated_batch():
-    from sweeps.cost import tokens_per_step
+    from sweeps.schedule import tokens_per_step
 
     def tokens(*overrides: str) -> int:
         return tokens_per_step(resolve("gpu", "base", None, list(overrides)))
@@ -203,7 +261,7 @@ def test_a_table_of_under_an_hour_is_estimated_and_followed_in_minutes(tmp_path,
     cost = load_preset("demo")["table3"]["cost"]
     result = dry_run_here(tmp_path, capsys, "--preset", "demo")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0].split()[-3:] == ["min/run", "seeds", "min"]
+    assert result.stdout.splitlines()[0].split()[-5:] == ["min/run", "seeds", "min", "memory", "GB"]
     minutes = {}
     for row in load_preset("demo")["table3"]["rows"]:
         minutes[row] = float(row_line(result.stdout, row)[5])
@@ -233,7 +291,7 @@ def test_dry_run_with_redo_counts_the_runs_it_would_train_again_from_the_start(t
                                                   user_attrs={"row": row, "seed": seed}))
     asked = {extra: dry_run_here(tmp_path, capsys, "--preset", "cpu", *extra)
              for extra in ((), ("--redo", "C3"), ("--redo", "C"))}
-    hours = float(row_line(asked[()].stdout, "C3")[-1])  # its estimate, 3 seeds
+    hours = float(row_line(asked[()].stdout, "C3")[7])  # its estimate, 3 seeds
     for extra, done, left in (((), 3, 0.0), (("--redo", "C3"), 0, hours), (("--redo", "C"), 0, hours)):
         result = asked[extra]
         assert result.returncode == 0, result.stderr

@@ -256,9 +256,15 @@ def check_decoding_memory(model: TransformerConfig, cfg: RunConfig, src_lengths:
                         f"eval.max_len_offset")
 
 
+def checkpoint_bytes(cfg: RunConfig) -> int:
+    """The disk a run's checkpoints need: three of weights and Adam's two moments (float32), and
+    room for the logs."""
+    return 3 * 12 * count_parameters(_model_estimate(cfg)) + 64 * 2 ** 20
+
+
 def check_disk_space(out: Path, cfg: RunConfig) -> None:
-    """Fail before training if the disk cannot hold the checkpoints (three of weights + Adam)."""
-    need = 3 * 12 * count_parameters(_model_estimate(cfg)) + 64 * 2 ** 20
+    """Fail before training if the disk cannot hold the checkpoints (`checkpoint_bytes`)."""
+    need = checkpoint_bytes(cfg)
     free = shutil.disk_usage(out).free
     if free < need:
         raise UserError(f"{out}: {free / GB:.2f} GB free, but this model's checkpoints need about "
