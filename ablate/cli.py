@@ -1,17 +1,23 @@
-"""`ablate`: the command line. Thin: it parses arguments and calls the library (about 300 lines,
-nearly all of them the option declarations of its commands; each handler is a few library calls).
+"""`ablate`: the command line. Thin: it parses arguments and calls the library (nearly all of it
+is the option declarations of its commands; each handler is a few library calls).
 
-    ablate train [--preset tiny] [--row base] [--config FILE] [key=value ...]
+    ablate train [--preset tiny] [--row base] [--config FILE] [--devices auto|N|0,1] [key=value ...]
     ablate params [--vocab-size 37000] [--json]
-    ablate sweep optuna --study NAME --space FILE [--n-trials N] [--workers K | --devices 0,1] ...
+    ablate sweep optuna --study NAME --space FILE [--n-trials N] [--workers K | --gpus 0,1] ...
     ablate sweep wandb --space FILE [--out sweep.yaml] [--launch] ...
-    ablate table3 [--preset demo] [--rows base,A,D3] [--seeds 1,2] [--workers K | --devices 0,1] ...
-    ablate report [--storage URL] [--study NAME] --out DIR
+    ablate table3 [--preset tiny] [--rows base,A,D3] [--seeds 1,2] [--workers K | --gpus 0,1] [--dry-run] ...
+    ablate report [--storage URL] [--study NAME] --out DIR [--wandb-report auto|online|offline|off]
     ablate dashboard [--storage URL] [--host 127.0.0.1] [--port 8080]
     ablate storage-proxy --storage RDB-URL [--host 127.0.0.1] [--port 13000]
     ablate translate RUN [--input FILE] [--checkpoint last|best|average:K] [--beam 4] ...
     ablate evaluate RUN [--split valid|test | --src F --ref F] [--checkpoint ...] ...
     ablate attention RUN --sentence "..." | --line N [--layer L] [--head H] --out DIR
+
+One word, one meaning: `--devices` is what one run trains on (Lightning's devices: auto, a count,
+GPU ids), `--gpus` the GPU ids a launcher (`table3`, `sweep optuna`) spreads its workers over, one
+each, `--devices-per-run` how many of them each run takes, and `--device` the one device a trained
+run is used on (`translate`, `evaluate`, `attention`). `--wandb` is the training runs' W&B mode,
+`--wandb-report` the report's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
 from lightning_modules.config import CORPORA
@@ -38,14 +45,30 @@ STORAGE_HELP = ("Optuna storage (default $ABLATE_STORAGE, else sqlite:///runs/sw
                 "grpc://HOST:PORT (an ablate storage-proxy)")
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it says it already or has none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and not action.option_strings == []
+        if shown and "default" not in text and not isinstance(action, argparse._HelpAction):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but errors are one line: `ablate: error: ...`."""
+    """argparse, but errors are one line: `ablate: error: ...`, and every default in --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpWithDefaults)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"ablate: error: {message} (see {self.prog} --help)\n")
 
 
 DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
+LIST_ROWS = "\0list"  # `--row` given without a name
 
 
 def duration(text: str) -> float:
@@ -93,14 +116,15 @@ def _command(sub: argparse._SubParsersAction, name: str, summary: str, details: 
 
 def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: bool = False) -> None:
     """Options shared by every command that trains: preset, row, corpus, overrides (`workers`: the
-    command runs one worker per GPU id of --devices)."""
+    command launches workers, one per GPU id of --gpus)."""
     from ablations.spec import preset_names
 
     p.add_argument("--preset", default="tiny",
                    help=f"scale preset: {', '.join(preset_names())} (ablations/presets/NAME.yaml; default: tiny)")
     if not table:
-        p.add_argument("--row", default="base",
-                       help="Table 3 row (base, A1..A4, B1, B2, C1..C7, D1..D4, E, big)")
+        p.add_argument("--row", default="base", nargs="?", const=LIST_ROWS,
+                       help="a row of the spec (Table 3's: base, A1..A4, B1, B2, C1..C7, D1..D4, E, big); "
+                            "--row without a name lists the rows of --spec and exits")
     p.add_argument("--spec", help="ablation spec YAML with the rows (default: ablations/table3.yaml)")
     p.add_argument("--config", help="YAML file with config overrides ({model: {...}, train: {...}})")
     p.add_argument("--data", choices=CORPORA, help="corpus (default: the preset's)")
@@ -114,19 +138,24 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: b
     if not table:
         p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
     if workers:
-        p.add_argument("--devices", metavar="IDS",
-                       help="GPU ids, one worker per id (or per --devices-per-trial ids), e.g. 0,1 "
-                            "(default: --workers K on this machine's CPU)")
+        p.add_argument("--gpus", metavar="IDS",
+                       help="GPU ids to spread the workers over, one worker per id (or per --devices-per-run "
+                            "ids), e.g. 0,1,2,3,4,5,6,7 (default: --workers K on this machine's CPU)")
+        p.add_argument("--devices-per-run", type=at_least(1), default=1, metavar="D",
+                       help="devices each run trains on with Lightning DDP (GPUs from --gpus, else CPU processes)")
         p.add_argument("--stop-after", type=duration, metavar="DURATION",
                        help="stop the workers this long after they start, e.g. 2h30m, 90m, 5400s: each "
                             "running trial saves a checkpoint as on Ctrl-C; the same command resumes (a table "
                             "starts only the runs its estimate says can finish by then)")
     else:
-        p.add_argument("--devices", help="Lightning devices of the run: auto, a count, or GPU ids like 0,1")
-    p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu")
-    p.add_argument("--precision", help="Lightning precision: auto, 32-true, bf16-mixed, 16-mixed")
+        p.add_argument("--devices", help="devices the run trains on (Lightning's): auto, a count, or GPU ids "
+                                         "like 0,1 (default: the preset's train.devices, auto)")
+    p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu (default: the preset's, auto)")
+    p.add_argument("--precision", help="Lightning precision: auto, 32-true, bf16-mixed, 16-mixed "
+                                       "(default: the preset's, auto: bf16-mixed on a GPU that has it)")
     p.add_argument("--wandb", choices=["auto", "online", "offline", "off"],
-                   help="Weights & Biases: auto (online with an API key, else offline), or off")
+                   help="the training runs' Weights & Biases: auto (online with an API key, else offline), "
+                        "or off (default: the preset's train.wandb, auto)")
     p.add_argument("--no-wandb", action="store_true", help="disable Weights & Biases (same as --wandb off)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="override any config key, e.g. d_model=256 train.warmup_steps=800")
@@ -137,7 +166,7 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     extra = list(args.overrides)
     shortcuts = {"data.corpus": args.data, "data.data_dir": args.data_dir, "data.base_url": args.base_url,
                  "train.max_steps": args.max_steps, "train.seed": getattr(args, "seed", None),
-                 "train.devices": args.devices, "train.accelerator": args.accelerator,
+                 "train.devices": getattr(args, "devices", None), "train.accelerator": args.accelerator,
                  "train.precision": args.precision, "train.wandb": "off" if args.no_wandb else args.wandb}
     for split in ("train", "valid", "test"):
         for side in ("src", "tgt"):
@@ -148,7 +177,22 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     return extra
 
 
+def list_rows(args: argparse.Namespace) -> bool:
+    """`--row` without a name: print the spec's rows (each with its group) and say so."""
+    if getattr(args, "row", None) != LIST_ROWS:
+        return False
+    from ablations.spec import default_spec_path, load_spec
+
+    spec = load_spec(args.spec)
+    print(f"rows of {args.spec or default_spec_path()}:")
+    for name, entry in spec.items():
+        print(f"  {name:<16} {entry.get('group', name)}")
+    return True
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    if list_rows(args):
+        return 0
     from ablations.resolve import resolve
 
     cfg = resolve(args.preset, args.row, args.config, run_overrides(args), args.spec)
@@ -161,16 +205,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_run_args(args: argparse.Namespace) -> tuple[list[str], list[str] | None]:
-    """The sweep's fixed `ablate train` overrides, and each worker's devices (None on CPU)."""
+def _sweep_run_args(args: argparse.Namespace, here: bool = True) -> tuple[list[str], list[str] | None]:
+    """The launcher's fixed `ablate train` overrides, and each worker's GPUs (None on CPU; `here`:
+    they must be visible on this machine)."""
     from sweeps.launch import device_groups
 
-    extra, groups = device_groups(args.devices, args.workers, args.devices_per_trial, args.accelerator)
-    args.devices = None  # per worker, not a Lightning device list
+    extra, groups = device_groups(args.gpus, args.workers, args.devices_per_run, args.accelerator, here=here)
     return run_overrides(args) + extra, groups
 
 
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
+    if list_rows(args):
+        return 0
     from ablations.resolve import resolve
     from lightning_modules.run.io import check_writable_dir
     from lightning_modules.run.preflight import check_data, check_hardware
@@ -198,29 +244,32 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
                               prune_startup_trials=args.prune_startup_trials,
                               prune_warmup_steps=args.prune_warmup_steps,
                               heartbeat_s=args.heartbeat)
-    return run_workers(settings, args.workers or 1, devices, args.devices_per_trial,
+    return run_workers(settings, args.workers or 1, devices, args.devices_per_run,
                        stop_after_s=args.stop_after)
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
     from sweeps.table3 import make_plan
 
-    overrides, devices = _sweep_run_args(args)
+    if args.machines != 1 and not args.dry_run:
+        raise UserError("--machines plans for several machines (--dry-run); to run on them, start the same "
+                        "command on each against one shared --storage (docs/gpus.md)")
+    overrides, devices = _sweep_run_args(args, here=not args.dry_run)
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
                      redo=args.redo)
     if args.dry_run:
-        from sweeps.cost import describe
+        from sweeps.cost import Workers, describe
         from sweeps.progress import standing
 
-        print(describe(plan))
+        print(describe(plan, Workers.of(args.workers, devices, args.machines)))
         where = standing(plan, args.archive, args.workers or 1)
         if where:
             print(f"\n{where}")
         return 0
     from reports.make import make_table3
 
-    outcome = make_table3(plan, args.workers or 1, devices, args.devices_per_trial, args.heartbeat,
+    outcome = make_table3(plan, args.workers or 1, devices, args.devices_per_run, args.heartbeat,
                           archive=args.archive, stop_after_s=args.stop_after, report=not args.no_report,
                           report_dir=args.report_dir, wandb_report=args.wandb_report)
     if outcome.report:
@@ -231,7 +280,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from reports.build import build_report
 
-    written = build_report(args.storage, args.study, args.out, wandb=args.wandb, bootstrap=args.bootstrap,
+    written = build_report(args.storage, args.study, args.out, wandb=args.wandb_report, bootstrap=args.bootstrap,
                            runs_dir=args.runs_dir)
     print(f"report: {', '.join(str(p) for p in written)}")
     return 0
@@ -332,7 +381,7 @@ def _add_use_options(p: argparse.ArgumentParser) -> None:
                    help="source tokens per decoding batch (default: the run's eval.batch_tokens)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="decode through fixed-size caches, each batch's step replayed as one CUDA graph "
-                        "(docs/gpus.md; on a CPU the same search without a graph; default: the run's eval.cuda_graphs)")
+                        "(docs/gpu-performance.md; on a CPU the same search without a graph; default: the run's eval.cuda_graphs)")
 
 
 def _version() -> str:
@@ -375,10 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     o.add_argument("--n-trials", type=at_least(1), default=20, help="finished trials the study should reach (default 20)")
     o.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
-    o.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
-                   help="devices each trial trains on with Lightning DDP (GPUs from --devices, "
-                        "else CPU processes; default 1)")
-    o.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    o.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler")
     o.add_argument("--objective", choices=["ppl", "bleu"], default="ppl",
                    help="minimise dev perplexity or maximise dev BLEU (default ppl)")
     o.add_argument("--pruner", choices=PRUNERS, default="median",
@@ -402,15 +448,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--name", help="sweep name (default: the space file's name)")
     w.add_argument("--sampler", choices=SAMPLERS, default="tpe",
                    help="tpe -> bayes, random, grid")
-    w.add_argument("--objective", choices=["ppl", "bleu"], default="ppl")
+    w.add_argument("--objective", choices=["ppl", "bleu"], default="ppl",
+                   help="minimise dev perplexity or maximise dev BLEU")
     w.add_argument("--launch", action="store_true", help="register the sweep and run an agent here")
     w.add_argument("--project", default="transformer-ablations", help="W&B project for --launch")
     w.add_argument("--count", type=at_least(1), help="runs for this agent (--launch; default: until the sweep ends)")
     w.set_defaults(func=cmd_sweep_wandb)
 
     p = _command(sub, "table3", "run Table 3 (every row x seed not yet complete), then write its report",
-                 "Every (row, seed) becomes a queued trial of one Optuna study, trained by the sweep "
-                 "workers (--workers K on the CPU, one per GPU id with --devices) in "
+                 "The preset is tiny unless --preset says otherwise (demo, cpu, gpu, paper: see --dry-run for "
+                 "what each costs). Every (row, seed) becomes a queued trial of one Optuna study, trained by the sweep "
+                 "workers (--workers K on the CPU, one per GPU id with --gpus) in "
                  "RUNS_DIR/STUDY/ROW-sSEED; re-running the same command trains only what is not complete.")
     p.add_argument("--rows", help="rows or groups, e.g. base,A,D3 (default: the preset's, else all)")
     p.add_argument("--seeds", help="seeds, e.g. 1,2,3 (default: the preset's table3.seeds, e.g. 1,2,3 for cpu and gpu; else train.seed)")
@@ -426,8 +474,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "beside the new ones (run directory and archive), and the report names them")
     p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
     p.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
-    p.add_argument("--devices-per-trial", type=int, default=1, metavar="D",
-                   help="devices each run trains on with Lightning DDP (default 1)")
     p.add_argument("--runs-dir", default="runs/table3", help="parent of the run directories (default runs/table3)")
     p.add_argument("--heartbeat", type=at_least(1), default=60,
                    help="seconds between trial heartbeats; a run silent for twice that is retried")
@@ -438,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "every 10 minutes and at the end")
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    p.add_argument("--machines", type=at_least(1), default=1, metavar="M",
+                   help="with --dry-run: plan for M machines like this one (each running the same command "
+                        "against one shared --storage), --gpus on each")
     p.add_argument("--dry-run", action="store_true",
                    help="print each row's parameters, steps, FLOPs and estimated device time (minutes for a "
                         "table of under an hour) and, for a table that has run, what is finished and "
@@ -458,8 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "attention figure reads them; everything else comes from the database")
     p.add_argument("--bootstrap", type=int, default=1000,
                    help="paired-bootstrap resamples for BLEU against base (default 1000; 0 = none)")
-    p.add_argument("--wandb", choices=["auto", "online", "offline", "off"], default="off",
-                   help="also log the table and figures to W&B (default off)")
+    p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
+                   help="also log the report's table and figures to W&B")
     p.set_defaults(func=cmd_report)
 
     p = _command(sub, "dashboard", "serve optuna-dashboard for a sweep storage (until Ctrl-C)",

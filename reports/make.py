@@ -17,7 +17,7 @@ from sweeps.cost import run_seconds
 from sweeps.table3 import Table3Outcome, Table3Plan, run_table3
 
 
-def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None, devices_per_trial: int = 1,
+def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None, devices_per_run: int = 1,
                 heartbeat_s: int = 60, archive: str | None = None, stop_after_s: float | None = None,
                 report: bool = True, report_dir: str | Path | None = None, wandb_report: str = "off") -> Table3Outcome:
     """`run_table3` (see it for the arguments), then, unless interrupted and when `report`, the
@@ -31,7 +31,7 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
         check_writable_dir(folder, "the report (--report-dir)")
         refuse_foreign(folder, "report", "--report-dir")
     expected = run_seconds(plan, workers, devices) if stop_after_s is not None else None
-    outcome = run_table3(plan, workers, devices, devices_per_trial, heartbeat_s, archive=archive,
+    outcome = run_table3(plan, workers, devices, devices_per_run, heartbeat_s, archive=archive,
                          stop_after_s=stop_after_s, run_seconds=expected)
     if outcome.interrupted or not report:
         return outcome

@@ -1,6 +1,6 @@
 """Start a sweep's workers (one process each) and wait for them; summarise the study after.
 
-`--devices 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>` (with `--devices-per-trial 2`, a
+`--gpus 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>` (with `--devices-per-run 2`, a
 group like "0,1"); on CPU, `--workers K` runs K
 workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting
 (an `OMP_NUM_THREADS` already set, e.g. on a machine shared with other jobs, caps that share).
@@ -28,28 +28,29 @@ from sweeps.study import counts
 from sweeps.worker import WorkerSettings, describe_duration, resolve_run_dir, settings_json
 
 
-def device_groups(devices: str | None, workers: int | None, devices_per_trial: int,
-                  accelerator: str | None = None) -> tuple[list[str], list[str] | None]:
-    """Each worker's devices (None on CPU), and the `ablate train` overrides every trial needs.
+def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
+                  accelerator: str | None = None, here: bool = True) -> tuple[list[str], list[str] | None]:
+    """Each worker's GPUs (None on CPU), and the `ablate train` overrides every run needs.
 
-    `--devices 0,1,2,3 --devices-per-trial 2` makes two workers, on GPUs "0,1" and "2,3", whose
-    trials run Lightning DDP on both; without devices, D > 1 means D CPU processes (gloo).
+    `--gpus 0,1,2,3 --devices-per-run 2` makes two workers, on GPUs "0,1" and "2,3", whose
+    runs train with Lightning DDP on both; without GPUs, D > 1 means D CPU processes (gloo).
+    `here`: the GPUs must be visible on this machine (a dry run plans for GPUs elsewhere).
     """
-    per = devices_per_trial
+    per = devices_per_run
     if per < 1:
-        raise UserError(f"--devices-per-trial must be at least 1, got {per}")
-    if devices and workers:
-        raise UserError("use --workers K (CPU) or --devices 0,1,... (one worker per GPU), not both")
-    listed = gpu_ids(devices) if devices else None
+        raise UserError(f"--devices-per-run must be at least 1, got {per}")
+    if gpus and workers:
+        raise UserError("use --workers K (CPU) or --gpus 0,1,... (one worker per GPU), not both")
+    listed = gpu_ids(gpus) if gpus else None
     overrides: list[str] = []
     groups = None
     if listed:
         if len(listed) % per:
-            raise UserError(f"--devices lists {len(listed)} devices, not a multiple of "
-                            f"--devices-per-trial {per}")
-        from lightning_modules.run.preflight import check_gpu_ids  # loads torch: only when GPUs are named
+            raise UserError(f"--gpus lists {len(listed)} GPUs, not a multiple of --devices-per-run {per}")
+        if here:
+            from lightning_modules.run.preflight import check_gpu_ids  # loads torch: only when GPUs are named
 
-        check_gpu_ids([int(d) for d in listed], f"--devices {devices}")
+            check_gpu_ids([int(d) for d in listed], f"--gpus {gpus}")
         groups = [",".join(listed[i:i + per]) for i in range(0, len(listed), per)]
     if per > 1:
         overrides.append(f"train.devices={per}")
@@ -58,12 +59,12 @@ def device_groups(devices: str | None, workers: int | None, devices_per_trial: i
     return overrides, groups
 
 
-def gpu_ids(devices: str) -> list[str]:
-    """The GPU ids of `--devices 0,1` (one worker per id, or per --devices-per-trial ids)."""
-    listed = [d.strip() for d in devices.split(",") if d.strip()]
+def gpu_ids(gpus: str) -> list[str]:
+    """The GPU ids of `--gpus 0,1` (one worker per id, or per --devices-per-run ids)."""
+    listed = [d.strip() for d in gpus.split(",") if d.strip()]
     if not listed or not all(d.isdigit() for d in listed) or len(set(listed)) != len(listed):
-        raise UserError(f"--devices takes distinct GPU ids like 0,1 (one worker per id; --workers K on "
-                        f"the CPU); got {devices!r}")
+        raise UserError(f"--gpus takes distinct GPU ids like 0,1 (one worker per id; --workers K on "
+                        f"the CPU); got {gpus!r}")
     return listed
 
 
@@ -75,20 +76,20 @@ def thread_cap(environ: dict[str, str] = os.environ) -> int:
     return int(text) if text.isdigit() and int(text) > 0 else sys.maxsize
 
 
-def worker_envs(workers: int, devices: list[str] | None, devices_per_trial: int = 1) -> list[dict[str, str]]:
+def worker_envs(workers: int, devices: list[str] | None, devices_per_run: int = 1) -> list[dict[str, str]]:
     """One environment per worker: its GPUs ("0" or "0,1"), or a share of the CPU cores."""
     base = dict(os.environ, PYTHONUNBUFFERED="1")
     if devices:
         return [{**base, "CUDA_VISIBLE_DEVICES": d} for d in devices]
-    threads = str(min(max(1, (os.cpu_count() or 1) // (workers * devices_per_trial)), thread_cap()))
+    threads = str(min(max(1, (os.cpu_count() or 1) // (workers * devices_per_run)), thread_cap()))
     return [{**base, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(workers)]
 
 
 def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None,
-                devices_per_trial: int = 1, quiet: bool = False, stop_after_s: float | None = None) -> int:
+                devices_per_run: int = 1, quiet: bool = False, stop_after_s: float | None = None) -> int:
     """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted (Ctrl-C, SIGTERM,
     or `stop_after_s` seconds after they started, as if interrupted then), else 1."""
-    envs = worker_envs(workers, devices, devices_per_trial)
+    envs = worker_envs(workers, devices, devices_per_run)
     if STOP.preempted:  # pre-empted during start-up: no trial can save and requeue, so this does
         job = requeue_job()
         print(f"sweep {settings.study}: pre-empted (SLURM) before any worker started; requeued job "

@@ -170,8 +170,8 @@ CASES: list[Case] = [
     ("space-unknown-key", lambda t: sweep(t, "params:\n  d_mdl: {type: int, low: 1, high: 4}\n"), "d_mdl", {}),
     ("space-log-from-zero", lambda t: sweep(t, "params:\n  dropout: {type: float, low: 0.0, high: 0.3, log: true}\n"), "log range", {}),
     ("zero-trials", lambda t: sweep(t, SPACE_OK, "--n-trials", "0"), "--n-trials", {}),
-    ("devices-per-trial-zero", lambda t: sweep(t, SPACE_OK, "--devices-per-trial", "0"), "--devices-per-trial", {}),
-    ("workers-and-devices", lambda t: sweep(t, SPACE_OK, "--workers", "2", "--devices", "0,1"), "not both", {}),
+    ("devices-per-run-zero", lambda t: sweep(t, SPACE_OK, "--devices-per-run", "0"), "--devices-per-run", {}),
+    ("workers-and-gpus", lambda t: sweep(t, SPACE_OK, "--workers", "2", "--gpus", "0,1"), "not both", {}),
     ("storage-url-malformed", lambda t: ["sweep", "optuna", "--study", "s", "--storage", "nonsense://x",
                                          "--space", files(t, space_yaml=SPACE_OK)["space_yaml"], *FAST], "cannot open storage", {}),
     ("storage-unreachable", lambda t: ["sweep", "optuna", "--study", "s", "--storage",
@@ -243,8 +243,8 @@ CASES: list[Case] = [
      "in-memory SQLite", {}),
     ("sweep-in-memory-storage", lambda t: [*sweep(t, SPACE_OK), "--storage", "sqlite:///:memory:"],
      "in-memory SQLite", {}),
-    ("table3-device-id-negative", lambda t: ["table3", "--devices", "-1", *FAST], "distinct GPU ids", {}),
-    ("table3-device-ids-without-gpu", lambda t: ["table3", "--devices", "0", *FAST], "no CUDA GPU", {}),
+    ("table3-gpu-id-negative", lambda t: ["table3", "--gpus", "-1", *FAST], "distinct GPU ids", {}),
+    ("table3-gpu-ids-without-gpu", lambda t: ["table3", "--gpus", "0", *FAST], "no CUDA GPU", {}),
     ("sweep-accelerator-gpu-without-gpu", lambda t: sweep(t, SPACE_OK, "--accelerator", "gpu"), "no CUDA GPU", {}),
     ("table3-strategy-unknown", lambda t: ["table3", "--rows", "base", "train.strategy=warp", *FAST],
      "train.strategy", {}),
@@ -685,9 +685,27 @@ def test_preset_help_lists_the_presets_and_devices_help_says_what_it_means(capsy
         main([*name.split(), "--help"])
         out = " ".join(capsys.readouterr().out.split())
         assert all(preset in out.split("--preset PRESET", 2)[-1][:200] for preset in preset_names()), name
-        one_worker_per_gpu = "--devices IDS GPU ids, one worker per id" in out
+        one_worker_per_gpu = "--gpus IDS GPU ids to spread the workers over, one worker per id" in out
         assert one_worker_per_gpu == (name in ("table3", "sweep optuna")), name
-        assert ("Lightning devices of the run" in out) == (not one_worker_per_gpu), name
+        assert ("--devices DEVICES devices the run trains on (Lightning's)" in out) == (not one_worker_per_gpu), name
+
+
+def test_every_option_shows_its_default_and_table3_says_its_preset(capsys):
+    """One vocabulary: --help of every command names each option's default (those that have one),
+    and `table3`'s description says that its preset is tiny unless given."""
+    import argparse
+
+    for name, (parser, _) in commands(build_parser()).items():
+        main([*name.split(), "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        for action in parser._actions:
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) \
+                    and not isinstance(action, argparse._HelpAction):
+                text = " ".join((action.help or "").split())
+                assert "default" in text.lower() or f"(default: {action.default})" in out.replace("- ", "-"), \
+                    (name, action.dest)
+    main(["table3", "--help"])
+    assert "The preset is tiny unless --preset says otherwise" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path):

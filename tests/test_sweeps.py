@@ -245,25 +245,25 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
     assert len({t.user_attrs["run_dir"] for t in finished}) == 2
 
 
-@pytest.mark.parametrize("devices_per_trial", [1, pytest.param(2, marks=pytest.mark.slow)])  # DDP: make test-slow
-def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, devices_per_trial):
+@pytest.mark.parametrize("devices_per_run", [1, pytest.param(2, marks=pytest.mark.slow)])  # DDP: make test-slow
+def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, devices_per_run):
     """Queued good then hopeless configs: the second is pruned at its first report; with D = 2
     both trials train on 2 gloo ranks, rank 0 alone reports, and every rank stops together."""
     study = open_study("prune", make_storage(f"sqlite:///{tmp_path}/db/sweeps.db", None))
     enqueue(study, ["train.lr_scale=0.5"])
     enqueue(study, ["train.lr_scale=1e-6"])
     result = ablate(*sweep_args(tmp_path, "prune", 2, "--prune-startup-trials", "1",
-                                "--devices-per-trial", str(devices_per_trial), "train.warmup_steps=5"))
+                                "--devices-per-run", str(devices_per_run), "train.warmup_steps=5"))
     assert result.returncode == 0, result.stderr[-3000:]
     good, bad = sorted(load(tmp_path, "prune").get_trials(), key=lambda t: t.number)
     assert good.state == TrialState.COMPLETE and bad.state == TrialState.PRUNED
     assert set(bad.intermediate_values) == {5} and bad.intermediate_values[5] > good.intermediate_values[5]
-    assert good.user_attrs["world_size"] == devices_per_trial
+    assert good.user_attrs["world_size"] == devices_per_run
     for trial, lr in ((good, 0.5), (bad, 1e-6)):
         run_dir = tmp_path / "runs" / trial.user_attrs["run_dir"]
         assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr_scale"] == lr
         log = (run_dir / "trial.log").read_text()
-        assert ("Starting with 2 processes" in log) == (devices_per_trial == 2)
+        assert ("Starting with 2 processes" in log) == (devices_per_run == 2)
     assert not (tmp_path / "runs" / bad.user_attrs["run_dir"] / "results.json").exists()
 
 
@@ -283,10 +283,10 @@ def test_cpu_workers_share_the_cores_within_a_thread_count_already_set(monkeypat
     assert [e.get("OMP_NUM_THREADS") for e in worker_envs(2, ["0", "1"])] == [set_to] * 2  # GPU workers: as set
 
 
-def test_devices_must_split_into_groups_of_devices_per_trial(tmp_path):
-    result = ablate(*sweep_args(tmp_path, "split", 2, "--devices", "0,1,2", "--devices-per-trial", "2"))
+def test_gpus_must_split_into_groups_of_devices_per_run(tmp_path):
+    result = ablate(*sweep_args(tmp_path, "split", 2, "--gpus", "0,1,2", "--devices-per-run", "2"))
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "not a multiple of --devices-per-trial 2" in lines[0]
+    assert result.returncode == 2 and len(lines) == 1 and "not a multiple of --devices-per-run 2" in lines[0]
 
 
 def _ignore_sigint() -> None:

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from lightning_modules.convergence import classify_stored
 from lightning_modules.errors import UserError
 from ablations.spec import load_spec
-from sweeps.table3 import Table3Plan, make_plan, parse_seeds, queue, select_rows
+from sweeps.table3 import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
 from test_sweeps import wait_for_running_trial
 
 SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
@@ -405,7 +405,7 @@ def test_the_report_classifies_each_run_from_its_stored_inputs_not_its_stored_cl
 def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Path, tmp_path: Path):
     out = tmp_path / "wb"
     result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--study", "table3-tiny",
-                    "--out", str(out), "--wandb", "offline", "--bootstrap", "0")
+                    "--out", str(out), "--wandb-report", "offline", "--bootstrap", "0")
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = list((out / "wandb").glob("offline-run-*"))
     tables = list(run.rglob("table3_*.table.json"))
@@ -676,3 +676,16 @@ def test_two_launchers_on_one_study_both_end_with_exit_0(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outputs
     done = [t for t in trials(tmp_path) if t.state == TrialState.COMPLETE]
     assert sorted(t.user_attrs["row"] for t in done) == ["D1", "E", "base"]
+
+
+def test_each_rows_configuration_resolved_once_is_the_runs_own():
+    """`run_configs` resolves a row once and sets each seed: the same configuration as resolving the
+    (row, seed) with its seed override, for every run of both shipped specs."""
+    from sweeps.table3 import run_configs
+
+    for spec in (None, "ablations/modifications.yaml"):
+        plan = Table3Plan(study="t", storage="sqlite:///unused.db", preset="cpu", rows=list(load_spec(spec)),
+                          seeds=[1, 7], runs_dir="runs", overrides=["train.lr_scale=0.7"], spec_path=spec)
+        configs = run_configs(plan)
+        assert list(configs) == plan.runs()
+        assert all(configs[row, seed] == run_config(plan, row, seed) for row, seed in plan.runs())
