@@ -44,7 +44,7 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   by `TIME_GROUPS` (the first pattern that matches a kernel's name). The groups become a second
   table; each pass's top kernels are written to `profiles/` in `--out`. On CPU the same groups
   hold aten ops' self time: a check of the code, not of where a GPU spends its time.
-- Variants with `data.shape_buckets` (static shapes, docs/gpus.md#static-shapes-and-cuda-graphs)
+- Variants with `data.shape_buckets` (static shapes, docs/gpu-performance.md#static-shapes-and-cuda-graphs)
   train on other batches (the same pool, bucketed to static shapes), so their losses are compared
   with "eager, buckets 8"'s.
 

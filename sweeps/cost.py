@@ -27,7 +27,7 @@ from lightning_modules.config import CORPUS_DISK_GB, RunConfig, parse_devices
 from lightning_modules.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
 from sweeps.schedule import parameters, tokens_per_step, training_flops, wall_clock
-from sweeps.table3 import Table3Plan, run_config, start_order
+from sweeps.table3 import Table3Plan, start_order
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,15 @@ def devices(cfg: RunConfig) -> int:
         * cfg.train.num_nodes
 
 
-def estimate(plan: Table3Plan) -> tuple[pd.DataFrame, DeviceRate]:
+def row_configs(plan: Table3Plan) -> dict[str, RunConfig]:
+    """Each planned row's configuration (its seeds differ in nothing the estimate reads)."""
+    return {row: resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path) for row in plan.rows}
+
+
+def estimate(plan: Table3Plan, configs: dict[str, RunConfig] | None = None) -> tuple[pd.DataFrame, DeviceRate]:
     """One line per row: parameters, steps, tokens, FLOPs and device-hours for all its seeds, and
-    its peak training memory per device."""
-    configs = {row: resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
-               for row in plan.rows}
+    its peak training memory per device (`configs`: `row_configs`, when the caller has them)."""
+    configs = configs or row_configs(plan)
     base = configs.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
     rate = DeviceRate.of_preset(plan.preset, parameters(base))
     flops_per_s = 6.0 * parameters(base) * rate.base_tokens_per_s
@@ -145,10 +149,12 @@ class Workers:
         return cls(k * machines, k, f"{k * machines} worker{'s' * (k * machines != 1)} ({where}{shared})")
 
 
-def schedule(plan: Table3Plan, table: pd.DataFrame, workers: Workers) -> tuple[float, float, str]:
+def schedule(plan: Table3Plan, table: pd.DataFrame, rows: dict[str, RunConfig],
+             workers: Workers) -> tuple[float, float, str]:
     """(wall-clock seconds, longest run's seconds, its name) of the whole table on `workers`, in
-    the order the launcher queues it (`sweeps.table3.start_order`)."""
-    configs = {(row, seed): run_config(plan, row, seed) for row, seed in plan.runs()}
+    the order the launcher queues it (`sweeps.table3.start_order`; `rows`: each row's configuration,
+    whose seeds cost the same)."""
+    configs = {(row, seed): rows[row] for row, seed in plan.runs()}
     seconds = {run: float(table.loc[run[0], "hours/run"]) * 3600 * workers.share for run in configs}
     order = start_order(configs)
     longest = max(order, key=lambda run: seconds[run])
@@ -160,7 +166,8 @@ def describe(plan: Table3Plan, workers: Workers | None = None) -> str:
     """The dry-run's printout: the table, the total, what the estimate assumes and which figures are
     measured, the wall-clock on `workers` (default: one), disk and memory."""
     workers = workers or Workers.of(1, None)
-    table, rate = estimate(plan)
+    rows = row_configs(plan)
+    table, rate = estimate(plan, rows)
     unit = TimeUnit.of(table)
     shown = table.assign(**{col: table[col] * unit.per_hour for col in ("hours/run", "hours")}) \
         .rename(columns={"hours/run": f"{unit.short}/run", "hours": unit.short})
@@ -171,11 +178,10 @@ def describe(plan: Table3Plan, workers: Workers | None = None) -> str:
     source = (f"measured: {rate.measured}" if not rate.derived
               else f"{rate.derived}; measured: {rate.measured}")
     total = shown[unit.short].sum()
-    wall, longest, which = schedule(plan, table, workers)
+    wall, longest, which = schedule(plan, table, rows, workers)
     per = unit.per_hour / 3600
-    base = resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
-    runs = [run_config(plan, row, seed) for row, seed in plan.runs()]
-    checkpoints = sum(checkpoint_bytes(cfg) for cfg in runs) / GB
+    base = rows.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    checkpoints = sum(checkpoint_bytes(rows[row]) for row, _ in plan.runs()) / GB
     corpus = CORPUS_DISK_GB.get(base.data.corpus)
     data = (f"about {corpus:g} GB for the {base.data.corpus} corpus in data.cache_dir on each machine"
             if corpus is not None else f"the {base.data.corpus} corpus's own files")

@@ -17,7 +17,7 @@ import difflib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,20 @@ def run_config(plan: Table3Plan, row: str, seed: int) -> RunConfig:
     return resolve(plan.preset, row, plan.config, [*plan.overrides, *seed_overrides(seed)], plan.spec_path)
 
 
+def run_configs(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> dict[tuple[str, int], RunConfig]:
+    """`run_config` of each planned (row, seed) (or each of `runs`), each row resolved once: a
+    seed changes train.seed alone (`seed_overrides`), so the row's configuration with that seed is
+    the same one (tests/test_table3.py checks it against `run_config`)."""
+    rows: dict[str, RunConfig] = {}
+    configs = {}
+    for row, seed in plan.runs() if runs is None else runs:
+        if row not in rows:
+            rows[row] = resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
+        check_seed(seed)
+        configs[row, seed] = replace(rows[row], train=replace(rows[row].train, seed=seed))
+    return configs
+
+
 def table_record(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """What a study's user attributes and an archive's `table3.json` hold: `runs`, the identity of
     every run the table has planned so far (`identity`), and what the report reads: the preset, the
@@ -197,7 +211,7 @@ def identity(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> dic
     less the fields marked as choosing only where output goes (`config.computed_config`; e.g.
     W&B, the progress bar, checkpoint cadence), as JSON stores it."""
     planned = plan.runs() if runs is None else runs
-    return identity_of({(row, seed): run_config(plan, row, seed) for row, seed in planned})
+    return identity_of(run_configs(plan, planned))
 
 
 def identity_of(configs: dict[tuple[str, int], RunConfig]) -> dict[str, dict[str, Any]]:
@@ -351,7 +365,7 @@ def queue(plan: Table3Plan, archive: Path | None = None,
     storage that lacks it (`sweeps.archive.restore_study`) and whose entries of redone runs are
     set aside too. Returns the study and the number queued now."""
     spec = load_spec(plan.spec_path)
-    configs = {(row, seed): run_config(plan, row, seed) for row, seed in plan.runs()}
+    configs = run_configs(plan)
     storage = storage or make_storage(plan.storage, None)
     if archive is not None:
         from sweeps.archive import STUDY, restore_study

@@ -37,7 +37,7 @@ KNOB_SETTINGS = [
     dict(tie_embeddings="decoder"), dict(tie_embeddings="none"), dict(scale_embeddings=False),
     dict(n_kv_heads=1), dict(n_kv_heads=2),
     dict(norm_position="pre", norm="rmsnorm", activation="swiglu", positional="rope"),
-    # kernel choices (docs/gpus.md#kernel-variants): the same function, other kernels
+    # kernel choices (docs/gpu-performance.md#kernel-variants): the same function, other kernels
     dict(fused_qkv=True), dict(fused_qkv=True, n_kv_heads=2, positional="rope"),
     dict(attention_backend="math"), dict(attention_backend="flash"),
 ]
