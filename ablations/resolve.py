@@ -10,6 +10,7 @@ dataclasses; `row` and `preset` are chosen by their options, not by overrides.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
@@ -149,10 +150,18 @@ def _merge(base, update: dict[str, Any], source: str):
 
 
 def _preset_config(preset: str):
-    """The defaults with `preset` merged in (its `table3:` section left out: its rows, not settings)."""
+    """The defaults with `preset` merged in (its `table3:` section left out: its rows, not settings).
+    Built once per version of the preset file (a table's dry run resolves ~150 runs); every merge
+    after it makes a new object, so the cached one is never changed."""
+    settings = {k: v for k, v in load_preset(preset).items() if k != "table3"}
+    return _preset_merged(preset, json.dumps(settings, sort_keys=True))
+
+
+@lru_cache(maxsize=8)
+def _preset_merged(preset: str, settings: str):
     cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), requested_config(RunConfig()))
     cfg = _merge(cfg, {"preset": preset}, "arguments")
-    return _merge(cfg, {k: v for k, v in load_preset(preset).items() if k != "table3"}, f"preset {preset}")
+    return _merge(cfg, json.loads(settings), f"preset {preset}")
 
 
 @lru_cache(maxsize=1)
