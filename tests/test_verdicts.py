@@ -38,7 +38,7 @@ def test_sign_agreement_is_counted_over_the_table_s_column():
     assert "signs agree with the paper for 2 of 3 rows" in sentence
     # each row's paper difference and sign in its own parentheses, so the list reads unambiguously
     c3, c6 = (f"[{frame.loc[r, 'd_ppl_low']:+.2f}, {frame.loc[r, 'd_ppl_high']:+.2f}]" for r in ("C3", "C6"))
-    assert (f"beyond seed noise: C3 +3.29 PPL {c3} (paper -0.04), C6 +1.19 PPL {c6} (paper +0.20, same sign)"
+    assert (f"beyond noise: C3 +3.29 PPL {c3} (paper -0.04), C6 +1.19 PPL {c6} (paper +0.20, same sign)"
             in sentence)
 
 
@@ -47,8 +47,8 @@ def test_a_group_of_your_own_is_named_once_and_a_papers_group_with_its_topic():
                           "d_ppl_low": [-110.0, -151.6, -0.5], "beyond_noise": [False, False, False],
                           "ppl_sign_agrees": [None, None, True]},
                          index=["X1", "X2", "A1"])
-    assert group_verdict(frame, "X") == "X: within seed noise: X1, X2."
-    assert group_verdict(frame, "A").startswith("A, number of heads at constant compute: within seed noise: A1;")
+    assert group_verdict(frame, "X") == "X: within noise: X1, X2."
+    assert group_verdict(frame, "A").startswith("A, number of heads at constant compute: within noise: A1;")
 
 
 def test_a_table_without_the_papers_numbers_ranks_nothing_against_them():
@@ -74,6 +74,6 @@ def test_a_row_without_an_interval_is_not_called_within_noise_and_the_reason_is_
     data.runs = data.runs[~((data.runs["row"] == "base") & (data.runs["seed"] > 1))]  # base: seed 1 alone
     frame = table3_frame(data)
     sentence = group_verdict(frame, "C")
-    assert "no interval (base has one seed): C3, C6" in sentence and "within seed noise" not in sentence
+    assert "no interval (base has one seed): C3, C6" in sentence and "within noise" not in sentence
     both = table3_frame(_table({"C3": [0.05, -0.05, 0.02]}))
-    assert "within seed noise: C3" in group_verdict(both, "C")
+    assert "within noise: C3" in group_verdict(both, "C")
