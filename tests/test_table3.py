@@ -37,7 +37,7 @@ SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4"
 ROWS = ["base", "D1", "E"]
 REPORT_FILES = ["table3.md", "table3.csv", "table3.tex", "report.html", "figures/bleu_vs_params.png",
                 "figures/ppl_vs_time.png", "figures/change_vs_base.png", "figures/curves_D.png",
-                "figures/curves_E.png"]
+                "figures/curves_E.png", "figures/verdicts_D.png", "figures/verdicts_E.png"]
 
 
 def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -259,7 +259,8 @@ def test_report_has_every_row_beside_the_paper(table: Path):
         assert f"| {row} " in md
     assert "- **Spearman rank correlation with the paper's**: dev PPL" in md and "±" in md and "| E " in md
     assert "sentence level is not measured" not in md  # every run kept its dev translations
-    assert md.split("## What this table says\n\n- ")[1].startswith("Of the 2 rows compared with base, ")
+    assert md.split("## What this table says\n\n- ")[1].startswith("Beyond noise, ")
+    assert " of the 2 rows differ from base in dev PPL (" in md.split("## What this table says")[1].split("\n")[2]
     assert "## Methods\n\n- Beyond noise, for dev PPL and dev BLEU alike, means" in md
     # seeds as noise: the difference to base with its interval (two seeds, paired by seed)
     assert frame.loc["E", "d_ppl_low"] < frame.loc["E", "d_ppl"] < frame.loc["E", "d_ppl_high"]
@@ -427,7 +428,7 @@ def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Pat
     md = (out / "table3.md").read_text()
     assert [kind for kind, _ in lines] == ["headline", "verdict D", "verdict E", "rank correlation"]
     opening = md.split("## What this table says\n\n")[1].split("\n\n")[0].splitlines()
-    assert opening[0] == f"- {lines[0][1]}" and lines[0][1].startswith("Of the 2 rows compared with base")
+    assert opening[0] == f"- {lines[0][1]}" and lines[0][1].startswith("Beyond noise, ")
     assert opening[1:] == [f"- **{text.replace(': ', '**: ', 1)}" for _, text in lines[1:]]
     (page,) = run.rglob("report_*.html")  # the whole report, figures inline
     assert page.read_text(encoding="utf-8") == (out / "report.html").read_text(encoding="utf-8")
@@ -452,7 +453,8 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     table_width = browser.execute_script("return document.getElementById('table3').scrollWidth")
     assert table_width <= 1400, f"the table needs {table_width} px"  # a normal window
     images = browser.find_elements(By.TAG_NAME, "img")
-    assert len(images) == 5  # three summary figures and a learning-curve figure per group (D, E)
+    # three summary figures, and per group (D, E) its learning curves and its verdict over training
+    assert len(images) == 7
     assert all(browser.execute_script("return arguments[0].naturalWidth", img) > 100 for img in images)
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
@@ -575,7 +577,7 @@ def test_report_answers_first_and_fits_a_1280_px_window(table: Path, browser):
     browser.get((report / "report.html").as_uri())
     assert browser.execute_script("return window.innerWidth") <= 1280 and no_horizontal_scroll(browser)
     said = browser.find_elements(By.CSS_SELECTOR, "#summary li")
-    assert said[0].text.startswith("Of the 2 rows compared with base, ")  # the headline first
+    assert said[0].text.startswith("Beyond noise, ") and " of the 2 rows differ from base" in said[0].text  # the headline first
     assert [li.text.split(":")[0] for li in said[1:]] == [
         "D, regularisation (dropout, label smoothing)", "E, learned instead of sinusoidal positions",
         "Spearman rank correlation with the paper's"]
@@ -592,7 +594,7 @@ def test_report_answers_first_and_fits_a_1280_px_window(table: Path, browser):
     assert methods.get_attribute("open") is not None and rule.is_displayed() and no_horizontal_scroll(browser)
 
     md = (report / "table3.md").read_text()
-    order = ["## What this table says", "- Of the 2 rows", "- **D, regularisation", "- **E, learned", "- **Spearman rank",
+    order = ["## What this table says", "- Beyond noise, ", "- **D, regularisation", "- **E, learned", "- **Spearman rank",
              "## The table", "| row", "## Figures", "![change_vs_base.png]", "## Methods", "- Convergence rule"]
     assert [md.index(mark) for mark in order] == sorted(md.index(mark) for mark in order)
 
