@@ -76,3 +76,24 @@ def test_the_superseded_table_says_so_on_its_page_and_in_its_report():
     for name in ("table3.md", "report.html"):
         assert "Superseded" in (old / name).read_text(encoding="utf-8"), name
     assert "`git checkout 77d3523~1`, then `ablate table3 --preset cpu --workers 2`" in page  # the preset as it was
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_no_committed_row_is_beyond_noise_while_its_seed_interval_spans_zero(name: str):
+    """The issue's 'Done when': in both committed reports, a row called beyond noise on PPL or BLEU
+    has a seed interval (from its archived runs alone) that excludes zero as well."""
+    import json
+
+    from reports.seeds import difference_ci
+
+    runs = [json.loads(p.read_text()) for p in sorted((folder(name) / "archive").glob("*/results.json"))
+            if "superseded" not in p.parent.name]
+    frame = read_frame(folder(name))
+    checked = 0
+    for metric, column in (("ppl", "beyond_noise"), ("bleu", "bleu_beyond_noise")):
+        base = {r["seed"]: r[metric] for r in runs if r["row"] == "base"}
+        for row in frame.index[(frame[column] == True).to_numpy()]:  # noqa: E712
+            seeds, _ = difference_ci({r["seed"]: r[metric] for r in runs if r["row"] == row}, base)
+            assert seeds.excludes_zero, (row, metric, seeds)
+            checked += 1
+    assert checked >= 8  # both tables have rows beyond noise on PPL and on BLEU
