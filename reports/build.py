@@ -30,10 +30,11 @@ from reports import figures as figs
 from reports.attention import group_attention_pictures
 from reports.collect import Table3Data, load_table3
 from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
-from reports.significance import missing_p, paired_bootstrap
+from reports import trajectory
+from reports.significance import missing_sentences, sentence_draws
 from reports.seeds import PAPER_THRESHOLD
 from reports.table3 import display_frame, has_paper, spearman, table3_frame, to_latex, to_markdown
-from reports.verdicts import verdicts
+from reports.verdicts import headline, verdicts
 
 
 def caption(data: Table3Data, frame: pd.DataFrame) -> str:
@@ -109,9 +110,10 @@ def caveats(data: Table3Data) -> list[str]:
 
 
 def summary(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """What the report opens with ("What this table says"), as (kind, line): one verdict per group
-    (`reports.verdicts`), then how our ordering of the rows agrees with the paper's."""
-    out = [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
+    """What the report opens with ("What this table says"), as (kind, line): the headline sentence,
+    one verdict per group (`reports.verdicts`), then how our ordering of the rows agrees with the paper's."""
+    out = [("headline", line)] if (line := headline(frame)) else []
+    out += [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
     if not has_paper(frame):
         return out  # a spec without the paper's numbers (ablations/modifications.yaml): nothing to rank against
     ranks = []
@@ -126,29 +128,36 @@ def summary(frame: pd.DataFrame) -> list[tuple[str, str]]:
     return out
 
 
-def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int) -> list[str]:
-    """The notes at the end of the report: how to read the table's columns (intervals, p vs base,
-    convergence classes and the rule), the sacreBLEU signature, redos, setups and devices."""
-    out = [f"± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base, "
-           f"paired by seed when the seeds match (Welch otherwise; a one-seed row against base's 95% "
-           f"prediction interval, i.e. assuming base's seed noise); 'beyond noise' = that interval "
-           f"excludes zero."]
+def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int,
+            draws: dict[tuple[str, int], Any] | None = None) -> list[str]:
+    """The notes at the end of the report: the one significance test first, then how to read the
+    table's columns (intervals, convergence classes and the rule), the sacreBLEU signature, redos,
+    setups and devices."""
+    sentences = (f"a paired bootstrap of the dev sentences ({n_bootstrap} resamples, seeded, the same for "
+                 f"every run, BLEU from sacreBLEU's sentence statistics)" if n_bootstrap and draws
+                 else "no sentence level (--bootstrap 0)" if not n_bootstrap
+                 else "no sentence level (no run carries base's dev translations)")
+    out = [f"Beyond noise, for dev PPL and dev BLEU alike, means that the 95% interval of the row's "
+           f"difference to base excludes zero, where the interval is Student's t over the seeds (paired "
+           f"by seed when the seeds match, Welch otherwise) with the dev sentences' variance added from "
+           f"{sentences}; dev PPL per sentence is not stored by a run, so PPL's interval has the seed "
+           f"level only; a one-seed row against several of base's seeds assumes it is as noisy as base "
+           f"(base's 95% prediction interval for one more run), and one seed on both sides gets no interval."]
+    out.append("± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base with "
+               "that test's interval, never narrower than the seeds' own, so no difference within seed "
+               "noise is called beyond noise.")
     if has_paper(frame):
-        out[0] += (f" 'sign = paper' compares our ΔPPL's sign with the paper's where the paper's "
-                   f"|ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within what a "
-                   f"second single run could change).")
-    if n_bootstrap:
-        out.append(f"p vs base: sacreBLEU paired bootstrap ({n_bootstrap} resamples) of each row's dev "
-                   f"translations against base's, seeds pooled; p < 0.05 means the BLEU difference is "
-                   f"unlikely under resampling of the dev sentences. It does not measure seed noise: a "
-                   f"BLEU difference is beyond seed noise only where ΔBLEU's interval excludes zero too.")
-        p_values = frame["p_bleu_vs_base"].dropna().to_dict() if "p_bleu_vs_base" in frame else {}
-        if why := missing_p(data, p_values):
-            out.append(f"{why}.")
+        out[-1] += (f" 'sign = paper' compares our ΔPPL's sign with the paper's where the paper's "
+                    f"|ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within what a "
+                    f"second single run could change).")
+    if n_bootstrap and (why := missing_sentences(data, draws or {})):
+        out.append(f"{why}.")
     if "convergence" in frame and frame["convergence"].notna().any():
         out.append(f"Convergence rule: {ConvergenceRule().describe()}. Column 'converged': the worst "
                    "class over a row's seeds (with how many seeds had it); in report.html its cell is coloured: green "
                    "converged, yellow still improving, orange overfitting, red unstable or diverged, grey unknown.")
+    if "verdict_moving" in frame and frame["verdict_moving"].notna().any():
+        out.append(f"Verdict still moving (figures verdicts_*.png): {trajectory.rule()}.")
     if why := unclassified(data.runs):
         out.append(f"{why}.")
     signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
@@ -200,12 +209,12 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     if gap := missing_base(data):  # the rows there are can still be read
         print(f"ablate: warning: {gap}", file=sys.stderr, flush=True)
     out = Path(out)
-    p_values = paired_bootstrap(data, bootstrap) if bootstrap else {}
-    frame = table3_frame(data, p_values)
+    draws = sentence_draws(data, bootstrap) if bootstrap else {}
+    frame = table3_frame(data, draws)
     title = f"{'Table 3 replica' if has_paper(frame) else 'Ablation table'}: {data.study}"
     cap = caption(data, frame)
     summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data)
-    method_lines = methods(data, frame, bootstrap)
+    method_lines = methods(data, frame, bootstrap, draws)
     pictures = {**figs.render_all(frame, data.curves), **group_attention_pictures(data.runs, runs_dir)}
 
     written: list[Path] = []

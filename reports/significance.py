@@ -1,59 +1,139 @@
-"""Is a row's BLEU different from base's? sacreBLEU's paired bootstrap on the saved translations.
+"""Is a row different from base beyond noise? One test for dev PPL and dev BLEU, over both sources
+of noise at once: the seeds a row was trained with, and the dev sentences it was scored on.
 
-With several seeds the test pools them: each row's translations of every seed it shares with
-base are concatenated (and so are base's and the references), and the bootstrap resamples
-(seed, sentence) pairs. sacreBLEU fixes its resampling seed (SACREBLEU_SEED, 12345 by default),
-so the p-values are reproducible.
+The test is two-level, seeds then sentences. The difference to base is the mean over a row's seeds
+minus the mean over base's. Its variance is the sum of two parts:
 
-A row that scores exactly base's BLEU (identical translations, or both at 0 as in a smoke-scale
-run) gets p = 1: nothing differs. sacreBLEU would print its floor, 1 / (n + 1): its statistic
-counts resamples whose centred difference exceeds the observed one, and where every resample
-scores the two the same, none does.
+- seeds: the variance of that difference over seeds, as `reports.seeds.difference_ci` measures it
+  (paired by seed where the seeds match; Welch otherwise; a one-seed row against several of base's
+  assumes base's seed noise, a prediction interval for one more run);
+- sentences: the variance of the same difference when the dev set is drawn again, from a paired
+  bootstrap of the dev sentences (`sentence_draws`): each resample draws sentence indices once and
+  applies them to every run of row and base (all were scored on the same dev set), and scores each
+  run by sacreBLEU's own sentence statistics summed over the resample (what its paired bootstrap
+  does), so BLEU keeps sacreBLEU's signature.
+
+The interval is Student's t with the seed level's degrees of freedom over that summed standard
+error, so it is never narrower than the seeds' own interval: no difference within seed noise is
+called beyond noise. Three seeds are too few to resample as a bootstrap's outer level (a
+percentile interval over three seeds calls three same-signed seeds significant, which happens one
+time in four with no difference at all), which is why the seed level keeps its t interval.
+
+Dev PPL per sentence is not stored by a run (only the corpus PPL and its curve), so PPL's sentence
+level is zero: its test is the seed level alone, and the report says so. The resampling is seeded
+(`SEED`), so the same study gives the same report bytes.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
 from sacrebleu.metrics import BLEU
-from sacrebleu.significance import PairedTest
 
 from reports.collect import Table3Data
+from reports.seeds import Interval, difference_ci, t_quantile
+
+SEED = 12345  # sacreBLEU's own default resampling seed (SACREBLEU_SEED)
 
 
-def paired_bootstrap(data: Table3Data, n_samples: int = 1000) -> dict[str, float]:
-    """p-value of each row's dev BLEU against base's (rows without shared translations left out)."""
-    base = {seed: pair for (row, seed), pair in data.translations.items() if row == "base"}
-    rows = sorted({row for row, _ in data.translations if row != "base"})
-    p_values: dict[str, float] = {}
-    for row in rows:
-        seeds = sorted(s for (r, s) in data.translations if r == row and s in base)
-        if not seeds:
-            continue
-        hyps, base_hyps, refs = [], [], []
-        for seed in seeds:
-            row_hyp, row_ref = data.translations[(row, seed)]
-            base_hyp, base_ref = base[seed]
-            if row_ref != base_ref:  # another dev set: nothing to pair
-                break
-            hyps += row_hyp
-            base_hyps += base_hyp
-            refs += base_ref
-        else:
-            test = PairedTest([("base", base_hyps), (row, hyps)], {"BLEU": BLEU(tokenize="13a")},
-                              [refs], test_type="bs", n_samples=n_samples)
-            _, scores = test()
-            base_result, row_result = scores["BLEU"]
-            p_values[row] = 1.0 if row_result.score == base_result.score else float(row_result.p_value)
-    return p_values
+@dataclass(frozen=True)
+class Difference:
+    """A row's difference to base: the interval of the one test, how the seed level was paired,
+    and the two standard errors it sums (sentence_se None: the sentence level was not measured)."""
+
+    interval: Interval
+    method: str
+    seed_se: float
+    sentence_se: float | None
+
+    @property
+    def beyond_noise(self) -> bool | None:
+        """Whether the interval excludes zero; None where there is no interval (one seed on both sides)."""
+        if math.isnan(self.interval.low):
+            return None
+        return self.interval.excludes_zero
 
 
-def missing_p(data: Table3Data, p_values: dict[str, float]) -> str | None:
-    """Why rows other than base have no p (None if each has one, or base has no complete run)."""
-    rows = [row for row in dict.fromkeys(data.runs["row"]) if row != "base" and row not in p_values]
-    if not rows or "base" not in set(data.runs["row"]):
-        return None
+def difference(row: Mapping[int, float], base: Mapping[int, float],
+               row_draws: Mapping[int, np.ndarray] | None = None,
+               base_draws: Mapping[int, np.ndarray] | None = None) -> Difference:
+    """The one test: row − base (values keyed by seed) with its 95% interval over seeds and dev
+    sentences together. `row_draws`/`base_draws` hold each seed's score on every resample of the
+    dev sentences (`sentence_draws`; the same resamples for both); without them, or without every
+    seed's, the sentence level is not measured (sentence_se None) and the interval is the seeds' alone."""
+    seeds, method = difference_ci(row, base)
+    half = seeds.half_width
+    df = _seed_df(row, base, method)
+    seed_se = half / t_quantile(df) if not math.isnan(half) and df >= 1 else math.nan
+    sentence_se = None
+    if row_draws is not None and base_draws is not None and set(row) <= set(row_draws) \
+            and set(base) <= set(base_draws) and row and base:
+        ours = np.mean([row_draws[s] for s in sorted(row)], axis=0)
+        theirs = np.mean([base_draws[s] for s in sorted(base)], axis=0)
+        sentence_se = float(np.std(ours - theirs, ddof=1)) if len(ours) > 1 else 0.0
+    if math.isnan(seed_se):
+        return Difference(seeds, method, seed_se, sentence_se)
+    se = math.sqrt(seed_se ** 2 + (sentence_se or 0.0) ** 2)
+    q = t_quantile(df)
+    return Difference(Interval(seeds.mean, seeds.mean - q * se, seeds.mean + q * se, seeds.n), method,
+                      seed_se, sentence_se)
+
+
+def _seed_df(row: Mapping[int, float], base: Mapping[int, float], method: str) -> float:
+    """The degrees of freedom of the seed level's t (as `difference_ci` chose them)."""
+    if method == "paired":
+        return len(row) - 1
+    if method == "base noise":
+        return len(base) - 1
+    a, b = list(row.values()), list(base.values())
+    if len(a) < 2 or len(b) < 2:
+        return 0
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    if va + vb == 0:  # no spread on either side: the seed level adds nothing, whatever its df
+        return len(a) + len(b) - 2
+    return float((va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)))
+
+
+def sentence_draws(data: Table3Data, n_samples: int = 1000) -> dict[tuple[str, int], np.ndarray]:
+    """Each run's dev BLEU on `n_samples` resamples of the dev sentences, the same resamples for
+    every run (keyed (row, seed)). Only runs scored on base's dev set take part (a run without
+    translations, or of another dev set, has none); empty without base's translations."""
     base = sorted(seed for row, seed in data.translations if row == "base")
-    if not base:
-        return ("p vs base is empty: base's runs carry no dev translations (finished before runs kept "
-                "them, or restored from results without them), so no row can be paired with base")
-    return (f"p vs base is empty for {', '.join(rows)}: none of their runs carries dev translations of "
-            f"a seed base has them for ({', '.join(map(str, base))}), or of the same dev set")
+    if not base or n_samples < 2:
+        return {}
+    refs = data.translations[("base", base[0])][1]
+    runs = {key: hyps for key, (hyps, ref) in sorted(data.translations.items()) if ref == refs}
+    rng = np.random.default_rng(SEED)
+    # how often each sentence is drawn in each resample: (n_samples, sentences)
+    counts = np.stack([np.bincount(rng.integers(0, len(refs), len(refs)), minlength=len(refs))
+                       for _ in range(n_samples)])
+    metric = BLEU(tokenize="13a")
+    draws = {}
+    for key, hyps in runs.items():
+        stats = np.array(metric._extract_corpus_statistics(hyps, [refs]), dtype=np.int64)  # sacreBLEU's per-sentence statistics
+        draws[key] = np.array([metric._compute_score_from_stats(list(total)).score for total in counts @ stats])
+    return draws
+
+
+def by_row(draws: Mapping[tuple[str, int], np.ndarray], row: str) -> dict[int, np.ndarray]:
+    return {seed: d for (r, seed), d in draws.items() if r == row}
+
+
+def missing_sentences(data: Table3Data, draws: Mapping[tuple[str, int], np.ndarray]) -> str | None:
+    """Why rows have no sentence level in their BLEU test (None if every run has one)."""
+    runs = list(zip(data.runs["row"], data.runs["seed"]))
+    if not runs or "base" not in set(data.runs["row"]):
+        return None
+    order = list(dict.fromkeys(row for row, _ in runs))
+    if any((row, seed) not in draws for row, seed in runs if row == "base"):  # then no row has one
+        lacking = [row for row in order if row != "base"]
+    else:
+        lacking = [row for row in order if any((r, s) not in draws for r, s in runs if r == row)]
+    if not lacking:
+        return None
+    return (f"BLEU's sentence level is not measured for {', '.join(lacking)}: a run of theirs or of base "
+            f"stored no dev translations of base's dev set (finished before runs kept them), so their BLEU "
+            f"interval is the seeds' alone")

@@ -14,12 +14,15 @@ from ablations.params import paper_architecture
 from ablations.spec import RECIPE_SECTIONS, recipe_changes
 from lightning_modules.config import modifications
 from reports.collect import Table3Data
-from reports.seeds import difference_ci, mean_ci, sign_agrees
+from reports.seeds import mean_ci, sign_agrees
+from reports.significance import by_row, difference
+from reports.trajectory import add_moving
 
 
-def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> pd.DataFrame:
-    """One numeric row per ablation row that has results, in the spec's order (index: row)."""
-    p_values = p_values or {}
+def table3_frame(data: Table3Data, draws: Mapping[tuple[str, int], Any] | None = None) -> pd.DataFrame:
+    """One numeric row per ablation row that has results, in the spec's order (index: row).
+    `draws`: each run's BLEU on the resamples of the dev sentences (`reports.significance.sentence_draws`),
+    the sentence level of BLEU's test against base."""
     runs = data.runs
     if runs.empty:
         return pd.DataFrame()
@@ -39,18 +42,18 @@ def table3_frame(data: Table3Data, p_values: dict[str, float] | None = None) -> 
             "paper_ppl": paper.get("ppl"), "bleu": ours.bleu, "bleu_std": ours.bleu_std,
             "paper_bleu": paper.get("bleu"), "params_m": ours.params / 1e6,
             "paper_params_m": paper.get("params_m"), "train_time_s": ours.train_time_s,
-            "tokens_per_s": ours.tokens_per_s, "p_bleu_vs_base": p_values.get(row)})
+            "tokens_per_s": ours.tokens_per_s})
     frame = pd.DataFrame.from_records(records).set_index("row")
     frame.attrs["base_configuration"] = paper_configuration("base", data.spec)  # also when base has no run
-    frame = frame.astype({c: float for c in ("paper_ppl", "paper_bleu", "paper_params_m", "p_bleu_vs_base")})
+    frame = frame.astype({c: float for c in ("paper_ppl", "paper_bleu", "paper_params_m")})
     if "base" in frame.index:
         for col in ("ppl", "bleu", "paper_ppl", "paper_bleu"):
             base = frame.loc["base", col]
             frame[f"d_{col}"] = frame[col] - base
             # Relative change: our scale's PPL/BLEU and the paper's differ by an order of magnitude.
             frame[f"d_{col}_pct"] = 100 * frame[f"d_{col}"] / base if base else math.nan
-        frame.loc["base", "p_bleu_vs_base"] = math.nan
-    add_seed_statistics(frame, runs)
+    add_seed_statistics(frame, runs, draws or {})
+    add_moving(frame, data.curves)
     return frame
 
 
@@ -88,10 +91,13 @@ def convergence_summary(classes: pd.Series) -> str | None:
     return f"{worst} ({int((classes == worst).sum())}/{len(classes)})"
 
 
-def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
+def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame,
+                        draws: Mapping[tuple[str, int], Any] | None = None) -> None:
     """Per row: 95% CI of PPL and BLEU and the convergence class over seeds; with a base row, also
-    the difference to base with its CI, whether it is beyond seed noise, and the sign agreement
-    with the paper."""
+    the difference to base with the interval of the one test (`reports.significance.difference`:
+    seeds and, for BLEU, dev sentences), whether it is beyond noise, and the sign agreement with
+    the paper."""
+    draws = draws or {}
     by_seed = {(row, metric): dict(zip(part["seed"], part[metric]))
                for row, part in runs.groupby("row", sort=False) for metric in ("ppl", "bleu")}
     for row in frame.index:
@@ -101,13 +107,18 @@ def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
             frame.loc[row, f"{metric}_ci"] = ci.half_width
             if "base" not in frame.index:
                 continue  # no difference to base without it
-            diff, method = difference_ci(values, by_seed.get(("base", metric), {}))
+            # PPL per sentence is not stored: its test has the seed level alone
+            sentences = (by_row(draws, row), by_row(draws, "base")) if metric == "bleu" else (None, None)
+            test = difference(values, by_seed.get(("base", metric), {}), *sentences)
+            diff = test.interval
             frame.loc[row, f"d_{metric}_low"], frame.loc[row, f"d_{metric}_high"] = diff.low, diff.high
+            # one seed on both sides (no interval) claims nothing either way
+            beyond = test.beyond_noise if row != "base" else None
+            frame.loc[row, "beyond_noise" if metric == "ppl" else "bleu_beyond_noise"] = beyond
             if metric == "ppl":
-                # one seed on both sides (no interval) claims nothing either way
-                has_interval = not pd.isna(diff.low)
-                frame.loc[row, "beyond_noise"] = diff.excludes_zero if row != "base" and has_interval else None
-                frame.loc[row, "ci_method"] = method if row != "base" else None
+                frame.loc[row, "ci_method"] = test.method if row != "base" else None
+            else:
+                frame.loc[row, "bleu_sentence_se"] = math.nan if test.sentence_se is None else test.sentence_se
             agrees = sign_agrees(frame.loc[row, f"d_{metric}"], frame.loc[row, f"d_paper_{metric}"], metric)
             frame.loc[row, f"{metric}_sign_agrees"] = agrees if row != "base" else None
         if "convergence" in runs:
@@ -178,7 +189,8 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
     """The table as text cells, narrow enough for a normal window: the paper configuration as the
     row's changes from base, then ours with the paper's value in parentheses (columns named
     '... (paper)'; a table without the paper's numbers has neither, nor 'sign = paper'). ± is the
-    95% confidence interval over seeds; Δ is against base with its interval in brackets."""
+    95% confidence interval over seeds; Δ is against base with the interval of the one test
+    (`reports.significance`) in brackets, and 'beyond noise' says whether it excludes zero."""
     pm = r" $\pm$ " if tex else " ± "
     paper = " (paper)" if has_paper(frame) else ""
 
@@ -206,12 +218,13 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
             "row": row, "changes from base": changes(r, base), "seeds": _seeds(r),
             f"PPL{paper}": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
             f"{d}PPL [95% CI]{paper}": delta(r, "ppl", 2),
-            "beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
+            "PPL beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
             "sign = paper": {True: "yes", False: "no"}.get(r.get("ppl_sign_agrees"), ""),
             "converged": str(r.get("convergence") or ""),
             f"BLEU{paper}": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
             # (the paper's BLEU is in the column before: its Δ would widen the table past a window)
-            f"{d}BLEU [95% CI]": delta(r, "bleu", 2, with_paper=False), "p vs base": _num(r.p_bleu_vs_base, 3),
+            f"{d}BLEU [95% CI]": delta(r, "bleu", 2, with_paper=False),
+            "BLEU beyond noise": {True: "yes", False: "no"}.get(r.get("bleu_beyond_noise"), ""),
             f"params {x6}{paper}": ours_paper(r.params_m, None, r.paper_params_m, 2, 0),
             "train s": _num(r.train_time_s, 0),
         })

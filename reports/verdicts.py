@@ -24,6 +24,8 @@ def _row_phrase(row: str, r: pd.Series) -> str:
     change = f"{r.d_ppl:+.2f} PPL"
     if not math.isnan(r.get("d_ppl_low", math.nan)):
         change += f" [{r.d_ppl_low:+.2f}, {r.d_ppl_high:+.2f}]"
+    if r.get("ci_method") == "base noise":
+        change += " (one seed, assumed as noisy as base)"
     if pd.isna(r.get("d_paper_ppl")):
         return f"{row} {change}"
     agree = {True: ", same sign", False: ", opposite sign"}.get(r.get("ppl_sign_agrees"), "")
@@ -45,21 +47,28 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
         better = [row for row, r in beyond.iterrows() if r.d_ppl < 0]
         worse = [row for row, r in beyond.iterrows() if r.d_ppl > 0]
         if better:
-            parts.append("lower PPL than base beyond seed noise: "
+            parts.append("lower PPL than base beyond noise: "
                          + ", ".join(_row_phrase(row, beyond.loc[row]) for row in better))
         if worse:
-            parts.append("higher PPL than base beyond seed noise: "
+            parts.append("higher PPL than base beyond noise: "
                          + ", ".join(_row_phrase(row, beyond.loc[row]) for row in worse))
     open_ = [row for row in within if math.isnan(rows.loc[row].get("d_ppl_low", math.nan))]
     if inside := [row for row in within if row not in open_]:
-        parts.append("within seed noise: " + ", ".join(inside))
+        parts.append("within noise: " + ", ".join(inside))
     if open_:  # one seed on both sides; or base has one so far, and a row of several cannot be paired
         base_seeds = frame["seeds"].get("base", 0) if "seeds" in frame else 0
         parts.append(f"no interval ({'base has one seed' if base_seeds == 1 else 'one seed'}): " + ", ".join(open_))
+    if "bleu_beyond_noise" in rows:
+        bleu = rows[rows["bleu_beyond_noise"] == True]  # noqa: E712
+        if len(bleu):
+            parts.append("BLEU beyond noise: " + ", ".join(
+                f"{row} {r.d_bleu:+.2f} [{r.d_bleu_low:+.2f}, {r.d_bleu_high:+.2f}]" for row, r in bleu.iterrows()))
     comparable = rows["ppl_sign_agrees"].dropna()
     if len(comparable):
         parts.append(f"signs agree with the paper for {int(comparable.sum())} of {len(comparable)} rows "
                      "where the paper's difference is large enough to compare")
+    if "verdict_moving" in rows and (moving := [row for row, r in rows.iterrows() if r.get("verdict_moving") == True]):  # noqa: E712
+        parts.append("verdict still moving over the last part of training: " + ", ".join(moving))
     if unconverged:
         parts.append("not converged (read with care): " + ", ".join(
             f"{row} ({rows.loc[row].convergence})" for row in unconverged))
@@ -72,3 +81,42 @@ def verdicts(frame: pd.DataFrame) -> dict[str, str]:
     if "beyond_noise" not in frame:
         return {}
     return {g: group_verdict(frame, g) for g in dict.fromkeys(frame["group"]) if g != "base"}
+
+
+def _count(rows: pd.DataFrame, column: str, delta: str) -> tuple[int, int, int]:
+    """(beyond noise, of them higher than base, lower) for one metric."""
+    beyond = rows[rows[column] == True]  # noqa: E712
+    return len(beyond), int((beyond[delta] > 0).sum()), int((beyond[delta] < 0).sum())
+
+
+def headline(frame: pd.DataFrame) -> str | None:
+    """The report's first sentence, counted from the table: how many rows differ from base beyond
+    noise in dev PPL and in dev BLEU and in which direction, how many of the paper's clear signs
+    ours agree with (where the table has the paper's numbers), how many rows pass the convergence
+    rule, and how many verdicts are still moving (where the curves were compared). None without a
+    base row."""
+    if "beyond_noise" not in frame or "base" not in frame.index:
+        return None
+    rows = frame.drop(index="base")
+    parts = []
+    for column, delta, name in (("beyond_noise", "d_ppl", "dev PPL"), ("bleu_beyond_noise", "d_bleu", "dev BLEU")):
+        if column not in rows:
+            continue
+        n, higher, lower = _count(rows, column, delta)
+        parts.append(f"{n} in {name} ({higher} higher, {lower} lower)")
+    text = f"Beyond noise, {parts[0].replace(' in ', f' of the {len(rows)} rows differ from base in ', 1)}"
+    text += "".join(f" and {part}" for part in parts[1:])
+    if (open_ := int(rows["beyond_noise"].isna().sum())):
+        text += f" ({open_} without an interval)"
+    comparable = rows["ppl_sign_agrees"].dropna() if "ppl_sign_agrees" in rows else pd.Series(dtype=bool)
+    if len(comparable):
+        text += (f"; our PPL change has the paper's sign for {int(comparable.sum())} of the {len(comparable)} "
+                 "rows where the paper's difference is clear")
+    if "convergence" in frame and frame["convergence"].notna().any():
+        converged = int((frame["convergence"] == "converged").sum())
+        text += f"; {converged} of the {len(frame)} rows (base included) pass the convergence rule"
+    if "verdict_moving" in rows and rows["verdict_moving"].notna().any():
+        moving = int((rows["verdict_moving"] == True).sum())  # noqa: E712
+        text += (f"; the PPL verdict is still moving over the last part of training in {moving} of the "
+                 f"{int(rows['verdict_moving'].notna().sum())} rows judged")
+    return text + "."

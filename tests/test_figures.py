@@ -1,14 +1,21 @@
 """The report's figures keep an axis to the bulk of the rows when one lies far off (the cpu table's
 D1 at +418% PPL against base flattened every other bar), and draw that row at the edge."""
 
+import json
 import math
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+import pytest
 from matplotlib.colors import to_hex
+from matplotlib.container import BarContainer, ErrorbarContainer
+from matplotlib.text import Text
 
-from reports.figures import (change_vs_base, change_vs_base_figure, group_colors, group_legend, kept_range, ppl_vs_time,
-                             robust_limits, scatter_figure)
+from reports.figures import (change_vs_base, change_vs_base_figure, figures, group_colors, group_legend, kept_range,
+                             ppl_vs_time, robust_limits, scatter_figure, verdict_curves)
+
+REPO = Path(__file__).resolve().parent.parent
 
 # the cpu table's changes against base, % (ours and the paper's, rows A1..big): D1 at +418
 PPL_PCT = [3.0, -2.8, 5.0, 15.1, 11.0, 8.6, 23.1, 1.7, 13.7, 44.8, 7.3, 5.0, -1.1, 417.8, 17.1, 2.2, 7.3, -3.0,
@@ -97,8 +104,9 @@ def test_the_change_figure_keeps_its_row_names_and_legends_clear_of_each_other_a
         boxes = [t.get_window_extent(renderer) for t in names]
         assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
         legends = [ax.get_legend() for ax in (top, bottom) if ax.get_legend() is not None]
-        assert len(legends) == (2 if with_paper else 1)
-        bars = [p.get_window_extent(renderer) for ax in (top, bottom) for p in ax.patches]
+        assert len(legends) == 2  # which bar is whose (and the interval, the linear band); the groups
+        bars = [p.get_window_extent(renderer) for ax in (top, bottom) for c in ax.containers
+                if isinstance(c, BarContainer) for p in c.patches]
         assert len(bars) == 13 * 2 * (2 if with_paper else 1)
         for legend in legends:
             box = legend.get_window_extent(renderer)
@@ -124,18 +132,82 @@ def test_the_labels_of_rows_drawn_at_one_edge_do_not_cover_each_other():
     plt.close(fig)
 
 
-def test_the_change_figure_always_shows_zero_where_its_bars_start():
-    """Three rows all 21-29% below base, and one far above two others: the axis keeps zero in view
-    (zero once counted as a value the rule could leave out, and the bars hung from the top edge)."""
+def test_the_change_figure_draws_every_bar_whole_with_zero_in_view():
+    """Three rows all 21-29% below base, and one (D1) 8,000% above the rest: no bar is cut, zero
+    stays in view, and the axis is symmetric-logarithmic so the small bars stay readable."""
     frame = pd.DataFrame({"group": ["base", "normalisation", "feed-forward", "positions"],
                           "d_ppl_pct": [0.0, -29.3, -22.5, -21.7], "d_bleu_pct": [0.0, 48.8, 53.5, 135.0]},
                          index=["base", "pre_ln", "swiglu", "rope"])
-    fig = change_vs_base_figure(frame)
-    for ax, values in zip(fig.axes, (frame["d_ppl_pct"], frame["d_bleu_pct"])):
+    for frame in (frame, _frame(2000.0).assign(d_bleu_pct=0.0)):
+        fig = change_vs_base_figure(frame)
+        for ax, values in zip(fig.axes, (frame["d_ppl_pct"], frame["d_bleu_pct"])):
+            low, high = ax.get_ylim()
+            assert low <= 0.0 <= high and low < values.min() and values.max() < high  # every bar whole
+            assert ax.get_yscale() == "symlog"
+            assert not [t for t in ax.texts if t.get_text().endswith("%")]  # no value written over a cut bar
+        plt.close(fig)
+
+
+def _committed(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A committed report's table (its table3.csv) and its runs' dev PPL curves (its archive)."""
+    root = REPO / "reports" / "results" / folder
+    frame = pd.read_csv(root / "table3.csv", index_col="row")
+    points = []
+    for path in sorted((root / "archive").glob("*/results.json")):
+        if "superseded" in path.parent.name:
+            continue
+        result = json.loads(path.read_text())
+        points += [{"row": result["row"], "seed": result["seed"], "step": step, "ppl": ppl,
+                    "convergence": result.get("convergence")} for step, ppl in result["dev_ppl_curve"]]
+    return frame, pd.DataFrame(points)
+
+
+def _overlapping_labels(fig: plt.Figure) -> list[tuple[str, str]]:
+    """Pairs of drawn texts (tick labels, row labels, legend entries, titles) whose boxes overlap."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+
+
+@pytest.mark.parametrize("folder", ["cpu-converged-2026-11-22", "cpu-modifications-2026-11-26"])
+def test_no_label_covers_another_in_any_figure_of_a_committed_report(folder: str):
+    """Every figure of both committed reports, drawn from their committed table and archived
+    curves: no two texts overlap (the cpu table's BLEU-vs-parameters once piled A2 on E, A1 on D4);
+    the change chart carries a whisker per row with an interval and cuts no bar; the learning
+    curves label at least three values between 20 and 30 PPL, where the rows separate."""
+    frame, curves = _committed(folder)
+    drawn = figures(frame, curves)
+    groups = [g for g in dict.fromkeys(frame["group"]) if g != "base"]
+    assert set(drawn) == {"change_vs_base.png", "bleu_vs_params.png", "ppl_vs_time.png",
+                          *(f"curves_{g}.png" for g in groups), *(f"verdicts_{g}.png" for g in groups)}
+    for name, fig in drawn.items():
+        assert not _overlapping_labels(fig), (name, _overlapping_labels(fig))
+        if name.startswith("curves_"):
+            low, high = fig.axes[0].get_ylim()
+            labelled = [t for t in fig.axes[0].get_yticks() if 20 <= t <= 30 and low <= t <= high]
+            assert len(labelled) >= 3 or high < 22 or low > 28, (name, labelled)
+    change = drawn["change_vs_base.png"]
+    rows = [r for r in frame.index if r != "base"]
+    for ax, metric in zip(change.axes, ("ppl", "bleu")):
+        whiskers = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+        assert len(whiskers) == frame.loc[rows, f"d_{metric}_low"].notna().sum()
         low, high = ax.get_ylim()
-        assert low <= 0.0 <= high and low <= values.min() and values.max() <= high  # every bar whole
-    plt.close(fig)
-    fig = change_vs_base_figure(_frame(2000.0).assign(d_bleu_pct=0.0))  # D1 far off: cut, zero still in view
-    low, high = fig.axes[0].get_ylim()
-    assert low <= 0.0 < high < 100
+        for r in rows:
+            base = frame.loc["base", metric]
+            for v in (frame.loc[r, f"d_{metric}_pct"], 100 * frame.loc[r, f"d_{metric}_low"] / base,
+                      100 * frame.loc[r, f"d_{metric}_high"] / base):
+                assert pd.isna(v) or low < v < high, (r, metric, v)
+    for fig in drawn.values():
+        plt.close(fig)
+
+
+def test_the_verdict_figure_names_the_rows_still_moving():
+    frame, curves = _committed("cpu-converged-2026-11-22")
+    fig = verdict_curves(frame, curves, "A")
+    names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    for row in ("A1", "A2", "A3", "A4"):
+        state = {True: "verdict still moving", False: "verdict held"}.get(frame.loc[row, "verdict_moving"], "not judged")
+        assert f"{row} ({state})" in names
     plt.close(fig)

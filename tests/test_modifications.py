@@ -323,9 +323,9 @@ def test_modifications_table_reads_without_a_paper_column():
     said = verdicts(frame)
     assert list(said) == ["normalisation", "feed-forward"]
     assert said["normalisation"].startswith(
-        "normalisation, pre-LN or RMSNorm instead of post-LN LayerNorm: lower PPL than base beyond seed noise: "
+        "normalisation, pre-LN or RMSNorm instead of post-LN LayerNorm: lower PPL than base beyond noise: "
         "pre_ln -2.00 PPL")
-    assert said["normalisation"].endswith("within seed noise: rmsnorm.")
+    assert said["normalisation"].endswith("within noise: rmsnorm.")
     assert "paper" not in said["normalisation"] and "paper" not in said["feed-forward"]
     assert said["feed-forward"].startswith("feed-forward, GELU or a gated FFN instead of ReLU: higher PPL")
     base = frame.attrs["base_configuration"]
@@ -333,8 +333,8 @@ def test_modifications_table_reads_without_a_paper_column():
     assert changes(frame.loc["swiglu"], base) == "d_ff 1365, activation swiglu"
     assert not has_paper(frame)
     shown = display_frame(frame).set_index("row")
-    assert list(shown.columns) == ["changes from base", "seeds", "PPL", "ΔPPL [95% CI]", "beyond noise", "converged",
-                                   "BLEU", "ΔBLEU [95% CI]", "p vs base", "params ×10⁶", "train s"]
+    assert list(shown.columns) == ["changes from base", "seeds", "PPL", "ΔPPL [95% CI]", "PPL beyond noise", "converged",
+                                   "BLEU", "ΔBLEU [95% CI]", "BLEU beyond noise", "params ×10⁶", "train s"]
     assert shown.loc["pre_ln", "ΔPPL [95% CI]"].startswith("-2.00 [")  # no paper's Δ after it
     assert shown.loc["pre_ln", "PPL"] == f"{frame.loc['pre_ln', 'ppl']:.2f} ± {frame.loc['pre_ln', 'ppl_ci']:.2f}"
     colors = group_colors(frame["group"])
@@ -363,7 +363,7 @@ def test_a_table_without_base_still_shows_each_rows_seed_interval_and_convergenc
     shown = display_frame(frame).set_index("row")
     assert shown.loc["pre_ln", "PPL"].startswith("25.10 ± ") and shown.loc["pre_ln", "converged"] == "converged"
     assert shown.loc["swiglu", "converged"] == "still improving (1/2)"
-    assert (shown["ΔPPL [95% CI]"] == "").all() and (shown["beyond noise"] == "").all()
+    assert (shown["ΔPPL [95% CI]"] == "").all() and (shown["PPL beyond noise"] == "").all()
 
 
 if __name__ == "__main__":

@@ -67,9 +67,10 @@ def test_t_quantiles_and_sign_agreement():
     assert sign_agrees(-1.0, -0.4, "bleu") is True and sign_agrees(-1.0, -0.2, "bleu") is None
 
 
-def test_report_table_shows_bleus_seed_interval_beside_its_bootstrap_p():
-    """A sentence-bootstrap p of 0.001 must not read as 'beyond noise' when the seeds disagree:
-    ΔBLEU carries its own seed interval. Values: the cpu table's base and C5, three seeds each."""
+def test_without_translations_bleus_test_is_the_seed_interval_and_says_beyond_noise_only_with_it():
+    """One test for PPL and BLEU: with no dev translations stored, BLEU's interval is the seeds'
+    alone, and 'BLEU beyond noise' reads it (a sentence bootstrap's p of 0.001 once sat beside this
+    interval spanning zero). Values: the cpu table's base and C5, three seeds each."""
     import pandas as pd
 
     from ablations.spec import load_spec
@@ -83,12 +84,14 @@ def test_report_table_shows_bleus_seed_interval_beside_its_bootstrap_p():
                           "train_time_s": 100.0, "tokens_per_s": 1.0, "steps": 10}
                          for row in ("base", "C5") for seed in (1, 2, 3)])
     data = Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[], setup={}, runs=runs)
-    shown = display_frame(table3_frame(data, {"C5": 0.001})).set_index("row")
+    frame = table3_frame(data)
+    shown = display_frame(frame).set_index("row")
     # BLEU differences by seed -1.39, -2.05, -0.35: mean -1.2633, sd 0.85710, ±4.303 * 0.85710 / √3 = ±2.1292
     # PPL differences 1.52, 2.10, 0.33: mean 1.3167, sd 0.90240, ±2.2417; the paper: C5 4.66 vs 4.92 PPL
     assert shown.loc["C5", "ΔBLEU [95% CI]"] == "-1.26 [-3.39, +0.87]"
     assert shown.loc["C5", "ΔPPL [95% CI] (paper)"] == "+1.32 [-0.93, +3.56] (-0.26)"
-    assert shown.loc["C5", "beyond noise"] == "no" and shown.loc["C5", "p vs base"] == "0.001"
+    assert shown.loc["C5", "PPL beyond noise"] == "no" and shown.loc["C5", "BLEU beyond noise"] == "no"
+    assert pd.isna(frame.loc["C5", "bleu_sentence_se"])  # not measured, and not counted as zero
 
 
 def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tmp_path):
@@ -124,74 +127,90 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     assert not any(n.startswith("In progress") for n in methods(data, frame, 0) + [s for _, s in summary(frame)])
 
 
-def test_the_report_says_why_a_p_vs_base_is_missing():
-    """Real sacreBLEU bootstraps on made-up dev translations: a row paired with base gets a p; a
-    row without translations, or with them only for a seed base lacks, is named; base without
-    any leaves every row empty, and the note says that instead."""
+def _sentence_runs(rows, seeds=(1, 2), bleu=10.0):
     import pandas as pd
 
+    return pd.DataFrame([{"row": row, "group": row[0] if row != "base" else "base", "seed": seed, "ppl": 20.0,
+                          "bleu": bleu, "params": 1e6, "train_time_s": 1.0, "tokens_per_s": 1.0, "steps": 10,
+                          "sacrebleu_signature": "sig", "device": "cpu"} for row in rows for seed in seeds])
+
+
+REFS = [f"the house number {i} is small ." for i in range(40)]
+GOOD = [f"the house number {i} is small ." for i in range(30)] + ["a dog ."] * 10
+POOR = [f"house {i} ." for i in range(40)]
+
+
+def test_the_sentence_level_uses_sacrebleus_statistics_is_seeded_and_only_widens_the_seed_interval():
+    """Real sacreBLEU statistics on made-up dev translations: the resamples' mean BLEU is the corpus
+    BLEU sacreBLEU prints; the same study gives the same draws; identical translations add no
+    variance; different ones add some, so the interval of the one test contains the seeds' own."""
+    from sacrebleu.metrics import BLEU
+
+    from ablations.spec import load_spec
+    from reports.collect import Table3Data
+    from reports.seeds import difference_ci
+    from reports.significance import by_row, difference, sentence_draws
+
+    translations = {("base", 1): (GOOD, REFS), ("base", 2): (GOOD[::-1], REFS[::-1]), ("C5", 1): (POOR, REFS),
+                    ("C5", 2): (GOOD, REFS), ("E", 1): (GOOD, REFS), ("E", 2): (GOOD[::-1], REFS[::-1])}
+    data = Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[], setup={},
+                      runs=_sentence_runs(("base", "C5", "E")), translations=translations)
+    draws = sentence_draws(data, 300)
+    # base seed 2 and E seed 2 were scored on the dev set in another order: another dev set, left out
+    assert set(draws) == {("base", 1), ("C5", 1), ("C5", 2), ("E", 1)}
+    assert all(len(d) == 300 for d in draws.values())
+    assert all((a == b).all() for a, b in zip(draws.values(), sentence_draws(data, 300).values()))
+    corpus = BLEU(tokenize="13a").corpus_score(POOR, [REFS]).score
+    assert abs(draws[("C5", 1)].mean() - corpus) < 0.1 * corpus + 1
+    seeds = {1: 30.0, 2: 31.0, 3: 29.5}
+    same = difference({s: v + 1.0 for s, v in seeds.items()}, seeds, {1: draws[("E", 1)]}, {1: draws[("base", 1)]})
+    assert same.sentence_se is None  # not every seed has draws: not measured
+    row_draws = {s: draws[("C5", 1)] for s in seeds}
+    base_draws = {s: draws[("base", 1)] for s in seeds}
+    test = difference({s: v + 1.0 for s, v in seeds.items()}, seeds, row_draws, base_draws)
+    alone, _ = difference_ci({s: v + 1.0 for s, v in seeds.items()}, seeds)
+    assert test.sentence_se > 0 and test.interval.low < alone.low and alone.high < test.interval.high
+    zero = difference({s: v + 1.0 for s, v in seeds.items()}, seeds, base_draws, base_draws)
+    assert zero.sentence_se == 0 and (zero.interval.low, zero.interval.high) == pytest.approx((alone.low, alone.high))
+    assert by_row(draws, "C5").keys() == {1, 2}
+
+
+def test_a_difference_within_seed_noise_is_never_beyond_noise_and_one_seed_each_claims_nothing():
+    from reports.seeds import difference_ci
+    from reports.significance import difference
+
+    base = {1: 24.0, 2: 25.0, 3: 26.0}
+    for shift in (0.0, 0.5, 1.0, 2.0, 3.0, 5.0):
+        row = {1: 24.0 + shift, 2: 25.5 + shift, 3: 25.9 + shift}
+        seeds, _ = difference_ci(row, base)
+        if not seeds.excludes_zero:
+            assert difference(row, base).beyond_noise is False
+    assert difference({1: 30.0}, {1: 24.0}).beyond_noise is None  # one seed on both sides
+    assert difference({1: 30.0}, base).method == "base noise"
+
+
+def test_the_report_says_which_rows_lack_the_sentence_level():
+    """A row whose runs, or base's, carry no dev translations of base's dev set is named; base
+    without any leaves every row without it."""
     from ablations.spec import load_spec
     from reports.build import methods
     from reports.collect import Table3Data
-    from reports.significance import missing_p, paired_bootstrap
+    from reports.significance import missing_sentences, sentence_draws
     from reports.table3 import table3_frame
-
-    refs = [f"the house number {i} is small ." for i in range(40)]
-    good = [f"the house number {i} is small ." for i in range(30)] + ["a dog ."] * 10
-    poor = [f"house {i} ." for i in range(40)]
-    runs = pd.DataFrame([{"row": row, "group": row[0] if row != "base" else "base", "seed": seed, "ppl": 20.0,
-                          "bleu": 10.0, "params": 1e6, "train_time_s": 1.0, "tokens_per_s": 1.0, "steps": 10,
-                          "sacrebleu_signature": "sig", "device": "cpu"}
-                         for row in ("base", "C5", "C7", "E") for seed in (1, 2)])
 
     def data(translations):
         return Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[], setup={},
-                          runs=runs, translations=translations)
+                          runs=_sentence_runs(("base", "C5", "C7", "E"), seeds=(1,)), translations=translations)
 
-    paired = data({("base", 1): (good, refs), ("C5", 1): (poor, refs), ("E", 2): (poor, refs)})
-    p_values = paired_bootstrap(paired, 200)
-    assert set(p_values) == {"C5"} and p_values["C5"] < 0.05  # E's seed 2 has no base translation
-    assert missing_p(paired, p_values) == ("p vs base is empty for C7, E: none of their runs carries dev "
-                                           "translations of a seed base has them for (1), or of the same dev set")
-    line = [n for n in methods(paired, table3_frame(paired, p_values), 200) if n.startswith("p vs base is empty")]
-    assert line == [missing_p(paired, p_values) + "."]
-    no_base = data({("C5", 1): (poor, refs)})
-    assert paired_bootstrap(no_base, 200) == {}
-    assert missing_p(no_base, {}).startswith("p vs base is empty: base's runs carry no dev translations")
-    everyone = data({(row, 1): (good if row == "base" else poor, refs) for row in ("base", "C5", "C7", "E")})
-    assert missing_p(everyone, paired_bootstrap(everyone, 200)) is None
-
-
-def test_a_row_scoring_exactly_base_bleu_has_p_1_not_sacrebleus_floor():
-    """Identical translations, or both at BLEU 0 (a smoke-scale run): sacreBLEU's bootstrap
-    prints 1/(n+1), its smallest p, as if the rows differed; the report says p = 1. A row that
-    does differ keeps sacreBLEU's own p."""
-    import pandas as pd
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    from ablations.spec import load_spec
-    from reports.collect import Table3Data
-    from reports.significance import paired_bootstrap
-
-    refs = [f"the house number {i} is small ." for i in range(40)]
-    good = [f"the house number {i} is small ." for i in range(30)] + ["a dog ."] * 10
-    poor = [f"house {i} ." for i in range(40)]
-    nothing, other_nothing = ["zzz"] * 40, ["qqq ."] * 40  # BLEU 0 both
-    runs = pd.DataFrame([{"row": row, "group": row[0] if row != "base" else "base", "seed": 1, "ppl": 20.0,
-                          "bleu": 0.0, "params": 1e6, "train_time_s": 1.0, "tokens_per_s": 1.0, "steps": 10,
-                          "sacrebleu_signature": "sig", "device": "cpu"} for row in ("base", "A1", "C5")])
-
-    def p_of(base_hyp, row_hyp):
-        sacre = PairedTest([("base", base_hyp), ("A1", row_hyp)], {"BLEU": BLEU(tokenize="13a")}, [refs],
-                           test_type="bs", n_samples=200)()[1]["BLEU"][1].p_value
-        ours = paired_bootstrap(Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[],
-                                           setup={}, runs=runs,
-                                           translations={("base", 1): (base_hyp, refs), ("A1", 1): (row_hyp, refs)}),
-                                200)["A1"]
-        return sacre, ours
-
-    assert p_of(good, good) == (pytest.approx(1 / 201), 1.0)
-    assert p_of(nothing, other_nothing) == (pytest.approx(1 / 201), 1.0)
-    sacre, ours = p_of(good, poor)
-    assert ours == sacre < 0.05
+    some = data({("base", 1): (GOOD, REFS), ("C5", 1): (POOR, REFS), ("E", 1): (POOR, REFS[::-1])})
+    draws = sentence_draws(some, 100)
+    assert missing_sentences(some, draws).startswith("BLEU's sentence level is not measured for C7, E:")
+    line = [n for n in methods(some, table3_frame(some, draws), 100, draws) if n.startswith("BLEU's sentence level")]
+    assert line == [missing_sentences(some, draws) + "."]
+    no_base = data({("C5", 1): (POOR, REFS)})
+    assert sentence_draws(no_base, 100) == {}
+    assert missing_sentences(no_base, {}).startswith("BLEU's sentence level is not measured for C5, C7, E:")
+    everyone = data({(row, 1): (GOOD if row == "base" else POOR, REFS) for row in ("base", "C5", "C7", "E")})
+    assert missing_sentences(everyone, sentence_draws(everyone, 100)) is None
+    first = [n for n in methods(everyone, table3_frame(everyone), 100, {})]
+    assert first[0].startswith("Beyond noise, for dev PPL and dev BLEU alike, means")

@@ -37,7 +37,7 @@ SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4"
 ROWS = ["base", "D1", "E"]
 REPORT_FILES = ["table3.md", "table3.csv", "table3.tex", "report.html", "figures/bleu_vs_params.png",
                 "figures/ppl_vs_time.png", "figures/change_vs_base.png", "figures/curves_D.png",
-                "figures/curves_E.png"]
+                "figures/curves_E.png", "figures/verdicts_D.png", "figures/verdicts_E.png"]
 
 
 def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -248,13 +248,20 @@ def test_report_has_every_row_beside_the_paper(table: Path):
     printed = [frame.loc["E", "ppl"], frame.loc["base", "ppl"], frame.loc["E", "d_ppl"]]
     rounding = sum(0.5 * 10 ** (math.floor(math.log10(abs(x))) - 5) for x in printed)
     assert frame.loc["E", "d_ppl"] == pytest.approx(frame.loc["E", "ppl"] - frame.loc["base", "ppl"], abs=rounding)
-    assert pd.isna(frame.loc["base", "p_bleu_vs_base"])
-    assert 0 <= frame.loc["D1", "p_bleu_vs_base"] <= 1 and 0 <= frame.loc["E", "p_bleu_vs_base"] <= 1
+    # one test for PPL and BLEU: BLEU's interval adds the dev sentences' variance to the seeds'
+    assert pd.isna(frame.loc["base", "bleu_beyond_noise"]) and frame.loc["E", "bleu_sentence_se"] > 0
+    for row in ("D1", "E"):
+        low, high = frame.loc[row, "d_bleu_low"], frame.loc[row, "d_bleu_high"]
+        assert low < frame.loc[row, "d_bleu"] < high
+        assert frame.loc[row, "bleu_beyond_noise"] == (low > 0 or high < 0)
     md = (report / "table3.md").read_text()
     for row in ROWS:
         assert f"| {row} " in md
     assert "- **Spearman rank correlation with the paper's**: dev PPL" in md and "±" in md and "| E " in md
-    assert "p vs base is empty" not in md  # every run kept its dev translations
+    assert "sentence level is not measured" not in md  # every run kept its dev translations
+    assert md.split("## What this table says\n\n- ")[1].startswith("Beyond noise, ")
+    assert " of the 2 rows differ from base in dev PPL (" in md.split("## What this table says")[1].split("\n")[2]
+    assert "## Methods\n\n- Beyond noise, for dev PPL and dev BLEU alike, means" in md
     # seeds as noise: the difference to base with its interval (two seeds, paired by seed)
     assert frame.loc["E", "d_ppl_low"] < frame.loc["E", "d_ppl"] < frame.loc["E", "d_ppl_high"]
     assert frame.loc["E", "ci_method"] == "paired"
@@ -419,9 +426,10 @@ def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Pat
     (notes,) = run.rglob("notes_*.table.json")
     lines = json.loads(notes.read_text())["data"]
     md = (out / "table3.md").read_text()
-    assert [kind for kind, _ in lines] == ["verdict D", "verdict E", "rank correlation"]
+    assert [kind for kind, _ in lines] == ["headline", "verdict D", "verdict E", "rank correlation"]
     opening = md.split("## What this table says\n\n")[1].split("\n\n")[0].splitlines()
-    assert opening == [f"- **{text.replace(': ', '**: ', 1)}" for _, text in lines]
+    assert opening[0] == f"- {lines[0][1]}" and lines[0][1].startswith("Beyond noise, ")
+    assert opening[1:] == [f"- **{text.replace(': ', '**: ', 1)}" for _, text in lines[1:]]
     (page,) = run.rglob("report_*.html")  # the whole report, figures inline
     assert page.read_text(encoding="utf-8") == (out / "report.html").read_text(encoding="utf-8")
 
@@ -434,8 +442,8 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     cells = [r.find_elements(By.TAG_NAME, "td") for r in browser.find_elements(By.CSS_SELECTOR, "#table3 tbody tr")]
     assert [c[0].text for c in cells] == ROWS
     headers = [h.get_attribute("textContent") for h in browser.find_elements(By.CSS_SELECTOR, "#table3 thead th")]
-    assert {"PPL (paper)", "BLEU (paper)", "ΔBLEU [95% CI]", "p vs base", "ΔPPL [95% CI] (paper)",
-            "beyond noise", "sign = paper", "converged", "changes from base"} <= set(headers)
+    assert {"PPL (paper)", "BLEU (paper)", "ΔBLEU [95% CI]", "BLEU beyond noise", "ΔPPL [95% CI] (paper)",
+            "PPL beyond noise", "sign = paper", "converged", "changes from base"} <= set(headers)
     by_header = {h: i for i, h in enumerate(headers)}
     changes = [c[by_header["changes from base"]].text for c in cells]
     assert changes == ["the paper's base", "P_drop 0.0", "pos learned"]  # only what a row changes
@@ -445,7 +453,8 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     table_width = browser.execute_script("return document.getElementById('table3').scrollWidth")
     assert table_width <= 1400, f"the table needs {table_width} px"  # a normal window
     images = browser.find_elements(By.TAG_NAME, "img")
-    assert len(images) == 5  # three summary figures and a learning-curve figure per group (D, E)
+    # three summary figures, and per group (D, E) its learning curves and its verdict over training
+    assert len(images) == 7
     assert all(browser.execute_script("return arguments[0].naturalWidth", img) > 100 for img in images)
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
@@ -523,12 +532,12 @@ def test_report_html_fits_a_1280_px_window_with_the_widest_rows_of_a_full_table(
         "PPL (paper)": ["24.15 ± 0.83 (4.92)", "25.47 ± 1.59 (4.66)", "125.01 (5.77)", "29.88 (4.33)"],
         "ΔPPL [95% CI] (paper)": ["+0.00 [+0.00, +0.00] (+0.00)", "+1.32 [-0.91, +3.54] (-0.26)",
                                   "+100.86 [+99.20, +102.51] (+0.85)", "+5.73 [+4.07, +7.39] (-0.59)"],
-        "beyond noise": ["", "no", "yes", "yes"], "sign = paper": ["", "no", "yes", "no"],
+        "PPL beyond noise": ["", "no", "yes", "yes"], "sign = paper": ["", "no", "yes", "no"],
         "converged": ["converged", "still improving (2/3)", "overfitting", "converged"],
         "BLEU (paper)": ["4.36 ± 0.62 (25.8)", "3.10 ± 1.61 (26.0)", "1.98 (24.6)", "0.50 (26.4)"],
         "ΔBLEU [95% CI]": ["+0.00 [+0.00, +0.00]", "-1.26 [-3.39, +0.87]", "-2.38 [-3.63, -1.13]",
                            "-3.86 [-5.11, -2.61]"],
-        "p vs base": ["", "0.001", "0.001", "0.001"], "params ×10⁶ (paper)": ["0.48 (65)", "1.25 (168)", "0.48", "1.64 (213)"],
+        "BLEU beyond noise": ["", "no", "yes", "yes"], "params ×10⁶ (paper)": ["0.48 (65)", "1.25 (168)", "0.48", "1.64 (213)"],
         "train s": ["5024", "6464", "3324", "33761"]}
     page = tmp_path / "report.html"
     page.write_text(render("t", "c", pd.DataFrame(rows), {}))
@@ -568,10 +577,11 @@ def test_report_answers_first_and_fits_a_1280_px_window(table: Path, browser):
     browser.get((report / "report.html").as_uri())
     assert browser.execute_script("return window.innerWidth") <= 1280 and no_horizontal_scroll(browser)
     said = browser.find_elements(By.CSS_SELECTOR, "#summary li")
-    assert [li.text.split(":")[0] for li in said] == [
+    assert said[0].text.startswith("Beyond noise, ") and " of the 2 rows differ from base" in said[0].text  # the headline first
+    assert [li.text.split(":")[0] for li in said[1:]] == [
         "D, regularisation (dropout, label smoothing)", "E, learned instead of sinusoidal positions",
         "Spearman rank correlation with the paper's"]
-    assert said[0].find_element(By.TAG_NAME, "b").text == "D, regularisation (dropout, label smoothing)"
+    assert said[1].find_element(By.TAG_NAME, "b").text == "D, regularisation (dropout, label smoothing)"
     summary, table3 = browser.find_element(By.ID, "summary"), browser.find_element(By.ID, "table3")
     figures, methods = browser.find_element(By.ID, "figures"), browser.find_element(By.ID, "methods")
     bottom = [e.location["y"] + e.size["height"] for e in (summary, table3, figures)]
@@ -584,7 +594,7 @@ def test_report_answers_first_and_fits_a_1280_px_window(table: Path, browser):
     assert methods.get_attribute("open") is not None and rule.is_displayed() and no_horizontal_scroll(browser)
 
     md = (report / "table3.md").read_text()
-    order = ["## What this table says", "- **D, regularisation", "- **E, learned", "- **Spearman rank",
+    order = ["## What this table says", "- Beyond noise, ", "- **D, regularisation", "- **E, learned", "- **Spearman rank",
              "## The table", "| row", "## Figures", "![change_vs_base.png]", "## Methods", "- Convergence rule"]
     assert [md.index(mark) for mark in order] == sorted(md.index(mark) for mark in order)
 

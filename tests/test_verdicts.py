@@ -38,7 +38,7 @@ def test_sign_agreement_is_counted_over_the_table_s_column():
     assert "signs agree with the paper for 2 of 3 rows" in sentence
     # each row's paper difference and sign in its own parentheses, so the list reads unambiguously
     c3, c6 = (f"[{frame.loc[r, 'd_ppl_low']:+.2f}, {frame.loc[r, 'd_ppl_high']:+.2f}]" for r in ("C3", "C6"))
-    assert (f"beyond seed noise: C3 +3.29 PPL {c3} (paper -0.04), C6 +1.19 PPL {c6} (paper +0.20, same sign)"
+    assert (f"beyond noise: C3 +3.29 PPL {c3} (paper -0.04), C6 +1.19 PPL {c6} (paper +0.20, same sign)"
             in sentence)
 
 
@@ -47,8 +47,8 @@ def test_a_group_of_your_own_is_named_once_and_a_papers_group_with_its_topic():
                           "d_ppl_low": [-110.0, -151.6, -0.5], "beyond_noise": [False, False, False],
                           "ppl_sign_agrees": [None, None, True]},
                          index=["X1", "X2", "A1"])
-    assert group_verdict(frame, "X") == "X: within seed noise: X1, X2."
-    assert group_verdict(frame, "A").startswith("A, number of heads at constant compute: within seed noise: A1;")
+    assert group_verdict(frame, "X") == "X: within noise: X1, X2."
+    assert group_verdict(frame, "A").startswith("A, number of heads at constant compute: within noise: A1;")
 
 
 def test_a_table_without_the_papers_numbers_ranks_nothing_against_them():
@@ -74,6 +74,41 @@ def test_a_row_without_an_interval_is_not_called_within_noise_and_the_reason_is_
     data.runs = data.runs[~((data.runs["row"] == "base") & (data.runs["seed"] > 1))]  # base: seed 1 alone
     frame = table3_frame(data)
     sentence = group_verdict(frame, "C")
-    assert "no interval (base has one seed): C3, C6" in sentence and "within seed noise" not in sentence
+    assert "no interval (base has one seed): C3, C6" in sentence and "within noise" not in sentence
     both = table3_frame(_table({"C3": [0.05, -0.05, 0.02]}))
-    assert "within seed noise: C3" in group_verdict(both, "C")
+    assert "within noise: C3" in group_verdict(both, "C")
+
+
+def _curves(rows: dict[str, list[list[float]]], steps=(1200, 2400, 3600, 4800, 6000)) -> pd.DataFrame:
+    """Dev PPL curves: per row, per seed, one value per step."""
+    return pd.DataFrame([{"row": row, "seed": seed, "step": step, "ppl": ppl, "convergence": "converged"}
+                         for row, seeds in rows.items() for seed, values in enumerate(seeds, 1)
+                         for step, ppl in zip(steps, values)])
+
+
+def test_the_headline_counts_the_table_and_the_verdicts_still_moving():
+    """C3 worse beyond noise all along; C6 beyond noise until its last evaluation, then within
+    noise: still moving. The headline counts both, and C6's group verdict names it."""
+    from reports.trajectory import add_moving, paired_curves, still_moving
+    from reports.verdicts import headline
+
+    data = _table({"C3": [3.28, 3.29, 3.30], "C6": [1.18, 1.19, 1.20]})
+    base = [[30.0, 27.0, 25.0, 24.5, 24.0], [30.1, 27.1, 25.1, 24.6, 24.1], [29.9, 26.9, 24.9, 24.4, 23.9]]
+    c3 = [[v + 3.3 for v in seed] for seed in base]
+    c6 = [[v + d for v, d in zip(seed, (2.0, 2.0, 2.0, 2.0, 0.0 + s))] for seed, s in zip(base, (-0.5, 0.6, 0.1))]
+    data.curves = _curves({"base": base, "C3": c3, "C6": c6})
+    frame = table3_frame(data)
+    assert paired_curves(data.curves, "C6")["verdict"].tolist() == [1, 1, 1, 1, 0]
+    assert still_moving(paired_curves(data.curves, "C3")) is False and frame.loc["C3", "verdict_moving"] == False  # noqa: E712
+    assert frame.loc["C6", "verdict_moving"] == True  # noqa: E712
+    line = headline(frame)
+    assert line.startswith("Beyond noise, 2 of the 2 rows differ from base in dev PPL (2 higher, 0 lower)")
+    assert "in 1 of the 2 rows judged" in line and "for 1 of the 1 rows where the paper's difference is clear" in line  # C3's paper gap is too small
+    assert "verdict still moving over the last part of training: C6" in group_verdict(frame, "C")
+    # a row trained past base's last evaluation is not judged
+    longer = _curves({"base": base, "C3": c3}, steps=(1200, 2400, 3600, 4800, 6000))
+    longer = pd.concat([longer, pd.DataFrame([{"row": "C3", "seed": s, "step": 12000, "ppl": 20.0,
+                                               "convergence": "converged"} for s in (1, 2, 3)])])
+    frame = table3_frame(data)
+    add_moving(frame, longer)
+    assert pd.isna(frame.loc["C3", "verdict_moving"])
