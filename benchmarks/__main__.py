@@ -10,6 +10,7 @@
     python -m benchmarks --only wmt_rehearsal --pairs 450000,4520620  # the gpu preset's data path (opt-in)
     python -m benchmarks --device cuda --only startup  # where start-up goes, a table's first and next run (opt-in)
     python -m benchmarks --device cuda --only attention_shapes  # what a new batch shape costs each attention kernel (opt-in)
+    python -m benchmarks --only table_workers    # an 8-worker table against its plan's wall-clock (opt-in)
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ from lightning_modules.run.io import atomic_write_json, atomic_write_text
 BENCHMARKS = {"train": "train_step", "overhead": "overhead", "padding": "padding", "generation": "generation",
               "scaling": "scaling", "end_to_end": "end_to_end", "reproducibility": "reproducibility",
               "workers": "workers", "gpu_round": "gpu_round", "wmt_rehearsal": "wmt_rehearsal",
-              "startup": "startup", "attention_shapes": "attention_shapes"}
+              "startup": "startup", "attention_shapes": "attention_shapes", "table_workers": "table_workers"}
 # Run only when named in --only: an experiment (~15 minutes on 2 cores), a measurement that needs
 # the whole machine (~3 minutes on 2 cores), the GPU round (its CPU run is a smoke check), and
 # WMT14's data path at full scale (GBs of disk), two whole runs' start-up, and what new shapes cost
 # each attention kernel (a GPU's question).
-OPT_IN = ("reproducibility", "workers", "gpu_round", "wmt_rehearsal", "startup", "attention_shapes")
+OPT_IN = ("reproducibility", "workers", "gpu_round", "wmt_rehearsal", "startup", "attention_shapes",
+          "table_workers")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -414,3 +414,16 @@ def test_wmt_rehearsal_runs_the_gpu_presets_data_path_through_a_local_mirror(tmp
         assert following[stage]["cpu_s"] < stages[stage]["cpu_s"] / 2, (stage, following[stage], stages[stage])
     assert run["disk_mb"]["cache"] > 0 and not (tmp_path / "rehearsal" / "work-20000").exists()
     assert [(r["run"], r["stage"]) for r in section["rows"]][-1] == ("next", "whole run to its first step")
+
+
+def test_table_workers_reads_the_plan_of_its_own_command(tmp_path: Path, capsys, monkeypatch):
+    """The 8-worker benchmark's planned figures are the dry run's of the very command it times:
+    wall-clock at least the device time over 8 workers x 8 (each run at 8x its device time)."""
+    from ablate.cli import main
+    from benchmarks.table_workers import ARGS, planned_seconds
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*ARGS, "--dry-run"]) == 0
+    wall, device, longest = planned_seconds(capsys.readouterr().out)
+    assert 0 < longest <= wall and wall >= device - 1  # 8 workers, each run at 8x: the total at least
+    assert list(tmp_path.iterdir()) == []
