@@ -617,3 +617,11 @@ def test_a_rows_recipe_is_part_of_the_tables_identity_and_shows_as_a_change(tmp_
                  str(tmp_path / "runs"), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "train.warmup_steps: 0 -> 200 in nowarm-s1" in err and "the ablation spec" in err
+
+
+def test_row_without_a_name_lists_the_rows_of_the_spec(capsys):
+    assert main(["train", "--spec", "ablations/modifications.yaml", "--row"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "rows of ablations/modifications.yaml:"
+    assert [line.split()[0] for line in out[1:]] == list(load_spec("ablations/modifications.yaml"))
+    assert main(["train", "--row"]) == 0 and "  big " in capsys.readouterr().out  # Table 3's by default
