@@ -28,10 +28,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_modules.config import DataConfig, TransformerConfig
+from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data import TokenBucketBatchSampler, TranslationDataModule, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
 from lightning_modules.metrics_log import read_rows
+from lightning_modules.run.environment import cpu_model
+from lightning_modules.translation import TranslationModule
 
 Batch = dict[str, Tensor]
 REPO = Path(__file__).resolve().parent.parent
@@ -122,6 +124,36 @@ def alternate(runs: dict[str, Callable[[], Any]], reps: int, device: torch.devic
             sync(device)
             times[name].append(time.perf_counter() - start)
     return times
+
+
+def bare_step(c: TransformerConfig, t: TrainConfig, settings: Settings, lr: float,
+              state: dict[str, torch.Tensor] | None = None, backend: str | None = None
+              ) -> tuple[TranslationModule, Callable[[Batch], torch.Tensor]]:
+    """The bare training step every benchmark times: a module (`state` loaded, else its own init,
+    compiled with `backend` when `t.compile`), and its step on a batch already on the device:
+    forward_loss, backward, Adam with `t`'s betas and eps at the constant rate `lr` (fused on
+    CUDA); it returns the per-token loss, on the device."""
+    device = settings.device
+    seeded(settings.seed)
+    module = TranslationModule.from_configs(c, t)
+    if state is not None:
+        module.load_state_dict(state)
+    module.to(device)
+    if t.compile:
+        module.compile_step(*([backend] if backend else []))
+    opt = torch.optim.Adam(module.parameters(), lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
+                           fused=True if device.type == "cuda" else None)
+
+    def step(b: Batch) -> torch.Tensor:
+        with settings.autocast():
+            loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], c.label_smoothing)
+        per_token = loss / n.clamp(min=1)
+        per_token.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return per_token.detach()
+
+    return module, step
 
 
 def median(values: list[float]) -> float:
@@ -298,16 +330,6 @@ def mfu(flops_per_s: float, device: torch.device) -> float | None:
 
 # ----------------------------------------------------------------------------------- machine
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _version(package: str) -> str | None:
     try:
         from importlib.metadata import version
@@ -330,7 +352,7 @@ def machine_info(settings: Settings) -> dict[str, Any]:
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),

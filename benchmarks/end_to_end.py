@@ -31,10 +31,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, mfu, on_device, stopwatch,
+from benchmarks.common import (REPO, Section, Settings, bare_step, data_module, logged_values, mfu, on_device, stopwatch,
                                sync, token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.translation import TranslationModule
 
 TARGET_MFU = 0.40
 TARGET_HARNESS_SHARE = 0.90
@@ -133,25 +132,10 @@ def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> floa
     return sum(train_flops(c, b) for b in batches) / sum(b["n_tokens"] for b in batches)
 
 
-def train_step(c: TransformerConfig, compile_: bool, settings: Settings) -> Callable[[dict[str, Any]], None]:
-    """One bare training step (forward_loss, backward, Adam) of a fresh model, as a function of a
-    batch already on the device."""
-    device = settings.device
-    torch.manual_seed(settings.seed)
-    module = TranslationModule.from_configs(c, TrainConfig()).to(device)
-    if compile_:
-        module.compile_step()
-    opt = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
-                           fused=True if device.type == "cuda" else None)
-
-    def step(b: dict[str, Any]) -> None:
-        with settings.autocast():
-            loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], c.label_smoothing)
-        (loss / n.clamp(min=1)).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+def train_step(c: TransformerConfig, compile_: bool, settings: Settings) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """One bare training step (`common.bare_step`) of a fresh model, as a function of a batch
+    already on the device."""
+    return bare_step(c, TrainConfig(compile=compile_), settings, lr=1e-4)[1]
 
 
 def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,

@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import (Section, Settings, error_line, free_memory, mfu, on_device, render_section, seeded,
+from benchmarks.common import (Section, Settings, bare_step, error_line, free_memory, mfu, on_device, render_section, seeded,
                                stopwatch, sync, train_flops)
 from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
@@ -273,30 +273,9 @@ class StepTimer:
 
 def build(c: TransformerConfig, t: TrainConfig, state: dict[str, torch.Tensor] | None,
           settings: Settings) -> tuple[TranslationModule, Callable[[dict[str, Any]], torch.Tensor]]:
-    """A module with `state` loaded (None: its own init), compiled if `t.compile`, and its step:
-    forward_loss, backward, Adam; returns the per-token loss, on the device."""
-    device = settings.device
-    seeded(settings.seed)
-    module = TranslationModule.from_configs(c, t)
-    if state is not None:
-        module.load_state_dict(state)
-    module.to(device)
-    if t.compile:  # CPU: dynamo and AOTAutograd trace the same graphs; Inductor is left out
-        module.compile_step("inductor" if device.type == "cuda" else "aot_eager")
-    opt = torch.optim.Adam(module.parameters(), lr=LR, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps,
-                           fused=True if device.type == "cuda" else None)
-    epsilon = c.label_smoothing
-
-    def step(b: dict[str, Any]) -> torch.Tensor:
-        with settings.autocast():
-            loss, _, n = module._forward_loss_fn(b["src"], b["tgt_in"], b["tgt_out"], epsilon)
-        per_token = loss / n.clamp(min=1)
-        per_token.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return per_token.detach()
-
-    return module, step
+    """`common.bare_step` at the round's rate, compiled by Inductor on CUDA (on a CPU dynamo and
+    AOTAutograd trace the same graphs; Inductor is left out)."""
+    return bare_step(c, t, settings, LR, state, "inductor" if settings.device.type == "cuda" else "aot_eager")
 
 
 def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], state: dict[str, torch.Tensor],

@@ -43,7 +43,7 @@ from benchmarks.peers import (
     logits_error,
     trainable_parameters,
 )
-from lightning_modules.config import TransformerConfig
+from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.transformer import Transformer, count_parameters
 from lightning_modules.translation import label_smoothed_nll, noam_lrate
 
@@ -82,7 +82,8 @@ def make_step(model: nn.Module, config: TransformerConfig, settings: Settings
     """One optimizer step of `model` on a batch, the same for every model."""
     params = [p for p in model.parameters() if p.requires_grad]
     lr = noam_lrate(4000, config.d_model, 4000)  # the schedule's peak; speed does not depend on it
-    optimizer = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    t = TrainConfig()  # the paper's Adam, as every run has it
+    optimizer = torch.optim.Adam(params, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps)
 
     def step(batch: Batch) -> None:
         with settings.autocast():

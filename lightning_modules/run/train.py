@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import platform
 import shutil
 import socket
 import warnings
@@ -39,7 +38,7 @@ from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterR
 from lightning_modules.run.attention import save_run_attention
 from lightning_modules.run.attention_figures import ATTENTION_FILE, run_attention_png
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
-from lightning_modules.run.environment import environment
+from lightning_modules.run.environment import cpu_model, environment
 from lightning_modules.run.faults import inject
 from lightning_modules.run.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
                                      write_lines)
@@ -320,7 +319,7 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
         padding_share=round(dm.stats["train_padding_share"], 4),
         data=dm.stats,
         model=asdict(cfg.model), precision=hardware["precision"],
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         environment=environment(hardware["precision"], device),
         world_size=trainer.world_size, host=socket.gethostname(), group=group or cfg.row,
         status="complete", **convergence,
