@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ablations.params import paper_architecture
-from ablations.spec import RECIPE_SECTIONS, recipe_changes
+from ablations.spec import recipe_changes
 from lightning_modules.config import modifications
 from reports.collect import Table3Data
 from reports.seeds import mean_ci, sign_agrees
@@ -44,6 +44,8 @@ def table3_frame(data: Table3Data, draws: Mapping[tuple[str, int], Any] | None =
             "paper_params_m": paper.get("params_m"), "train_time_s": ours.train_time_s,
             "tokens_per_s": ours.tokens_per_s})
     frame = pd.DataFrame.from_records(records).set_index("row")
+    if not frame["recipe"].astype(bool).any():
+        frame = frame.drop(columns="recipe")
     frame.attrs["base_configuration"] = paper_configuration("base", data.spec)  # also when base has no run
     frame = frame.astype({c: float for c in ("paper_ppl", "paper_bleu", "paper_params_m")})
     if "base" in frame.index:
@@ -72,10 +74,9 @@ def paper_configuration(row: str, spec: dict[str, dict[str, Any]]) -> dict[str, 
                "d_v": c.d_v, "P_drop": c.dropout, "eps_ls": c.label_smoothing, "positional": c.positional,
                "modifications": modifications(c),
                "paper_steps": spec[row].get("train_steps", spec["base"].get("train_steps"))}
-    if any(section in entry for entry in spec.values() for section in RECIPE_SECTIONS):
-        # the training and data settings of a spec whose rows change them ('warmup_steps=0')
-        columns["recipe"] = ", ".join(f"{key.split('.', 1)[1]}={value}"
-                                      for key, value in recipe_changes(row, spec).items())
+    # the row's training and data settings where they differ from base's ('warmup_steps=0'); a
+    # table none of whose rows has any leaves the column out (`table3_frame`)
+    columns["recipe"] = ", ".join(f"{key.split('.', 1)[1]}={value}" for key, value in recipe_changes(row, spec).items())
     return columns
 
 

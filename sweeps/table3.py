@@ -196,13 +196,23 @@ def run_configs(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> 
 def table_record(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """What a study's user attributes and an archive's `table3.json` hold: `runs`, the identity of
     every run the table has planned so far (`identity`), and what the report reads: the preset, the
-    spec's rows, the overrides, the --config file and the setup its caption names."""
+    spec's entries of the table's rows (those of `runs` and the plan's: a row the spec file gained
+    since is no part of the table until a sitting plans it), the overrides, the --config file and
+    the setup its caption names."""
     cfg = resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
     setup = {"scale": asdict(cfg.scale), "corpus": cfg.data.corpus, "vocab_size": cfg.data.vocab_size,
              "max_tokens": cfg.data.max_tokens, "beam_size": cfg.eval.beam_size,
              "length_penalty": cfg.eval.length_penalty}
-    return {"kind": KIND, "preset": plan.preset, "spec": load_spec(plan.spec_path), "overrides": plan.overrides,
+    return {"kind": KIND, "preset": plan.preset, "spec": table_spec(plan, runs), "overrides": plan.overrides,
             "config": plan.config, "setup": setup, "runs": runs}
+
+
+def table_spec(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The spec's entries of the table's rows, in the spec's order: those of `runs` (recorded and
+    planned) and the plan's. A row the spec file gained since is no part of the table until a
+    sitting plans it, so a table re-run as it was records what it recorded."""
+    rows = {str(config.get("row")) for config in runs.values()} | set(plan.rows)
+    return {row: entry for row, entry in load_spec(plan.spec_path).items() if row in rows}
 
 
 def identity(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> dict[str, dict[str, Any]]:
@@ -331,8 +341,9 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
         what, changes = difference
         raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changes}): the "
                         f"runs still queued would not be comparable to those done. Use another --study")
-    if record:  # the runs this sitting adds, and the spec's rows as the report is to read them (a row added since)
-        for key, value in {"runs": recorded_runs(attrs["runs"], wanted), "spec": load_spec(plan.spec_path)}.items():
+    if record:  # the runs this sitting adds, and the spec's entries of the table's rows as the report is to read them
+        runs = recorded_runs(attrs["runs"], wanted)
+        for key, value in {"runs": runs, "spec": table_spec(plan, runs)}.items():
             if attrs.get(key) != value:
                 study.set_user_attr(key, value)
 
