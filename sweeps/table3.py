@@ -332,9 +332,10 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
     if "kind" not in attrs:
         if study.get_trials(deepcopy=False):
             raise UserError(f"study {study.study_name!r} holds a sweep, not a Table 3: use another --study")
-        if record:
-            for key, value in table_record(plan, wanted).items():
-                study.set_user_attr(key, value)
+        if record:  # "kind" last: a launcher that reads the study meanwhile sees a new study or a whole record
+            made = table_record(plan, wanted)
+            for key in sorted(made, key=lambda key: key == "kind"):
+                study.set_user_attr(key, made[key])
         return
     difference = table_difference(attrs, plan, wanted)
     if difference is not None:
