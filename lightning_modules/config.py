@@ -24,10 +24,10 @@ TIE_EMBEDDINGS = ("all", "decoder", "none")
 # How the model computes, never what (docs/gpu-performance.md#kernel-variants): SDPA kernels of
 # `model.attention_backend`, "auto" = PyTorch's own choice (transformer.SDPA_BACKENDS)
 ATTENTION_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
-CORPORA = ("ding", "files", "multi30k", "wmt14")
-# Disk a corpus takes in data.cache_dir, downloads and extracted text (docs/corpora.md), for the
-# dry run's plan; `files` are the user's own.
-CORPUS_DISK_GB = {"ding": 0.1, "multi30k": 0.1, "wmt14": 5.0}
+# The corpora (`data.corpus`; their loaders: data/corpora.py), each with the disk it takes in
+# data.cache_dir at most, downloads and extracted text in GB (docs/corpora.md), for the dry run's
+# plan; `files` are the user's own.
+CORPORA: dict[str, float | None] = {"ding": 0.1, "files": None, "multi30k": 0.1, "wmt14": 5.0}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile modes
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT; tests/test_config.py

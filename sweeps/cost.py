@@ -23,7 +23,7 @@ import pandas as pd
 
 from ablations.resolve import resolve
 from ablations.spec import load_spec, recipe_changes, table3_section
-from lightning_modules.config import CORPUS_DISK_GB, RunConfig, parse_devices
+from lightning_modules.config import CORPORA, RunConfig, parse_devices
 from lightning_modules.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
 from sweeps.schedule import parameters, tokens_per_step, training_flops, wall_clock
@@ -182,7 +182,7 @@ def describe(plan: Table3Plan, workers: Workers | None = None) -> str:
     per = unit.per_hour / 3600
     base = rows.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
     checkpoints = sum(checkpoint_bytes(rows[row]) for row, _ in plan.runs()) / GB
-    corpus = CORPUS_DISK_GB.get(base.data.corpus)
+    corpus = CORPORA.get(base.data.corpus)
     data = (f"about {corpus:g} GB for the {base.data.corpus} corpus in data.cache_dir on each machine"
             if corpus is not None else f"the {base.data.corpus} corpus's own files")
     peak = table["memory GB"].idxmax()
