@@ -262,7 +262,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
         from sweeps.cost import Workers, describe
         from sweeps.progress import standing
 
-        print(describe(plan, Workers.of(args.workers, devices, args.machines)))
+        print(describe(plan, Workers.of(args.workers, devices, args.machines), args.plan_for))
         where = standing(plan, args.archive, args.workers or 1)
         if where:
             print(f"\n{where}")
@@ -487,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--machines", type=at_least(1), default=1, metavar="M",
                    help="with --dry-run: plan for M machines like this one (each running the same command "
                         "against one shared --storage), --gpus on each")
+    p.add_argument("--plan-for", metavar="GPU",
+                   help="with --dry-run: the GPU to plan for, by name (H100, H200): its measured rate, or the "
+                        "printout says it extrapolates and from what (default: this machine's GPU, else the "
+                        "preset's first measured device)")
     p.add_argument("--dry-run", action="store_true",
                    help="print each row's parameters, steps, FLOPs and estimated device time (minutes for a "
                         "table of under an hour) and, for a table that has run, what is finished and "

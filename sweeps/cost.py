@@ -41,26 +41,44 @@ class DeviceRate:
     derived: str = ""  # how this preset's rate follows from another's measurement ('' = measured here)
 
     @classmethod
-    def of_preset(cls, preset: str, base_params: int) -> DeviceRate:
-        """The preset's rate for a base row of `base_params` parameters: its own measurement, or
-        (`derived_from: NAME`) NAME's measured FLOP rate on NAME's base row carried over."""
+    def of_preset(cls, preset: str, base_params: int, device: str | None = None) -> DeviceRate:
+        """The preset's rate on `device` (a name such as H200; None: this machine's GPU, else the
+        first device the preset names) for a base row of `base_params` parameters: its own
+        measurement there, or (`derived_from: NAME`) NAME's measured FLOP rate on NAME's base row
+        carried over. `table3.cost` is one measurement or `rates:`, a list of them (one per device);
+        a device none of them names is planned at the first one's rate, and the rate says so."""
         cost = table3_section(preset).get("cost")
         if not cost:
             raise UserError(f"preset {preset!r} states no table3.cost (device and measured "
                             f"base-row throughput), so --dry-run cannot estimate its time")
         source = cost.get("derived_from")
         if source is None:
-            return cls(str(cost["device"]), float(cost["base_tokens_per_s"]), float(cost["overhead_s"]),
-                       str(cost["measured"]))
+            entries = cost.get("rates") or [cost]
+            wanted = device or _gpu_here()
+            entry = next((e for e in entries if wanted and wanted.lower() in str(e["device"]).lower()), None)
+            note = "" if entry is not None or not device else (
+                f"no rate of this preset is measured on {device}: extrapolated, at the rate measured on "
+                f"{entries[0]['device']}")
+            entry = entry or entries[0]
+            return cls(str(entry["device"]), float(entry["base_tokens_per_s"]), float(entry["overhead_s"]),
+                       str(entry["measured"]), derived=note)
         if source == preset or table3_section(str(source)).get("cost", {}).get("derived_from"):
             raise UserError(f"preset {preset!r}: table3.cost.derived_from must name a preset with a "
                             f"measured rate, got {source!r}")
-        theirs = cls.of_preset(str(source), parameters(resolve(str(source), "base")))
+        theirs = cls.of_preset(str(source), parameters(resolve(str(source), "base")), device)
         flops_per_s = 6.0 * parameters(resolve(str(source), "base")) * theirs.base_tokens_per_s
+        extrapolated = f" ({theirs.derived})" if theirs.derived else ""
         return cls(theirs.device, flops_per_s / (6.0 * base_params), theirs.overhead_s, theirs.measured,
                    derived=f"derived from the {source} preset's measured rate ({theirs.base_tokens_per_s:,.0f} "
-                           f"target tokens/s on its base row, {flops_per_s / 1e12:.3g} TFLOP/s) taken to hold "
-                           f"for this preset's models, and its per-run overhead")
+                           f"target tokens/s on its base row, {flops_per_s / 1e12:.3g} TFLOP/s{extrapolated}) "
+                           f"taken to hold for this preset's models, and its per-run overhead")
+
+
+def _gpu_here() -> str | None:
+    """This machine's first CUDA GPU's name, if it has one (a dry run on the machine it plans for)."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
 @dataclass(frozen=True)
@@ -89,12 +107,14 @@ def row_configs(plan: Table3Plan) -> dict[str, RunConfig]:
     return {row: resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path) for row in plan.rows}
 
 
-def estimate(plan: Table3Plan, configs: dict[str, RunConfig] | None = None) -> tuple[pd.DataFrame, DeviceRate]:
+def estimate(plan: Table3Plan, configs: dict[str, RunConfig] | None = None,
+             device: str | None = None) -> tuple[pd.DataFrame, DeviceRate]:
     """One line per row: parameters, steps, tokens, FLOPs and device-hours for all its seeds, and
-    its peak training memory per device (`configs`: `row_configs`, when the caller has them)."""
+    its peak training memory per device (`configs`: `row_configs`, when the caller has them;
+    `device`: the device to plan for, `DeviceRate.of_preset`)."""
     configs = configs or row_configs(plan)
     base = configs.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
-    rate = DeviceRate.of_preset(plan.preset, parameters(base))
+    rate = DeviceRate.of_preset(plan.preset, parameters(base), device)
     flops_per_s = 6.0 * parameters(base) * rate.base_tokens_per_s
     spec = load_spec(plan.spec_path)
     lines = []
@@ -144,9 +164,11 @@ class Workers:
             machine = f" of each of {machines} machines" if machines > 1 else ""
             return cls(count, 1, f"{count} worker{'s' * (count != 1)} ({where}{machine}, one worker each)")
         k = workers or 1
+        if k == 1:
+            return cls(machines, 1, f"{machines} worker{'s' * (machines != 1)}" + (" (one a machine)" if machines > 1 else ""))
         where = f"{k} on each of {machines} machines' CPUs" if machines > 1 else f"{k} on this machine's CPU"
-        shared = f", sharing its cores: each run takes {k}x its device time" if k > 1 else ""
-        return cls(k * machines, k, f"{k * machines} worker{'s' * (k * machines != 1)} ({where}{shared})")
+        return cls(k * machines, k, f"{k * machines} workers ({where}, sharing its cores: each run takes "
+                                    f"{k}x its device time)")
 
 
 def schedule(plan: Table3Plan, table: pd.DataFrame, rows: dict[str, RunConfig],
@@ -162,12 +184,13 @@ def schedule(plan: Table3Plan, table: pd.DataFrame, rows: dict[str, RunConfig],
         f"{longest[0]} seed {longest[1]}"
 
 
-def describe(plan: Table3Plan, workers: Workers | None = None) -> str:
+def describe(plan: Table3Plan, workers: Workers | None = None, device: str | None = None) -> str:
     """The dry-run's printout: the table, the total, what the estimate assumes and which figures are
-    measured, the wall-clock on `workers` (default: one), disk and memory."""
+    measured, the wall-clock on `workers` (default: one) of `device` (`DeviceRate.of_preset`),
+    disk and memory."""
     workers = workers or Workers.of(1, None)
     rows = row_configs(plan)
-    table, rate = estimate(plan, rows)
+    table, rate = estimate(plan, rows, device)
     unit = TimeUnit.of(table)
     shown = table.assign(**{col: table[col] * unit.per_hour for col in ("hours/run", "hours")}) \
         .rename(columns={"hours/run": f"{unit.short}/run", "hours": unit.short})

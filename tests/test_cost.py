@@ -331,3 +331,18 @@ def test_dry_run_refuses_a_study_of_another_table_in_one_line(tmp_path, capsys):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "differs in its preset ('gpu' -> 'cpu'" in result.stderr
     assert "where the table stands" not in result.stdout
+
+
+def test_a_plan_for_a_device_uses_its_measured_rate_or_says_it_extrapolates(tmp_path, capsys):
+    """`--plan-for`: the gpu preset has its rate measured on an H100 only; planning for an H100 cites
+    it as measured, for an H200 it says it extrapolates and from which device (paper too, through
+    the gpu preset it derives from)."""
+    measured = load_preset("gpu")["table3"]["cost"]
+    h100 = dry_run_here(tmp_path, capsys, "--preset", "gpu", "--plan-for", "H100", "--rows", "base")
+    assert h100.returncode == 0 and "extrapolated" not in h100.stdout and measured["device"] in h100.stdout
+    for preset in ("gpu", "paper"):
+        h200 = dry_run_here(tmp_path, capsys, "--preset", preset, "--plan-for", "H200", "--rows", "base")
+        assert h200.returncode == 0, h200.stderr
+        assert f"no rate of this preset is measured on H200: extrapolated, at the rate measured on " \
+               f"{measured['device']}" in h200.stdout
+    assert list(tmp_path.iterdir()) == []
