@@ -189,6 +189,25 @@ def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path, failed_si
     assert not complete(tmp_path)
 
 
+def test_an_archive_entry_whose_logs_is_a_link_is_refused_and_the_users_folder_kept(tmp_path: Path, failed_sitting):
+    """An entry whose `logs/` is a symbolic link to a folder of the user's: the table is refused
+    in one line before anything is restored or saved, and no file of that folder is deleted or
+    overwritten (it deleted two and overwrote metrics.csv)."""
+    archive = archive_copy(failed_sitting, tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("metrics.csv", "notes.txt", "plan.md"):
+        (mine / name).write_text(f"the user's {name}\n")
+    shutil.rmtree(archive / "base-s1" / "logs")
+    (archive / "base-s1" / "logs").symlink_to(mine)
+    again = sitting(tmp_path, archive, "--seeds", "1")
+    lines = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(lines) == 1 and "Traceback" not in again.stderr, again.stderr[-2000:]
+    assert "base-s1/logs is a symbolic link" in lines[0], lines[0]
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {n: f"the user's {n}\n" for n in ("metrics.csv", "notes.txt", "plan.md")}
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_finished_result_is_reused_only_by_its_own_configuration(tmp_path: Path):
     cfg = resolve("cpu", "base", None, ["train.seed=1"], None)
     done = RunResult(preset="cpu", corpus=cfg.data.corpus, seed=1, steps=cfg.train.max_steps,

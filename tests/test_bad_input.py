@@ -711,6 +711,123 @@ def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path
             check_name(bad, "row name")
 
 
+# --- Ownership: a command writes, replaces and deletes only its own files, in folders of its own,
+# and never through a symbolic link (lightning_modules/run/io.py: not_a_link, check_kinds;
+# rundir.check_entries, rundir.refuse_foreign)
+
+def snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Every path under `root` (links not followed): its kind and its bytes or link target."""
+    found = {}
+    for folder, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = Path(folder) / name
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                found[key] = ("link", os.readlink(path))
+            elif path.is_dir():
+                found[key] = ("dir", b"")
+            else:
+                found[key] = ("file", path.read_bytes())
+    return found
+
+
+def our_run(tmp: Path) -> Path:
+    """A run directory of ours (its marker) that has not trained yet."""
+    run = tmp / "run"
+    run.mkdir()
+    (run / "ablate-run.json").write_text('{"format": "ablate run directory"}')
+    return run
+
+
+def users_files(tmp: Path) -> Path:
+    """A folder of the user's own, with a file that must survive every case."""
+    mine = tmp / "mine"
+    mine.mkdir()
+    for name in ("notes.txt", "metrics.csv", "keep.txt"):
+        (mine / name).write_text(f"the user's {name}\n")
+    return mine
+
+
+def lock_is_a_link(tmp: Path) -> Path:
+    run = our_run(tmp)
+    (run / ".ablate-run.lock").symlink_to(users_files(tmp) / "notes.txt")
+    return run
+
+
+def logs_is_a_link(tmp: Path) -> Path:
+    run = our_run(tmp)
+    (run / "logs").symlink_to(users_files(tmp))
+    return run
+
+
+def metrics_is_a_link(tmp: Path) -> Path:
+    run = our_run(tmp)
+    (run / "logs").mkdir()
+    (run / "logs" / "metrics.csv").symlink_to(users_files(tmp) / "metrics.csv")
+    return run
+
+
+def only_hidden_files(tmp: Path) -> Path:
+    folder = tmp / "project"
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "config").write_text("[core]\n")
+    (folder / ".env").write_text("SECRET=1\n")
+    (folder / ".draft.tmp").write_text("half a thought\n")
+    return folder
+
+
+def our_run_with(tmp: Path, name: str, kind: str) -> Path:
+    """Our run directory whose `name` is of the wrong `kind` (a file where we keep a folder...)."""
+    run = our_run(tmp)
+    if kind == "dir":
+        (run / name).mkdir()
+    else:
+        (run / name).write_text("x\n")
+    return run
+
+
+OWNERSHIP = [
+    ("lock-is-a-link", lock_is_a_link, "is a symbolic link"),
+    ("logs-is-a-link", logs_is_a_link, "is a symbolic link"),
+    ("metrics-csv-is-a-link", metrics_is_a_link, "is a symbolic link"),
+    ("out-holds-only-hidden-files", only_hidden_files, "(it holds .draft.tmp, .env, .git and no ablate-run.json)"),
+    ("checkpoints-is-a-file", lambda t: our_run_with(t, "checkpoints", "file"), "checkpoints is not a directory"),
+    ("logs-is-a-file", lambda t: our_run_with(t, "logs", "file"), "logs is not a directory"),
+    ("results-json-is-a-directory", lambda t: our_run_with(t, "results.json", "dir"), "results.json is a directory"),
+    ("lock-is-a-directory", lambda t: our_run_with(t, ".ablate-run.lock", "dir"), ".ablate-run.lock is a directory"),
+]
+
+
+@pytest.mark.parametrize("case", OWNERSHIP, ids=[c[0] for c in OWNERSHIP])
+def test_train_never_writes_through_a_link_nor_into_a_folder_not_its_own(case, tmp_path: Path, monkeypatch, capsys):
+    """`ablate train --out` on a folder it may not write as it stands: one line, exit 2, before any
+    work, and not one byte under tmp_path changed (the user's files behind the links included)."""
+    name, build, expected = case
+    monkeypatch.chdir(tmp_path)
+    out = build(tmp_path)
+    before = snapshot(tmp_path)
+    code = main(["train", "--out", str(out), *FAST])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("ablate: error: "), (code, err)
+    assert expected in err[0], err[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_stale_temporaries_removed_are_ours_only(tmp_path: Path):
+    """A run of ours removes the temporary files its killed writes left (mkstemp's
+    `.NAME.XXXXXXXX.tmp`), never a user's `.draft.tmp`, nor through a link."""
+    from lightning_modules.run.preflight import remove_stale_temporaries
+
+    mine = users_files(tmp_path)
+    run = our_run(tmp_path)
+    (run / ".draft.tmp").write_text("mine\n")
+    (run / ".results.json.k3x9q_b1.tmp").write_text("half")
+    (run / ".config.yaml.a1b2c3d4.tmp").symlink_to(mine / "keep.txt")
+    remove_stale_temporaries(run)
+    assert sorted(p.name for p in run.iterdir()) == [".config.yaml.a1b2c3d4.tmp", ".draft.tmp", "ablate-run.json"]
+    assert (mine / "keep.txt").read_text() == "the user's keep.txt\n"
+
+
 def _train(out: Path, *extra: str, steps: int = 2) -> subprocess.Popen:
     args = [sys.executable, "-m", "ablate", "train", "--out", str(out), *FAST[:1], "--max-steps", str(steps),
             *FAST[3:], *extra]
@@ -748,8 +865,8 @@ def test_the_run_that_holds_the_folder_leaves_the_marker_another_command_is_writ
     from lightning_modules.run.preflight import remove_stale_temporaries
 
     (tmp_path / "checkpoints").mkdir()
-    marker_tmp = tmp_path / ".ablate-run.json.k3x9q.tmp"
-    killed = [tmp_path / ".results.json.a1b2.tmp", tmp_path / "checkpoints" / ".last.ckpt.c3d4.tmp"]
+    marker_tmp = tmp_path / ".ablate-run.json.k3x9q_ab.tmp"
+    killed = [tmp_path / ".results.json.a1b2e5f6.tmp", tmp_path / "checkpoints" / ".last.ckpt.c3d4g7h8.tmp"]
     for path in (marker_tmp, *killed):
         path.write_text("half")
     remove_stale_temporaries(tmp_path)

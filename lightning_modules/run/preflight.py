@@ -21,7 +21,7 @@ import torch
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
 from lightning_modules.errors import UserError
-from lightning_modules.run.io import set_aside
+from lightning_modules.run.io import is_temporary, set_aside
 from lightning_modules.run.rundir import CONFIG, MARKER, saved_config
 from lightning_modules.run.results import RunResult
 
@@ -108,8 +108,8 @@ def remove_stale_temporaries(out: Path) -> None:
     if rank_zero_only.rank != 0:
         return
     for folder in (out, out / "checkpoints"):
-        for tmp in folder.glob(".*.tmp"):
-            if not tmp.name.startswith(f".{MARKER}."):
+        for tmp in folder.glob(".*.tmp"):  # ours only (mkstemp's pattern): a user's `.draft.tmp` is not
+            if is_temporary(tmp.name) and not is_temporary(tmp.name, MARKER) and not tmp.is_symlink():
                 tmp.unlink(missing_ok=True)
 
 
