@@ -167,3 +167,5 @@ def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | N
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise UserError(str(err).splitlines()[0]) from None
+    except UserError as err:  # the model the row makes cannot be built (n_kv_heads: 3 of 8 heads): name it
+        raise UserError(f"row {row!r} (preset {preset}{', spec ' + str(spec_path) if spec_path else ''}): {err}") from None

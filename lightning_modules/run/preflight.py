@@ -179,6 +179,24 @@ def estimate_memory_gb(cfg: RunConfig) -> tuple[float, float]:
     return (16 * count_parameters(m) + table) / GB, 4 * activations / GB
 
 
+def ram_gb() -> float:
+    """This machine's RAM in GiB (a cgroup's limit where it is lower)."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        ram = min(ram, int(limit)) if limit.isdigit() else ram
+    except OSError:
+        pass
+    return ram / GB
+
+
+def device_memory_gb(device: torch.device) -> tuple[float, str]:
+    """The memory of `device` (a GPU's own, else this machine's RAM), and what it is."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device.index or 0).total_memory / GB, "the GPU's memory"
+    return ram_gb(), "this machine's memory"
+
+
 def machine_memory_gb(cfg: RunConfig) -> tuple[float, str]:
     """The memory one training process of `cfg` may use, and what it is: the smallest chosen GPU's
     memory, or on the CPU the machine's RAM (a cgroup's limit where it is lower), per process."""
@@ -187,15 +205,9 @@ def machine_memory_gb(cfg: RunConfig) -> tuple[float, str]:
         ids = ids if isinstance(ids, list) else range(torch.cuda.device_count())
         sizes = [torch.cuda.get_device_properties(i).total_memory for i in ids] or [0]
         return min(sizes) / GB, "the GPU's memory"
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        ram = min(ram, int(limit)) if limit.isdigit() else ram
-    except OSError:
-        pass
     devices = parse_devices(cfg.train.devices)
     processes = devices if isinstance(devices, int) else 1  # CPU DDP: one process a device
-    return ram / processes / GB, "this machine's memory" + (f" per process ({processes})" if processes > 1 else "")
+    return ram_gb() / processes, "this machine's memory" + (f" per process ({processes})" if processes > 1 else "")
 
 
 def memory_limit_gb(cfg: RunConfig) -> tuple[float, str]:
@@ -310,7 +322,8 @@ def wandb_mode(setting: str, on_error: str = "fail") -> str | None:
     raise UserError(f"--wandb online: {problem}; or set train.wandb_on_error=offline to log offline")
 
 
-def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) -> tuple[Path, int] | None:
+def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None,
+                      damaged: list[tuple[Path, str]] | None = None) -> tuple[Path, int] | None:
     """The checkpoint to resume from and its step: the valid one with the highest step (newest on
     a tie).
 
@@ -319,21 +332,29 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
     refused with one line. A file gone by the time it is read is skipped without a word: the
     table's archive reads live run directories, where Lightning removes the older step checkpoint
     as it saves the next (Lightning writes each checkpoint atomically, so a live one is never
-    half-written).
+    half-written). `damaged`: a list that collects (path, why) for the damaged files instead,
+    changing nothing (the commands that only read a run: `run.use`).
     """
+
+    def aside(path: Path, why: str) -> None:
+        if damaged is None:
+            set_aside(path, why)
+        else:
+            damaged.append((path, why))
+
     if not ckpt_dir.is_dir():
         return None
     wanted, best, best_key = asdict(model) if model else {}, None, None
     for path in sorted(ckpt_dir.glob("*.ckpt")):
         try:
             with zipfile.ZipFile(path) as archive:
-                damaged = archive.testzip() is not None
+                broken = archive.testzip() is not None
         except FileNotFoundError:
             continue  # removed since the listing
         except (zipfile.BadZipFile, OSError):
-            damaged = True
-        if damaged:
-            set_aside(path, "its zip data fails its CRC check")
+            broken = True
+        if broken:
+            aside(path, "its zip data fails its CRC check")
             continue
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -341,12 +362,14 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
         except FileNotFoundError:
             continue  # removed since the listing
         except Exception:  # noqa: BLE001 (an unpickling refusal under weights_only, a foreign zip)
-            set_aside(path, "not a checkpoint this harness writes: it does not load with weights_only")
+            aside(path, "not a checkpoint this harness writes: it does not load with weights_only")
             continue
         if not isinstance(saved, dict):
-            set_aside(path, "not a checkpoint this harness writes")
+            aside(path, "not a checkpoint this harness writes")
             continue
-        old = saved.get("hyper_parameters", {}).get("model", {})
+        hyper = saved.get("hyper_parameters")
+        old = hyper.get("model", {}) if isinstance(hyper, dict) else {}
+        old = old if isinstance(old, dict) else {}
         for key, value in wanted.items():
             if key in old and old[key] != value:
                 raise UserError(f"{path} was saved by another model ({key}={old[key]!r}, not {value!r}); "
