@@ -14,13 +14,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ablations.spec import load_preset, load_spec, load_yaml, row_settings
 from lightning_modules.config import HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
 from lightning_modules.errors import UserError
+from lightning_modules.yaml_input import parse_yaml
 
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
 TOKENIZER_PATHS = {f"model.{key}" for key in TOKENIZER_KEYS}
@@ -58,8 +58,8 @@ def _parse_value(path: str, raw: str) -> Any:
     if "." in path and _field_type(path).startswith("str"):
         return raw
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return parse_yaml(raw, path)
+    except UserError:
         return raw
 
 

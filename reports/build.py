@@ -30,7 +30,7 @@ from reports import figures as figs
 from reports.attention import group_attention_pictures
 from reports.collect import Table3Data, load_table3
 from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
-from reports.significance import missing_p, paired_bootstrap
+from reports.significance import check_bootstrap_budget, missing_p, paired_bootstrap
 from reports.seeds import PAPER_THRESHOLD
 from reports.table3 import display_frame, has_paper, spearman, table3_frame, to_latex, to_markdown
 from reports.verdicts import verdicts
@@ -197,6 +197,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     data = load_table3(storage, study)
     if data.runs.empty:
         raise UserError(f"study {data.study!r} has no complete runs yet: nothing to report")
+    check_bootstrap_budget(data, bootstrap)  # a count the user gives: against its budget, before allocating
     if gap := missing_base(data):  # the rows there are can still be read
         print(f"ablate: warning: {gap}", file=sys.stderr, flush=True)
     out = Path(out)

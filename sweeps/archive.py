@@ -63,6 +63,7 @@ from lightning_modules.run.rundir import CONFIG, check_entries, mark, refuse_for
 from lightning_modules.run.results import RESULTS, read_results
 
 SAVE_EVERY_S = 600.0
+MAX_JOURNAL_BYTES = 256 * 2 ** 20  # a study journal unpacked (a 50-run table's: 3.5 MB)
 IDENTITY = "table3.json"
 STUDY = "study.journal.xz"
 DEV_FILES = ("dev.src.txt", "dev.ref.txt", "dev.hyp.txt")
@@ -207,10 +208,7 @@ def archived_study(archive: Path) -> Iterator[tuple[JournalStorage, str] | None]
         return
     with tempfile.TemporaryDirectory(prefix="ablate-study-") as tmp:
         unpacked = Path(tmp) / "study.journal"
-        try:
-            unpacked.write_bytes(lzma.decompress(path.read_bytes()))
-        except lzma.LZMAError as err:
-            raise UserError(f"{path} is not readable ({err}); is --archive a table's archive?") from None
+        unpack_capped(path, unpacked)
         try:
             storage = JournalStorage(JournalFileBackend(str(unpacked)))
             names = optuna.get_all_study_names(storage)
@@ -220,6 +218,30 @@ def archived_study(archive: Path) -> Iterator[tuple[JournalStorage, str] | None]
         if len(names) != 1:
             raise UserError(f"{path} holds {len(names)} studies, not one table's; is --archive a table's archive?")
         yield storage, names[0]
+
+
+def unpack_capped(path: Path, dest: Path, cap: int = MAX_JOURNAL_BYTES) -> None:
+    """Unpack the xz file `path` into `dest` as a stream, a MiB at a time, refusing it in one line
+    once it unpacks to more than `cap` bytes (an xz bomb: 3.7 MB that unpack to 24 GiB grew the
+    process to 7.5 GB), or when it is not xz or cut short."""
+    try:
+        with lzma.open(path, "rb") as packed, dest.open("wb") as out:
+            total = 0
+            while chunk := packed.read(1 << 20):
+                total += len(chunk)
+                if total > cap:
+                    raise UserError(f"{path} unpacks to more than {cap // 2 ** 20} MiB, the most a table's "
+                                    f"study journal may be; is --archive a table's archive?")
+                out.write(chunk)
+    except (lzma.LZMAError, EOFError) as err:
+        raise UserError(f"{path} is not readable ({err or 'cut short'}); is --archive a table's archive?") from None
+
+
+def check_study_file(archive: Path) -> None:
+    """The archived study, replayed once in a temporary folder before anything else is written:
+    a truncated, garbage or oversized `study.journal.xz` is refused in one line, up front."""
+    with archived_study(archive):
+        pass
 
 
 def study_content(storage: BaseStorage, name: str) -> str:

@@ -124,6 +124,29 @@ def read_only_dir(tmp: Path) -> Path:
     return folder
 
 
+LAUGHS = "".join(f"    {name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
+                 for prev, name in zip([None, *"abcdefgh"], "abcdefghi"))  # 9**9 "lol"s once expanded
+
+
+def billion_laughs_spec(tmp: Path) -> str:
+    """A spec whose base row's paper.ppl is nine levels of aliases (hundreds of millions of nodes)."""
+    return files(tmp, rows_yaml=f"base:\n  model: {{}}\n  junk:\n{LAUGHS}  paper: {{ppl: *i}}\n")["rows_yaml"]
+
+
+def billion_laughs_config(tmp: Path) -> str:
+    return files(tmp, laughs_yaml=f"train:\n  junk:\n{LAUGHS}  max_steps: *i\n")["laughs_yaml"]
+
+
+def deep_yaml(tmp: Path, levels: int, name: str = "deep_yaml", prefix: str = "") -> str:
+    return files(tmp, **{name: prefix + "[" * levels + "]" * levels + "\n"})[name]
+
+
+def big_spec(tmp: Path, mib: float) -> str:
+    """A spec of `mib` MiB: rows of its own (a 50 MB one held about 700,000 rows)."""
+    rows = "".join(f"r{i}: {{model: {{d_ff: {2048 + i % 7}}}}}\n" for i in range(int(mib * 2 ** 20 / 28)))
+    return files(tmp, rows_yaml="base: {model: {}}\n" + rows)["rows_yaml"]
+
+
 # (case id, argument builder given the tmp dir, text the one error line must contain, environment)
 Case = tuple[str, Callable[[Path], list[str]], str, dict[str, str]]
 CASES: list[Case] = [
@@ -264,6 +287,23 @@ CASES: list[Case] = [
     ("train-spec-row-n-kv-heads-3", lambda t: ["train", "--row", "X", "--spec",
                                                spec(t, "{model: {}}\nX: {model: {n_kv_heads: 3}}"), *FAST],
      "row 'X' (preset tiny", {}),
+    # Input limits (lightning_modules/yaml_input.py: one loader for every YAML file): no alias,
+    # no key twice, at most 64 levels, 1 MiB, 1,000 rows
+    ("spec-yaml-alias", lambda t: ["params", "--spec", files(t, rows_yaml="base: &b {model: {}}\nX: *b\n")["rows_yaml"]],
+     "aliases (*name) are not accepted", {}),
+    ("config-yaml-alias", lambda t: ["train", "--config", files(t, c_yaml="model: {d_model: &w 64, d_ff: *w}\n")["c_yaml"],
+                                     *FAST], "c.yaml: malformed YAML at line 1, column 31: aliases", {}),
+    ("spec-nested-too-deep", lambda t: ["params", "--spec", deep_yaml(t, 100, "rows_yaml", "base: {model: {}}\nX: ")],
+     "nested deeper than 64 levels", {}),
+    ("config-nested-too-deep", lambda t: ["train", "--config", deep_yaml(t, 100, "c_yaml", "model: "), *FAST],
+     "nested deeper than 64 levels", {}),
+    ("spec-larger-than-1-mib", lambda t: ["params", "--spec", big_spec(t, 1.1)], "larger than 1024 KiB", {}),
+    ("spec-over-1000-rows", lambda t: ["params", "--spec", big_spec(t, 0.03)], "more than the 1,000 a spec may have", {}),
+    ("config-key-twice", lambda t: ["train", "--config", files(t, c_yaml="model: {dropout: 0.1, dropout: 0.3}\n")["c_yaml"],
+                                    *FAST], "'dropout' is given twice", {}),
+    ("space-key-twice", lambda t: ["sweep", "wandb", "--out", str(t / "sweep.yaml"), "--space",
+                                   files(t, space_yaml=SPACE_OK + "  dropout: {type: float, low: 0.1, high: 0.2}\n")["space_yaml"]],
+     "'dropout' is given twice", {}),
     ("spec-unknown-row-key", lambda t: ["train", "--spec", spec(t, "{model: {}, train_step: 10}")],
      "unknown keys: train_step", {}),
     ("spec-row-dropout-text", lambda t: ["train", "--row", "X", "--spec",
@@ -392,6 +432,66 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: P
     assert "hunter2" not in err[0]  # a database password is never printed
     created = sorted(str(p.relative_to(tmp_path)) for p in set(tmp_path.rglob("*")) - before)
     assert not [c for c in created if not c.startswith("home")], f"{name} wrote {created}"
+
+
+def _peak_of(args: list[str], cwd: Path, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `ablate ARGS` as a real process under a 4 GiB address-space guard (the machine's own
+    safety, not the limit tested); its peak resident memory in GiB (GNU time's %M)."""
+    import resource
+
+    def guard() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2 ** 30, 4 * 2 ** 30))
+
+    peak = cwd / "peak.txt"
+    cmd = ["/usr/bin/time", "-o", str(peak), "-f", "%M", sys.executable, "-m", "ablate", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            preexec_fn=guard, start_new_session=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # time and the command under it
+        proc.communicate()
+        raise AssertionError(f"no answer within {timeout:g} s") from None
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    kib = int(peak.read_text().strip().splitlines()[-1])
+    peak.unlink()
+    return result, kib / 2 ** 20
+
+
+def report_study_with_translations(tmp: Path, sentences: int) -> str:
+    """A Table 3 study with base and A1 complete, each with `sentences` dev translations."""
+    fake_table3_study(tmp / "t.db", ["base", "A1"], dev_lines=sentences)
+    return f"sqlite:///{tmp / 't.db'}"
+
+
+HOSTILE = [
+    ("spec-billion-laughs", lambda t: ["params", "--spec", billion_laughs_spec(t)], "aliases (*name) are not accepted"),
+    ("config-billion-laughs", lambda t: ["train", "--config", billion_laughs_config(t), *FAST], "aliases (*name)"),
+    ("spec-10000-levels", lambda t: ["params", "--spec", deep_yaml(t, 10000, "rows_yaml", "base: ")], "nested deeper"),
+    ("config-10000-levels", lambda t: ["train", "--config", deep_yaml(t, 10000, "c_yaml", "model: "), *FAST],
+     "nested deeper"),
+    ("spec-50-mib", lambda t: ["params", "--spec", big_spec(t, 50)], "larger than 1024 KiB"),
+    ("report-bootstrap-100000000", lambda t: ["report", "--storage", report_study_with_translations(t, 10), "--out",
+                                              str(t / "r"), "--bootstrap", "100000000"], "more than the 1 GiB budget"),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_input_is_one_line_within_2_gb_and_a_minute(case, tmp_path: Path):
+    """Small hostile inputs (aliases that expand to billions of nodes, 10,000 levels of nesting,
+    a 50 MiB spec, a count asking for a 37 GiB allocation): one line, exit 2, nothing written,
+    a peak under 2 GB and an answer within a minute (a real process)."""
+    name, build, expected = case
+    work = tmp_path / "work"
+    work.mkdir()
+    args = build(tmp_path)
+    before = set(tmp_path.rglob("*"))
+    result, peak_gib = _peak_of(args, work, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[0].startswith("ablate: error: ") and expected in lines[0], lines[0]
+    assert peak_gib < 2, f"{name}: {peak_gib:.2f} GiB"
+    assert set(tmp_path.rglob("*")) == before
 
 
 def test_there_are_at_least_thirty_cases():
@@ -614,10 +714,14 @@ def test_dashboard_banner_masks_the_database_password():
     assert "hunter2" not in line and "ablate:***@db.example:5432/optuna" in line and "http://[::1]:8080/" in line
 
 
-def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny") -> None:
+def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny", dev_lines: int = 0) -> None:
     """A Table 3 study as `ablate table3` leaves it, with one complete run of each of `rows` (and
-    the numbers a report reads; no translations, so no bootstrap)."""
+    the numbers a report reads; `dev_lines` dev translations each, none by default: no bootstrap)."""
     from ablations.spec import load_spec
+    from sweeps.study import pack_lines
+
+    dev = {"dev_hyp": pack_lines([f"sentence {i}" for i in range(dev_lines)]),
+           "dev_ref": pack_lines([f"sentence {i}" for i in range(dev_lines)])} if dev_lines else {}
 
     spec = load_spec()
     study = optuna.create_study(study_name=f"table3-{preset}", storage=f"sqlite:///{path}")
@@ -628,7 +732,7 @@ def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny") -> None
         trial = study.ask()
         for key, value in {"row": row, "seed": 1, "group": spec[row].get("group", row), "ppl": 10.0 + i,
                            "bleu": 5.0 - i, "params": 1000, "steps": 10, "train_time_s": 1.0,
-                           "tokens_per_s": 100.0}.items():
+                           "tokens_per_s": 100.0, **dev}.items():
             trial.set_user_attr(key, value)
         study.tell(trial, 10.0 + i)
 

@@ -36,9 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from lightning_modules.errors import RunFailed, UserError
+from lightning_modules.yaml_input import read_yaml
 from lightning_modules.run.io import atomic_write_json, check_kinds, is_temporary, not_a_link
 
 MARKER = "ablate-run.json"  # a run directory's; a report directory has `ablate-report.json`
@@ -119,8 +118,8 @@ def saved_config(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's `config.yaml` as saved: a mapping, or None where it is missing, unreadable
     or not a mapping (the one reader of the file; each caller says what None means to it)."""
     try:
-        saved = yaml.safe_load((Path(run_dir) / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):  # ValueError: UnicodeDecodeError included
+        saved = read_yaml(Path(run_dir) / CONFIG)  # the one loader: size, aliases, depth
+    except (OSError, UserError):
         return None
     return saved if isinstance(saved, dict) else None
 
