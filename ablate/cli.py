@@ -323,7 +323,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    from lightning_modules.run.io import check_writable_dir, disk_full_ends_the_run
+    import shutil
+
+    from lightning_modules.run.io import check_writable_dir, disk_full_ends_the_run, first_missing
     from lightning_modules.run.use import attention_dir, checkpoint_choice, load_run
     from reports.attention import dev_line, write_attention
 
@@ -332,9 +334,16 @@ def cmd_attention(args: argparse.Namespace) -> int:
     check_writable_dir(out, "the attention maps")
     run = load_run(args.run, args.checkpoint, args.device)
     sentence = args.sentence if args.sentence is not None else dev_line(run, args.line)
-    with disk_full_ends_the_run(out):
-        for path in write_attention(run, sentence, out, args.layer, args.head):
-            print(f"wrote {path}")
+    created = first_missing(out)
+    try:
+        with disk_full_ends_the_run(out):
+            written = write_attention(run, sentence, out, args.layer, args.head)
+    except UserError:  # a full disk: no folder of maps left half written
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 

@@ -592,6 +592,78 @@ def test_disk_full_mid_run_is_one_line_and_leaves_no_half_written_file(tmp_path:
     assert report["checkpoints"] and all(report["checkpoints"].values()), report["files"]
 
 
+FULL_DISK_DRIVER = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+
+mount, free_kib, args = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], check=True)
+filler = mount / ".filler"
+try:
+    with open(filler, "wb") as handle:
+        while True:
+            handle.write(bytes(1 << 16))
+            handle.flush()
+except OSError:
+    pass
+os.truncate(filler, max(0, filler.stat().st_size - free_kib * 1024))  # leave free_kib KiB
+before = sorted(str(p.relative_to(mount)) for p in mount.rglob("*"))
+run = subprocess.run([sys.executable, "-m", "ablate", *[a.replace("MOUNT", str(mount)) for a in args]],
+                     capture_output=True, text=True)
+print(json.dumps({"code": run.returncode, "stderr": run.stderr, "before": before,
+                  "after": sorted(str(p.relative_to(mount)) for p in mount.rglob("*"))}))
+"""
+
+
+def on_a_full_disk(tmp: Path, free_kib: int, *args: str) -> dict:
+    """`ablate ARGS` (MOUNT: a 20 MB tmpfs with `free_kib` KiB left), in a private mount namespace."""
+    if not mount_namespace_available():
+        pytest.skip("cannot mount a tmpfs here: `unshare -Urm` (an unprivileged mount namespace) is refused")
+    mount = tmp / "tiny-disk"
+    mount.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(["unshare", "-Urm", sys.executable, "-c", FULL_DISK_DRIVER, str(mount), str(free_kib), *args],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("command", ["train", "report"])
+def test_a_full_disk_is_one_line_exit_1_and_leaves_nothing_half_written(command: str, tmp_path: Path):
+    """`train` on a disk already full (its checks wrote the marker and the lock outside any
+    handler: a traceback), and a report whose disk fills while it writes (it refused in one line
+    but left the files written so far): one line, exit status 1, and the disk holds what it held."""
+    if command == "train":
+        args = ["train", "--out", "MOUNT/run", *corpus(tmp_path), *LETTERS, *FAST]
+        report = on_a_full_disk(tmp_path, 0, *args)
+    else:
+        fake_table3_study(tmp_path / "t.db", ["base", "A1", "B1", "C1"])
+        report = on_a_full_disk(tmp_path, 24, "report", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--out", "MOUNT/r")
+    lines = report["stderr"].strip().splitlines()
+    assert report["code"] == 1 and "Traceback" not in report["stderr"], report["stderr"][-3000:]
+    assert len(lines) == 1 and lines[0].startswith("ablate: error: ") and "the disk is full" in lines[0], lines
+    assert report["after"] == report["before"], report["after"]
+
+
+def test_a_report_on_numbers_no_run_writes_is_one_line(tmp_path: Path, capsys):
+    """A study whose base trial holds the text "high" for BLEU, or Infinity for PPL (an edited
+    database): one line naming the trial, exit 2, no report written (tracebacks from the
+    formatting and from pandas' statistics)."""
+    for key, value in (("bleu", '"high"'), ("ppl", "Infinity")):
+        db = tmp_path / f"{key}.db"
+        fake_table3_study(db, ["base", "A1"])
+        study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{db}")
+        base = next(t for t in study.get_trials() if t.user_attrs["row"] == "base")
+        with closing(sqlite3.connect(db)) as con, con:  # the edit
+            con.execute("UPDATE trial_user_attributes SET value_json = ? WHERE trial_id = ? AND key = ?",
+                        (value, base._trial_id, key))
+        out = tmp_path / f"r-{key}"
+        assert main(["report", "--storage", f"sqlite:///{db}", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"trial {base.number} (base seed 1) holds {key} = " in err[0], err
+        assert not out.exists()
+
+
 def measurements_db(tmp: Path) -> Path:
     """An SQLite database of someone else's (not Optuna's)."""
     path = tmp / "measurements.db"

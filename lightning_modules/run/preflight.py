@@ -7,6 +7,7 @@ commands that queue a table or a sweep run before queueing anything, load none (
 
 from __future__ import annotations
 
+import errno
 import netrc
 import os
 import shutil
@@ -20,7 +21,7 @@ import torch
 
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
-from lightning_modules.errors import UserError
+from lightning_modules.errors import DiskFull, UserError
 from lightning_modules.run.io import is_temporary, set_aside
 from lightning_modules.run.rundir import CONFIG, MARKER, saved_config
 from lightning_modules.run.results import RunResult
@@ -96,6 +97,9 @@ def check_output_dir(out: Path) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):  # the environment, not the input: exit status 1
+            raise DiskFull(f"{out}: the disk is full ({err.strerror}); free some space and run the same "
+                           f"command again") from None
         raise UserError(f"cannot write to output directory {out}: {err.strerror or err}") from None
 
 

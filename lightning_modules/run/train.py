@@ -32,7 +32,7 @@ from lightning_modules.config import RunConfig, parse_devices
 from lightning_modules.convergence import classify_run
 from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
-from lightning_modules.errors import RunFailed, UserError
+from lightning_modules.errors import DiskFull, RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
@@ -167,19 +167,25 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     check_memory(cfg)
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
     created = first_missing(out)  # the outermost directory this run creates: removed if a check fails
-    check_output_dir(out)
-    rank_zero = global_rank_zero()
     try:
-        if rank_zero:
-            claim(out)
-        else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
-            wait_until_ours(out)
-    except UserError:
-        if created:
+        with disk_full_ends_the_run(out):  # a full disk anywhere, the checks' writes too: one line, exit 1
+            check_output_dir(out)
+            rank_zero = global_rank_zero()
+            try:
+                if rank_zero:
+                    claim(out)
+                else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
+                    wait_until_ours(out)
+            except UserError:
+                if created:
+                    shutil.rmtree(created, ignore_errors=True)
+                raise
+            with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
+                return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks, startup)
+    except DiskFull:
+        if created and not any(out.glob("checkpoints/*.ckpt")):  # nothing to resume from: no partial run left
             shutil.rmtree(created, ignore_errors=True)
         raise
-    with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
-        return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks, startup)
 
 
 def _checked_and_trained(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
