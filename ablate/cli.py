@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lightning_modules.config import CORPORA
-from lightning_modules.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
+from lightning_modules.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
 from lightning_modules.run.slurm import keep_notices
 from lightning_modules.run.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
@@ -585,6 +585,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help, --version, or a usage error (its one line is printed)
         return int(done.code or 0)
     handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # torch's MKL then dies in one cryptic line, other paths in a traceback
+        print("ablate: error: the working directory no longer exists (deleted after this shell entered it); "
+              "cd to an existing folder and run the command again", file=sys.stderr)
+        return EXIT_FAILED
     try:
         return handler(args)
     except UserError as err:

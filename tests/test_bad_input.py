@@ -664,6 +664,39 @@ def test_a_report_on_numbers_no_run_writes_is_one_line(tmp_path: Path, capsys):
         assert not out.exists()
 
 
+def test_a_deleted_working_directory_is_one_line(tmp_path: Path):
+    """`ablate train` from a folder deleted after the shell entered it: one `ablate: error:` line
+    (it ended in a oneMKL FATAL ERROR line from torch's import), exit status 1."""
+    script = f'mkdir gone && cd gone && rmdir ../gone && exec "{sys.executable}" -m ablate train --no-wandb --max-steps 1'
+    result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith("ablate: error: the working directory no longer exists"), lines
+
+
+def test_wandb_online_without_a_network_waits_a_bounded_time_then_logs_offline(tmp_path: Path):
+    """`--wandb online` with a well-formed key and no way to reach W&B (a closed port stands for
+    the host): W&B's own init_timeout bounds the wait ($WANDB_INIT_TIMEOUT here, 30 s by default;
+    it retried for 106 s, then printed a traceback), one warning line of ours, and the run trains
+    to the end with an offline W&B run that `wandb sync` can upload later."""
+    import time
+
+    env = {**os.environ, "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "5",
+           "HOME": str(tmp_path / "home"), "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
+    out = tmp_path / "run"
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(out), "--wandb", "online",
+                             *corpus(tmp_path), *LETTERS, *FAST[1:]], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env=env)
+    took = time.monotonic() - start
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    warned = [line for line in result.stderr.splitlines() if "W&B online could not start" in line]
+    assert len(warned) == 1 and warned[0].startswith("ablate: warning: ") and "logging offline" in warned[0], warned
+    assert list((out / "wandb").glob("offline-run-*")), sorted(p.name for p in (out / "wandb").iterdir())
+    assert json.loads((out / "results.json").read_text())["status"] == "complete"
+    assert took < 150, took
+
+
 def measurements_db(tmp: Path) -> Path:
     """An SQLite database of someone else's (not Optuna's)."""
     path = tmp / "measurements.db"

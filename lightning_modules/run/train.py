@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import platform
 import shutil
 import socket
+import sys
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -113,14 +115,45 @@ def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
     if mode:
         id_file = out / "wandb_id.txt"
         run_id = id_file.read_text().strip() if id_file.is_file() else None
-        logger = WandbLogger(project=cfg.train.wandb_project, save_dir=str(out), offline=mode == "offline",
-                             group=cfg.train.wandb_group or cfg.row, name=out.name, id=run_id,
-                             tags=[cfg.row, cfg.preset, cfg.data.corpus], config=asdict(cfg),
-                             resume="allow")
+        logger = _wandb_logger(cfg, out, mode, run_id)
+        if mode == "online":
+            logger = _online_or_offline(logger, cfg, out, run_id)
         if run_id is None:
             atomic_write_text(id_file, logger.experiment.id)
         loggers.append(logger)
     return loggers
+
+
+WANDB_INIT_TIMEOUT_S = 30.0  # W&B's own init_timeout (90 s by default) unless $WANDB_INIT_TIMEOUT says
+
+
+def _wandb_logger(cfg: RunConfig, out: Path, mode: str, run_id: str | None) -> WandbLogger:
+    import wandb
+
+    if mode == "offline":  # said to wandb.init itself too: after an online start that failed, the flag alone went online
+        settings: dict[str, Any] = {"mode": "offline"}
+    else:
+        settings = {} if os.environ.get("WANDB_INIT_TIMEOUT") else {"settings": wandb.Settings(init_timeout=WANDB_INIT_TIMEOUT_S)}
+    return WandbLogger(project=cfg.train.wandb_project, save_dir=str(out), offline=mode == "offline",
+                       group=cfg.train.wandb_group or cfg.row, name=out.name, id=run_id,
+                       tags=[cfg.row, cfg.preset, cfg.data.corpus], config=asdict(cfg),
+                       resume="allow", **settings)
+
+
+def _online_or_offline(logger: WandbLogger, cfg: RunConfig, out: Path, run_id: str | None) -> WandbLogger:
+    """The online W&B run, started now (within W&B's init_timeout), or, when W&B cannot be reached
+    (no network, a host that does not answer), an offline run in its place with one warning line:
+    `wandb sync` uploads it later. Training never waits on W&B for longer than the timeout."""
+    import wandb
+
+    try:
+        logger.experiment  # noqa: B018 (starts the run: wandb.init)
+        return logger
+    except (wandb.errors.Error, TimeoutError, OSError) as err:
+        first = " ".join(str(err).split())[:160] or type(err).__name__
+        print(f"ablate: warning: W&B online could not start ({first}); logging offline instead, in "
+              f"{out / 'wandb'} (upload it later with `wandb sync`)", file=sys.stderr, flush=True)
+    return _wandb_logger(cfg, out, "offline", run_id)
 
 
 def log_attention(loggers: list[Logger], path: Path, row: str, step: int) -> None:
