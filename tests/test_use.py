@@ -285,6 +285,8 @@ def test_model_use_arguments_are_checked_in_one_line(run_dir: Path, tmp_path: Pa
     _fails(capsys, ["translate", str(run_dir), "--checkpoint", "average:٣", "--input", dev], "last, best or average:K")
     _fails(capsys, ["translate", str(run_dir), "--beam", "100000000", "--input", dev, "--device", "cpu"],
            "beam search with --beam 100000000 would need")
+    _fails(capsys, ["translate", str(run_dir), "--batch-tokens", "1000000000000", "--input", dev, "--device", "cpu"],
+           "lower --beam or --batch-tokens")
     for alpha in ("nan", "inf", "-1"):
         _fails(capsys, ["translate", str(run_dir), "--alpha", alpha, "--input", dev], "--alpha: must be a finite number")
     _fails(capsys, ["translate", str(run_dir), "--input", str(tmp_path)], "is a directory, not a --input file")

@@ -323,11 +323,15 @@ def check_beam_memory(run: LoadedRun, cfg: EvalConfig) -> None:
     """Refuse, before any sentence is read, a beam search that cannot fit the device's memory, as
     `train` does before training (`preflight.decoding_memory_gb`), for the longest input the model
     takes: a decoding batch of max_len-long sentences."""
-    from lightning_modules.run.preflight import decoding_memory_gb, device_memory_gb
+    from lightning_modules.config import count_parameters
+    from lightning_modules.run.preflight import GB, decoding_memory_gb, device_memory_gb
 
     model = run.model.config
-    longest = [model.max_len - 1] * max(1, cfg.batch_tokens // model.max_len)
-    need = decoding_memory_gb(model, cfg.beam_size, cfg.batch_tokens, cfg.max_len_offset, longest)
+    # one max_len-long sentence a batch, scaled to the batch's count (the estimate is linear in
+    # it; no list of a --batch-tokens' length is built)
+    one = decoding_memory_gb(model, cfg.beam_size, model.max_len, cfg.max_len_offset, [model.max_len - 1])
+    weights = 4 * count_parameters(model) / GB
+    need = weights + (one - weights) * max(1, cfg.batch_tokens // model.max_len)
     limit, what = device_memory_gb(run.device)
     if need > limit:
         raise UserError(f"beam search with --beam {cfg.beam_size} would need ~{need:.1f} GB, more than "
