@@ -11,7 +11,7 @@ is the option declarations of its commands; each handler is a few library calls)
     ablate storage-proxy --storage RDB-URL [--host 127.0.0.1] [--port 13000]
     ablate translate RUN [--input FILE] [--checkpoint last|best|average:K] [--beam 4] ...
     ablate evaluate RUN [--split valid|test | --src F --ref F] [--checkpoint ...] ...
-    ablate attention RUN --sentence "..." | --line N [--layer L] [--head H] --out DIR
+    ablate attention RUN --sentence "..." | --line N [--layer L] [--head H] [--out DIR]
 
 One word, one meaning: `--devices` is what one run trains on (Lightning's devices: auto, a count,
 GPU ids), `--gpus` the GPU ids a launcher (`table3`, `sweep optuna`) spreads its workers over, one
@@ -32,7 +32,7 @@ from typing import Any
 from pathlib import Path
 
 from lightning_modules.config import CORPORA
-from lightning_modules.errors import EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
+from lightning_modules.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
 from lightning_modules.run.slurm import keep_notices
 from lightning_modules.run.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
@@ -97,6 +97,21 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return whole_number
+
+
+def finite_at_least(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number >= `minimum` (not nan, not inf), else one line."""
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not minimum <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum:g}, got {text!r}")
+        return value
+
+    return number
 
 
 def study_name(text: str) -> str:
@@ -331,8 +346,9 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from lightning_modules.run.use import decoding, load_run, open_input, translate_stream
+    from lightning_modules.run.use import checkpoint_choice, decoding, load_run, open_input, translate_stream
 
+    checkpoint_choice(args.checkpoint)
     stream, interactive = open_input(args.input)
     run = load_run(args.run, args.checkpoint, args.device)
     cfg = decoding(run, args.beam, args.alpha, args.max_len_offset, args.batch_tokens, args.cuda_graphs)
@@ -341,8 +357,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from lightning_modules.run.use import decoding, evaluate, evaluation_texts, load_run, read_run_config
+    from lightning_modules.run.use import (checkpoint_choice, decoding, evaluate, evaluation_texts, load_run,
+                                           read_run_config)
 
+    checkpoint_choice(args.checkpoint)
     name, sources, references, label = evaluation_texts(
         read_run_config(Path(args.run)), args.split, args.src, args.ref, args.data, args.data_dir, args.base_url)
     run = load_run(args.run, args.checkpoint, args.device)
@@ -354,14 +372,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
-    from lightning_modules.run.io import check_writable_dir
-    from lightning_modules.run.use import load_run
+    import shutil
+
+    from lightning_modules.run.io import check_writable_dir, disk_full_ends_the_run, first_missing
+    from lightning_modules.run.use import attention_dir, checkpoint_choice, load_run
     from reports.attention import dev_line, write_attention
 
-    check_writable_dir(args.out, "the attention maps")
+    checkpoint_choice(args.checkpoint)
+    out = args.out or attention_dir(Path(args.run), args.sentence, args.line, args.checkpoint)
+    check_writable_dir(out, "the attention maps")
     run = load_run(args.run, args.checkpoint, args.device)
     sentence = args.sentence if args.sentence is not None else dev_line(run, args.line)
-    for path in write_attention(run, sentence, args.out, args.layer, args.head):
+    created = first_missing(out)
+    try:
+        with disk_full_ends_the_run(out):
+            written = write_attention(run, sentence, out, args.layer, args.head)
+    except UserError:  # a full disk: no folder of maps left half written
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    for path in written:
         print(f"wrote {path}")
     return 0
 
@@ -374,7 +404,8 @@ def _add_use_options(p: argparse.ArgumentParser) -> None:
                         "PPL, or the parameter mean of the K newest (train.keep_checkpoints=K keeps them)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the first GPU, else cpu)")
     p.add_argument("--beam", type=at_least(1), help="beam size (default: the run's eval.beam_size)")
-    p.add_argument("--alpha", type=float, help="length penalty alpha (default: the run's eval.length_penalty)")
+    p.add_argument("--alpha", type=finite_at_least(0.0),
+                   help="length penalty alpha (default: the run's eval.length_penalty)")
     p.add_argument("--max-len-offset", type=at_least(0),
                    help="output length limit = source length + this (default: the run's eval.max_len_offset)")
     p.add_argument("--batch-tokens", type=at_least(1),
@@ -579,7 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--line", type=at_least(1), help="line N (from 1) of the run's dev set")
     p.add_argument("--layer", type=at_least(1), help="only this layer (from 1)")
     p.add_argument("--head", type=at_least(1), help="only this head (from 1)")
-    p.add_argument("--out", required=True, help="directory for the PNGs")
+    p.add_argument("--out", help="directory for the PNGs (default: a folder inside the run, "
+                                 "RUN/attention-line-N-CHECKPOINT or RUN/attention-sentence-HASH-CHECKPOINT)")
     p.add_argument("--checkpoint", default="last", metavar="last|best|average:K",
                    help="the weights (as for translate; default last)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the first GPU, else cpu)")
@@ -606,6 +638,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help, --version, or a usage error (its one line is printed)
         return int(done.code or 0)
     handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # torch's MKL then dies in one cryptic line, other paths in a traceback
+        print("ablate: error: the working directory no longer exists (deleted after this shell entered it); "
+              "cd to an existing folder and run the command again", file=sys.stderr)
+        return EXIT_FAILED
     try:
         return handler(args)
     except UserError as err:

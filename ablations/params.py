@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lightning_modules.errors import UserError
 from lightning_modules.config import MODIFICATION_KEYS, ScaleConfig, TransformerConfig, count_parameters, modifications
 from ablations.spec import load_preset, load_spec, row_settings
 
@@ -13,7 +14,10 @@ def paper_architecture(row: str, spec: dict[str, dict[str, Any]], vocab_size: in
     """The row's model at the paper's scale (d_k, d_v derived where the row leaves them out)."""
     max_len = load_preset("paper").get("model", {}).get("max_len", TransformerConfig.max_len)
     model = row_settings(row, spec, ScaleConfig())["model"]
-    return TransformerConfig(**{**model, "vocab_size": vocab_size, "max_len": max_len})
+    try:
+        return TransformerConfig(**{**model, "vocab_size": vocab_size, "max_len": max_len})
+    except UserError as err:  # a model the row cannot build (n_kv_heads: 3 of 8 heads): name the row
+        raise UserError(f"row {row!r}: {err}") from None
 
 
 def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -> list[dict[str, Any]]:

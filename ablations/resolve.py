@@ -16,13 +16,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ablations.spec import RECIPE_SECTIONS, load_preset, load_spec, load_yaml, recipe_ratios, row_settings
 from lightning_modules.config import HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
 from lightning_modules.errors import UserError
+from lightning_modules.yaml_input import parse_yaml
 
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
 TOKENIZER_PATHS = {f"model.{key}" for key in TOKENIZER_KEYS}
@@ -60,8 +60,8 @@ def _parse_value(path: str, raw: str) -> Any:
     if "." in path and _field_type(path).startswith("str"):
         return raw
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return parse_yaml(raw, path)
+    except UserError:
         return raw
 
 
@@ -194,3 +194,5 @@ def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | N
         return OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
         raise UserError(str(err).splitlines()[0]) from None
+    except UserError as err:  # the model the row makes cannot be built (n_kv_heads: 3 of 8 heads): name it
+        raise UserError(f"row {row!r} (preset {preset}{', spec ' + str(spec_path) if spec_path else ''}): {err}") from None

@@ -25,53 +25,29 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from lightning_modules.config import DataConfig, ScaleConfig, TrainConfig, TransformerConfig
 from lightning_modules.errors import UserError
 from lightning_modules.names import check_name
 from lightning_modules.run.io import check_readable_file
+from lightning_modules.yaml_input import read_yaml
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")  # what scale.width multiplies
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe YAML loader that refuses a key given twice in one mapping."""
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{key!r} is given twice", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+MAX_ROWS = 1000  # rows a spec may have (the paper's Table 3 has 24)
 
 
 def _ablations_dir() -> Path:
     return Path(str(resources.files("ablations")))
 
 
-def load_yaml(path: str | Path, what: str = "file", unique_keys: bool = False) -> dict[str, Any]:
-    """A YAML mapping from `path`, or a one-line UserError (`unique_keys`: a key given twice too)."""
+def load_yaml(path: str | Path, what: str = "file", unique_keys: bool = True) -> dict[str, Any]:
+    """A YAML mapping from `path`, or a one-line UserError. Every YAML file a command reads comes
+    through here (`lightning_modules.yaml_input`: size, alias and depth limits, and a key given
+    twice is refused in every file; `unique_keys` is kept for callers of older versions)."""
     path = check_readable_file(path, what)
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = yaml.load(text, Loader=_UniqueKeyLoader) if unique_keys else yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"{path}: malformed YAML{where}: {getattr(err, 'problem', err)}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text") from None
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -123,6 +99,8 @@ def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
 def _checked_spec(shown: str, where: str, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
     path = Path(shown)
     rows = load_yaml(path, "ablation spec", unique_keys=True)
+    if len(rows) > MAX_ROWS:  # each row is checked and may be planned: a bound on the time it takes
+        raise UserError(f"{path}: {len(rows):,} rows, more than the {MAX_ROWS:,} a spec may have")
     if "base" not in rows:
         raise UserError(f"{path}: an ablation spec needs a 'base' row")
     from omegaconf import OmegaConf  # ~50 ms: not for `ablate --help`, which lists the presets

@@ -360,7 +360,9 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _positive("eval", beam_size=self.beam_size, batch_tokens=self.batch_tokens)
-        if self.length_penalty < 0 or self.max_len_offset < 0:
+        if not 0 <= self.length_penalty < float("inf"):  # nan too: it decoded repeated tokens
+            raise UserError(f"eval.length_penalty (--alpha) must be a finite number >= 0, got {self.length_penalty}")
+        if self.max_len_offset < 0:
             raise UserError("eval.length_penalty and eval.max_len_offset must be >= 0")
         _one_of("eval.bleu_tokenize", self.bleu_tokenize, bleu_tokenizers())
 

@@ -12,7 +12,10 @@ one run logs the table (`wandb.Table`), every figure, report.html, and the repor
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,15 +26,14 @@ from lightning_modules.convergence import ConvergenceRule
 from lightning_modules.errors import UserError
 from ablations.spec import table3_section
 from lightning_modules.names import inside
-from lightning_modules.run.io import (atomic_write_bytes, atomic_write_text, check_writable_dir,
-                                     disk_full_ends_the_run)
+from lightning_modules.run.io import check_writable_dir, disk_full_ends_the_run, first_missing, not_a_link
 from lightning_modules.run.rundir import mark, refuse_foreign
 from reports import figures as figs
 from reports.attention import group_attention_pictures
 from reports.collect import Table3Data, load_table3
 from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
 from reports import trajectory
-from reports.significance import missing_sentences, sentence_draws
+from reports.significance import check_bootstrap_budget, missing_sentences, sentence_draws
 from reports.seeds import PAPER_THRESHOLD
 from reports.table3 import display_frame, has_paper, spearman, table3_frame, to_latex, to_markdown
 from reports.verdicts import headline, verdicts
@@ -206,6 +208,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     data = load_table3(storage, study)
     if data.runs.empty:
         raise UserError(f"study {data.study!r} has no complete runs yet: nothing to report")
+    check_bootstrap_budget(data, bootstrap)  # a count the user gives: against its budget, before allocating
     if gap := missing_base(data):  # the rows there are can still be read
         print(f"ablate: warning: {gap}", file=sys.stderr, flush=True)
     out = Path(out)
@@ -217,29 +220,47 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     method_lines = methods(data, frame, bootstrap, draws)
     pictures = {**figs.render_all(frame, data.curves), **group_attention_pictures(data.runs, runs_dir)}
 
-    written: list[Path] = []
-
-    def put(name: str, content: str | bytes) -> None:
-        path = inside(out, *name.split("/"))  # a figure's name holds a group's
-        if isinstance(content, bytes):
-            atomic_write_bytes(path, content)
-        else:
-            atomic_write_text(path, content)
-        written.append(path)
-
-    with disk_full_ends_the_run(out):
-        out.mkdir(parents=True, exist_ok=True)
-        mark(out, "report")
-        for name, png in pictures.items():
-            put(f"figures/{name}", png)
-        put("table3.csv", frame.to_csv(float_format="%.6g"))
-        put("table3.md", markdown_report(title, cap, frame, summary_lines, method_lines, list(pictures),
-                                         caveat_lines))
-        put("table3.tex", to_latex(frame, cap.replace("±", r"$\pm$")))
-        put("report.html", render(title, cap, display_frame(frame), pictures, summary=summary_lines,
-                                  methods=method_lines, caveats=caveat_lines))
+    files: dict[str, str | bytes] = {f"figures/{name}": png for name, png in pictures.items()}
+    files["table3.csv"] = frame.to_csv(float_format="%.6g")
+    files["table3.md"] = markdown_report(title, cap, frame, summary_lines, method_lines, list(pictures), caveat_lines)
+    files["table3.tex"] = to_latex(frame, cap.replace("±", r"$\pm$"))
+    files["report.html"] = render(title, cap, display_frame(frame), pictures, summary=summary_lines,
+                                  methods=method_lines, caveats=caveat_lines)
+    written = write_whole(out, files)
     if wandb != "off":
         log_to_wandb(data, frame, out, wandb, list(pictures), caveat_lines)
+    return written
+
+
+def write_whole(out: Path, files: dict[str, str | bytes]) -> list[Path]:
+    """Write the report's `files` ({name under out: content}) all or none: each is written into a
+    staging folder of ours inside `out` first, then every one renamed into place (renames need no
+    space). A disk that fills up while staging is one line (exit status 1) and leaves no partial
+    report: the staging folder goes, and so does `out` itself when this call created it."""
+    created = first_missing(out)
+    stage: Path | None = None
+    try:
+        with disk_full_ends_the_run(out):
+            out.mkdir(parents=True, exist_ok=True)
+            mark(out, "report")
+            stage = Path(tempfile.mkdtemp(prefix=".ablate-report-", suffix=".tmp", dir=out))
+            for name, content in files.items():
+                staged = inside(stage, *name.split("/"))  # a figure's name holds a group's
+                staged.parent.mkdir(parents=True, exist_ok=True)
+                staged.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+            written = []
+            for name in files:
+                path = not_a_link(inside(out, *name.split("/")))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(inside(stage, *name.split("/")), path)
+                written.append(path)
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    finally:
+        if stage is not None and stage.is_dir():
+            shutil.rmtree(stage, ignore_errors=True)
     return written
 
 

@@ -9,6 +9,7 @@ run's convergence class is decided here, by the current rule, from the inputs th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     redone = in_table_order(redone_runs(trials, latest), attrs["spec"])
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
+        check_numbers(trial, row, seed, study_name)
         a = {**trial.user_attrs, **convergence(trial.user_attrs)}
         record = {"row": row, "group": a.get("group", row), "seed": seed,
                   **{c: a.get(c) for c in RUN_COLUMNS},
@@ -114,6 +116,23 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
                       setup=dict(attrs.get("setup", {})), runs=runs,
                       translations=translations, curves=pd.DataFrame.from_records(curve_points),
                       planned={row: len(seeds) for row, seeds in queued.items()}, redone=redone)
+
+
+NUMBER_COLUMNS = tuple(c for c in RUN_COLUMNS if c != "convergence")  # what a report computes with
+
+
+def check_numbers(trial: optuna.trial.FrozenTrial, row: str, seed: Any, study: str) -> None:
+    """A complete run's numbers as a report computes with them: finite numbers or none. A value a
+    run cannot have written (the text "high" for BLEU, Infinity for PPL: an edited database) is one
+    line naming the trial, not a traceback from the formatting or the statistics."""
+    for key in NUMBER_COLUMNS:
+        value = trial.user_attrs.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(f"study {study!r}: trial {trial.number} ({row} seed {seed}) holds {key} = "
+                            f"{str(value)[:40]!r}, not a finite number; a run never writes that (was the "
+                            f"database edited?): correct or delete the trial")
 
 
 def convergence(attrs: dict[str, Any]) -> dict[str, str | None]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from sacrebleu.metrics import BLEU
 
+from lightning_modules.errors import UserError
 from reports.collect import Table3Data
 from reports.seeds import Interval, difference_ci, t_quantile
 
@@ -55,6 +56,22 @@ class Difference:
         if math.isnan(self.interval.low):
             return None
         return self.interval.excludes_zero
+
+
+BOOTSTRAP_BUDGET_BYTES = 2 ** 30  # sacreBLEU's resampling indices: resamples x sentences x 8 bytes
+
+
+def check_bootstrap_budget(data: Table3Data, n_samples: int) -> None:
+    """Refuse, before anything is resampled (or written), a `--bootstrap` whose resampling
+    indices (`n_samples` x the paired sentences, 8 bytes each) exceed BOOTSTRAP_BUDGET_BYTES
+    (100,000,000 resamples asked for a 37 GiB allocation)."""
+    sentences = sum(len(hyps) for (row, _), (hyps, _) in data.translations.items() if row == "base")
+    need = n_samples * sentences * 8
+    if need > BOOTSTRAP_BUDGET_BYTES:
+        most = BOOTSTRAP_BUDGET_BYTES // (8 * max(sentences, 1))
+        raise UserError(f"--bootstrap {n_samples:,} over {sentences:,} paired dev sentences needs "
+                        f"~{need / 2 ** 30:,.1f} GiB, more than the {BOOTSTRAP_BUDGET_BYTES // 2 ** 30} GiB "
+                        f"budget; use --bootstrap {most:,} or fewer")
 
 
 def difference(row: Mapping[int, float], base: Mapping[int, float],

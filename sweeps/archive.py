@@ -27,6 +27,11 @@ was saved) and resume an unfinished one. The table saves DIR every `SAVE_EVERY_S
 and when it ends, interrupted too, the journal before the runs (so no run is older there than the
 journal says); every file is written atomically, and the journal only when the study has changed,
 so DIR can be committed or synced at any moment.
+
+Only what is ours is written, replaced or deleted: an entry, or a run directory it restores
+into, that holds a symbolic link (its `logs/` pointing at a user's folder, say) or a known name
+of the wrong kind is refused in one line before anything is restored or saved
+(`check_owned`), and no save follows a link (`rundir.check_entries`).
 """
 
 from __future__ import annotations
@@ -52,11 +57,13 @@ from optuna.trial import TrialState
 from lightning_modules.errors import UserError
 from lightning_modules.metrics_log import METRICS, read_rows
 from lightning_modules.run.attention_figures import ATTENTION_FILE
-from lightning_modules.run.io import atomic_write_bytes, atomic_write_json, check_writable_dir
-from lightning_modules.run.rundir import CONFIG, mark
+from lightning_modules.run.io import (atomic_write_bytes, atomic_write_json, check_kinds, check_writable_dir,
+                                     not_a_link)
+from lightning_modules.run.rundir import CONFIG, check_entries, mark, refuse_foreign
 from lightning_modules.run.results import RESULTS, read_results
 
 SAVE_EVERY_S = 600.0
+MAX_JOURNAL_BYTES = 256 * 2 ** 20  # a study journal unpacked (a 50-run table's: 3.5 MB)
 IDENTITY = "table3.json"
 STUDY = "study.journal.xz"
 DEV_FILES = ("dev.src.txt", "dev.ref.txt", "dev.hyp.txt")
@@ -78,11 +85,29 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def _remove_except(folder: Path, keep: set[str]) -> None:
-    """Files in `folder` not named in `keep` (what the run directory no longer has)."""
-    if folder.is_dir():
+    """Files in `folder` not named in `keep` (what the run directory no longer has); never
+    through a link (`check_owned` refused any before)."""
+    if not_a_link(folder).is_dir():
         for path in folder.iterdir():
-            if path.is_file() and path.name not in keep:
+            if not path.is_symlink() and path.is_file() and path.name not in keep:
                 path.unlink()
+
+
+def _check_entry(place: Path) -> None:
+    """An archive entry, or a run directory it is restored into: no link, no known name of the
+    wrong kind (`rundir.check_entries`)."""
+    check_entries(not_a_link(place))
+
+
+def check_owned(runs: dict[tuple[str, int], Path], archive: Path) -> None:
+    """Before anything is restored or saved: the archive's own files and every planned run's
+    entry and run directory are ours to write (one line naming the first that is not)."""
+    if not archive.is_dir():
+        return
+    check_kinds(archive, (IDENTITY, STUDY))
+    for (row, seed), run_dir in runs.items():
+        _check_entry(entry(archive, row, seed))
+        _check_entry(run_dir)
 
 
 def _joined_metrics(log_dir: Path) -> bytes:
@@ -119,6 +144,7 @@ def save_run(run_dir: Path, dest: Path) -> None:
     done = read_results(run_dir)
     if done is None and not has_checkpoint(run_dir):
         return  # not started, or nothing to resume from yet
+    _check_entry(dest)
     if (run_dir / CONFIG).is_file():
         _copy(run_dir / CONFIG, dest / CONFIG)
     if done is not None:  # a failed run's results.json too: it stays failed on the next machine
@@ -182,10 +208,7 @@ def archived_study(archive: Path) -> Iterator[tuple[JournalStorage, str] | None]
         return
     with tempfile.TemporaryDirectory(prefix="ablate-study-") as tmp:
         unpacked = Path(tmp) / "study.journal"
-        try:
-            unpacked.write_bytes(lzma.decompress(path.read_bytes()))
-        except lzma.LZMAError as err:
-            raise UserError(f"{path} is not readable ({err}); is --archive a table's archive?") from None
+        unpack_capped(path, unpacked)
         try:
             storage = JournalStorage(JournalFileBackend(str(unpacked)))
             names = optuna.get_all_study_names(storage)
@@ -195,6 +218,30 @@ def archived_study(archive: Path) -> Iterator[tuple[JournalStorage, str] | None]
         if len(names) != 1:
             raise UserError(f"{path} holds {len(names)} studies, not one table's; is --archive a table's archive?")
         yield storage, names[0]
+
+
+def unpack_capped(path: Path, dest: Path, cap: int = MAX_JOURNAL_BYTES) -> None:
+    """Unpack the xz file `path` into `dest` as a stream, a MiB at a time, refusing it in one line
+    once it unpacks to more than `cap` bytes (an xz bomb: 3.7 MB that unpack to 24 GiB grew the
+    process to 7.5 GB), or when it is not xz or cut short."""
+    try:
+        with lzma.open(path, "rb") as packed, dest.open("wb") as out:
+            total = 0
+            while chunk := packed.read(1 << 20):
+                total += len(chunk)
+                if total > cap:
+                    raise UserError(f"{path} unpacks to more than {cap // 2 ** 20} MiB, the most a table's "
+                                    f"study journal may be; is --archive a table's archive?")
+                out.write(chunk)
+    except (lzma.LZMAError, EOFError) as err:
+        raise UserError(f"{path} is not readable ({err or 'cut short'}); is --archive a table's archive?") from None
+
+
+def check_study_file(archive: Path) -> None:
+    """The archived study, replayed once in a temporary folder before anything else is written:
+    a truncated, garbage or oversized `study.journal.xz` is refused in one line, up front."""
+    with archived_study(archive):
+        pass
 
 
 def study_content(storage: BaseStorage, name: str) -> str:
@@ -262,13 +309,15 @@ def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:
     a checkpoint; returns the runs restored ('C3 seed 1 (checkpoint)', 'base seed 2 (complete)')."""
     if not archive.is_dir():
         return []
+    check_owned(runs, archive)  # before anything is copied
     restored = []
     for (row, seed), run_dir in runs.items():
         src = entry(archive, row, seed)
         if not src.is_dir() or (run_dir / RESULTS).is_file() or has_checkpoint(run_dir):
             continue
         check_writable_dir(run_dir, f"the run directory of {row} seed {seed}")
-        for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        refuse_foreign(run_dir, option=f"run directory of {row} seed {seed}")
+        for path in sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()):
             _copy(path, run_dir / path.relative_to(src))
         mark(run_dir)  # ours: restored by the table into its own run directory
         done = read_results(src)
@@ -287,7 +336,7 @@ def kept_in(runs: dict[tuple[str, int], Path], archive: Path, identity: dict[str
     def save_now() -> None:
         try:
             save(runs, archive, identity, study)
-        except (OSError, optuna.exceptions.OptunaError) as err:  # a full disk; a database busy past its timeout
+        except (OSError, UserError, optuna.exceptions.OptunaError) as err:  # a full disk; a link put there; a busy database
             print(f"table3: could not save --archive {archive}: {err}", file=sys.stderr, flush=True)
 
     def loop() -> None:

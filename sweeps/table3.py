@@ -506,14 +506,17 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     expected to finish before then (`sweeps.worker.Part`; without it every queued run starts)."""
     from sweeps import archive as kept
 
+    if archive is not None:  # checked before anything is written (the data's cache included)
+        folder = Path(archive)
+        record = check_archive(folder, plan, identity(plan))
+        check_writable_dir(folder, "the archive (--archive)")
+        kept.check_study_file(folder)  # a damaged or oversized journal
+        runs = {(row, seed): Path(run_dir(plan, row, seed)) for row, seed in plan.runs()}
+        kept.check_owned(runs, folder)  # no link, nothing of another kind, in an entry or run directory
     check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     inject("startup")
     if archive is None:
         return _run_queue(plan, workers, devices, devices_per_run, heartbeat_s, stop_after_s, run_seconds)
-    folder = Path(archive)
-    record = check_archive(folder, plan, identity(plan))
-    check_writable_dir(folder, "the archive (--archive)")
-    runs = {(row, seed): Path(run_dir(plan, row, seed)) for row, seed in plan.runs()}
     restored = kept.restore(runs, folder)
     if restored:
         print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)

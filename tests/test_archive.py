@@ -189,6 +189,25 @@ def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path, failed_si
     assert not complete(tmp_path)
 
 
+def test_an_archive_entry_whose_logs_is_a_link_is_refused_and_the_users_folder_kept(tmp_path: Path, failed_sitting):
+    """An entry whose `logs/` is a symbolic link to a folder of the user's: the table is refused
+    in one line before anything is restored or saved, and no file of that folder is deleted or
+    overwritten (it deleted two and overwrote metrics.csv)."""
+    archive = archive_copy(failed_sitting, tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("metrics.csv", "notes.txt", "plan.md"):
+        (mine / name).write_text(f"the user's {name}\n")
+    shutil.rmtree(archive / "base-s1" / "logs")
+    (archive / "base-s1" / "logs").symlink_to(mine)
+    again = sitting(tmp_path, archive, "--seeds", "1")
+    lines = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(lines) == 1 and "Traceback" not in again.stderr, again.stderr[-2000:]
+    assert "base-s1/logs is a symbolic link" in lines[0], lines[0]
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {n: f"the user's {n}\n" for n in ("metrics.csv", "notes.txt", "plan.md")}
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_finished_result_is_reused_only_by_its_own_configuration(tmp_path: Path):
     cfg = resolve("cpu", "base", None, ["train.seed=1"], None)
     done = RunResult(preset="cpu", corpus=cfg.data.corpus, seed=1, steps=cfg.train.max_steps,
@@ -307,15 +326,31 @@ def test_a_checkpoint_removed_while_the_archive_reads_it_is_skipped_without_a_wo
     assert not list(ckpt_dir.glob("*.corrupt"))
 
 
-@pytest.mark.parametrize("content", [b"not xz at all", lzma.compress(b'{"op_code": 0, "worker_id": "w"}\n{broken\n')])
-def test_an_archive_whose_study_is_not_a_journal_is_one_line(content: bytes, tmp_path: Path):
-    """A damaged `study.journal.xz` (not xz, or xz of something Optuna cannot replay): one line
-    naming the file, no traceback, no run trained."""
+def xz_bomb(unpacked_mib: int) -> bytes:
+    """xz of `unpacked_mib` MiB of zeros (a few tens of KB), made as a stream."""
+    packer = lzma.LZMACompressor(preset=0)
+    chunk = bytes(2 ** 20)
+    return b"".join(packer.compress(chunk) for _ in range(unpacked_mib)) + packer.flush()
+
+
+JOURNAL = lzma.compress(b'{"op_code": 0, "worker_id": "w", "study_name": "s", "directions": [1]}\n' * 50)
+DAMAGED_JOURNALS = {"not-xz": lambda: b"not xz at all", "not-a-journal": lambda: lzma.compress(b'{"op_code": 0, "worker_id": "w"}\n{broken\n'),
+                    "truncated": lambda: JOURNAL[:len(JOURNAL) // 2], "xz-bomb": lambda: xz_bomb(300)}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_JOURNALS))
+def test_an_archive_whose_study_is_not_a_journal_is_one_line(damage: str, tmp_path: Path):
+    """A damaged `study.journal.xz` (not xz, xz of something Optuna cannot replay, cut short, or
+    a bomb that unpacks past the journal's cap of 256 MiB): one line naming the file, exit 2, no
+    traceback, and nothing written before the refusal (no database, no run directory)."""
     archive = tmp_path / "archive"
     archive.mkdir()
-    (archive / "study.journal.xz").write_bytes(content)
+    (archive / "study.journal.xz").write_bytes(DAMAGED_JOURNALS[damage]())
+    before = set(tmp_path.rglob("*"))
     result = ablate(*table3_args(tmp_path, "--rows", "base", "--seeds", "1", "--no-report", "--archive", str(archive)))
     lines = result.stderr.strip().splitlines()
-    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "study.journal.xz" in lines[-1] and "is --archive a table's archive?" in lines[-1]
-    assert not (tmp_path / "runs" / "table3-tiny" / "base-s1" / "results.json").exists()
+    if damage == "xz-bomb":
+        assert "unpacks to more than 256 MiB" in lines[-1]
+    assert set(tmp_path.rglob("*")) == before

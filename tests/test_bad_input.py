@@ -124,6 +124,29 @@ def read_only_dir(tmp: Path) -> Path:
     return folder
 
 
+LAUGHS = "".join(f"    {name}: &{name} [{', '.join([f'*{prev}'] * 9) if prev else ', '.join(['lol'] * 9)}]\n"
+                 for prev, name in zip([None, *"abcdefgh"], "abcdefghi"))  # 9**9 "lol"s once expanded
+
+
+def billion_laughs_spec(tmp: Path) -> str:
+    """A spec whose base row's paper.ppl is nine levels of aliases (hundreds of millions of nodes)."""
+    return files(tmp, rows_yaml=f"base:\n  model: {{}}\n  junk:\n{LAUGHS}  paper: {{ppl: *i}}\n")["rows_yaml"]
+
+
+def billion_laughs_config(tmp: Path) -> str:
+    return files(tmp, laughs_yaml=f"train:\n  junk:\n{LAUGHS}  max_steps: *i\n")["laughs_yaml"]
+
+
+def deep_yaml(tmp: Path, levels: int, name: str = "deep_yaml", prefix: str = "") -> str:
+    return files(tmp, **{name: prefix + "[" * levels + "]" * levels + "\n"})[name]
+
+
+def big_spec(tmp: Path, mib: float) -> str:
+    """A spec of `mib` MiB: rows of its own (a 50 MB one held about 700,000 rows)."""
+    rows = "".join(f"r{i}: {{model: {{d_ff: {2048 + i % 7}}}}}\n" for i in range(int(mib * 2 ** 20 / 28)))
+    return files(tmp, rows_yaml="base: {model: {}}\n" + rows)["rows_yaml"]
+
+
 # (case id, argument builder given the tmp dir, text the one error line must contain, environment)
 Case = tuple[str, Callable[[Path], list[str]], str, dict[str, str]]
 CASES: list[Case] = [
@@ -257,6 +280,30 @@ CASES: list[Case] = [
      "paper must be a mapping", {}),
     ("spec-paper-value-text", lambda t: ["params", "--spec", spec(t, "{model: {}, paper: {ppl: low}}")],
      "paper.ppl must be a number", {}),
+    ("spec-row-n-kv-heads-3", lambda t: ["params", "--spec", spec(t, "{model: {}}\nX: {model: {n_kv_heads: 3}}")],
+     "row 'X': model.n_kv_heads=3 does not divide", {}),
+    ("spec-row-rope-odd-d-k", lambda t: ["params", "--spec", spec(t, "{model: {}}\nY: {model: {positional: rope, d_k: 63}}")],
+     "row 'Y': model.positional=rope", {}),
+    ("train-spec-row-n-kv-heads-3", lambda t: ["train", "--row", "X", "--spec",
+                                               spec(t, "{model: {}}\nX: {model: {n_kv_heads: 3}}"), *FAST],
+     "row 'X' (preset tiny", {}),
+    # Input limits (lightning_modules/yaml_input.py: one loader for every YAML file): no alias,
+    # no key twice, at most 64 levels, 1 MiB, 1,000 rows
+    ("spec-yaml-alias", lambda t: ["params", "--spec", files(t, rows_yaml="base: &b {model: {}}\nX: *b\n")["rows_yaml"]],
+     "aliases (*name) are not accepted", {}),
+    ("config-yaml-alias", lambda t: ["train", "--config", files(t, c_yaml="model: {d_model: &w 64, d_ff: *w}\n")["c_yaml"],
+                                     *FAST], "c.yaml: malformed YAML at line 1, column 31: aliases", {}),
+    ("spec-nested-too-deep", lambda t: ["params", "--spec", deep_yaml(t, 100, "rows_yaml", "base: {model: {}}\nX: ")],
+     "nested deeper than 64 levels", {}),
+    ("config-nested-too-deep", lambda t: ["train", "--config", deep_yaml(t, 100, "c_yaml", "model: "), *FAST],
+     "nested deeper than 64 levels", {}),
+    ("spec-larger-than-1-mib", lambda t: ["params", "--spec", big_spec(t, 1.1)], "larger than 1024 KiB", {}),
+    ("spec-over-1000-rows", lambda t: ["params", "--spec", big_spec(t, 0.03)], "more than the 1,000 a spec may have", {}),
+    ("config-key-twice", lambda t: ["train", "--config", files(t, c_yaml="model: {dropout: 0.1, dropout: 0.3}\n")["c_yaml"],
+                                    *FAST], "'dropout' is given twice", {}),
+    ("space-key-twice", lambda t: ["sweep", "wandb", "--out", str(t / "sweep.yaml"), "--space",
+                                   files(t, space_yaml=SPACE_OK + "  dropout: {type: float, low: 0.1, high: 0.2}\n")["space_yaml"]],
+     "'dropout' is given twice", {}),
     ("spec-unknown-row-key", lambda t: ["train", "--spec", spec(t, "{model: {}, train_step: 10}")],
      "unknown keys: train_step", {}),
     ("spec-row-dropout-text", lambda t: ["train", "--row", "X", "--spec",
@@ -387,6 +434,69 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: P
     assert not [c for c in created if not c.startswith("home")], f"{name} wrote {created}"
 
 
+def _peak_of(args: list[str], cwd: Path, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `ablate ARGS` as a real process under a 4 GiB address-space guard (the machine's own
+    safety, not the limit tested); its peak resident memory in GiB (GNU time's %M)."""
+    import resource
+
+    if not os.access("/usr/bin/time", os.X_OK):
+        pytest.skip("GNU time (/usr/bin/time, Debian's time package) measures the peak here")
+
+    def guard() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2 ** 30, 4 * 2 ** 30))
+
+    peak = cwd / "peak.txt"
+    cmd = ["/usr/bin/time", "-o", str(peak), "-f", "%M", sys.executable, "-m", "ablate", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            preexec_fn=guard, start_new_session=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # time and the command under it
+        proc.communicate()
+        raise AssertionError(f"no answer within {timeout:g} s") from None
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    kib = int(peak.read_text().strip().splitlines()[-1])
+    peak.unlink()
+    return result, kib / 2 ** 20
+
+
+def report_study_with_translations(tmp: Path, sentences: int) -> str:
+    """A Table 3 study with base and A1 complete, each with `sentences` dev translations."""
+    fake_table3_study(tmp / "t.db", ["base", "A1"], dev_lines=sentences)
+    return f"sqlite:///{tmp / 't.db'}"
+
+
+HOSTILE = [
+    ("spec-billion-laughs", lambda t: ["params", "--spec", billion_laughs_spec(t)], "aliases (*name) are not accepted"),
+    ("config-billion-laughs", lambda t: ["train", "--config", billion_laughs_config(t), *FAST], "aliases (*name)"),
+    ("spec-10000-levels", lambda t: ["params", "--spec", deep_yaml(t, 10000, "rows_yaml", "base: ")], "nested deeper"),
+    ("config-10000-levels", lambda t: ["train", "--config", deep_yaml(t, 10000, "c_yaml", "model: "), *FAST],
+     "nested deeper"),
+    ("spec-50-mib", lambda t: ["params", "--spec", big_spec(t, 50)], "larger than 1024 KiB"),
+    ("report-bootstrap-100000000", lambda t: ["report", "--storage", report_study_with_translations(t, 10), "--out",
+                                              str(t / "r"), "--bootstrap", "100000000"], "more than the 1 GiB budget"),
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_input_is_one_line_within_2_gb_and_a_minute(case, tmp_path: Path):
+    """Small hostile inputs (aliases that expand to billions of nodes, 10,000 levels of nesting,
+    a 50 MiB spec, a count asking for a 37 GiB allocation): one line, exit 2, nothing written,
+    a peak under 2 GB and an answer within a minute (a real process)."""
+    name, build, expected = case
+    work = tmp_path / "work"
+    work.mkdir()
+    args = build(tmp_path)
+    before = set(tmp_path.rglob("*"))
+    result, peak_gib = _peak_of(args, work, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[0].startswith("ablate: error: ") and expected in lines[0], lines[0]
+    assert peak_gib < 2, f"{name}: {peak_gib:.2f} GiB"
+    assert set(tmp_path.rglob("*")) == before
+
+
 def test_there_are_at_least_thirty_cases():
     assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
 
@@ -483,6 +593,111 @@ def test_disk_full_mid_run_is_one_line_and_leaves_no_half_written_file(tmp_path:
     assert report["stderr"].strip().splitlines()[-1] == errors[0]
     assert "results.json" not in report["files"] and not [f for f in report["files"] if f.endswith(".tmp")]
     assert report["checkpoints"] and all(report["checkpoints"].values()), report["files"]
+
+
+FULL_DISK_DRIVER = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+
+mount, free_kib, args = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], check=True)
+filler = mount / ".filler"
+try:
+    with open(filler, "wb") as handle:
+        while True:
+            handle.write(bytes(1 << 16))
+            handle.flush()
+except OSError:
+    pass
+os.truncate(filler, max(0, filler.stat().st_size - free_kib * 1024))  # leave free_kib KiB
+before = sorted(str(p.relative_to(mount)) for p in mount.rglob("*"))
+run = subprocess.run([sys.executable, "-m", "ablate", *[a.replace("MOUNT", str(mount)) for a in args]],
+                     capture_output=True, text=True)
+print(json.dumps({"code": run.returncode, "stderr": run.stderr, "before": before,
+                  "after": sorted(str(p.relative_to(mount)) for p in mount.rglob("*"))}))
+"""
+
+
+def on_a_full_disk(tmp: Path, free_kib: int, *args: str) -> dict:
+    """`ablate ARGS` (MOUNT: a 20 MB tmpfs with `free_kib` KiB left), in a private mount namespace."""
+    if not mount_namespace_available():
+        pytest.skip("cannot mount a tmpfs here: `unshare -Urm` (an unprivileged mount namespace) is refused")
+    mount = tmp / "tiny-disk"
+    mount.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(["unshare", "-Urm", sys.executable, "-c", FULL_DISK_DRIVER, str(mount), str(free_kib), *args],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("command", ["train", "report"])
+def test_a_full_disk_is_one_line_exit_1_and_leaves_nothing_half_written(command: str, tmp_path: Path):
+    """`train` on a disk already full (its checks wrote the marker and the lock outside any
+    handler: a traceback), and a report whose disk fills while it writes (it refused in one line
+    but left the files written so far): one line, exit status 1, and the disk holds what it held."""
+    if command == "train":
+        args = ["train", "--out", "MOUNT/run", *corpus(tmp_path), *LETTERS, *FAST]
+        report = on_a_full_disk(tmp_path, 0, *args)
+    else:
+        fake_table3_study(tmp_path / "t.db", ["base", "A1", "B1", "C1"])
+        report = on_a_full_disk(tmp_path, 24, "report", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--out", "MOUNT/r")
+    lines = report["stderr"].strip().splitlines()
+    assert report["code"] == 1 and "Traceback" not in report["stderr"], report["stderr"][-3000:]
+    assert len(lines) == 1 and lines[0].startswith("ablate: error: ") and "the disk is full" in lines[0], lines
+    assert report["after"] == report["before"], report["after"]
+
+
+def test_a_report_on_numbers_no_run_writes_is_one_line(tmp_path: Path, capsys):
+    """A study whose base trial holds the text "high" for BLEU, or Infinity for PPL (an edited
+    database): one line naming the trial, exit 2, no report written (tracebacks from the
+    formatting and from pandas' statistics)."""
+    for key, value in (("bleu", '"high"'), ("ppl", "Infinity")):
+        db = tmp_path / f"{key}.db"
+        fake_table3_study(db, ["base", "A1"])
+        study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{db}")
+        base = next(t for t in study.get_trials() if t.user_attrs["row"] == "base")
+        with closing(sqlite3.connect(db)) as con, con:  # the edit
+            con.execute("UPDATE trial_user_attributes SET value_json = ? WHERE trial_id = ? AND key = ?",
+                        (value, base._trial_id, key))
+        out = tmp_path / f"r-{key}"
+        assert main(["report", "--storage", f"sqlite:///{db}", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"trial {base.number} (base seed 1) holds {key} = " in err[0], err
+        assert not out.exists()
+
+
+def test_a_deleted_working_directory_is_one_line(tmp_path: Path):
+    """`ablate train` from a folder deleted after the shell entered it: one `ablate: error:` line
+    (it ended in a oneMKL FATAL ERROR line from torch's import), exit status 1."""
+    script = f'mkdir gone && cd gone && rmdir ../gone && exec "{sys.executable}" -m ablate train --no-wandb --max-steps 1'
+    result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith("ablate: error: the working directory no longer exists"), lines
+
+
+def test_wandb_online_without_a_network_waits_a_bounded_time_then_logs_offline(tmp_path: Path):
+    """`--wandb online` with a well-formed key and no way to reach W&B (a closed port stands for
+    the host): W&B's own init_timeout bounds the wait ($WANDB_INIT_TIMEOUT here, 30 s by default;
+    it retried for 106 s, then printed a traceback), one warning line of ours, and the run trains
+    to the end with an offline W&B run that `wandb sync` can upload later."""
+    import time
+
+    env = {**os.environ, "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "5",
+           "HOME": str(tmp_path / "home"), "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
+    out = tmp_path / "run"
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(out), "--wandb", "online",
+                             *corpus(tmp_path), *LETTERS, *FAST[1:]], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env=env)
+    took = time.monotonic() - start
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    warned = [line for line in result.stderr.splitlines() if "W&B online could not start" in line]
+    assert len(warned) == 1 and warned[0].startswith("ablate: warning: ") and "logging offline" in warned[0], warned
+    assert list((out / "wandb").glob("offline-run-*")), sorted(p.name for p in (out / "wandb").iterdir())
+    assert json.loads((out / "results.json").read_text())["status"] == "complete"
+    assert took < 150, took
 
 
 def measurements_db(tmp: Path) -> Path:
@@ -607,10 +822,14 @@ def test_dashboard_banner_masks_the_database_password():
     assert "hunter2" not in line and "ablate:***@db.example:5432/optuna" in line and "http://[::1]:8080/" in line
 
 
-def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny") -> None:
+def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny", dev_lines: int = 0) -> None:
     """A Table 3 study as `ablate table3` leaves it, with one complete run of each of `rows` (and
-    the numbers a report reads; no translations, so no bootstrap)."""
+    the numbers a report reads; `dev_lines` dev translations each, none by default: no bootstrap)."""
     from ablations.spec import load_spec
+    from sweeps.study import pack_lines
+
+    dev = {"dev_hyp": pack_lines([f"sentence {i}" for i in range(dev_lines)]),
+           "dev_ref": pack_lines([f"sentence {i}" for i in range(dev_lines)])} if dev_lines else {}
 
     spec = load_spec()
     study = optuna.create_study(study_name=f"table3-{preset}", storage=f"sqlite:///{path}")
@@ -621,7 +840,7 @@ def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny") -> None
         trial = study.ask()
         for key, value in {"row": row, "seed": 1, "group": spec[row].get("group", row), "ppl": 10.0 + i,
                            "bleu": 5.0 - i, "params": 1000, "steps": 10, "train_time_s": 1.0,
-                           "tokens_per_s": 100.0}.items():
+                           "tokens_per_s": 100.0, **dev}.items():
             trial.set_user_attr(key, value)
         study.tell(trial, 10.0 + i)
 
@@ -729,6 +948,123 @@ def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path
             check_name(bad, "row name")
 
 
+# --- Ownership: a command writes, replaces and deletes only its own files, in folders of its own,
+# and never through a symbolic link (lightning_modules/run/io.py: not_a_link, check_kinds;
+# rundir.check_entries, rundir.refuse_foreign)
+
+def snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Every path under `root` (links not followed): its kind and its bytes or link target."""
+    found = {}
+    for folder, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = Path(folder) / name
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                found[key] = ("link", os.readlink(path))
+            elif path.is_dir():
+                found[key] = ("dir", b"")
+            else:
+                found[key] = ("file", path.read_bytes())
+    return found
+
+
+def our_run(tmp: Path) -> Path:
+    """A run directory of ours (its marker) that has not trained yet."""
+    run = tmp / "run"
+    run.mkdir()
+    (run / "ablate-run.json").write_text('{"format": "ablate run directory"}')
+    return run
+
+
+def users_files(tmp: Path) -> Path:
+    """A folder of the user's own, with a file that must survive every case."""
+    mine = tmp / "mine"
+    mine.mkdir()
+    for name in ("notes.txt", "metrics.csv", "keep.txt"):
+        (mine / name).write_text(f"the user's {name}\n")
+    return mine
+
+
+def lock_is_a_link(tmp: Path) -> Path:
+    run = our_run(tmp)
+    (run / ".ablate-run.lock").symlink_to(users_files(tmp) / "notes.txt")
+    return run
+
+
+def logs_is_a_link(tmp: Path) -> Path:
+    run = our_run(tmp)
+    (run / "logs").symlink_to(users_files(tmp))
+    return run
+
+
+def metrics_is_a_link(tmp: Path) -> Path:
+    run = our_run(tmp)
+    (run / "logs").mkdir()
+    (run / "logs" / "metrics.csv").symlink_to(users_files(tmp) / "metrics.csv")
+    return run
+
+
+def only_hidden_files(tmp: Path) -> Path:
+    folder = tmp / "project"
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "config").write_text("[core]\n")
+    (folder / ".env").write_text("SECRET=1\n")
+    (folder / ".draft.tmp").write_text("half a thought\n")
+    return folder
+
+
+def our_run_with(tmp: Path, name: str, kind: str) -> Path:
+    """Our run directory whose `name` is of the wrong `kind` (a file where we keep a folder...)."""
+    run = our_run(tmp)
+    if kind == "dir":
+        (run / name).mkdir()
+    else:
+        (run / name).write_text("x\n")
+    return run
+
+
+OWNERSHIP = [
+    ("lock-is-a-link", lock_is_a_link, "is a symbolic link"),
+    ("logs-is-a-link", logs_is_a_link, "is a symbolic link"),
+    ("metrics-csv-is-a-link", metrics_is_a_link, "is a symbolic link"),
+    ("out-holds-only-hidden-files", only_hidden_files, "(it holds .draft.tmp, .env, .git and no ablate-run.json)"),
+    ("checkpoints-is-a-file", lambda t: our_run_with(t, "checkpoints", "file"), "checkpoints is not a directory"),
+    ("logs-is-a-file", lambda t: our_run_with(t, "logs", "file"), "logs is not a directory"),
+    ("results-json-is-a-directory", lambda t: our_run_with(t, "results.json", "dir"), "results.json is a directory"),
+    ("lock-is-a-directory", lambda t: our_run_with(t, ".ablate-run.lock", "dir"), ".ablate-run.lock is a directory"),
+]
+
+
+@pytest.mark.parametrize("case", OWNERSHIP, ids=[c[0] for c in OWNERSHIP])
+def test_train_never_writes_through_a_link_nor_into_a_folder_not_its_own(case, tmp_path: Path, monkeypatch, capsys):
+    """`ablate train --out` on a folder it may not write as it stands: one line, exit 2, before any
+    work, and not one byte under tmp_path changed (the user's files behind the links included)."""
+    name, build, expected = case
+    monkeypatch.chdir(tmp_path)
+    out = build(tmp_path)
+    before = snapshot(tmp_path)
+    code = main(["train", "--out", str(out), *FAST])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("ablate: error: "), (code, err)
+    assert expected in err[0], err[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_stale_temporaries_removed_are_ours_only(tmp_path: Path):
+    """A run of ours removes the temporary files its killed writes left (mkstemp's
+    `.NAME.XXXXXXXX.tmp`), never a user's `.draft.tmp`, nor through a link."""
+    from lightning_modules.run.preflight import remove_stale_temporaries
+
+    mine = users_files(tmp_path)
+    run = our_run(tmp_path)
+    (run / ".draft.tmp").write_text("mine\n")
+    (run / ".results.json.k3x9q_b1.tmp").write_text("half")
+    (run / ".config.yaml.a1b2c3d4.tmp").symlink_to(mine / "keep.txt")
+    remove_stale_temporaries(run)
+    assert sorted(p.name for p in run.iterdir()) == [".config.yaml.a1b2c3d4.tmp", ".draft.tmp", "ablate-run.json"]
+    assert (mine / "keep.txt").read_text() == "the user's keep.txt\n"
+
+
 def _train(out: Path, *extra: str, steps: int = 2) -> subprocess.Popen:
     args = [sys.executable, "-m", "ablate", "train", "--out", str(out), *FAST[:1], "--max-steps", str(steps),
             *FAST[3:], *extra]
@@ -766,8 +1102,8 @@ def test_the_run_that_holds_the_folder_leaves_the_marker_another_command_is_writ
     from lightning_modules.run.preflight import remove_stale_temporaries
 
     (tmp_path / "checkpoints").mkdir()
-    marker_tmp = tmp_path / ".ablate-run.json.k3x9q.tmp"
-    killed = [tmp_path / ".results.json.a1b2.tmp", tmp_path / "checkpoints" / ".last.ckpt.c3d4.tmp"]
+    marker_tmp = tmp_path / ".ablate-run.json.k3x9q_ab.tmp"
+    killed = [tmp_path / ".results.json.a1b2e5f6.tmp", tmp_path / "checkpoints" / ".last.ckpt.c3d4g7h8.tmp"]
     for path in (marker_tmp, *killed):
         path.write_text("half")
     remove_stale_temporaries(tmp_path)

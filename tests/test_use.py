@@ -251,3 +251,98 @@ def test_group_a_figure_puts_every_rows_heads_side_by_side(run_dir: Path):
     weights, source, _, _ = load_attention(run_dir / ATTENTION_FILE)
     rows = [("base", weights[KINDS[0]], source), ("A1", weights[KINDS[0]][:, :1], source)]
     assert len(group_attention_figure(rows).axes) == 4 + 1
+
+
+# --- the model-use commands' one validation layer (#60 class 3): one line, exit 2, nothing changed ---
+
+def _copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run_dir, tmp_path / "copy"))
+
+
+def _newest_step_files(run: Path) -> list[Path]:
+    steps = {p: int(torch.load(p, map_location="cpu", weights_only=True)["global_step"])
+             for p in (run / "checkpoints").glob("*.ckpt")}
+    newest = max(steps.values())
+    return [p for p, step in steps.items() if step == newest]
+
+
+@pytest.mark.parametrize("data, words", [(b"good\n\xff\xfe not utf-8\n", "line 2 is not UTF-8 text"),
+                                         (b"a\x00b\n", "line 1 holds a NUL byte")], ids=["invalid-utf8", "nul"])
+def test_translate_stdin_that_is_not_text_is_one_line(run_dir: Path, data: bytes, words: str):
+    result = subprocess.run([sys.executable, "-m", "ablate", "translate", str(run_dir), "--device", "cpu"],
+                            input=data, capture_output=True, timeout=120)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("ablate: error: the input: ") and words in err, err
+
+
+def test_model_use_arguments_are_checked_in_one_line(run_dir: Path, tmp_path: Path, capsys):
+    """Each used to end in a traceback with exit 1, or was accepted: a checkpoint choice that is
+    not one, a beam that cannot fit, an alpha that is not a number, an --input that is a folder."""
+    before = _listing(run_dir)
+    dev = str(run_dir / "dev.src.txt")
+    _fails(capsys, ["evaluate", str(run_dir), "--checkpoint", "average:abc"], "last, best or average:K")
+    _fails(capsys, ["translate", str(run_dir), "--checkpoint", "average:٣", "--input", dev], "last, best or average:K")
+    _fails(capsys, ["translate", str(run_dir), "--beam", "100000000", "--input", dev, "--device", "cpu"],
+           "beam search with --beam 100000000 would need")
+    _fails(capsys, ["translate", str(run_dir), "--batch-tokens", "1000000000000", "--input", dev, "--device", "cpu"],
+           "lower --beam or --batch-tokens")
+    for alpha in ("nan", "inf", "-1"):
+        _fails(capsys, ["translate", str(run_dir), "--alpha", alpha, "--input", dev], "--alpha: must be a finite number")
+    _fails(capsys, ["translate", str(run_dir), "--input", str(tmp_path)], "is a directory, not a --input file")
+    assert _listing(run_dir) == before
+
+
+def test_damaged_or_foreign_checkpoints_and_tokenizer_are_one_line_and_change_nothing(run_dir: Path, tmp_path: Path,
+                                                                                     capsys):
+    """A copy of the run damaged five ways, each refused in one line without a file set aside
+    (the commands only read a run): the newest checkpoint another, wider model's (averaging),
+    one without hyper_parameters, every checkpoint a text file, a damaged spm.model."""
+    run = _copy_run(run_dir, tmp_path)
+    originals = {p: p.read_bytes() for p in (run / "checkpoints").glob("*.ckpt")}
+    for path in _newest_step_files(run):
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt["hyper_parameters"]["model"]["d_model"] = 64
+        ckpt["state_dict"] = {k: torch.zeros(v.shape[0] * 2, *v.shape[1:]) if v.dim() else v
+                              for k, v in ckpt["state_dict"].items()}
+        torch.save(ckpt, path)
+    listing = _listing(run)
+    _fails(capsys, ["evaluate", str(run), "--checkpoint", "average:2", "--device", "cpu"], "hold different models (d_model)")
+    _fails(capsys, ["translate", str(run), "--input", str(run / "dev.src.txt"), "--device", "cpu"], "do not fit the model")
+    assert _listing(run) == listing
+    for path in _newest_step_files(run):
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        torch.save({"state_dict": ckpt["state_dict"], "global_step": ckpt["global_step"]}, path)
+    _fails(capsys, ["translate", str(run), "--input", str(run / "dev.src.txt")], "holds no hyper_parameters.model")
+    for path in originals:
+        path.write_text("not a checkpoint\n")
+    listing = _listing(run)
+    _fails(capsys, ["translate", str(run), "--input", str(run / "dev.src.txt")], "is not a checkpoint this harness writes")
+    assert _listing(run) == listing  # nothing set aside
+    for path, data in originals.items():
+        path.write_bytes(data)
+    (run / "spm.model").write_text("not a model\n")
+    listing = _listing(run)
+    _fails(capsys, ["translate", str(run), "--input", str(run / "dev.src.txt")], "spm.model is damaged")
+    assert _listing(run) == listing
+
+
+def test_attention_without_out_writes_inside_the_run(run_dir: Path, tmp_path: Path, capsys):
+    run = _copy_run(run_dir, tmp_path)
+    assert main(["attention", str(run), "--line", "2", "--layer", "1", "--device", "cpu"]) == 0
+    out = run / "attention-line-2-last"
+    assert sorted(p.name for p in out.iterdir()) == ["decoder-self-attention.png", "encoder-decoder-attention.png",
+                                                      "encoder-self-attention.png"]
+    assert f"wrote {out}/" in capsys.readouterr().out
+
+
+def test_attention_on_a_full_disk_is_one_line_exit_1_and_leaves_no_folder(run_dir: Path, tmp_path: Path):
+    """`ablate attention --out` on a full disk (a 20 MB tmpfs): one line, exit status 1 (it was an
+    `OSError: [Errno 28]` traceback), and no folder of maps left half written."""
+    from test_bad_input import on_a_full_disk
+
+    report = on_a_full_disk(tmp_path, 0, "attention", str(run_dir), "--line", "1", "--device", "cpu",
+                            "--out", "MOUNT/maps")
+    lines = report["stderr"].strip().splitlines()
+    assert report["code"] == 1 and len(lines) == 1 and "the disk is full" in lines[0], report["stderr"][-3000:]
+    assert report["after"] == report["before"]

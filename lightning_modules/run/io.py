@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sys
 import stat
 import tempfile
@@ -19,6 +20,55 @@ from lightning_modules.run.faults import inject
 
 _UMASK = os.umask(0o022)  # read once, at import (setting the umask to read it is not thread-safe)
 os.umask(_UMASK)
+
+
+# mkstemp's names for `atomic_write_bytes`'s temporary files: `.NAME.XXXXXXXX.tmp` (8 of [a-z0-9_])
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
+
+
+def is_temporary(name: str, of: str | None = None) -> bool:
+    """Whether `name` is one of our atomic writes' temporary files (of the file named `of`, when
+    given). A user's `.draft.tmp` is not: only mkstemp's pattern is ours."""
+    match = _TEMPORARY.fullmatch(name)
+    return match is not None and (of is None or match.group("name") == of)
+
+
+def not_a_link(path: str | Path) -> Path:
+    """`path`, unless it is a symbolic link: a command writes, replaces and deletes only files
+    of its own, in folders of its own, and never follows a link out of them (one line, exit 2;
+    what the link points to is left as it is)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise UserError(f"{path} is a symbolic link; ablate never writes or deletes through a link "
+                        f"(it could reach files that are not ours): remove the link and run the same "
+                        f"command again")
+    return path
+
+
+def owned(root: str | Path, *parts: str) -> Path:
+    """`root/parts...`, each step below `root` checked by `not_a_link` (the root is the user's
+    choice, and may itself be reached through links)."""
+    path = Path(root)
+    for part in parts:
+        for piece in Path(part).parts:
+            path = not_a_link(path / piece)
+    return path
+
+
+def check_kinds(folder: str | Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] = ()) -> None:
+    """Up front, before any work: none of `files` (regular files of ours) and `dirs` (folders of
+    ours) in `folder` is a link or of the other kind (a `checkpoints` that is a file, a
+    `results.json` that is a directory), which would fail only when first written, after the
+    work. One line naming it; nothing is changed."""
+    folder = Path(folder)
+    for names, want_dir in ((files, False), (dirs, True)):
+        for name in names:
+            path = not_a_link(folder / name)
+            if path.exists() and path.is_dir() != want_dir:
+                kind = "a directory" if path.is_dir() else "not a directory"
+                raise UserError(f"{path} is {kind}, but ablate keeps its "
+                                f"{'folder' if want_dir else 'file'} {name} there: move it away "
+                                f"(it is not ours) and run the same command again")
 
 
 def _mode_for(path: Path) -> int:

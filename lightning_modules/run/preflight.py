@@ -7,6 +7,7 @@ commands that queue a table or a sweep run before queueing anything, load none (
 
 from __future__ import annotations
 
+import errno
 import netrc
 import os
 import shutil
@@ -20,8 +21,8 @@ import torch
 
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
-from lightning_modules.errors import UserError
-from lightning_modules.run.io import set_aside
+from lightning_modules.errors import DiskFull, UserError
+from lightning_modules.run.io import is_temporary, set_aside
 from lightning_modules.run.rundir import CONFIG, MARKER, saved_config
 from lightning_modules.run.results import RunResult
 
@@ -96,6 +97,9 @@ def check_output_dir(out: Path) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):  # the environment, not the input: exit status 1
+            raise DiskFull(f"{out}: the disk is full ({err.strerror}); free some space and run the same "
+                           f"command again") from None
         raise UserError(f"cannot write to output directory {out}: {err.strerror or err}") from None
 
 
@@ -108,8 +112,8 @@ def remove_stale_temporaries(out: Path) -> None:
     if rank_zero_only.rank != 0:
         return
     for folder in (out, out / "checkpoints"):
-        for tmp in folder.glob(".*.tmp"):
-            if not tmp.name.startswith(f".{MARKER}."):
+        for tmp in folder.glob(".*.tmp"):  # ours only (mkstemp's pattern): a user's `.draft.tmp` is not
+            if is_temporary(tmp.name) and not is_temporary(tmp.name, MARKER) and not tmp.is_symlink():
                 tmp.unlink(missing_ok=True)
 
 
@@ -179,6 +183,24 @@ def estimate_memory_gb(cfg: RunConfig) -> tuple[float, float]:
     return (16 * count_parameters(m) + table) / GB, 4 * activations / GB
 
 
+def ram_gb() -> float:
+    """This machine's RAM in GiB (a cgroup's limit where it is lower)."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        ram = min(ram, int(limit)) if limit.isdigit() else ram
+    except OSError:
+        pass
+    return ram / GB
+
+
+def device_memory_gb(device: torch.device) -> tuple[float, str]:
+    """The memory of `device` (a GPU's own, else this machine's RAM), and what it is."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device.index or 0).total_memory / GB, "the GPU's memory"
+    return ram_gb(), "this machine's memory"
+
+
 def machine_memory_gb(cfg: RunConfig) -> tuple[float, str]:
     """The memory one training process of `cfg` may use, and what it is: the smallest chosen GPU's
     memory, or on the CPU the machine's RAM (a cgroup's limit where it is lower), per process."""
@@ -187,15 +209,9 @@ def machine_memory_gb(cfg: RunConfig) -> tuple[float, str]:
         ids = ids if isinstance(ids, list) else range(torch.cuda.device_count())
         sizes = [torch.cuda.get_device_properties(i).total_memory for i in ids] or [0]
         return min(sizes) / GB, "the GPU's memory"
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        ram = min(ram, int(limit)) if limit.isdigit() else ram
-    except OSError:
-        pass
     devices = parse_devices(cfg.train.devices)
     processes = devices if isinstance(devices, int) else 1  # CPU DDP: one process a device
-    return ram / processes / GB, "this machine's memory" + (f" per process ({processes})" if processes > 1 else "")
+    return ram_gb() / processes, "this machine's memory" + (f" per process ({processes})" if processes > 1 else "")
 
 
 def memory_limit_gb(cfg: RunConfig) -> tuple[float, str]:
@@ -316,7 +332,8 @@ def wandb_mode(setting: str, on_error: str = "fail") -> str | None:
     raise UserError(f"--wandb online: {problem}; or set train.wandb_on_error=offline to log offline")
 
 
-def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) -> tuple[Path, int] | None:
+def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None,
+                      damaged: list[tuple[Path, str]] | None = None) -> tuple[Path, int] | None:
     """The checkpoint to resume from and its step: the valid one with the highest step (newest on
     a tie).
 
@@ -325,21 +342,29 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
     refused with one line. A file gone by the time it is read is skipped without a word: the
     table's archive reads live run directories, where Lightning removes the older step checkpoint
     as it saves the next (Lightning writes each checkpoint atomically, so a live one is never
-    half-written).
+    half-written). `damaged`: a list that collects (path, why) for the damaged files instead,
+    changing nothing (the commands that only read a run: `run.use`).
     """
+
+    def aside(path: Path, why: str) -> None:
+        if damaged is None:
+            set_aside(path, why)
+        else:
+            damaged.append((path, why))
+
     if not ckpt_dir.is_dir():
         return None
     wanted, best, best_key = asdict(model) if model else {}, None, None
     for path in sorted(ckpt_dir.glob("*.ckpt")):
         try:
             with zipfile.ZipFile(path) as archive:
-                damaged = archive.testzip() is not None
+                broken = archive.testzip() is not None
         except FileNotFoundError:
             continue  # removed since the listing
         except (zipfile.BadZipFile, OSError):
-            damaged = True
-        if damaged:
-            set_aside(path, "its zip data fails its CRC check")
+            broken = True
+        if broken:
+            aside(path, "its zip data fails its CRC check")
             continue
         try:
             saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -347,12 +372,14 @@ def resume_checkpoint(ckpt_dir: Path, model: TransformerConfig | None = None) ->
         except FileNotFoundError:
             continue  # removed since the listing
         except Exception:  # noqa: BLE001 (an unpickling refusal under weights_only, a foreign zip)
-            set_aside(path, "not a checkpoint this harness writes: it does not load with weights_only")
+            aside(path, "not a checkpoint this harness writes: it does not load with weights_only")
             continue
         if not isinstance(saved, dict):
-            set_aside(path, "not a checkpoint this harness writes")
+            aside(path, "not a checkpoint this harness writes")
             continue
-        old = saved.get("hyper_parameters", {}).get("model", {})
+        hyper = saved.get("hyper_parameters")
+        old = hyper.get("model", {}) if isinstance(hyper, dict) else {}
+        old = old if isinstance(old, dict) else {}
         for key, value in wanted.items():
             if key in old and old[key] != value:
                 raise UserError(f"{path} was saved by another model ({key}={old[key]!r}, not {value!r}); "

@@ -6,8 +6,15 @@ holds anything else and no marker is not ours: `ablate train --out DIR` refuses 
 a user's own `results.json`, `logs/` or translations are never overwritten. What a folder holds is
 recognised by the marker's content, not by file names. A run directory written before markers
 existed (its `config.yaml` is one of ours: a mapping with `preset`, `model`, `train` and `data`)
-gets its marker on its next run. Hidden files (the lock, atomic writes' temporaries of a run
-starting at the same moment) do not make a folder someone else's.
+gets its marker on its next run. Hidden files count too (a user's `.git`, `.env`, `.draft.tmp`):
+only our own (the lock, the write probe, the temporary file of a marker another command is
+writing at the same moment) do not make a folder someone else's.
+
+**Ownership.** A command writes, replaces and deletes only its own files, in folders of its own,
+and never follows a symbolic link out of them: before a run directory is used, none of its
+entries (nor those of `checkpoints/` and `logs/`) may be a link, and the files and folders it
+keeps under known names must be of their kind (`check_entries`). The lock is opened with
+`O_NOFOLLOW` as well.
 
 **The lock.** While a run trains, its process holds an exclusive `flock` on `.ablate-run.lock`
 (with its pid and host written inside). The operating system drops the lock with the process,
@@ -29,14 +36,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from lightning_modules.errors import RunFailed, UserError
-from lightning_modules.run.io import atomic_write_json
+from lightning_modules.yaml_input import read_yaml
+from lightning_modules.run.io import atomic_write_json, check_kinds, is_temporary, not_a_link
 
 MARKER = "ablate-run.json"  # a run directory's; a report directory has `ablate-report.json`
 LOCK = ".ablate-run.lock"
 CONFIG = "config.yaml"  # the run's configuration as asked for (`lightning_modules.config.to_yaml`)
+PROBE = ".write-test-"  # `preflight.check_output_dir`'s probe, `.write-test-PID`
+# What a run directory keeps under known names: checked up front (`check_entries`)
+RUN_FILES = (MARKER, LOCK, CONFIG, "results.json", "spm.model", "spm.vocab", "trial.log", "attention.npz")
+RUN_DIRS = ("checkpoints", "logs")
 
 
 def _marker(out: Path, kind: str) -> Path:
@@ -62,7 +72,30 @@ def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
     """Make `out` (which exists) a directory of ours of `kind`, or refuse it in one line when it
     holds files and no marker (a report directory: the same rule, `ablate-report.json`)."""
     refuse_foreign(out, kind, option)
+    if kind == "run":
+        check_entries(out)
     mark(out, kind)
+
+
+def check_entries(out: Path) -> None:
+    """Refuse (one line, nothing changed) a run directory with a symbolic link among its entries
+    or those of its `checkpoints/` and `logs/`, or with a known name of the wrong kind (a
+    `checkpoints` that is a file, a `results.json` or lock that is a directory): each would be
+    written through, or fail only when first written, after the training."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    check_kinds(out, RUN_FILES, RUN_DIRS)
+    for folder in (out, *(out / name for name in RUN_DIRS)):
+        if folder.is_dir():
+            for path in folder.iterdir():
+                not_a_link(path)
+
+
+def _ours_hidden(name: str) -> bool:
+    """A hidden name our commands make in a folder they are taking: the lock, the write probe,
+    the marker's temporary file (another command writing it at this moment)."""
+    return name == LOCK or name.startswith(PROBE) or any(is_temporary(name, f"ablate-{k}.json") for k in ("run", "report"))
 
 
 def refuse_foreign(out: Path, kind: str = "run", option: str = "--out") -> None:
@@ -74,7 +107,7 @@ def refuse_foreign(out: Path, kind: str = "run", option: str = "--out") -> None:
     if marker.exists():
         raise UserError(f"{marker} is not a marker of ours; {out} is not an ablate {kind} directory: "
                         f"give an empty or new {option}")
-    held = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # hidden: ours or nobody's
+    held = sorted(p.name for p in out.iterdir() if not _ours_hidden(p.name))  # a user's hidden files count
     if held and not (kind == "run" and _written_before_markers(out)):
         shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
         raise UserError(f"{out} is not an ablate {kind} directory (it holds {shown} and no {marker.name}); "
@@ -85,8 +118,8 @@ def saved_config(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's `config.yaml` as saved: a mapping, or None where it is missing, unreadable
     or not a mapping (the one reader of the file; each caller says what None means to it)."""
     try:
-        saved = yaml.safe_load((Path(run_dir) / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):  # ValueError: UnicodeDecodeError included
+        saved = read_yaml(Path(run_dir) / CONFIG)  # the one loader: size, aliases, depth
+    except (OSError, UserError):
         return None
     return saved if isinstance(saved, dict) else None
 
@@ -101,7 +134,11 @@ def _written_before_markers(out: Path) -> bool:
 def training_lock(out: Path, wait: bool = False) -> Iterator[None]:
     """Hold the run directory's lock while the block runs (see the module's docstring)."""
     path = Path(out) / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never through a link
+    except OSError as err:  # a link (ELOOP) or a directory put there since `check_entries`
+        raise UserError(f"{path} cannot be our lock ({err.strerror}); it is not ours: move it away "
+                        f"and run the same command again") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import socket
+import sys
 import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -31,7 +33,7 @@ from lightning_modules.config import RunConfig, parse_devices
 from lightning_modules.convergence import classify_run
 from lightning_modules.data import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
-from lightning_modules.errors import RunFailed, UserError
+from lightning_modules.errors import DiskFull, RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
@@ -112,14 +114,45 @@ def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
     if mode:
         id_file = out / "wandb_id.txt"
         run_id = id_file.read_text().strip() if id_file.is_file() else None
-        logger = WandbLogger(project=cfg.train.wandb_project, save_dir=str(out), offline=mode == "offline",
-                             group=cfg.train.wandb_group or cfg.row, name=out.name, id=run_id,
-                             tags=[cfg.row, cfg.preset, cfg.data.corpus], config=asdict(cfg),
-                             resume="allow")
+        logger = _wandb_logger(cfg, out, mode, run_id)
+        if mode == "online":
+            logger = _online_or_offline(logger, cfg, out, run_id)
         if run_id is None:
             atomic_write_text(id_file, logger.experiment.id)
         loggers.append(logger)
     return loggers
+
+
+WANDB_INIT_TIMEOUT_S = 30.0  # W&B's own init_timeout (90 s by default) unless $WANDB_INIT_TIMEOUT says
+
+
+def _wandb_logger(cfg: RunConfig, out: Path, mode: str, run_id: str | None) -> WandbLogger:
+    import wandb
+
+    if mode == "offline":  # said to wandb.init itself too: after an online start that failed, the flag alone went online
+        settings: dict[str, Any] = {"mode": "offline"}
+    else:
+        settings = {} if os.environ.get("WANDB_INIT_TIMEOUT") else {"settings": wandb.Settings(init_timeout=WANDB_INIT_TIMEOUT_S)}
+    return WandbLogger(project=cfg.train.wandb_project, save_dir=str(out), offline=mode == "offline",
+                       group=cfg.train.wandb_group or cfg.row, name=out.name, id=run_id,
+                       tags=[cfg.row, cfg.preset, cfg.data.corpus], config=asdict(cfg),
+                       resume="allow", **settings)
+
+
+def _online_or_offline(logger: WandbLogger, cfg: RunConfig, out: Path, run_id: str | None) -> WandbLogger:
+    """The online W&B run, started now (within W&B's init_timeout), or, when W&B cannot be reached
+    (no network, a host that does not answer), an offline run in its place with one warning line:
+    `wandb sync` uploads it later. Training never waits on W&B for longer than the timeout."""
+    import wandb
+
+    try:
+        logger.experiment  # noqa: B018 (starts the run: wandb.init)
+        return logger
+    except (wandb.errors.Error, TimeoutError, OSError) as err:
+        first = " ".join(str(err).split())[:160] or type(err).__name__
+        print(f"ablate: warning: W&B online could not start ({first}); logging offline instead, in "
+              f"{out / 'wandb'} (upload it later with `wandb sync`)", file=sys.stderr, flush=True)
+    return _wandb_logger(cfg, out, "offline", run_id)
 
 
 def log_attention(loggers: list[Logger], path: Path, row: str, step: int) -> None:
@@ -166,19 +199,25 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     check_memory(cfg)
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
     created = first_missing(out)  # the outermost directory this run creates: removed if a check fails
-    check_output_dir(out)
-    rank_zero = global_rank_zero()
     try:
-        if rank_zero:
-            claim(out)
-        else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
-            wait_until_ours(out)
-    except UserError:
-        if created:
+        with disk_full_ends_the_run(out):  # a full disk anywhere, the checks' writes too: one line, exit 1
+            check_output_dir(out)
+            rank_zero = global_rank_zero()
+            try:
+                if rank_zero:
+                    claim(out)
+                else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
+                    wait_until_ours(out)
+            except UserError:
+                if created:
+                    shutil.rmtree(created, ignore_errors=True)
+                raise
+            with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
+                return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks, startup)
+    except DiskFull:
+        if created and not any(out.glob("checkpoints/*.ckpt")):  # nothing to resume from: no partial run left
             shutil.rmtree(created, ignore_errors=True)
         raise
-    with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
-        return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks, startup)
 
 
 def _checked_and_trained(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,

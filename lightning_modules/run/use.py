@@ -32,13 +32,13 @@ from lightning_modules.config import DataConfig, EvalConfig, TransformerConfig
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load
 from lightning_modules.errors import UserError
 from lightning_modules.evaluate import corpus_bleu, length_batches, translate
-from lightning_modules.run.io import atomic_write_json, check_writable_file, write_lines
+from lightning_modules.run.io import atomic_write_json, check_readable_file, check_writable_file, write_lines
 from lightning_modules.run.preflight import resume_checkpoint
 from lightning_modules.run.results import RESULTS
 from lightning_modules.run.rundir import CONFIG, saved_config
 from lightning_modules.transformer import Transformer
 
-_AVERAGE = re.compile(r"average:(\d+)$")
+_AVERAGE = re.compile(r"average:([0-9]+)")
 
 
 def _known(cls: type, values: dict[str, Any]) -> Any:
@@ -122,6 +122,10 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
     for other in states[1:]:
         if other.keys() != keys:
             raise UserError("the checkpoints to average hold different parameters")
+        for k in keys:
+            if other[k].shape != states[0][k].shape:
+                raise UserError(f"the checkpoints to average hold {k} of different shapes "
+                                f"({tuple(states[0][k].shape)} and {tuple(other[k].shape)})")
     return {k: (sum(s[k].double() for s in states) / len(states)).to(states[0][k].dtype)
             if states[0][k].is_floating_point() else states[0][k] for k in keys}
 
@@ -139,15 +143,52 @@ class Weights:
     steps: list[int]
 
 
+def checkpoint_choice(choice: str) -> int | None:
+    """`--checkpoint`, checked before anything is loaded: None for last or best, K for average:K
+    (a whole number of ASCII digits, at least 1); else one line."""
+    average = _AVERAGE.fullmatch(choice) if isinstance(choice, str) else None
+    if choice in ("last", "best"):
+        return None
+    if average is None:
+        raise UserError(f"--checkpoint must be last, best or average:K (K a whole number >= 1); got {str(choice)[:80]!r}")
+    k = int(average.group(1))
+    if k < 1:
+        raise UserError("--checkpoint average:K needs K >= 1")
+    return k
+
+
+def _newest_intact(ckpt_dir: Path, run_dir: Path) -> tuple[Path, int]:
+    """The newest checkpoint that loads (`resume_checkpoint`), read only: a damaged file is named
+    in a warning and skipped, never set aside by a command that only reads the run; with none
+    intact, one line naming the first damaged one."""
+    damaged: list[tuple[Path, str]] = []
+    found = resume_checkpoint(ckpt_dir, damaged=damaged)
+    if found is None and damaged:
+        path, why = damaged[0]
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        raise UserError(f"{path} is not a checkpoint this harness writes ({why}){more}; {run_dir} has no "
+                        f"other checkpoint")
+    if found is None:
+        raise UserError(f"{run_dir} has no checkpoint (nothing in {ckpt_dir})")
+    for path, why in damaged:
+        print(f"ablate: warning: {path} skipped ({why})", file=sys.stderr, flush=True)
+    return found
+
+
+def _checkpoint_model(checkpoint: Any, path: Path) -> dict[str, Any]:
+    """The saved model section of a checkpoint of ours (one line if it has none)."""
+    model = checkpoint.get("hyper_parameters", {}).get("model") if isinstance(checkpoint, dict) else None
+    if not isinstance(model, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise UserError(f"{path} is not a checkpoint of one of our runs (it holds no hyper_parameters.model "
+                        f"and state_dict)")
+    return model
+
+
 def load_weights(run_dir: Path, choice: str = "last") -> Weights:
     """The model config and parameters that `choice` (last | best | average:K) names."""
     ckpt_dir = run_dir / "checkpoints"
-    average = _AVERAGE.match(choice)
-    if choice not in ("last", "best") and not average:
-        raise UserError(f"--checkpoint must be last, best or average:K (K >= 1); got {choice!r}")
-    found = resume_checkpoint(ckpt_dir)
-    if found is None:
-        raise UserError(f"{run_dir} has no checkpoint (nothing in {ckpt_dir})")
+    k = checkpoint_choice(choice)
+    found = _newest_intact(ckpt_dir, run_dir)
     if choice == "last":
         paths, steps = [found[0]], [found[1]]
     else:
@@ -155,9 +196,7 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
         if choice == "best":
             steps = [_best_step(run_dir, by_step)]
         else:
-            k = int(average.group(1))
-            if k < 1:
-                raise UserError("--checkpoint average:K needs K >= 1")
+            assert k is not None
             if len(by_step) < k:
                 raise UserError(f"--checkpoint {choice}: {ckpt_dir} keeps {len(by_step)} checkpoint(s) "
                                 f"(steps {', '.join(map(str, sorted(by_step)))}); train with "
@@ -165,7 +204,17 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
             steps = sorted(by_step)[-k:]
         paths = [by_step[s] for s in steps]
     checkpoints = [_load_checkpoint(p) for p in paths]
-    model = _known(TransformerConfig, checkpoints[0]["hyper_parameters"]["model"])
+    saved = [_checkpoint_model(c, p) for c, p in zip(checkpoints, paths)]
+    for other, step in zip(saved[1:], steps[1:]):
+        if other != saved[0]:
+            changed = sorted(key for key in {*other, *saved[0]} if other.get(key) != saved[0].get(key))
+            raise UserError(f"--checkpoint {choice}: the checkpoints of steps {steps[0]} and {step} hold different "
+                            f"models ({', '.join(changed[:3])}); they cannot be averaged (another model's "
+                            f"checkpoint in {ckpt_dir}?)")
+    try:
+        model = _known(TransformerConfig, saved[0])
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{paths[0]}: its saved model is not one this version builds ({err})") from None
     states = [_model_state(c) for c in checkpoints]
     state = states[0] if len(states) == 1 else average_state_dicts(states)
     if choice == "last" or choice == "best":
@@ -224,14 +273,29 @@ def load_run(run_dir: str | Path, checkpoint: str = "last", device: str | None =
     config = read_run_config(run_dir)
     if not (run_dir / "spm.model").is_file():
         raise UserError(f"{run_dir} has no spm.model (the run's tokenizer)")
+    tokenizer = _tokenizer(run_dir / "spm.model")
     weights = load_weights(run_dir, checkpoint)
-    model = Transformer(weights.model)
-    model.load_state_dict(weights.state)
+    try:
+        model = Transformer(weights.model)
+        model.load_state_dict(weights.state)
+    except (RuntimeError, ValueError, TypeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"{run_dir}: the weights of {weights.description} do not fit the model its checkpoint "
+                        f"describes ({first[:200]})") from None
     model.to(where).eval()
     precision = _saved_precision(run_dir)
     bf16 = where.type == "cuda" and precision.startswith("bf16")
-    return LoadedRun(run_dir, config, model, load(run_dir / "spm.model"), where, weights.description,
-                     weights.steps, bf16)
+    return LoadedRun(run_dir, config, model, tokenizer, where, weights.description, weights.steps, bf16)
+
+
+def _tokenizer(path: Path) -> Any:
+    """The run's sentencepiece model; a damaged one is one line (`ablate train` on the run sets it
+    aside and trains the same BPE again; a command that only reads the run changes nothing)."""
+    try:
+        return load(path)
+    except (RuntimeError, OSError, ValueError) as err:
+        raise UserError(f"{path} is damaged: sentencepiece cannot load it ({str(err).strip()[:120]}); "
+                        f"`ablate train` with this run's --out sets it aside and trains the same BPE again") from None
 
 
 def _saved_precision(run_dir: Path) -> str:
@@ -250,7 +314,29 @@ def decoding(run: LoadedRun, beam: int | None = None, alpha: float | None = None
     """The run's decoding settings with the given ones in their place (validated)."""
     chosen = {"beam_size": beam, "length_penalty": alpha, "max_len_offset": max_len_offset,
               "batch_tokens": batch_tokens, "cuda_graphs": cuda_graphs}
-    return replace(run.eval_config, **{k: v for k, v in chosen.items() if v is not None})
+    cfg = replace(run.eval_config, **{k: v for k, v in chosen.items() if v is not None})
+    check_beam_memory(run, cfg)
+    return cfg
+
+
+def check_beam_memory(run: LoadedRun, cfg: EvalConfig) -> None:
+    """Refuse, before any sentence is read, a beam search that cannot fit the device's memory, as
+    `train` does before training (`preflight.decoding_memory_gb`), for the longest input the model
+    takes: a decoding batch of max_len-long sentences."""
+    from lightning_modules.config import count_parameters
+    from lightning_modules.run.preflight import GB, decoding_memory_gb, device_memory_gb
+
+    model = run.model.config
+    # one max_len-long sentence a batch, scaled to the batch's count (the estimate is linear in
+    # it; no list of a --batch-tokens' length is built)
+    one = decoding_memory_gb(model, cfg.beam_size, model.max_len, cfg.max_len_offset, [model.max_len - 1])
+    weights = 4 * count_parameters(model) / GB
+    need = weights + (one - weights) * max(1, cfg.batch_tokens // model.max_len)
+    limit, what = device_memory_gb(run.device)
+    if need > limit:
+        raise UserError(f"beam search with --beam {cfg.beam_size} would need ~{need:.1f} GB, more than "
+                        f"{what} ({limit:.1f} GB; --batch-tokens {cfg.batch_tokens}, output up to source + "
+                        f"{cfg.max_len_offset}); lower --beam or --batch-tokens")
 
 
 # ---------------------------------------------------------------------------------- translate
@@ -284,13 +370,30 @@ def translate_lines(run: LoadedRun, lines: list[str], cfg: EvalConfig, first_lin
     return out
 
 
-def chunks(stream: Iterable[str], batch_tokens: int, interactive: bool) -> Iterator[list[str]]:
+def text_lines(stream: Iterable[str | bytes], where: str = "the input") -> Iterator[str]:
+    """The lines of `stream` as text: bytes are decoded as UTF-8 one line at a time, so that a line
+    that is not UTF-8, or that holds a NUL byte, is one line naming it (not a traceback from the
+    tokenizer, nor a silent replacement character) and the lines before it are answered."""
+    for n, raw in enumerate(stream, start=1):
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise UserError(f"{where}: line {n} is not UTF-8 text (byte {err.start + 1}); give UTF-8, "
+                                f"one sentence a line") from None
+        if "\0" in raw or any("\ud800" <= ch <= "\udfff" for ch in raw):
+            what = "a NUL byte" if "\0" in raw else "bytes that are not UTF-8"
+            raise UserError(f"{where}: line {n} holds {what}; give UTF-8 text, one sentence a line")
+        yield raw
+
+
+def chunks(stream: Iterable[str | bytes], batch_tokens: int, interactive: bool) -> Iterator[list[str]]:
     """Input lines (newline removed) in groups of about `batch_tokens` source tokens, counted
     before BPE as words + EOS (one line at a time from a terminal, so each line is answered as it
     is typed)."""
     group: list[str] = []
     words = 0
-    for raw in stream:
+    for raw in text_lines(stream):
         line = raw.rstrip("\n").rstrip("\r")
         group.append(line)
         words += len(line.split()) + 1
@@ -301,7 +404,7 @@ def chunks(stream: Iterable[str], batch_tokens: int, interactive: bool) -> Itera
         yield group
 
 
-def translate_stream(run: LoadedRun, stream: TextIO, out: TextIO, cfg: EvalConfig,
+def translate_stream(run: LoadedRun, stream: Iterable[str | bytes], out: TextIO, cfg: EvalConfig,
                      interactive: bool = False) -> int:
     """Translate `stream` line by line onto `out`, flushed after each group; the lines read."""
     done = 0
@@ -338,6 +441,16 @@ def perplexity(run: LoadedRun, sources: list[str], references: list[str], batch_
     if not total_tokens:
         raise UserError(f"no sentence pair fits the model's max_len ({run.max_len}); nothing to score")
     return math.exp(min(total_nll / total_tokens, 50.0)), len(keep), total_tokens
+
+
+def attention_dir(run_dir: Path, sentence: str | None, line: int | None, checkpoint: str) -> Path:
+    """`ablate attention`'s default folder, inside the run as evaluations are:
+    `attention-line-N-CHECKPOINT` or `attention-sentence-HASH-CHECKPOINT`."""
+    import hashlib
+
+    what = f"line-{line}" if sentence is None else \
+        f"sentence-{hashlib.sha1(sentence.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+    return run_dir / f"attention-{what}-{checkpoint.replace(':', '')}"
 
 
 def settings_name(split: str, checkpoint: str, cfg: EvalConfig) -> str:
@@ -390,13 +503,13 @@ def split_texts(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
     return list(text.src), list(text.tgt)
 
 
-def open_input(path: str | None) -> tuple[TextIO, bool]:
-    """The lines to translate: `path`, else stdin (one line if it is closed); whether they come
-    from a terminal (then each line is answered as soon as it is typed)."""
+def open_input(path: str | None) -> tuple[Iterable[str | bytes], bool]:
+    """The lines to translate, as bytes where they come from a file or a real stdin (decoded line
+    by line: `text_lines`): `path`, else stdin (one line if it is closed); whether they come from a
+    terminal (then each line is answered as soon as it is typed)."""
     if path is not None:
-        if not Path(path).is_file():
-            raise UserError(f"--input {path}: no such file")
-        return open(path, encoding="utf-8", errors="replace"), False
+        check_readable_file(path, "--input file")
+        return open(path, "rb"), False
     stdin = sys.stdin
     try:
         if stdin is None or stdin.closed:
@@ -406,7 +519,7 @@ def open_input(path: str | None) -> tuple[TextIO, bool]:
         os.fstat(stdin.fileno())
     except (OSError, ValueError, AttributeError):
         raise UserError("stdin is closed; pipe sentences in, one a line, or give --input FILE") from None
-    return stdin, stdin.isatty()
+    return getattr(stdin, "buffer", stdin), stdin.isatty()
 
 
 def evaluation_texts(run_config: dict[str, Any], split: str | None, src: str | None, ref: str | None,
