@@ -15,12 +15,12 @@ system-deps:  ## Debian packages: the Ding dictionary (the embedded default corp
 	@if [ ! -f /usr/share/trans/de-en ]; then \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq trans-de-en >/dev/null; fi
 
-test-deps:  ## Debian packages the tests use for real: a PostgreSQL server, Chromium and its driver
+test-deps:  ## Debian packages the tests use for real: a PostgreSQL server, Chromium and its driver, GNU time
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/chromium ] \
-	    || [ ! -x /usr/bin/chromedriver ]; then \
+	    || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/time ]; then \
 	  { $(SUDO) apt-get update -qq && \
-	    $(SUDO) apt-get install -y -qq postgresql chromium chromium-driver >/dev/null; } || \
-	  echo "test-deps: could not install postgresql/chromium; their tests will be skipped"; fi
+	    $(SUDO) apt-get install -y -qq postgresql chromium chromium-driver time >/dev/null; } || \
+	  echo "test-deps: could not install postgresql/chromium/time; their tests will be skipped"; fi
 
 $(BIN)/ablate: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
