@@ -8,6 +8,7 @@ no tokenizer keys), so loading it with overrides gives what the same overrides g
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict
 
 import pytest
@@ -33,7 +34,7 @@ def every_way(tmp_path, row: str, overrides: list[str]) -> dict[str, Transformer
     saved.write_text(to_yaml(resolve("tiny", row)))
     table = load_spec()
     spec = tmp_path / "mine.yaml"
-    spec.write_text(yaml.safe_dump({"base": table["base"], "mine": table[row]}))
+    spec.write_text(yaml.safe_dump({"base": table["base"], "mine": copy.deepcopy(table[row])}))  # no YAML alias for base
     return {
         "row + overrides": resolve("tiny", row, overrides=overrides).model,
         "saved config + overrides": resolve("tiny", "base", config_file=saved, overrides=overrides).model,
