@@ -725,3 +725,27 @@ def test_sentence_lengths_counter_sanity(ding):
 def ding_installed() -> None:
     if not DING.is_file():
         pytest.fail("the Ding dictionary is missing: run make setup (apt-get install trans-de-en)")
+
+
+def test_a_gzip_bomb_of_one_endless_line_is_one_line_of_error(tmp_path):
+    """A gzipped corpus file that unpacks to one 64 MiB line (a bomb, or a binary file) is refused
+    at the cap on a line (1 MiB), read as a stream: never held whole."""
+    import gzip
+    import tracemalloc
+
+    from lightning_modules.data.corpora import MAX_LINE_BYTES, read_lines
+
+    bomb = tmp_path / "train.en.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as out:
+        for _ in range(64):
+            out.write(b"a" * 2 ** 20)
+    assert bomb.stat().st_size < 2 ** 20
+    tracemalloc.start()
+    with pytest.raises(UserError) as caught:
+        read_lines(bomb)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert "line 1 is longer than 1 MiB" in str(caught.value) and "\n" not in str(caught.value)
+    assert peak < 8 * MAX_LINE_BYTES
+    (tmp_path / "ok.en").write_bytes(b"x" * (MAX_LINE_BYTES - 1) + b"\n" + b"short\n")
+    assert [len(line) for line in read_lines(tmp_path / "ok.en")] == [MAX_LINE_BYTES - 1, 5]

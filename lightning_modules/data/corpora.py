@@ -94,15 +94,24 @@ class Corpus:
 
 # --------------------------------------------------------------------------- reading files
 
+MAX_LINE_BYTES = 2 ** 20  # a sentence pair's side is never a megabyte: a longer line is damage or a bomb
+
+
 def _raw_lines(path: Path) -> Iterator[bytes]:
-    """The lines of a plain or gzipped file (gzip told by its magic bytes), each with its b"\\n"."""
+    """The lines of a plain or gzipped file (gzip told by its magic bytes), each with its b"\\n",
+    read as a stream a line at a time, none longer than MAX_LINE_BYTES (a gzip bomb of one endless
+    line, or a binary file, is one line of error instead of the memory it would take)."""
     check_readable_file(path)
     gzipped = False
     try:
         with open(path, "rb") as handle:
             gzipped = handle.read(2) == b"\x1f\x8b"
         with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
-            yield from handle
+            for number, line in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
+                if len(line) > MAX_LINE_BYTES:
+                    raise UserError(f"{path}: line {number} is longer than {MAX_LINE_BYTES // 2 ** 20} MiB: "
+                                    f"not a sentence (a damaged file, or not a text corpus)")
+                yield line
     except (OSError, EOFError, zlib.error) as err:  # gzip: BadGzipFile (an OSError), truncated, bad deflate data
         what = "damaged gzip file" if gzipped else "cannot read"
         raise UserError(f"{path}: {what} ({err})") from None
