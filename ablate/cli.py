@@ -50,7 +50,7 @@ class _HelpWithDefaults(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        shown = action.default not in (None, False, argparse.SUPPRESS) and not action.option_strings == []
+        shown = bool(action.option_strings) and action.default not in (None, False, argparse.SUPPRESS)
         if shown and "default" not in text and not isinstance(action, argparse._HelpAction):
             text += " (default: %(default)s)"
         return text

@@ -105,8 +105,9 @@ def _checked_spec(shown: str, where: str, mtime_ns: int, size: int) -> dict[str,
         raise UserError(f"{path}: an ablation spec needs a 'base' row")
     from omegaconf import OmegaConf  # ~50 ms: not for `ablate --help`, which lists the presets
 
-    schema = OmegaConf.structured(TransformerConfig)
-    return {name: _checked_row(f"{path}: row {name!r}", name, row, schema) for name, row in rows.items()}
+    schemas = {section: OmegaConf.structured(owner) for section, owner in (("model", TransformerConfig),
+                                                                             *RECIPE_SECTIONS.items())}
+    return {name: _checked_row(f"{path}: row {name!r}", name, row, schemas) for name, row in rows.items()}
 
 
 ROW_KEYS = ("group", "model", "train", "data", "train_steps", "paper")
@@ -125,7 +126,7 @@ ROW_REFUSED = {
 PAPER_KEYS = ("ppl", "bleu", "params_m")  # the paper's dev PPL, dev BLEU, parameters in millions
 
 
-def _checked_row(where: str, name: Any, row: Any, schema: DictConfig) -> dict[str, Any]:
+def _checked_row(where: str, name: Any, row: Any, schemas: dict[str, DictConfig]) -> dict[str, Any]:
     """One row of a spec, or a one-line UserError naming the row and key."""
     if not isinstance(name, str):
         raise UserError(f"{where}: a row name must be text (quote it: '{name}')")
@@ -147,16 +148,14 @@ def _checked_row(where: str, name: Any, row: Any, schema: DictConfig) -> dict[st
     if "group" in row:
         check_name(row["group"], "group name", where)
     _check_paper(where, row.get("paper"))
-    recipe = {section: _typed_recipe(where, section, row[section]) for section in RECIPE_SECTIONS if section in row}
-    return {**row, **recipe, "model": _typed_model(where, row.get("model", {}), schema)}
+    recipe = {section: _typed_recipe(where, section, row[section], schemas[section])
+              for section in RECIPE_SECTIONS if section in row}
+    return {**row, **recipe, "model": _typed_model(where, row.get("model", {}), schemas["model"])}
 
 
-def _typed_recipe(where: str, section: str, values: Any) -> dict[str, Any]:
-    """A row's `train:` or `data:` mapping: keys of TrainConfig or DataConfig that a row may change
-    (`ROW_REFUSED` says why not), each of its field's type."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
+def _typed_recipe(where: str, section: str, values: Any, schema: DictConfig) -> dict[str, Any]:
+    """A row's `train:` or `data:` mapping: keys of TrainConfig or DataConfig (`schema`) that a row
+    may change (`ROW_REFUSED` says why not), each of its field's type."""
     owner = RECIPE_SECTIONS[section]
     if not isinstance(values, dict):
         raise UserError(f"{where}: {section} must be a mapping like {{warmup_steps: 0}}, got {values!r}")
@@ -171,11 +170,7 @@ def _typed_recipe(where: str, section: str, values: Any) -> dict[str, Any]:
         if known[key].metadata.get("output_only"):
             raise UserError(f"{where}: a row cannot change {section}.{key}: it only chooses where or how "
                             f"often output is written, never what a run trains")
-    try:
-        typed = OmegaConf.merge(OmegaConf.structured(owner), values)
-    except OmegaConfBaseException as err:
-        raise UserError(f"{where}: {section}.{err.full_key}: {str(err).splitlines()[0]}") from None
-    return {key: typed[key] for key in values}
+    return _typed(where, section, values, schema)
 
 
 def _check_paper(where: str, paper: Any) -> None:
@@ -199,14 +194,20 @@ def _typed_model(where: str, model: dict[str, Any], schema: DictConfig) -> dict[
     unknown = set(model) - {f.name for f in fields(TransformerConfig)}
     if unknown:
         raise UserError(f"{where} has unknown model keys: {', '.join(sorted(map(str, unknown)))}")
+    return _typed(where, "model", model, schema)
+
+
+def _typed(where: str, section: str, values: dict[str, Any], schema: DictConfig) -> dict[str, Any]:
+    """`values` (known keys of `section`) as their fields' types (`schema`: the section's
+    structured config; '64' -> 64), or one line naming the row and key."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        typed = OmegaConf.merge(schema, model)
+        typed = OmegaConf.merge(schema, values)
     except OmegaConfBaseException as err:
-        raise UserError(f"{where}: model.{err.full_key}: {str(err).splitlines()[0]}") from None
-    return {key: typed[key] for key in model}
+        raise UserError(f"{where}: {section}.{err.full_key}: {str(err).splitlines()[0]}") from None
+    return {key: typed[key] for key in values}
 
 
 def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig,

@@ -23,10 +23,10 @@ import pandas as pd
 
 from ablations.resolve import resolve
 from ablations.spec import load_spec, recipe_changes, table3_section
-from lightning_modules.config import CORPORA, RunConfig, parse_devices
+from lightning_modules.config import CORPORA, RunConfig
 from lightning_modules.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
-from sweeps.schedule import parameters, tokens_per_step, training_flops, wall_clock
+from sweeps.schedule import devices, parameters, tokens_per_step, training_flops, wall_clock
 from sweeps.table3 import Table3Plan, start_order
 
 
@@ -93,13 +93,6 @@ class TimeUnit:
     def of(cls, table: pd.DataFrame) -> TimeUnit:
         """The unit of an estimate (`estimate`'s table), by its total device-hours."""
         return cls("minutes", "min", 60.0) if table["hours"].sum() < 1.0 else cls("hours", "hours", 1.0)
-
-
-def devices(cfg: RunConfig) -> int:
-    """The devices one run trains on (`auto` counts as one), over all its nodes."""
-    listed = parse_devices(cfg.train.devices)
-    return (len(listed) if isinstance(listed, list) else listed if isinstance(listed, int) else 1) \
-        * cfg.train.num_nodes
 
 
 def row_configs(plan: Table3Plan) -> dict[str, RunConfig]:

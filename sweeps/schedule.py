@@ -26,11 +26,17 @@ def parameters(cfg: RunConfig) -> int:
     return count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
 
 
+def devices(cfg: RunConfig) -> int:
+    """The devices one run trains on, over all its nodes (`auto` counts as one: their number is
+    unknown here)."""
+    listed = parse_devices(cfg.train.devices)
+    return (len(listed) if isinstance(listed, list) else listed if isinstance(listed, int) else 1) \
+        * cfg.train.num_nodes
+
+
 def tokens_per_step(cfg: RunConfig) -> int:
-    """The token budget of one optimizer step; `auto` devices count as one (their number is unknown here)."""
-    devices = parse_devices(cfg.train.devices)
-    devices = len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1
-    return cfg.data.max_tokens * cfg.train.accumulate_grad_batches * devices * cfg.train.num_nodes
+    """The token budget of one optimizer step, every device's batch and accumulated batch."""
+    return cfg.data.max_tokens * cfg.train.accumulate_grad_batches * devices(cfg)
 
 
 def training_flops(cfg: RunConfig) -> float:
