@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the annotation only: io and the reports import this module without torch
     from torch import Tensor
 
 FAULT_ENV = "ABLATE_FAULT"
+# The kernel hands a signal sent to a stopped process to any of its threads once it is continued;
+# when that is not the main thread, Python's handler runs only a moment after this one has gone on.
+# Without a pause, SLURM's notice sent while held at step N would be handled in step N+1 now and then.
+HELD_SIGNALS_LAND_S = 0.5
 POINTS = ("startup", "train_step", "train_forward", "validation", "compile", "decode", "checkpoint_write",
           "results_write", "nan_loss")
 
@@ -51,6 +56,8 @@ def inject(point: str, step: int | None = None) -> None:
     wanted, at, sig = _parse(spec)
     if wanted == point and (at is None or at == step):
         os.kill(os.getpid(), sig)
+        if sig == signal.SIGSTOP:  # continued: let the signals sent while held land first
+            time.sleep(HELD_SIGNALS_LAND_S)
 
 
 def corrupt_loss(loss: Tensor, step: int) -> Tensor:
