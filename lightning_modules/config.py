@@ -230,14 +230,14 @@ class DataConfig:
     # seed; the dev and test sets are untouched); None = all of them
     train_pairs: int | None = None
     num_workers: int = 0
-    # round each batch's lengths up to a multiple of this (fewer tensor shapes). 1 = exact lengths:
-    # on an H100, Multi30k at 25K tokens trained 400K real tokens/s exact vs 337-355K with 8
-    # (padding 8.7% -> 24%; benchmarks/results/gpu-h100.md); the compiled step takes any shape.
+    # round each batch's lengths up to a multiple of this (fewer tensor shapes). 1 = exact lengths,
+    # faster on a GPU than multiples of 8, which pad more (benchmarks/results/gpu-h100-2026-11-22);
+    # the compiled step takes any shape.
     pad_multiple: int = 1
     # static batch shapes for CUDA graphs (train.compile_mode=reduce-overhead): each side's lengths
     # padded up to one of this many lengths fitted to the training corpus (multiples of
-    # pad_multiple), rows fixed per (source, target) length cell; 0 = off (exact lengths).
-    # Padding vs shapes on WMT-like lengths at 25K tokens: 8 -> 16%, 16 -> 8%, 24 -> 5% (docs/gpu-performance.md)
+    # pad_multiple), rows fixed per (source, target) length cell; 0 = off (exact lengths). More
+    # buckets pad less and make more shapes (docs/gpu-performance.md#static-shapes-and-cuda-graphs)
     shape_buckets: int = 0
 
     def __post_init__(self) -> None:
@@ -290,8 +290,8 @@ class TrainConfig:
     # data.shape_buckets) | max-autotune-no-cudagraphs
     compile_mode: str = "default"
     # torch.use_deterministic_algorithms (warn-only: an op without a deterministic kernel warns).
-    # None = auto: on for CPU runs, where its cost was within ±2% of a step's CPU time (and no CPU
-    # op of a step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs,
+    # None = auto: on for CPU runs, where it cost little of a step's CPU time (and no CPU op of a
+    # step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs,
     # where deterministic kernels can cost more (not measured yet): turn it on there to compare runs.
     deterministic: bool | None = None
     # torch's intra-op threads; None = torch's default (the cores, or $OMP_NUM_THREADS). The order
@@ -369,7 +369,7 @@ class EvalConfig:
 
 def bleu_tokenizers() -> tuple[str, ...]:
     """sacreBLEU's tokenizer names (its BLEU metric fails on any other only when scoring)."""
-    from sacrebleu.metrics.bleu import BLEU  # ~0.1 s, once: not on `ablate --help`
+    from sacrebleu.metrics.bleu import BLEU  # imported here, so that `ablate --help` does not load it
 
     return tuple(BLEU.TOKENIZERS)
 
