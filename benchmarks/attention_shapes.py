@@ -68,8 +68,7 @@ from benchmarks.common import (Section, Settings, error_line, free_memory, media
                                stopwatch, sync)
 from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches, wmt_like_lengths
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
-from lightning_modules.data import TokenBucketBatchSampler
-from lightning_modules.data.batching import ShapeBuckets, batch_shapes, padding_share
+from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, batch_shapes, padding_share
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 

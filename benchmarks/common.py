@@ -29,8 +29,9 @@ import torch
 from torch import Tensor
 
 from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
-from lightning_modules.data import TokenBucketBatchSampler, TranslationDataModule, collate
+from lightning_modules.data.batching import TokenBucketBatchSampler, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
+from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.environment import cpu_model
 from lightning_modules.translation import TranslationModule

@@ -72,8 +72,7 @@ from benchmarks.common import (Section, Settings, bare_step, error_line, free_me
                                stopwatch, sync, train_flops)
 from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
-from lightning_modules.data import TokenBucketBatchSampler, collate
-from lightning_modules.data.batching import ShapeBuckets
+from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, collate
 from lightning_modules.run.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import Section, Settings, data_module, stopwatch
-from lightning_modules.data import ShapeBuckets, TokenBucketBatchSampler, padding_share
-from lightning_modules.data.batching import batch_shapes, cut_points
+from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, batch_shapes, cut_points, padding_share
 
 TARGET_PADDING = 0.05
 RANDOM_SEEDS = (1, 2, 3)

@@ -8,7 +8,7 @@ and `EvalConfig` hold everything else a run needs; `RunConfig` groups them. Vali
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -24,10 +24,6 @@ TIE_EMBEDDINGS = ("all", "decoder", "none")
 # How the model computes, never what (docs/gpu-performance.md#kernel-variants): SDPA kernels of
 # `model.attention_backend`, "auto" = PyTorch's own choice (transformer.SDPA_BACKENDS)
 ATTENTION_BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
-# The corpora (`data.corpus`; their loaders: data/corpora.py), each with the disk it takes in
-# data.cache_dir at most, downloads and extracted text in GB (docs/corpora.md), for the dry run's
-# plan; `files` are the user's own.
-CORPORA: dict[str, float | None] = {"ding": 0.1, "files": None, "multi30k": 0.1, "wmt14": 5.0}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile modes
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")  # Lightning's names
 # Lightning's precision names (lightning.fabric.connector._PRECISION_INPUT; tests/test_config.py
@@ -43,6 +39,18 @@ MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes
 # (logging, checkpoints, caches), never what it trains or measures: `computed_config` leaves such
 # fields out, so two runs that differ only in them are the same run of a table.
 OUTPUT_ONLY = {"output_only": True}
+
+
+class CorpusEntry(NamedTuple):
+    loader: str  # "module.function" of lightning_modules/data/: (DataConfig, Stages) -> Corpus
+    disk_gb: float | None  # data.cache_dir at most, downloads and extracted text (None: the user's files)
+
+
+# The corpora by their `data.corpus` name, the one place a corpus is registered (docs/corpora.md):
+# each loader is imported when a corpus is loaded (data.corpora.load_corpus), so this module stays
+# below the data package; the disk is for the dry run's plan.
+CORPORA = {"ding": CorpusEntry("ding.load_ding", 0.1), "files": CorpusEntry("corpora.load_files", None),
+           "multi30k": CorpusEntry("corpora.load_multi30k", 0.1), "wmt14": CorpusEntry("corpora.load_wmt14", 5.0)}
 
 
 def check_seed(seed: int) -> None:

@@ -198,7 +198,7 @@ def describe(plan: Table3Plan, workers: Workers | None = None, device: str | Non
     per = unit.per_hour / 3600
     base = rows.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
     checkpoints = sum(checkpoint_bytes(rows[row]) for row, _ in plan.runs()) / GB
-    corpus = CORPORA.get(base.data.corpus)
+    corpus = CORPORA[base.data.corpus].disk_gb
     data = (f"about {corpus:g} GB for the {base.data.corpus} corpus in data.cache_dir on each machine"
             if corpus is not None else f"the {base.data.corpus} corpus's own files")
     peak = table["memory GB"].idxmax()

@@ -148,7 +148,7 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """A 3,000-pair slice of Ding's train split and 100 dev pairs as files, and the `ablate`
     options that train on them (`--data files` skips extracting the whole dictionary per run)."""
     from lightning_modules.config import DataConfig
-    from lightning_modules.data.corpora import extract_ding, split_ding
+    from lightning_modules.data.ding import extract_ding, split_ding
 
     sentences, _ = extract_ding(DataConfig().ding_path)
     train, valid, _ = split_ding(sentences, 100, 100)

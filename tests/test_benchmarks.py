@@ -157,7 +157,7 @@ def test_an_attention_kernel_that_fails_is_a_row_and_the_others_are_kept(monkeyp
 def test_a_second_epoch_of_token_buckets_meets_no_batch_shape_the_first_did_not():
     """What attention_shapes' estimate rests on: ties regroup every epoch, the batch shapes stay."""
     import numpy as np
-    from lightning_modules.data import TokenBucketBatchSampler
+    from lightning_modules.data.batching import TokenBucketBatchSampler
     from lightning_modules.data.batching import batch_shapes
     from benchmarks.attention_shapes import shape_counts
     rng = np.random.default_rng(0)

@@ -16,8 +16,9 @@ import yaml
 
 from lightning_modules.compiling import INDUCTOR_PATCHES, known
 from lightning_modules.config import DataConfig, RunConfig, TrainConfig, TransformerConfig
-from lightning_modules.data import EOS_ID, PAD_ID, ShapeBuckets, TokenBucketBatchSampler, collate, padding_share
-from lightning_modules.data.batching import batch_shapes, bucket_lengths
+from lightning_modules.data.batching import (ShapeBuckets, TokenBucketBatchSampler, batch_shapes, bucket_lengths, collate,
+                                             padding_share)
+from lightning_modules.data.tokenizer import EOS_ID, PAD_ID
 from lightning_modules.errors import UserError
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.transformer import Transformer
@@ -155,7 +156,7 @@ def test_a_bucketed_batch_gives_the_loss_and_gradients_of_the_exact_batch():
 
 
 def test_datamodule_serves_bucketed_training_batches_and_exact_dev_batches(tmp_path: Path):
-    from lightning_modules.data import TranslationDataModule
+    from lightning_modules.data.datamodule import TranslationDataModule
 
     rng = random.Random(0)
     words = [f"w{i}" for i in range(200)]

@@ -12,17 +12,19 @@ import re
 import tarfile
 import threading
 from collections import Counter
+from importlib import import_module
 from pathlib import Path
 
 import pytest
 import torch
 
-from lightning_modules.config import DataConfig
-from lightning_modules.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenBucketBatchSampler,
-                                    TranslationDataModule, batch_shapes, collate, extract_ding, load_corpus,
-                                    padding_share, read_parallel, train_or_load)
-from lightning_modules.data.corpora import (WMT14_TRAIN_ARCHIVES, extract_ding_cached, fetch_wmt14_train,
-                                            is_sentence, parse_ding_line, split_alternatives, subset)
+from lightning_modules.config import CORPORA, DataConfig
+from lightning_modules.data.batching import TokenBucketBatchSampler, batch_shapes, collate, padding_share
+from lightning_modules.data.corpora import WMT14_TRAIN_ARCHIVES, fetch_wmt14_train, load_corpus, read_parallel, subset
+from lightning_modules.data.datamodule import TranslationDataModule
+from lightning_modules.data.ding import (extract_ding, extract_ding_cached, is_sentence, parse_ding_line,
+                                         split_alternatives)
+from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_or_load
 from lightning_modules.errors import UserError
 
 DING = Path("/usr/share/trans/de-en")
@@ -176,6 +178,15 @@ def test_ding_missing_file_names_package(tmp_path):
 
 
 # ----------------------------------------------------------------------------- files
+
+def test_every_registered_corpus_names_a_loader_of_the_data_package():
+    """`config.CORPORA` is the one registry of corpora (docs/corpora.md#adding-a-corpus): each entry
+    names a function of lightning_modules/data/ that load_corpus calls, and its disk in GB or None."""
+    for name, entry in CORPORA.items():
+        module, function = entry.loader.rsplit(".", 1)
+        assert callable(getattr(import_module(f"lightning_modules.data.{module}"), function, None)), name
+        assert entry.disk_gb is None or entry.disk_gb > 0, name
+
 
 def test_read_parallel_plain_and_gzip(tmp_path):
     src = write_lines(tmp_path / "a.en.gz", ["Hello world .", "", "Bye"], gz=True)

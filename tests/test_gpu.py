@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
-from lightning_modules.data import TranslationDataModule
+from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.transformer import Transformer
 from lightning_modules.translation import TranslationModule
 

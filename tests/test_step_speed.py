@@ -12,7 +12,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
-from lightning_modules.data import TranslationDataModule, collate
+from lightning_modules.data.batching import collate
+from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.translation import TranslationModule
 
 # Tensor methods that copy a value to the host: on a GPU each one waits for every queued kernel.

@@ -7,7 +7,7 @@ input texts or bytes, the settings, the versions and the source of the code that
 changed corpus, setting or rule never reads an old entry; entries are never invalidated, only
 passed by. The kinds:
 
-- `ding/`: the Ding dictionary's extracted sentence and phrase pairs (`corpora.extract_ding_cached`);
+- `ding/`: the Ding dictionary's extracted sentence and phrase pairs (`ding.extract_ding_cached`);
 - `bpe/`: a BPE model trained on a corpus's training texts (`prepared.TranslationData`);
 - `encoded/`: one split encoded with one BPE model, as the flat arrays a run keeps (`prepared`).
 

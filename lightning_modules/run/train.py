@@ -31,7 +31,7 @@ from lightning_modules.callbacks import (FaultPoints, NonFiniteLoss, PromptInter
 from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import RunConfig, parse_devices
 from lightning_modules.convergence import classify_run
-from lightning_modules.data import TranslationDataModule
+from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.errors import DiskFull, RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate_texts
