@@ -64,9 +64,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import (Section, Settings, error_line, free_memory, median, on_device, render_section, seeded,
-                               stopwatch, sync)
-from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches, wmt_like_lengths
+from benchmarks.common import (BASE, TINY, Section, Settings, error_line, free_memory, median, on_device, render_section,
+                               seeded, stopwatch, sync)
+from benchmarks.gpu_round import build, configs, wmt_like_batches, wmt_like_lengths
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, batch_shapes, padding_share
 from lightning_modules.run.io import atomic_write_json, atomic_write_text

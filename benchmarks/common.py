@@ -47,6 +47,31 @@ PEAK_BF16_FLOPS: dict[str, float] = {
     "H200": 989e12,
     "A100": 312e12,
 }
+# Model sizes of the cases: the paper's base and big, and a tiny one for quick runs on a CPU
+BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
+BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3}
+TINY = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model at one vocabulary, measured at each of `tokens` (tokens per batch and side). The
+    fields after `tokens` belong to one benchmark each; the other leaves them at their defaults."""
+
+    name: str
+    dims: dict[str, Any]
+    vocab: int
+    tokens: tuple[int, ...]
+    # end_to_end: `ablate train` at tokens[0] (the other sizes: the bare step only) on this corpus
+    corpus: str = "ding"  # "multi30k" | "newstest" (WMT-length text, see newstest_files) | "ding"
+    steps: int = 200
+    log_every: int = 20
+    warm_cache: bool = False  # a third, compiled run that finds the first's compile cache
+    # gpu_round: synthetic batches of WMT-like lengths
+    max_len: int = 250  # longest sentence (pieces) of the synthetic pool
+    pool: int = 120_000  # sentence pairs bucketed into batches (WMT14: 4.5M; batches of narrow length range)
+    batches: int = 6  # batches per batch size
+    passes: int = 3  # timed passes over them
 
 
 @dataclass

@@ -25,14 +25,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import (REPO, Section, Settings, bare_step, data_module, logged_values, mfu, on_device, stopwatch,
-                               sync, token_batches, train_flops)
+from benchmarks.common import (BASE, BIG, REPO, TINY, Case, Section, Settings, bare_step, data_module, logged_values, mfu,
+                               on_device, stopwatch, sync, token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
 
 TARGET_MFU = 0.40
@@ -40,39 +39,24 @@ TARGET_HARNESS_SHARE = 0.90
 TARGET_STARTUP_S = 15.0
 
 
-BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
-BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3}
 NEWSTEST_REPEAT = 8  # newstest2013+2014 repeated: ~48K pairs, ~50 steps of 25K tokens an epoch
 
 
-@dataclass(frozen=True)
-class Case:
-    """One end-to-end comparison: `ablate train` eager and compiled vs the bare step."""
-
-    name: str
-    dims: dict[str, Any]
-    vocab: int
-    corpus: str  # "multi30k" | "newstest" (WMT-length text, see newstest_files) | "ding"
-    tokens: tuple[int, ...]  # the run's batch size first, then bare-step-only sizes
-    steps: int
-    log_every: int
-    warm_cache: bool = False  # a third, compiled run that finds the first's compile cache
-
-
 def _cases(settings: Settings) -> list[Case]:
+    """Each an end-to-end comparison: `ablate train` eager and compiled vs the bare step."""
     if settings.device.type == "cuda":
         return [
             # The issue's target: base dims, the paper's 37,000 vocabulary, WMT-length sentences.
-            Case("wmt-base-37k", BASE, 37000, "newstest", (25000, 4000), 200, 20),
-            Case("wmt-big-37k", BIG, 37000, "newstest", (25000,), 150, 15),
+            Case("wmt-base-37k", BASE, 37000, (25000, 4000), corpus="newstest", steps=200, log_every=20),
+            Case("wmt-big-37k", BIG, 37000, (25000,), corpus="newstest", steps=150, log_every=15),
             # The earlier setting (short Multi30k sentences, BPE 8,000), kept for comparison.
-            Case("multi30k-base-8k", BASE, 8000, "multi30k", (25000, 4000), 200, 20, warm_cache=True),
+            Case("multi30k-base-8k", BASE, 8000, (25000, 4000), corpus="multi30k", steps=200, log_every=20,
+                 warm_cache=True),
         ]
     if settings.quick:
-        return [Case("quick", {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4}, 500, "ding",
-                     (1500, 400), 24, 4)]
-    return [Case("demo", {"n_layers": 3, "d_model": 64, "d_ff": 256, "n_heads": 8}, 2000, "ding",
-                 (1500, 400), 200, 20, warm_cache=True)]
+        return [Case("quick", TINY, 500, (1500, 400), corpus="ding", steps=24, log_every=4)]
+    return [Case("demo", {"n_layers": 3, "d_model": 64, "d_ff": 256, "n_heads": 8}, 2000, (1500, 400),
+                 corpus="ding", steps=200, log_every=20, warm_cache=True)]
 
 
 def newstest_files(newstest_dir: Path, work: Path, src: str = "en", tgt: str = "de") -> dict[str, str]:

@@ -62,14 +62,13 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.common import (Section, Settings, bare_step, error_line, free_memory, mfu, on_device, render_section, seeded,
-                               stopwatch, sync, train_flops)
+from benchmarks.common import (BASE, BIG, TINY, Case, Section, Settings, bare_step, error_line, free_memory, mfu, on_device,
+                               render_section, seeded, stopwatch, sync, train_flops)
 from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, collate
@@ -103,23 +102,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 NOISE_FLOOR = "eager, other dropout seed"  # the eager default with other dropout masks: not judged
 
 
-@dataclass(frozen=True)
-class Case:
-    """One model at one vocabulary, measured at each of `tokens` (tokens per batch and side)."""
-
-    name: str
-    dims: dict[str, Any]
-    vocab: int
-    tokens: tuple[int, ...]
-    max_len: int = 250  # longest sentence (pieces) of the synthetic pool
-    pool: int = 120_000  # sentence pairs bucketed into batches (WMT14: 4.5M; batches of narrow length range)
-    batches: int = 6  # batches per batch size
-    passes: int = 3  # timed passes over them
-
-
-BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
-BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3}
-TINY = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4}
 ALL = "compiled, all: flash, fused QKV, loss chunks 8"
 CASES = {"wmt-base-37k": Case("wmt-base-37k", BASE, 37000, (25000, 4000)),
          "wmt-big-37k": Case("wmt-big-37k", BIG, 37000, (25000, 4000)),

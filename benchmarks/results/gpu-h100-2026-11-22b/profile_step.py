@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import Settings, data_module, sync, token_batches
-from benchmarks.end_to_end import BASE, newstest_files, train_step
+from benchmarks.common import BASE, Settings, data_module, sync, token_batches
+from benchmarks.end_to_end import newstest_files, train_step
 from lightning_modules.config import TransformerConfig
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "eager"
