@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ def modules() -> dict[str, Path]:
         root = package_dir(pkg)
         for path in sorted(root.rglob("*.py")):
             rel = path.relative_to(root.parent).with_suffix("")
-            if "results" in rel.parts:
+            if "results" in rel.parts[:-1]:  # a dated result's scripts (run/results.py is a module)
                 continue
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
             found[".".join(parts)] = path
@@ -72,6 +73,17 @@ def test_every_package_is_found():
     names = set(modules())
     assert {"ablate.cli", "reports.build", "sweeps.worker", "ablations.spec", "lightning_modules.config",
             "lightning_modules.run.train"} <= names
+
+
+def test_dated_results_scripts_are_no_part_of_a_package():
+    """A dated result's scripts live beside it (benchmarks/results/*/, reports/results/*/) and run as
+    files: no folder there is a package, and the installed packages name none of them."""
+    root = Path(__file__).resolve().parent.parent
+    inits = [str(p.relative_to(root)) for folder in ("benchmarks/results", "reports/results")
+             for p in (root / folder).rglob("__init__.py")]
+    assert not inits, f"a results folder made a package: {inits}"
+    installed = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"]
+    assert not [p for p in installed if "results" in p.split(".") or p.split(".")[0] == "benchmarks"], installed
 
 
 def test_imports_run_one_way_only():
