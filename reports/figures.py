@@ -378,16 +378,17 @@ def learning_curves_figure(curves: pd.DataFrame, group: str, groups: dict[str, s
     return fig
 
 
-# the change against base first: it answers the table's question row by row
-FIGURES = {"change_vs_base.png": change_vs_base, "bleu_vs_params.png": bleu_vs_params,
-           "ppl_vs_time.png": ppl_vs_time}
+# The report's summary figures, each drawn from the table, in the order every report shows them
+# (docs/table3.md#adding-a-report-figure): the change against base first, it answers the table's
+# question row by row.
+FIGURES = {"change_vs_base.png": change_vs_base_figure, "bleu_vs_params.png": bleu_vs_params_figure,
+           "ppl_vs_time.png": ppl_vs_time_figure}
 
 
 def figures(frame: pd.DataFrame, curves: pd.DataFrame | None = None) -> dict[str, plt.Figure]:
-    """Every figure of the report, drawn (not yet saved): the summary figures, then per group its
-    learning curves and its verdict over training when curves are given."""
-    out = {"change_vs_base.png": change_vs_base_figure(frame),
-           "bleu_vs_params.png": bleu_vs_params_figure(frame), "ppl_vs_time.png": ppl_vs_time_figure(frame)}
+    """Every figure of the report, drawn (not yet saved): the summary figures (`FIGURES`), then per
+    group its learning curves and its verdict over training when curves are given."""
+    out = {name: draw(frame) for name, draw in FIGURES.items()}
     if curves is not None and not curves.empty:
         groups = frame["group"].to_dict()
         for group in dict.fromkeys(g for g in frame["group"] if g != "base"):

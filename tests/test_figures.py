@@ -12,8 +12,8 @@ from matplotlib.colors import to_hex
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.text import Text
 
-from reports.figures import (change_vs_base, change_vs_base_figure, figures, group_colors, group_legend, kept_range,
-                             ppl_vs_time, robust_limits, scatter_figure, verdict_curves)
+from reports.figures import (FIGURES, change_vs_base, change_vs_base_figure, figures, group_colors, group_legend,
+                             kept_range, ppl_vs_time, robust_limits, scatter_figure, verdict_curves)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -180,8 +180,7 @@ def test_no_label_covers_another_in_any_figure_of_a_committed_report(folder: str
     frame, curves = _committed(folder)
     drawn = figures(frame, curves)
     groups = [g for g in dict.fromkeys(frame["group"]) if g != "base"]
-    assert set(drawn) == {"change_vs_base.png", "bleu_vs_params.png", "ppl_vs_time.png",
-                          *(f"curves_{g}.png" for g in groups), *(f"verdicts_{g}.png" for g in groups)}
+    assert set(drawn) == {*FIGURES, *(f"curves_{g}.png" for g in groups), *(f"verdicts_{g}.png" for g in groups)}
     for name, fig in drawn.items():
         assert not _overlapping_labels(fig), (name, _overlapping_labels(fig))
         if name.startswith("curves_"):
