@@ -8,11 +8,14 @@ every relative link in them leads somewhere real.
 - README.md is at most 250 lines, a results page (reports/results/*/README.md) at most 80: history
   belongs in the LOG.md beside it;
 - README.md and docs/ carry no commit hash, no session diary ("sitting") and no dated figure: dated
-  measurements live in their results folder's page.
+  measurements live in their results folder's page;
+- each "adding" section (a corpus, a report figure, a storage) names its one place and its test,
+  and both exist.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -156,3 +159,43 @@ def test_results_pages_are_short(page: Path) -> None:
 
 def test_results_pages_exist() -> None:
     assert RESULTS_PAGES, "no reports/results/*/README.md found"
+
+
+# Each "adding" section: (page, its heading's anchor) -> the one place to change (file, top-level
+# name) and the test that checks it (file, test function).
+ADDING = {
+    ("corpora.md", "adding-a-corpus"): ("lightning_modules/config.py", "CORPORA", "tests/test_data.py",
+                                        "test_every_registered_corpus_names_a_loader_of_the_data_package"),
+    ("table3.md", "adding-a-report-figure"): ("reports/figures.py", "FIGURES", "tests/test_figures.py",
+                                              "test_no_label_covers_another_in_any_figure_of_a_committed_report"),
+    ("scale-out.md", "adding-a-storage"): ("sweeps/storage.py", "make_storage", "tests/test_storages.py",
+                                           "test_a_killed_workers_trial_is_failed_and_retried_by_the_heartbeat"),
+}
+
+
+def section(page: Path, anchor: str) -> str:
+    """The text under the heading with `anchor`, up to the next heading of its level or above."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    headings = list(HEADING.finditer(text))
+    for i, m in enumerate(headings):
+        if slug(m.group(2)) == anchor:
+            end = next((h.start() for h in headings[i + 1:] if len(h.group(1)) <= len(m.group(1))), len(text))
+            return text[m.end():end]
+    raise AssertionError(f"{rel(page)} has no heading with anchor #{anchor}")
+
+
+def top_level_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return ({n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            | {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+               for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)})
+
+
+@pytest.mark.parametrize(("page", "anchor"), list(ADDING), ids=[a for _, a in ADDING])
+def test_an_adding_section_names_its_one_place_and_its_test_and_both_exist(page: str, anchor: str) -> None:
+    source, name, test_file, test = ADDING[page, anchor]
+    text = section(ROOT / "docs" / page, anchor)
+    assert f"`{name}`" in text and f"`{source}`" in text and f"`{test}`" in text and f"`{test_file}`" in text, \
+        f"docs/{page}#{anchor} should name `{name}` in `{source}` and `{test}` in `{test_file}`"
+    assert name in top_level_names(ROOT / source), f"{source} has no top-level {name}"
+    assert f"def {test}(" in (ROOT / test_file).read_text(encoding="utf-8"), f"{test_file} has no {test}"
