@@ -378,9 +378,8 @@ def learning_curves_figure(curves: pd.DataFrame, group: str, groups: dict[str, s
     return fig
 
 
-# The report's summary figures, each drawn from the table, in the order every report shows them
-# (docs/table3.md#adding-a-report-figure): the change against base first, it answers the table's
-# question row by row.
+# The report's summary figures in the order it shows them (docs/table3.md#adding-a-report-figure):
+# the change against base first, it answers the table's question row by row.
 FIGURES = {"change_vs_base.png": change_vs_base_figure, "bleu_vs_params.png": bleu_vs_params_figure,
            "ppl_vs_time.png": ppl_vs_time_figure}
 
