@@ -70,7 +70,7 @@ from benchmarks.gpu_round import BASE, TINY, build, configs, wmt_like_batches, w
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data import TokenBucketBatchSampler
 from lightning_modules.data.batching import ShapeBuckets, batch_shapes, padding_share
-from lightning_modules.run.io import atomic_write_json, atomic_write_text
+from lightning_modules.base.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
 # "auto" (PyTorch's own choice, the default) first: every other kernel is compared with it; then

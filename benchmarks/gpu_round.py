@@ -74,7 +74,7 @@ from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data import TokenBucketBatchSampler, collate
 from lightning_modules.data.batching import ShapeBuckets
-from lightning_modules.run.io import atomic_write_json, atomic_write_text
+from lightning_modules.base.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
 COMPILED = {"train.compile": True}

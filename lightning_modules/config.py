@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 
 POSITIONAL_KINDS = ("sinusoidal", "learned", "rope")
 # The later modifications' knobs (docs/modifications.md); each tuple's first value is the paper's.

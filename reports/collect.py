@@ -18,7 +18,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from lightning_modules.convergence import classify_stored
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from lightning_modules.run.results import RunResult
 from sweeps.redo import REDO_OF, aside_name, superseded
 from sweeps.storage import make_storage, safe_url

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_modules.run.io import check_writable_dir
-from lightning_modules.run.rundir import refuse_foreign
+from lightning_modules.base.io import check_writable_dir
+from lightning_modules.base.rundir import refuse_foreign
 from sweeps.cost import run_seconds
 from sweeps.table3 import Table3Outcome, Table3Plan, run_table3
 

@@ -24,7 +24,7 @@ import pandas as pd
 from ablations.resolve import resolve
 from ablations.spec import load_spec, recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
 from sweeps.schedule import devices, parameters, tokens_per_step, training_flops, wall_clock
 from sweeps.table3 import Table3Plan, start_order

@@ -26,7 +26,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
 

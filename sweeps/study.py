@@ -17,7 +17,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from ablations.resolve import parse_overrides
 from sweeps.redo import REDO_OF, superseded
 from sweeps.space import SearchSpace

@@ -28,10 +28,10 @@ from optuna.trial import TrialState
 from ablations.resolve import load_config_file, parse_overrides, resolve
 from ablations.spec import RECIPE_SECTIONS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
 from lightning_modules.config import RunConfig, check_seed, computed_config
-from lightning_modules.errors import EXIT_INTERRUPTED, UserError
-from lightning_modules.names import check_name, inside
-from lightning_modules.run.faults import inject
-from lightning_modules.run.io import check_writable_dir
+from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.base.names import check_name, inside
+from lightning_modules.base.faults import inject
+from lightning_modules.base.io import check_writable_dir
 from lightning_modules.run.results import read_results
 from sweeps.redo import REDO_OF, aside, redo_requests, superseded
 from sweeps.schedule import longest_first, training_flops

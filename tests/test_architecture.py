@@ -130,7 +130,7 @@ def test_cycle_finder_finds_a_cycle():
 
 @pytest.mark.parametrize("module", ["ablate.cli", "ablate", "reports", "sweeps", "ablations",
                                     "lightning_modules", "lightning_modules.data", "lightning_modules.run",
-                                    "lightning_modules.errors", "ablations.resolve", "sweeps.worker",
+                                    "lightning_modules.base.errors", "ablations.resolve", "sweeps.worker",
                                     "sweeps.wandb_entry", "sweeps.trial_run", "reports.build"])
 def test_light_modules_load_no_torch(module):
     code = (f"import sys, {module}; heavy = [m for m in ('torch', 'lightning') if m in sys.modules]; "

@@ -18,7 +18,7 @@ from lightning_modules.compiling import INDUCTOR_PATCHES, known
 from lightning_modules.config import DataConfig, RunConfig, TrainConfig, TransformerConfig
 from lightning_modules.data import EOS_ID, PAD_ID, ShapeBuckets, TokenBucketBatchSampler, collate, padding_share
 from lightning_modules.data.batching import batch_shapes, bucket_lengths
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.transformer import Transformer
 

@@ -23,7 +23,7 @@ from lightning_modules.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenBucketB
                                     padding_share, read_parallel, train_or_load)
 from lightning_modules.data.corpora import (WMT14_TRAIN_ARCHIVES, extract_ding_cached, fetch_wmt14_train,
                                             is_sentence, parse_ding_line, split_alternatives, subset)
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 
 DING = Path("/usr/share/trans/de-en")
 # The embedded default corpus is part of the set-up (make setup): its absence is a failure.

@@ -116,7 +116,7 @@ def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path
 def test_a_folder_is_never_set_aside_over_another(tmp_path: Path):
     """`aside` moves a run to its trial's name once; a name taken already is refused in one line
     and both folders stay as they are."""
-    from lightning_modules.errors import UserError
+    from lightning_modules.base.errors import UserError
     from sweeps.redo import aside
 
     run = tmp_path / "base-s1"

@@ -25,7 +25,7 @@ import yaml
 from optuna.trial import TrialState
 
 from lightning_modules.convergence import classify_stored
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from ablations.spec import load_spec
 from sweeps.table3 import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
 from test_sweeps import wait_for_running_trial
