@@ -264,7 +264,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
-    from sweeps.table3 import make_plan
+    from ablate.table3.plan import make_plan
 
     if args.machines != 1 and not args.dry_run:
         raise UserError("--machines plans for several machines (--dry-run); to run on them, start the same "
@@ -274,15 +274,15 @@ def cmd_table3(args: argparse.Namespace) -> int:
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
                      redo=args.redo)
     if args.dry_run:
-        from sweeps.cost import Workers, describe
-        from sweeps.progress import standing
+        from ablate.table3.cost import Workers, describe
+        from ablate.table3.progress import standing
 
         print(describe(plan, Workers.of(args.workers, devices, args.machines), args.plan_for))
         where = standing(plan, args.archive, args.workers or 1)
         if where:
             print(f"\n{where}")
         return 0
-    from reports.make import make_table3
+    from ablate.table3.make import make_table3
 
     outcome = make_table3(plan, args.workers or 1, devices, args.devices_per_run, args.heartbeat,
                           archive=args.archive, stop_after_s=args.stop_after, report=not args.no_report,

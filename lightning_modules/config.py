@@ -427,7 +427,7 @@ def requested_config(cfg: RunConfig) -> dict[str, Any]:
 
 def computed_config(cfg: RunConfig) -> dict[str, Any]:
     """`requested_config` less the fields marked OUTPUT_ONLY: what the run trains and measures.
-    Two runs with equal ones are the same run of a table (`sweeps.table3.identity`)."""
+    Two runs with equal ones are the same run of a table (`ablate.table3.plan.identity`)."""
     return _without_output_only(cfg, requested_config(cfg))
 
 

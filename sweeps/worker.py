@@ -52,10 +52,9 @@ from sweeps.claims import UnrecordedClaims, reclaim_dead_local_trials, worker_re
 from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_trial, queue_retry, retried_numbers,
                                retried_trial_number)
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
-from sweeps.redo import superseded
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
-from sweeps.study import FINISHED, make_pruner, make_sampler, translation_attrs
+from sweeps.study import FINISHED, make_pruner, make_sampler, superseded, translation_attrs
 
 
 @dataclass
@@ -223,7 +222,7 @@ class Objective:
     @staticmethod
     def keep_translations(trial: optuna.Trial, run_dir: Path) -> None:
         """The dev hypotheses and references as user attributes (the report's paired bootstrap).
-        A run restored from its results.json alone (`sweeps.archive`) has none: said, not failed."""
+        A run restored from its results.json alone (`ablate.table3.archive`) has none: said, not failed."""
         kept = translation_attrs(run_dir)
         if kept is None:
             print(f"{trial.user_attrs.get('row')} seed {trial.user_attrs.get('seed')}: no dev translations "
@@ -250,7 +249,7 @@ def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_di
     """
     if run_dir is None:
         return None
-    replaced = superseded(trials)  # a redo trains where the run it replaces trained (`sweeps.redo`)
+    replaced = superseded(trials)  # a redo trains where the run it replaces trained (`ablate.table3.redo`)
     for t in trials:
         if t.number == number or t.number in replaced or t.user_attrs.get("run_dir") != run_dir:
             continue
@@ -299,7 +298,7 @@ def own_or_overall(measured: Iterable[tuple[str, float]]) -> Callable[[str], flo
     makes a row slow: on 2 cores, A3's 16 heads of 4 dimensions trained at two thirds of A2's
     tokens/s with the same parameters); None before any run is measured. Medians, so that one run
     slowed by other work beside it does not speak for the rest. Both `--dry-run`'s time left at
-    each row's own rate (`sweeps.progress`) and a part's choice of runs that fit (`pace`) read it."""
+    each row's own rate (`ablate.table3.progress`) and a part's choice of runs that fit (`pace`) read it."""
     by_row: dict[str, list[float]] = {}
     for row, value in measured:
         by_row.setdefault(row, []).append(value)
@@ -325,7 +324,7 @@ def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) 
 class Part:
     """A part of a long table (`--stop-after`): a run still training at its end is stopped, and its
     checkpoint stays on the machine, outside the archive, so a queue-only worker starts only the
-    queued runs it expects to finish in time: each row's estimate (`sweeps.cost`) times the pace
+    queued runs it expects to finish in time: each row's estimate (`ablate.table3.cost`) times the pace
     of this study's finished runs (`pace`), times the part of it still ahead (`ahead`: a stopped
     run resumes from its checkpoint). A run without an estimate always starts."""
 

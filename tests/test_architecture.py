@@ -164,7 +164,7 @@ def test_the_checks_before_a_table_or_sweep_is_queued_load_no_lightning(tmp_path
     start-up each time; the trials load it)."""
     code = (
         "import sys\n"
-        "from sweeps.table3 import check_data, make_plan, queue\n"
+        "from ablate.table3.plan import check_data, make_plan, queue\n"
         f"plan = make_plan('tiny', 'sqlite:///{tmp_path}/t.db', '{tmp_path}/runs', ['data.vocab_size=500', "
         "'data.valid_size=100'], rows='base,E', seeds='1')\n"
         "check_data(plan)\n"
