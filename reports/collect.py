@@ -24,9 +24,7 @@ from sweeps.storage import make_storage, safe_url
 from sweeps.study import REDO_OF, superseded, unpack_lines
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
-# The names a Table 3 study is stored under, defined here where they are read back: the table
-# (`ablate.table3`), which writes them, stands above the report and imports them from here.
-KIND = "table3"  # a Table 3 study's `kind` user attribute
+KIND = "table3"  # a Table 3 study's `kind`: the table (`ablate.table3`) takes its stored names from here
 
 
 def run_name(row: str, seed: int) -> str:

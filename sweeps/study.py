@@ -1,5 +1,4 @@
-"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, and the trials a redo
-replaces (`REDO_OF`: `ablate table3 --redo`).
+"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, the trials a redo replaces.
 
 A study lives in a storage (`sweeps.storage`: SQLite by default, PostgreSQL, a journal file or
 the gRPC proxy). The storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's

@@ -1,8 +1,6 @@
-"""Make a Table 3: run it, then write its report. The one entry point that `ablate table3` and a
-notebook share: `make_table3(make_plan(...))`.
-
-The table's runs are `plan.run_table3` (which checks the data before anything is queued), and the
-report is `reports.build.build_report`, from the database; this package stands above both.
+"""Make a Table 3: run it (`plan.run_table3`, which checks the data before anything is queued),
+then write its report (`reports.build.build_report`, from the database). The one entry point that
+`ablate table3` and a notebook share: `make_table3(make_plan(...))`.
 """
 
 from __future__ import annotations

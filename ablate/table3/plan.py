@@ -77,7 +77,7 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed; rows the
     preset's one-seed rule names get the first only, unless `every_seed`), study name (default
     `SPEC-PRESET`, `default_study`), rows to redo (`base,C5`: rows or groups of the table)."""
-    from lightning_modules.run.preflight import check_hardware  # loads torch: not for the report's imports
+    from lightning_modules.run.preflight import check_hardware  # loads torch: only once a plan is made
 
     name = check_name(study or default_study(preset, spec_path), "study name")  # before anything is written
     spec = load_spec(spec_path)

@@ -1,5 +1,4 @@
 """One training run, end to end: `train.train` (data, Trainer, resume, evaluation), the checks
-before it (`preflight`) and what a run reports (`results.RunResult`). Its plumbing (atomic files,
-fault injection, stop requests, the run directory's marker and lock) is `lightning_modules.base`.
+before it (`preflight`) and what a run reports (`results.RunResult`); its plumbing is in `base/`.
 Nothing is imported here: the modules are heavy.
 """
