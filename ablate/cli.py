@@ -32,9 +32,9 @@ from typing import Any
 from pathlib import Path
 
 from lightning_modules.config import CORPORA
-from lightning_modules.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
+from lightning_modules.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
 from lightning_modules.run.slurm import keep_notices
-from lightning_modules.run.stop import hangup_as_sigterm
+from lightning_modules.base.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
 
 # $ABLATE_STORAGE keeps a database password off the command line (and out of `ps`).
@@ -115,8 +115,8 @@ def finite_at_least(minimum: float) -> Callable[[str], float]:
 
 
 def study_name(text: str) -> str:
-    """An argparse type: a study name, which names its runs' folder (`lightning_modules.names`)."""
-    from lightning_modules.names import name_problem
+    """An argparse type: a study name, which names its runs' folder (`lightning_modules.base.names`)."""
+    from lightning_modules.base.names import name_problem
 
     problem = name_problem(text)
     if problem:
@@ -233,7 +233,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     if list_rows(args):
         return 0
     from ablations.resolve import resolve
-    from lightning_modules.run.io import check_writable_dir
+    from lightning_modules.base.io import check_writable_dir
     from lightning_modules.run.preflight import check_data, check_hardware
     from sweeps.space import load_space
     from sweeps.storage import make_storage
@@ -264,7 +264,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
-    from sweeps.table3 import make_plan
+    from ablate.table3.plan import make_plan
 
     if args.machines != 1 and not args.dry_run:
         raise UserError("--machines plans for several machines (--dry-run); to run on them, start the same "
@@ -274,15 +274,15 @@ def cmd_table3(args: argparse.Namespace) -> int:
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
                      redo=args.redo)
     if args.dry_run:
-        from sweeps.cost import Workers, describe
-        from sweeps.progress import standing
+        from ablate.table3.cost import Workers, describe
+        from ablate.table3.progress import standing
 
         print(describe(plan, Workers.of(args.workers, devices, args.machines), args.plan_for))
         where = standing(plan, args.archive, args.workers or 1)
         if where:
             print(f"\n{where}")
         return 0
-    from reports.make import make_table3
+    from ablate.table3.make import make_table3
 
     outcome = make_table3(plan, args.workers or 1, devices, args.devices_per_run, args.heartbeat,
                           archive=args.archive, stop_after_s=args.stop_after, report=not args.no_report,
@@ -374,7 +374,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     import shutil
 
-    from lightning_modules.run.io import check_writable_dir, disk_full_ends_the_run, first_missing
+    from lightning_modules.base.io import check_writable_dir, disk_full_ends_the_run, first_missing
     from lightning_modules.run.use import attention_dir, checkpoint_choice, load_run
     from reports.attention import dev_line, write_attention
 

@@ -21,8 +21,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ablations.spec import RECIPE_SECTIONS, load_preset, load_spec, load_yaml, recipe_ratios, row_settings
 from lightning_modules.config import HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
-from lightning_modules.errors import UserError
-from lightning_modules.yaml_input import parse_yaml
+from lightning_modules.base.errors import UserError
+from lightning_modules.base.yaml_input import parse_yaml
 
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
 TOKENIZER_PATHS = {f"model.{key}" for key in TOKENIZER_KEYS}

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_modules.config import DataConfig, ScaleConfig, TrainConfig, TransformerConfig
-from lightning_modules.errors import UserError
-from lightning_modules.names import check_name
-from lightning_modules.run.io import check_readable_file
-from lightning_modules.yaml_input import read_yaml
+from lightning_modules.base.errors import UserError
+from lightning_modules.base.names import check_name
+from lightning_modules.base.io import check_readable_file
+from lightning_modules.base.yaml_input import read_yaml
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -44,7 +44,7 @@ def _ablations_dir() -> Path:
 
 def load_yaml(path: str | Path, what: str = "file", unique_keys: bool = True) -> dict[str, Any]:
     """A YAML mapping from `path`, or a one-line UserError. Every YAML file a command reads comes
-    through here (`lightning_modules.yaml_input`: size, alias and depth limits, and a key given
+    through here (`lightning_modules.base.yaml_input`: size, alias and depth limits, and a key given
     twice is refused in every file; `unique_keys` is kept for callers of older versions)."""
     path = check_readable_file(path, what)
     data = read_yaml(path)

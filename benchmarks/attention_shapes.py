@@ -69,7 +69,7 @@ from benchmarks.common import (BASE, TINY, Section, Settings, error_line, free_m
 from benchmarks.gpu_round import build, configs, wmt_like_batches, wmt_like_lengths
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, batch_shapes, padding_share
-from lightning_modules.run.io import atomic_write_json, atomic_write_text
+from lightning_modules.base.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
 # "auto" (PyTorch's own choice, the default) first: every other kernel is compared with it; then

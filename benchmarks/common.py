@@ -296,7 +296,7 @@ def share_bpe(model: Path, run_dir: Path) -> None:
     `ablate train` there reuses it instead of training its own: runs differ only in arithmetic.
     The folder is made a run directory of ours first (its marker), as `ablate train` requires of a
     folder that already holds files."""
-    from lightning_modules.run.rundir import mark
+    from lightning_modules.base.rundir import mark
 
     run_dir.mkdir(parents=True, exist_ok=True)
     mark(run_dir)

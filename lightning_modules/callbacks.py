@@ -1,6 +1,6 @@
 """Callbacks of a run: what it measures (training wall time, target tokens/s), fault points, and
 how it stops at a step's end, every rank together: on a stop request (a signal recorded in
-`run.stop.STOP`, SLURM's pre-emption notice included) or a non-finite loss; and at once on SIGTERM
+`base.stop.STOP`, SLURM's pre-emption notice included) or a non-finite loss; and at once on SIGTERM
 while compiling."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_modules.run.faults import inject
-from lightning_modules.run.stop import REQUEUE_SIGNAL, StopRequest
+from lightning_modules.base.faults import inject
+from lightning_modules.base.stop import REQUEUE_SIGNAL, StopRequest
 from lightning_modules.stopwatch import StartUp, Stopwatch
 
 
@@ -141,10 +141,10 @@ class NonFiniteLoss(Exception):
 
 class PromptInterruptWhileCompiling(pl.Callback):
     """A stop during torch.compile's compilation stops the run at once: one of the two handlers
-    that raise instead of recording (`run.stop`), because waiting is impossible here.
+    that raise instead of recording (`base.stop`), because waiting is impossible here.
 
     A stop waits for the end of the current step (Lightning's own SIGTERM handling, and
-    `StopAtStepEnd` for the requests in `run.stop.STOP`), so that no checkpoint holds a half-
+    `StopAtStepEnd` for the requests in `base.stop.STOP`), so that no checkpoint holds a half-
     applied optimizer step; but a compiled run's first batch compiles for minutes, and a later
     batch may recompile (a guard that fails; seen on an H100: ~50 s for the base model), longer
     than a sweep worker waits for its trial's clean stop. From every batch's start until its
@@ -188,7 +188,7 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
 class StopAtStepEnd(pl.Callback):
     """Ends training at a step's end, every DDP rank together, on a non-finite loss (`NonFiniteLoss`)
-    or on the process's stop request (`run.stop`: the trial process's stop from its worker, SLURM's
+    or on the process's stop request (`base.stop`: the trial process's stop from its worker, SLURM's
     pre-emption notice; Lightning's `SIGTERMException`, so that `OnExceptionCheckpoint` saves the
     step just ended and the run exits as interrupted).
 

@@ -79,7 +79,7 @@ def _with_fault_point(backend: str | Callable[..., Any]) -> Callable[..., Any]:
                  ) -> Callable[..., Any]:
         from torch._dynamo import lookup_backend
 
-        from lightning_modules.run.faults import inject
+        from lightning_modules.base.faults import inject
 
         inject("compile")
         if backend != "inductor":

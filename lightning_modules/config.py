@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 
 POSITIONAL_KINDS = ("sinusoidal", "learned", "rope")
 # The later modifications' knobs (docs/modifications.md); each tuple's first value is the paper's.
@@ -435,7 +435,7 @@ def requested_config(cfg: RunConfig) -> dict[str, Any]:
 
 def computed_config(cfg: RunConfig) -> dict[str, Any]:
     """`requested_config` less the fields marked OUTPUT_ONLY: what the run trains and measures.
-    Two runs with equal ones are the same run of a table (`sweeps.table3.identity`)."""
+    Two runs with equal ones are the same run of a table (`ablate.table3.plan.identity`)."""
     return _without_output_only(cfg, requested_config(cfg))
 
 

@@ -10,7 +10,7 @@ from sacrebleu.metrics import BLEU
 
 from lightning_modules.config import EvalConfig
 from lightning_modules.data.batching import cut_points
-from lightning_modules.run.faults import inject
+from lightning_modules.base.faults import inject
 from lightning_modules.search import beam_search
 from lightning_modules.transformer import Transformer
 

@@ -18,14 +18,23 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from lightning_modules.convergence import classify_stored
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from lightning_modules.run.results import RunResult
-from sweeps.redo import REDO_OF, aside_name, superseded
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import unpack_lines
-from sweeps.table3 import KIND, run_name
+from sweeps.study import REDO_OF, superseded, unpack_lines
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
+KIND = "table3"  # a Table 3 study's `kind`: the table (`ablate.table3`) takes its stored names from here
+
+
+def run_name(row: str, seed: int) -> str:
+    """A planned run's name: its run directory's, and its key in the table's identity."""
+    return f"{row}-s{seed}"
+
+
+def aside_name(name: str, number: int) -> str:
+    """The name trial `number`'s run directory or archive entry `name` is set aside as by a redo."""
+    return f"{name}.superseded-t{number}"
 
 
 @dataclass
@@ -152,7 +161,7 @@ def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
 
 def redone_runs(trials: list[optuna.trial.FrozenTrial],
                 latest: dict[tuple[str, int], optuna.trial.FrozenTrial]) -> pd.DataFrame:
-    """One record per complete trial a redo names (`sweeps.redo`): the report uses the redo once it
+    """One record per complete trial a redo names (`ablate table3 --redo`): the report uses the redo once it
     is complete (the newest complete trial of its row and seed) and the old run until then."""
     by_number = {t.number: t for t in trials}
     records: dict[int, dict[str, Any]] = {}  # by the old trial's number: a redo's retry copies name it too

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from sacrebleu.metrics import BLEU
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from reports.collect import Table3Data
 from reports.seeds import Interval, difference_ci, t_quantile
 

@@ -1,4 +1,4 @@
-"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue.
+"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, the trials a redo replaces.
 
 A study lives in a storage (`sweeps.storage`: SQLite by default, PostgreSQL, a journal file or
 the gRPC proxy). The storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,19 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from ablations.resolve import parse_overrides
-from sweeps.redo import REDO_OF, superseded
 from sweeps.space import SearchSpace
 
 DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
+REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
+
+
+def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
+    """The numbers of the trials a redo (`REDO_OF`) replaces (whether or not the redo has finished)."""
+    return {int(t.user_attrs[REDO_OF]) for t in trials if t.user_attrs.get(REDO_OF) is not None}
 
 
 def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl",
@@ -97,7 +103,7 @@ def counts(study: optuna.Study) -> dict[str, int]:
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
     """Queue a fixed configuration (key=value overrides, and the Table 3 row in `user_attrs`)
-    unless the same one is queued, running or complete (and not replaced by a redo: `sweeps.redo`;
+    unless the same one is queued, running or complete (and not replaced by a redo: `superseded`;
     a redo's own trial, with `redo_of` in `user_attrs`, is queued beside the trial it replaces).
 
     The overrides travel in the trial's user attributes (`enqueued_overrides`); the objective

@@ -11,7 +11,7 @@ The worker stops when the finished (COMPLETE + PRUNED) plus running trials reach
 workers from overshooting), when a grid is exhausted, or after `n_trials` failures.
 
 SIGTERM/SIGINT, and under SLURM SIGUSR1 (the pre-emption notice of `#SBATCH --signal=USR1@90`),
-are only recorded (`lightning_modules.run.stop`); the worker acts on them where stopping cuts
+are only recorded (`lightning_modules.base.stop`); the worker acts on them where stopping cuts
 nothing in two: before it claims a trial, while it waits, and while a trial's process trains. Then
 the process gets SIGINT (SIGUSR1 for a pre-emption: it also requeues the job,
 `lightning_modules/run/slurm.py`) and saves a checkpoint at the end of its step; Optuna records the
@@ -42,20 +42,19 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
-from lightning_modules.run.rundir import claim, saved_config
-from lightning_modules.errors import UserError, exit_status
+from lightning_modules.base.rundir import claim, saved_config
+from lightning_modules.base.errors import UserError, exit_status
 from lightning_modules.metrics_log import last_step
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import on_slurm
-from lightning_modules.run.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_TRIAL, StopRequest
+from lightning_modules.base.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_TRIAL, StopRequest
 from sweeps.claims import UnrecordedClaims, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_trial, queue_retry, retried_numbers,
                                retried_trial_number)
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
-from sweeps.redo import superseded
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
-from sweeps.study import FINISHED, make_pruner, make_sampler, translation_attrs
+from sweeps.study import FINISHED, make_pruner, make_sampler, superseded, translation_attrs
 
 
 @dataclass
@@ -165,7 +164,7 @@ class Objective:
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        claim(Path(run_dir))  # ours before its trial.log is written (lightning_modules/run/rundir.py)
+        claim(Path(run_dir))  # ours before its trial.log is written (lightning_modules/base/rundir.py)
         row = trial.user_attrs.get("row")
         # W&B: a sweep's trials form one group; a table's rows each form one, its seeds the runs
         group = f"{self.s.study}/{row}" if row else self.s.study
@@ -223,7 +222,7 @@ class Objective:
     @staticmethod
     def keep_translations(trial: optuna.Trial, run_dir: Path) -> None:
         """The dev hypotheses and references as user attributes (the report's paired bootstrap).
-        A run restored from its results.json alone (`sweeps.archive`) has none: said, not failed."""
+        A run restored from its results.json alone (`ablate.table3.archive`) has none: said, not failed."""
         kept = translation_attrs(run_dir)
         if kept is None:
             print(f"{trial.user_attrs.get('row')} seed {trial.user_attrs.get('seed')}: no dev translations "
@@ -250,7 +249,7 @@ def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_di
     """
     if run_dir is None:
         return None
-    replaced = superseded(trials)  # a redo trains where the run it replaces trained (`sweeps.redo`)
+    replaced = superseded(trials)  # a redo trains where the run it replaces trained (`ablate.table3.redo`)
     for t in trials:
         if t.number == number or t.number in replaced or t.user_attrs.get("run_dir") != run_dir:
             continue
@@ -299,7 +298,7 @@ def own_or_overall(measured: Iterable[tuple[str, float]]) -> Callable[[str], flo
     makes a row slow: on 2 cores, A3's 16 heads of 4 dimensions trained at two thirds of A2's
     tokens/s with the same parameters); None before any run is measured. Medians, so that one run
     slowed by other work beside it does not speak for the rest. Both `--dry-run`'s time left at
-    each row's own rate (`sweeps.progress`) and a part's choice of runs that fit (`pace`) read it."""
+    each row's own rate (`ablate.table3.progress`) and a part's choice of runs that fit (`pace`) read it."""
     by_row: dict[str, list[float]] = {}
     for row, value in measured:
         by_row.setdefault(row, []).append(value)
@@ -325,7 +324,7 @@ def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) 
 class Part:
     """A part of a long table (`--stop-after`): a run still training at its end is stopped, and its
     checkpoint stays on the machine, outside the archive, so a queue-only worker starts only the
-    queued runs it expects to finish in time: each row's estimate (`sweeps.cost`) times the pace
+    queued runs it expects to finish in time: each row's estimate (`ablate.table3.cost`) times the pace
     of this study's finished runs (`pace`), times the part of it still ahead (`ahead`: a stopped
     run resumes from its checkpoint). A run without an estimate always starts."""
 

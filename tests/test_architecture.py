@@ -142,7 +142,7 @@ def test_cycle_finder_finds_a_cycle():
 
 @pytest.mark.parametrize("module", ["ablate.cli", "ablate", "reports", "sweeps", "ablations",
                                     "lightning_modules", "lightning_modules.data", "lightning_modules.run",
-                                    "lightning_modules.errors", "ablations.resolve", "sweeps.worker",
+                                    "lightning_modules.base.errors", "ablations.resolve", "sweeps.worker",
                                     "sweeps.wandb_entry", "sweeps.trial_run", "reports.build"])
 def test_light_modules_load_no_torch(module):
     code = (f"import sys, {module}; heavy = [m for m in ('torch', 'lightning') if m in sys.modules]; "
@@ -176,7 +176,7 @@ def test_the_checks_before_a_table_or_sweep_is_queued_load_no_lightning(tmp_path
     start-up each time; the trials load it)."""
     code = (
         "import sys\n"
-        "from sweeps.table3 import check_data, make_plan, queue\n"
+        "from ablate.table3.plan import check_data, make_plan, queue\n"
         f"plan = make_plan('tiny', 'sqlite:///{tmp_path}/t.db', '{tmp_path}/runs', ['data.vocab_size=500', "
         "'data.valid_size=100'], rows='base,E', seeds='1')\n"
         "check_data(plan)\n"

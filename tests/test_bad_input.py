@@ -287,7 +287,7 @@ CASES: list[Case] = [
     ("train-spec-row-n-kv-heads-3", lambda t: ["train", "--row", "X", "--spec",
                                                spec(t, "{model: {}}\nX: {model: {n_kv_heads: 3}}"), *FAST],
      "row 'X' (preset tiny", {}),
-    # Input limits (lightning_modules/yaml_input.py: one loader for every YAML file): no alias,
+    # Input limits (lightning_modules/base/yaml_input.py: one loader for every YAML file): no alias,
     # no key twice, at most 64 levels, 1 MiB, 1,000 rows
     ("spec-yaml-alias", lambda t: ["params", "--spec", files(t, rows_yaml="base: &b {model: {}}\nX: *b\n")["rows_yaml"]],
      "aliases (*name) are not accepted", {}),
@@ -360,7 +360,7 @@ CASES: list[Case] = [
     ("preset-as-override", lambda t: ["table3", "preset=paper", *FAST], "choose the preset with --preset", {}),
     ("space-samples-the-row", lambda t: sweep(t, "params:\n  row: {type: categorical, choices: [base, A1]}\n"),
      "choose the row with --row", {}),
-    # Names that become paths (one rule, lightning_modules/names.py): checked before anything is written
+    # Names that become paths (one rule, lightning_modules/base/names.py): checked before anything is written
     ("spec-row-walks-out", lambda t: ["table3", "--spec", spec(t, "{model: {}}\n'../../../../x': {model: {}}"), *FAST],
      "bad row name '../../../../x'", {}),
     ("spec-row-absolute", lambda t: ["table3", "--spec", spec(t, f"{{model: {{}}}}\n'{t}/x': {{model: {{}}}}"), *FAST],
@@ -517,7 +517,7 @@ def test_damaged_corpus_archive_is_one_line_naming_it(damage: str, tmp_path: Pat
     """A downloaded .tgz that is damaged (cached from an interrupted copy, say) is a UserError
     naming it, whichever way gzip fails."""
     from lightning_modules.data.corpora import fetch_wmt14_train
-    from lightning_modules.errors import UserError
+    from lightning_modules.base.errors import UserError
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -930,9 +930,9 @@ def test_every_option_shows_its_default_and_table3_says_its_preset(capsys):
 def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path):
     """The library entry point checks the study name as the command line does, before it writes
     anything; and a path built from names is refused once it leads outside its folder."""
-    from lightning_modules.errors import UserError
-    from lightning_modules.names import check_name, inside
-    from sweeps.table3 import make_plan
+    from lightning_modules.base.errors import UserError
+    from lightning_modules.base.names import check_name, inside
+    from ablate.table3.plan import make_plan
 
     with pytest.raises(UserError, match="bad study name '../escape'"):
         make_plan("demo", f"sqlite:///{tmp_path}/s.db", str(tmp_path / "runs"), [], study="../escape")
@@ -949,7 +949,7 @@ def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path
 
 
 # --- Ownership: a command writes, replaces and deletes only its own files, in folders of its own,
-# and never through a symbolic link (lightning_modules/run/io.py: not_a_link, check_kinds;
+# and never through a symbolic link (lightning_modules/base/io.py: not_a_link, check_kinds;
 # rundir.check_entries, rundir.refuse_foreign)
 
 def snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:

@@ -1,5 +1,5 @@
 """Fault injection with real processes and real signals: SIGKILL/SIGTERM at named points of a run
-(`ABLATE_FAULT`, see lightning_modules/run/faults.py), a damaged checkpoint, a NaN loss. After each,
+(`ABLATE_FAULT`, see lightning_modules/base/faults.py), a damaged checkpoint, a NaN loss. After each,
 running the same command again finishes the work from what was saved, and no half-written file
 is ever read.
 """

@@ -116,8 +116,8 @@ def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path
 def test_a_folder_is_never_set_aside_over_another(tmp_path: Path):
     """`aside` moves a run to its trial's name once; a name taken already is refused in one line
     and both folders stay as they are."""
-    from lightning_modules.errors import UserError
-    from sweeps.redo import aside
+    from lightning_modules.base.errors import UserError
+    from ablate.table3.redo import aside
 
     run = tmp_path / "base-s1"
     assert aside(run, 7) is None  # nothing there: nothing moved
@@ -139,8 +139,8 @@ def test_a_sitting_stopped_between_a_redos_moves_sets_nothing_aside_twice(tmp_pa
     redo once: every copy kept, none written over."""
     from dataclasses import replace
 
-    from sweeps.archive import restore
-    from sweeps.table3 import Table3Plan, queue, run_dir
+    from ablate.table3.archive import restore
+    from ablate.table3.plan import Table3Plan, queue, run_dir
 
     plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
                       seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=["train.max_steps=10"])

@@ -124,6 +124,9 @@ def test_sigusr1_saves_a_checkpoint_requeues_the_job_and_the_requeued_run_resume
     assert (tmp_path / "scontrol.log").read_text().count("requeue") == 1
 
 
+HELD = 15  # seconds a run is held suspended
+
+
 def test_a_run_suspended_mid_training_does_not_count_the_suspension_as_training_time(tmp_path: Path):
     """`scontrol suspend` (and Ctrl-Z) stop every process of the job with SIGSTOP, the host clock
     running on; `scontrol resume` sends SIGCONT. A run held 15 s at step 7 finishes as usual, and
@@ -133,16 +136,17 @@ def test_a_run_suspended_mid_training_does_not_count_the_suspension_as_training_
                            env={**os.environ, "ABLATE_FAULT": "train_step@7:SIGSTOP"},
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pid = wait_until_stopped(run)
-    time.sleep(15)
+    time.sleep(HELD)
     os.kill(pid, signal.SIGCONT)
     output = run.communicate(timeout=300)[0]
     assert run.returncode == 0, output[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and results["steps"] == 20
-    # 20 steps of a 1-layer, 32-wide model: well under a second each, even on a busy machine
-    assert results["train_time_s"] < 5.0, results["train_time_s"]
+    # 20 steps of a 1-layer, 32-wide model: a second or two, a few on a machine three times oversubscribed;
+    # counting the hold would make it more than HELD
+    assert results["train_time_s"] < HELD / 2, results["train_time_s"]
     assert results["tokens_per_s"] >= results["target_tokens"] / (results["train_time_s"] + 0.05)  # 1 decimal
-    assert results["steady_tokens_per_s"] > results["target_tokens"] / 15
+    assert results["steady_tokens_per_s"] > results["target_tokens"] / HELD
 
 
 RECIPE = Path(__file__).resolve().parents[1] / "sweeps" / "slurm" / "array.sbatch"

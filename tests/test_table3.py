@@ -25,9 +25,9 @@ import yaml
 from optuna.trial import TrialState
 
 from lightning_modules.convergence import classify_stored
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from ablations.spec import load_spec
-from sweeps.table3 import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
+from ablate.table3.plan import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
 from test_sweeps import wait_for_running_trial
 
 SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
@@ -133,7 +133,7 @@ def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
     table refuses and names what changed and the file that sets it (the --config file, the preset's
     file). Output-only settings in the file do not make another table. A study stored by an older
     version, without its runs' configurations, is refused: it cannot be compared."""
-    from sweeps.table3 import identity, table_difference
+    from ablate.table3.plan import identity, table_difference
 
     config = tmp_path / "recipe.yaml"
     config.write_text("train: {warmup_steps: 5, max_steps: 10}\n")
@@ -172,7 +172,7 @@ def test_identity_leaves_out_exactly_the_fields_marked_output_only():
     from dataclasses import fields, is_dataclass
 
     from lightning_modules.config import TOKENIZER_KEYS, RunConfig, computed_config
-    from sweeps.table3 import identity, run_config, table_difference
+    from ablate.table3.plan import identity, run_config, table_difference
 
     def other(value):  # a different value of the same kind
         if isinstance(value, bool) or value is None:
@@ -323,9 +323,9 @@ def test_report_is_regenerated_identically_from_the_database_alone(table: Path, 
 
 
 def test_a_table_made_from_python_writes_its_report_when_asked(table: Path, tmp_path: Path):
-    """`reports.make.make_table3`, the library entry point `ablate table3` calls: the same table
+    """`ablate.table3.make.make_table3`, the library entry point `ablate table3` calls: the same table
     from Python (nothing left to run) writes the same report where asked, and none when not."""
-    from reports.make import make_table3
+    from ablate.table3.make import make_table3
 
     overrides = [item for item in SMALL if "=" in item] + ["train.max_steps=10", "train.wandb=off"]
     plan = make_plan("tiny", f"sqlite:///{table}/t3.db", str(table / "runs"), overrides, rows=",".join(ROWS),
@@ -344,7 +344,7 @@ def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_
     """A length limit that leaves no training pairs: from Python as from `ablate table3`, the
     same one line before any study or report folder is made."""
     from ablate.cli import main
-    from reports.make import make_table3
+    from ablate.table3.make import make_table3
     from test_bad_input import LETTERS, corpus
 
     files = corpus(tmp_path)
@@ -691,7 +691,7 @@ def test_two_launchers_on_one_study_both_end_with_exit_0(tmp_path):
 def test_each_rows_configuration_resolved_once_is_the_runs_own():
     """`run_configs` resolves a row once and sets each seed: the same configuration as resolving the
     (row, seed) with its seed override, for every run of both shipped specs."""
-    from sweeps.table3 import run_configs
+    from ablate.table3.plan import run_configs
 
     for spec in (None, "ablations/modifications.yaml"):
         plan = Table3Plan(study="t", storage="sqlite:///unused.db", preset="cpu", rows=list(load_spec(spec)),

@@ -1,4 +1,4 @@
 """One training run, end to end: `train.train` (data, Trainer, resume, evaluation), the checks
-before it (`preflight`), atomic files (`io`), fault injection for the reliability tests (`faults`)
-and what a run reports (`results.RunResult`). Nothing is imported here: the modules are heavy.
+before it (`preflight`) and what a run reports (`results.RunResult`); its plumbing is in `base/`.
+Nothing is imported here: the modules are heavy.
 """

@@ -112,7 +112,7 @@ def save_attention(model: Transformer, sources: list[list[int]], translate_one, 
 
     import numpy as np
 
-    from lightning_modules.run.io import atomic_write_bytes
+    from lightning_modules.base.io import atomic_write_bytes
 
     index = fixed_sentence(sources)
     if index is None:

@@ -21,9 +21,9 @@ import torch
 
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices)
-from lightning_modules.errors import DiskFull, UserError
-from lightning_modules.run.io import is_temporary, set_aside
-from lightning_modules.run.rundir import CONFIG, MARKER, saved_config
+from lightning_modules.base.errors import DiskFull, UserError
+from lightning_modules.base.io import is_temporary, set_aside
+from lightning_modules.base.rundir import CONFIG, MARKER, saved_config
 from lightning_modules.run.results import RunResult
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
@@ -144,7 +144,7 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
 
 def check_same_result(out: Path, done: RunResult, cfg: RunConfig) -> None:
     """A finished run's results.json is reused only by the configuration that produced it: one
-    restored or copied into a run directory without its config.yaml (`sweeps.archive`) is checked
+    restored or copied into a run directory without its config.yaml (`ablate.table3.archive`) is checked
     against the preset, corpus, seed, steps and model asked for."""
     asked = {"preset": cfg.preset, "corpus": cfg.data.corpus, "seed": cfg.train.seed,
              "steps": cfg.train.max_steps}

@@ -10,7 +10,7 @@ measurement (`derived_from: gpu`: that preset's base-row FLOP rate, taken to hol
 preset's models too; the printout says which). Rows narrower than base run below base's FLOP rate,
 so they take somewhat longer than estimated.
 
-The wall-clock on N workers replays the launcher's own order (`sweeps.schedule`: longest first).
+The wall-clock on N workers replays the launcher's own order (`ablate.table3.schedule`: longest first).
 Disk and memory are the run's own preflight estimates (`lightning_modules.run.preflight`).
 """
 
@@ -24,10 +24,10 @@ import pandas as pd
 from ablations.resolve import resolve
 from ablations.spec import load_spec, recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
-from sweeps.schedule import devices, parameters, tokens_per_step, training_flops, wall_clock
-from sweeps.table3 import Table3Plan, start_order
+from ablate.table3.schedule import devices, parameters, tokens_per_step, training_flops, wall_clock
+from ablate.table3.plan import Table3Plan, start_order
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class Workers:
 def schedule(plan: Table3Plan, table: pd.DataFrame, rows: dict[str, RunConfig],
              workers: Workers) -> tuple[float, float, str]:
     """(wall-clock seconds, longest run's seconds, its name) of the whole table on `workers`, in
-    the order the launcher queues it (`sweeps.table3.start_order`; `rows`: each row's configuration,
+    the order the launcher queues it (`ablate.table3.plan.start_order`; `rows`: each row's configuration,
     whose seeds cost the same)."""
     configs = {(row, seed): rows[row] for row, seed in plan.runs()}
     seconds = {run: float(table.loc[run[0], "hours/run"]) * 3600 * workers.share for run in configs}

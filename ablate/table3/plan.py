@@ -28,17 +28,16 @@ from optuna.trial import TrialState
 from ablations.resolve import load_config_file, parse_overrides, resolve
 from ablations.spec import RECIPE_SECTIONS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
 from lightning_modules.config import RunConfig, check_seed, computed_config
-from lightning_modules.errors import EXIT_INTERRUPTED, UserError
-from lightning_modules.names import check_name, inside
-from lightning_modules.run.faults import inject
-from lightning_modules.run.io import check_writable_dir
+from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.base.names import check_name, inside
+from lightning_modules.base.faults import inject
+from lightning_modules.base.io import check_writable_dir
 from lightning_modules.run.results import read_results
-from sweeps.redo import REDO_OF, aside, redo_requests, superseded
-from sweeps.schedule import longest_first, training_flops
+from ablate.table3.redo import aside, redo_requests
+from ablate.table3.schedule import longest_first, training_flops
+from reports.collect import KIND, run_name
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import enqueue, open_study
-
-KIND = "table3"
+from sweeps.study import REDO_OF, enqueue, open_study, superseded
 
 
 @dataclass
@@ -55,7 +54,7 @@ class Table3Plan:
     spec_path: str | None = None
     config: str | None = None
     one_seed_rows: list[str] = field(default_factory=list)  # run with the first seed only
-    redo: list[str] = field(default_factory=list)  # rows whose finished runs train again (`sweeps.redo`)
+    redo: list[str] = field(default_factory=list)  # rows whose finished runs train again (`ablate.table3.redo`)
 
     def seeds_of(self, row: str) -> list[int]:
         return self.seeds[:1] if row in self.one_seed_rows else self.seeds
@@ -78,7 +77,7 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed; rows the
     preset's one-seed rule names get the first only, unless `every_seed`), study name (default
     `SPEC-PRESET`, `default_study`), rows to redo (`base,C5`: rows or groups of the table)."""
-    from lightning_modules.run.preflight import check_hardware  # loads torch: not for the report's imports
+    from lightning_modules.run.preflight import check_hardware  # loads torch: only once a plan is made
 
     name = check_name(study or default_study(preset, spec_path), "study name")  # before anything is written
     spec = load_spec(spec_path)
@@ -157,11 +156,6 @@ def check_data(plan: Table3Plan) -> None:
         if key not in seen:
             seen.add(key)
             prepare(cfg)
-
-
-def run_name(row: str, seed: int) -> str:
-    """A planned run's name: its run directory's, and its key in the table's identity."""
-    return f"{row}-s{seed}"
 
 
 def run_place(plan: Table3Plan, row: str, seed: int) -> str:
@@ -350,9 +344,9 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
 
 
 def check_archive(archive: Path, plan: Table3Plan, wanted: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Refuse an `--archive` of another table (see `sweeps.archive`); returns the record its
+    """Refuse an `--archive` of another table (see `ablate.table3.archive`); returns the record its
     table3.json is to hold from now on (`table_record`: its runs and this sitting's)."""
-    from sweeps.archive import stored_identity
+    from ablate.table3.archive import stored_identity
 
     stored = stored_identity(archive)
     if stored is None:
@@ -373,21 +367,21 @@ def finished(run_dir: Path) -> bool:
 def queue(plan: Table3Plan, archive: Path | None = None,
           storage: BaseStorage | None = None) -> tuple[optuna.Study, int]:
     """Validate every (row, seed), then queue those not complete, costliest first, and the redos
-    the plan asks for (`sweeps.redo`). `archive`: the table's --archive, whose study comes into a
-    storage that lacks it (`sweeps.archive.restore_study`) and whose entries of redone runs are
+    the plan asks for (`ablate.table3.redo`). `archive`: the table's --archive, whose study comes into a
+    storage that lacks it (`ablate.table3.archive.restore_study`) and whose entries of redone runs are
     set aside too. Returns the study and the number queued now."""
     spec = load_spec(plan.spec_path)
     configs = run_configs(plan)
     storage = storage or make_storage(plan.storage, None)
     if archive is not None:
-        from sweeps.archive import STUDY, restore_study
+        from ablate.table3.archive import STUDY, restore_study
 
         if back := restore_study(archive, storage, plan.study):
             print(f"table3 {plan.study}: the study is back from {archive / STUDY} ({back} trials)", flush=True)
     study = open_study(plan.study, storage, "ppl")
     check_study(study, plan, identity_of(configs))
     redone = redo(plan, study, spec, archive)
-    # Longest first (`sweeps.schedule`, which the dry run replays): the big model starts at once
+    # Longest first (`ablate.table3.schedule`, which the dry run replays): the big model starts at once
     # instead of last; finished run directories the study does not know yet (restored, copied in)
     # go before everything: adopted in seconds, they are in the study from the start.
     done = [run for run in plan.runs() if finished(Path(run_dir(plan, *run)))]
@@ -400,7 +394,7 @@ def queue(plan: Table3Plan, archive: Path | None = None,
 def start_order(configs: dict[tuple[str, int], RunConfig],
                 done: list[tuple[str, int]] = ()) -> list[tuple[str, int]]:
     """The (row, seed)s in the order their trials are queued: finished ones to adopt first, then
-    longest first by training FLOPs (`sweeps.schedule.longest_first`)."""
+    longest first by training FLOPs (`ablate.table3.schedule.longest_first`)."""
     return longest_first({run: training_flops(cfg) for run, cfg in configs.items()}, done)
 
 
@@ -416,9 +410,9 @@ def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> 
 
 def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:
     """Queue the plan's redos not yet asked for: each old run's archive entry, then its run
-    directory, set aside first (a sitting stopped in between asks again: `sweeps.redo`), then its
+    directory, set aside first (a sitting stopped in between asks again: `ablate.table3.redo`), then its
     trial. Returns how many."""
-    from sweeps.archive import entry
+    from ablate.table3.archive import entry
 
     wanted = [(row, seed) for row, seed in plan.runs() if row in plan.redo]
     requests = redo_requests(study, wanted, status(study, plan))
@@ -473,7 +467,7 @@ def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
 @dataclass
 class Table3Outcome:
     """How a Table 3 run ended: the workers' exit status, the (row, seed) runs not complete, and
-    the report's files (`reports.make.make_table3`; none when not asked for, or interrupted)."""
+    the report's files (`ablate.table3.make.make_table3`; none when not asked for, or interrupted)."""
 
     workers_status: int
     missing: list[str]
@@ -497,14 +491,14 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     """Check the planned rows' data (`check_data`: one line, before anything is queued), queue
     every planned (row, seed) not complete, run the queue-only workers until it is empty (or they
     are interrupted), and print one line per planned run. The report is built from the database
-    after it: `reports.make.make_table3` runs the table, then the report, as `ablate table3` does.
+    after it: `ablate.table3.make.make_table3` runs the table, then the report, as `ablate table3` does.
 
-    `archive`: a folder that keeps the runs for a sitting on another machine (`sweeps.archive`):
+    `archive`: a folder that keeps the runs for a sitting on another machine (`ablate.table3.archive`):
     restored from before the queue is made, saved to while the workers run and when they end.
     `stop_after_s`: stop the workers that long after they start, as if interrupted; `run_seconds`
-    (each row's expected time on one worker, `sweeps.cost.run_seconds`): start only the runs
+    (each row's expected time on one worker, `ablate.table3.cost.run_seconds`): start only the runs
     expected to finish before then (`sweeps.worker.Part`; without it every queued run starts)."""
-    from sweeps import archive as kept
+    from ablate.table3 import archive as kept
 
     if archive is not None:  # checked before anything is written (the data's cache included)
         folder = Path(archive)

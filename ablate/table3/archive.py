@@ -12,10 +12,10 @@ a fresh machine needs, as `DIR/<row>-s<seed>/`:
   checkpoint, from which it resumes as it would have on the old machine;
 - a failed run (a NaN loss): its `results.json` and logs, so that it stays failed.
 
-`DIR/table3.json` holds the table's identity (`sweeps.table3.identity`): the table refuses an
+`DIR/table3.json` holds the table's identity (`ablate.table3.plan.identity`): the table refuses an
 archive of another table. `DIR/study.journal.xz` holds the whole study as an Optuna journal file,
 xz-compressed (`save_study`): every trial with its number and user attributes, so the redos' history
-(`sweeps.redo`) and the failed runs travel with the runs.
+(`ablate.table3.redo`) and the failed runs travel with the runs.
 
 At a sitting's start, a storage that lacks the study gets the archived one (`restore_study`; a
 trial it holds as running had its worker on the old machine: it fails and is queued again, as a
@@ -54,12 +54,12 @@ from optuna.storages import BaseStorage
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from lightning_modules.metrics_log import METRICS, read_rows
 from lightning_modules.run.attention_figures import ATTENTION_FILE
-from lightning_modules.run.io import (atomic_write_bytes, atomic_write_json, check_kinds, check_writable_dir,
+from lightning_modules.base.io import (atomic_write_bytes, atomic_write_json, check_kinds, check_writable_dir,
                                      not_a_link)
-from lightning_modules.run.rundir import CONFIG, check_entries, mark, refuse_foreign
+from lightning_modules.base.rundir import CONFIG, check_entries, mark, refuse_foreign
 from lightning_modules.run.results import RESULTS, read_results
 
 SAVE_EVERY_S = 600.0

@@ -1,9 +1,6 @@
-"""Make a Table 3: run it, then write its report. The one entry point that `ablate table3` and a
-notebook share.
-
-It lives here, not in `sweeps.table3`, because imports run one way (ablate -> reports -> sweeps):
-the table's runs are `sweeps.table3.run_table3` (which checks the data before anything is queued),
-and the report is this package's `build_report`, from the database. Only this layer sees both.
+"""Make a Table 3: run it (`plan.run_table3`, which checks the data before anything is queued),
+then write its report (`reports.build.build_report`, from the database). The one entry point that
+`ablate table3` and a notebook share: `make_table3(make_plan(...))`.
 """
 
 from __future__ import annotations
@@ -11,10 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from lightning_modules.run.io import check_writable_dir
-from lightning_modules.run.rundir import refuse_foreign
-from sweeps.cost import run_seconds
-from sweeps.table3 import Table3Outcome, Table3Plan, run_table3
+from ablate.table3.cost import run_seconds
+from ablate.table3.plan import Table3Outcome, Table3Plan, run_table3
+from lightning_modules.base.io import check_writable_dir
+from lightning_modules.base.rundir import refuse_foreign
 
 
 def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None, devices_per_run: int = 1,
@@ -24,8 +21,8 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
     report (`build_report`) in `report_dir` (default RUNS_DIR/STUDY/report), whose files the
     outcome lists. The report's folder is checked before the table runs, not after.
 
-    Here rather than in `run_table3`: the report is this package's and sweeps may not import it
-    (a report callback passed to `run_table3` would leave every caller to wire the two together)."""
+    Here rather than in `run_table3`, which runs the table alone: a report callback passed to it
+    would leave every caller to wire the two together."""
     folder = Path(report_dir) if report_dir is not None else Path(plan.runs_dir) / plan.study / "report"
     if report:
         check_writable_dir(folder, "the report (--report-dir)")

@@ -23,13 +23,13 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
-from lightning_modules.errors import UserError
+from lightning_modules.base.errors import UserError
 from lightning_modules.metrics_log import last_step, read_rows
 from lightning_modules.run.results import read_results
-from sweeps import archive as kept
-from sweeps.cost import DeviceRate, TimeUnit, estimate
-from sweeps.redo import redo_requests
-from sweeps.table3 import Table3Plan, check_archive, check_study, identity, run_dir, status
+from ablate.table3 import archive as kept
+from ablate.table3.cost import DeviceRate, TimeUnit, estimate
+from ablate.table3.redo import redo_requests
+from ablate.table3.plan import Table3Plan, check_archive, check_study, identity, run_dir, status
 from sweeps.worker import own_or_overall
 
 

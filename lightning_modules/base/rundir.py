@@ -36,9 +36,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.errors import RunFailed, UserError
-from lightning_modules.yaml_input import read_yaml
-from lightning_modules.run.io import atomic_write_json, check_kinds, is_temporary, not_a_link
+from lightning_modules.base.errors import RunFailed, UserError
+from lightning_modules.base.yaml_input import read_yaml
+from lightning_modules.base.io import atomic_write_json, check_kinds, is_temporary, not_a_link
 
 MARKER = "ablate-run.json"  # a run directory's; a report directory has `ablate-report.json`
 LOCK = ".ablate-run.lock"
