@@ -1065,13 +1065,18 @@ def test_stale_temporaries_removed_are_ours_only(tmp_path: Path):
     assert (mine / "keep.txt").read_text() == "the user's keep.txt\n"
 
 
-def _train(out: Path, *extra: str, steps: int = 2) -> subprocess.Popen:
+TINY_MODEL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500", "data.max_tokens=1000",
+              "eval.max_len_offset=10"]
+
+
+def _train(out: Path, corpus: list[str], *extra: str, steps: int = 2) -> subprocess.Popen:
+    """`ablate train` as a real process: a one-layer, 32-wide model on the session's small corpus."""
     args = [sys.executable, "-m", "ablate", "train", "--out", str(out), *FAST[:1], "--max-steps", str(steps),
-            *FAST[3:], *extra]
+            *FAST[3:], *TINY_MODEL, *corpus, *extra]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out.parent)
 
 
-def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(tmp_path: Path):
+def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(tmp_path: Path, small_corpus):
     """A run directory of ours whose config.yaml is a list, whose spm.model is text and whose
     checkpoint does not load under weights_only: each is set aside as NAME.corrupt with one warning
     line, and the same command trains the run to the end (no traceback, no weights_only=False
@@ -1079,13 +1084,13 @@ def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(
     import torch
 
     out = tmp_path / "run"
-    first = _train(out)
+    first = _train(out, small_corpus)
     assert first.wait(timeout=300) == 0, first.stderr.read()
     (out / "results.json").unlink()
     (out / "config.yaml").write_text("- 1\n- 2\n")
     (out / "spm.model").write_text("not a model\n")
     torch.save({"state_dict": argparse.Namespace(x=1), "global_step": 9}, out / "checkpoints" / "last.ckpt")
-    again = _train(out)
+    again = _train(out, small_corpus)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0 and "Traceback" not in err and "weights_only=False" not in err, err
     warned = [line for line in err.splitlines() if line.startswith("ablate: warning: ")]
@@ -1111,13 +1116,14 @@ def test_the_run_that_holds_the_folder_leaves_the_marker_another_command_is_writ
 
 
 @pytest.mark.parametrize("wait", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["refused", "waits"])
-def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path):
+def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small_corpus):
     """Two `ablate train` on one --out started together: one trains, the other names the process
     that holds the run and exits 1; with --wait it waits and then reuses the finished run. Either
     way every logged window appears once and no stray `-v1` checkpoint is left."""
     out = tmp_path / "run"
     extra = ("--wait",) if wait else ()
-    procs = [_train(out, *extra, steps=40), _train(out, *extra, steps=40)]
+    # long enough (a few seconds of training) that the second command starts while the first holds the run
+    procs = [_train(out, small_corpus, *extra, steps=300), _train(out, small_corpus, *extra, steps=300)]
     results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     if wait:
         assert sorted(code for code, _ in results) == [0, 0], results

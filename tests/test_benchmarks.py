@@ -48,7 +48,7 @@ def test_gpu_round_quick_runs_every_variant_and_each_agrees_with_eager(tmp_path:
     assert saved["rows"] == section["rows"]
     ran = {row["variant"] for row in section["rows"] if row.get("tokens/s")}
     assert {name for name, o in VARIANTS.items() if not o.get("train.compile")} <= ran  # every eager one
-    assert {"compiled", "compiled, buckets 8, CUDA graphs"} <= ran and any(name.startswith("compiled, all") for name in ran)
+    assert "compiled, buckets 8, CUDA graphs" in ran and any(name.startswith("compiled, all") for name in ran)
     assert reference("compiled, buckets 8, CUDA graphs") == "eager, buckets 8" and reference("eager") is None
     assert not any(row.get("note", "").startswith("error") for row in section["rows"])
     for row in section["rows"]:
@@ -75,9 +75,10 @@ def test_gpu_round_batches_hold_source_widths_of_both_alignments():
 
 
 def test_gpu_round_skips_what_its_time_budget_leaves_no_room_for(tmp_path: Path):
-    """A budget that fits the eager variants but no compilation: those rows say why, the run ends."""
+    """A budget that fits an eager variant but no compilation: those rows say why, the run ends."""
+    steps = "tiny:eager;tiny:compiled;tiny:eager, fused QKV;tiny:compiled, buckets 8"
     result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
-                             "--budget-s", "60", "--out", str(tmp_path)],
+                             "--steps", steps, "--budget-s", "60", "--out", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "gpu_round.json").read_text())["rows"]
