@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ablations.spec import RECIPE_SECTIONS, load_preset, load_spec, load_yaml, recipe_ratios, row_settings
 from lightning_modules.config import HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
 from lightning_modules.base.errors import UserError
+from lightning_modules.base.schema import read
 from lightning_modules.base.yaml_input import parse_yaml
 
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
@@ -117,25 +118,9 @@ def _suggest(key: str) -> str:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """A `--config` file: its keys as asked for.
-
-    A config.yaml written by an older version stored the tokenizer's model.vocab_size/pad_id and
-    every head size filled in; such a file is recognised by those tokenizer keys, which are
-    dropped (the tokenizer sets them), and a d_k or d_v equal to that file's d_model / h is read
-    as derived (None), as it was derived when the file was written. (A row that set it explicitly
-    to d_model / h, the A rows, then follows a changed d_model too: only for such older files.)
-    """
-    data = load_yaml(path, "config file")
-    model = data.get("model")
-    if isinstance(model, dict) and any(key in model for key in TOKENIZER_KEYS):
-        model = {k: v for k, v in model.items() if k not in TOKENIZER_KEYS}
-        d_model, heads = model.get("d_model"), model.get("n_heads")
-        if isinstance(d_model, int) and isinstance(heads, int) and heads > 0 and d_model % heads == 0:
-            for key in HEAD_SIZE_KEYS:
-                if model.get(key) == d_model // heads:
-                    model[key] = None
-        data = {**data, "model": model}
-    return data
+    """A `--config` file (a run's saved config.yaml too, of any version: `lightning_modules.base.schema`):
+    its keys as asked for."""
+    return read("config", load_yaml(path, "config file"), f"config file {path}")
 
 
 def _merge(base, update: dict[str, Any], source: str):

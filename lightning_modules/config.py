@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from lightning_modules.base.errors import UserError
+from lightning_modules.base.schema import stamped
 
 POSITIONAL_KINDS = ("sinusoidal", "learned", "rope")
 # The later modifications' knobs (docs/modifications.md); each tuple's first value is the paper's.
@@ -450,9 +451,9 @@ def _without_output_only(owner: Any, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_identity(model: dict[str, Any]) -> dict[str, Any]:
-    """The architecture a config.yaml's `model` section (new: derived head sizes None; older
-    versions: every value filled in) builds, without the tokenizer's keys: what makes two run
-    directories the same model."""
+    """The architecture a `model` section (config.yaml's: derived head sizes None; results.json's:
+    every value filled in) builds, without the tokenizer's keys: what makes two run directories the
+    same model."""
     known = {f.name for f in fields(TransformerConfig)} - set(TOKENIZER_KEYS)
     built = TransformerConfig(**{k: v for k, v in model.items() if k in known})
     return {k: v for k, v in asdict(built).items() if k not in TOKENIZER_KEYS}
@@ -487,5 +488,6 @@ def count_parameters(c: TransformerConfig) -> int:
 
 
 def to_yaml(cfg: RunConfig) -> str:
-    """config.yaml: the configuration as asked for (`requested_config`), no derived value."""
-    return yaml.safe_dump(requested_config(cfg), sort_keys=False)
+    """config.yaml: the configuration as asked for (`requested_config`), no derived value, and the
+    schema version (`lightning_modules.base.schema`)."""
+    return yaml.safe_dump(stamped(requested_config(cfg)), sort_keys=False)

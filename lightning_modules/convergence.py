@@ -165,7 +165,7 @@ def rule_inputs(log_dir: str | Path, unigram_ppl: float, warmup_steps: int) -> d
 
 def classify_stored(inputs: Mapping[str, Any], rule: ConvergenceRule = ConvergenceRule()) -> Verdict | None:
     """The class of a run from the inputs it stored (`INPUTS`, as `rule_inputs` gives them); None
-    when it lacks any of them (a run stored before runs kept them)."""
+    when it lacks any of them (unclassified)."""
     if any(inputs.get(key) is None for key in INPUTS):
         return None
     return _classify_inputs(inputs, rule)

@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from lightning_modules.convergence import classify_stored
 from lightning_modules.base.errors import UserError
 from lightning_modules.run.results import RunResult
+from lightning_modules.base.schema import read
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import REDO_OF, superseded, unpack_lines
 
@@ -86,7 +87,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         raise UserError(f"no Table 3 study {study_name!r} in {safe_url(storage_url)} "
                         f"(Table 3 studies there: {', '.join(names) or 'none'})")
     study = optuna.load_study(study_name=study_name, storage=storage)
-    attrs = study.user_attrs
+    attrs = read("table", study.user_attrs, f"study {study_name!r}")
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
     queued: dict[str, set[int]] = {}
     trials = study.get_trials(deepcopy=False)

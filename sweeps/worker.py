@@ -235,7 +235,7 @@ class Objective:
 def resolve_run_dir(runs_dir: str | Path, place: str) -> Path:
     """Where a trial's run directory is on this machine: its `run_dir` attribute names it relative
     to the runs directory (`--runs-dir`), so that a study read in another folder or on another
-    machine still finds its runs there (an absolute one, of a study stored before, is kept)."""
+    machine still finds its runs there."""
     return (Path(runs_dir) / place).resolve()
 
 

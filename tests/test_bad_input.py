@@ -153,6 +153,8 @@ CASES: list[Case] = [
     ("malformed-config-yaml", lambda t: ["train", "--config", files(t, bad_yaml="model: {d_model: [1, 2")["bad_yaml"]], "bad.yaml", {}),
     ("config-yaml-not-a-mapping", lambda t: ["train", "--config", files(t, list_yaml="- 1\n- 2\n")["list_yaml"]], "list.yaml", {}),
     ("config-file-missing", lambda t: ["train", "--config", str(t / "nope.yaml")], "nope.yaml", {}),
+    ("config-yaml-of-a-newer-schema", lambda t: ["train", "--config", files(t, new_yaml="schema: 99\nrow: base\n")["new_yaml"]],
+     "is of schema version 99, newer than", {}),
     ("malformed-spec-yaml", lambda t: ["table3", "--spec", files(t, rows_yaml="base: {model: [")["rows_yaml"]], "rows.yaml", {}),
     ("spec-without-base", lambda t: ["table3", "--spec", files(t, rows_yaml="A1: {model: {n_heads: 1}}\n")["rows_yaml"]], "'base' row", {}),
     ("spec-file-missing", lambda t: ["params", "--spec", str(t / "nope.yaml")], "nope.yaml", {}),
@@ -826,6 +828,7 @@ def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny", dev_lin
     """A Table 3 study as `ablate table3` leaves it, with one complete run of each of `rows` (and
     the numbers a report reads; `dev_lines` dev translations each, none by default: no bootstrap)."""
     from ablations.spec import load_spec
+    from lightning_modules.base.schema import SCHEMA
     from sweeps.study import pack_lines
 
     dev = {"dev_hyp": pack_lines([f"sentence {i}" for i in range(dev_lines)]),
@@ -833,7 +836,7 @@ def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny", dev_lin
 
     spec = load_spec()
     study = optuna.create_study(study_name=f"table3-{preset}", storage=f"sqlite:///{path}")
-    for key, value in {"kind": "table3", "preset": preset, "spec": spec, "overrides": [], "config": None,
+    for key, value in {"schema": SCHEMA, "kind": "table3", "preset": preset, "spec": spec, "overrides": [], "config": None,
                        "setup": {"scale": {"width": 0.25, "depth": 0.5, "steps": 0.02}}}.items():
         study.set_user_attr(key, value)
     for i, row in enumerate(rows):

@@ -92,17 +92,6 @@ def test_config_yaml_holds_no_derived_value():
     assert saved["data"]["vocab_size"] == 4000
 
 
-def test_config_yaml_of_an_older_version_reads_as_it_was_meant(tmp_path):
-    """Older versions stored d_k = d_v = d_model / h and the tokenizer's vocabulary in config.yaml."""
-    old = yaml.safe_load(to_yaml(resolve("tiny", "B1")))
-    old["model"].update({"d_k": 4, "d_v": 16, "vocab_size": 3987, "pad_id": 0})
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(old))
-    m = resolve("tiny", "base", config_file=path, overrides=["d_model=256"]).model
-    assert (m.d_k, m.d_v) == (4, 32)  # B1's explicit d_k kept, the derived d_v derived again
-    assert m.vocab_size == TransformerConfig.vocab_size  # the file's tokenizer size is not a choice
-
-
 def test_model_keeps_explicit_and_derived_head_sizes_apart():
     m = TransformerConfig(d_model=96, n_heads=6, d_k=4)
     assert (m.d_k, m.d_v, m.derived_keys()) == (4, 16, ("d_v", "n_kv_heads"))

@@ -1,12 +1,12 @@
 """`RunResult`: one schema for results.json, the trial's attributes, the report's columns and the
-W&B summary; files of other versions still read."""
+W&B summary (files of other versions: test_schema.py)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 
 from lightning_modules.run.results import RESULTS, RunResult, read_results
+from lightning_modules.base.schema import SCHEMA
 from reports.collect import RUN_COLUMNS
 
 
@@ -27,19 +27,10 @@ def test_every_field_is_documented_and_routed():
     assert set(RUN_COLUMNS) <= trial  # a report column the trial does not store would stay empty
 
 
-def test_results_of_another_version_still_read(tmp_path):
-    old = {"row": "base", "ppl": 12.5, "bleu": 3.1, "status": "complete", "a_key_from_the_future": 1}
-    (tmp_path / RESULTS).write_text(json.dumps(old))
-    result = read_results(tmp_path)
-    assert result is not None and result.ppl == 12.5 and result.status == "complete"
-    assert result.steady_tokens_per_s is None  # older files lack the newer keys
-    assert result.select("column")["steps"] is None
-
-
 def test_failed_results_hold_only_what_was_measured():
     failed = RunResult(row="B1", preset="tiny", status="failed", reason="loss is NaN", steps=7, seed=1)
-    assert failed.to_json() == {"row": "B1", "preset": "tiny", "steps": 7, "seed": 1, "status": "failed",
-                                "reason": "loss is NaN"}
+    assert failed.to_json() == {"schema": SCHEMA, "row": "B1", "preset": "tiny", "steps": 7, "seed": 1,
+                                "status": "failed", "reason": "loss is NaN"}
     assert "reason" not in RunResult(status="complete").to_json()
 
 

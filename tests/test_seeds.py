@@ -101,6 +101,7 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     from optuna.trial import TrialState, create_trial
 
     from ablations.spec import load_spec
+    from lightning_modules.base.schema import SCHEMA
     from reports.build import caveats, methods, summary
     from reports.collect import load_table3
     from reports.table3 import display_frame, table3_frame
@@ -108,7 +109,7 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
 
     url = f"sqlite:///{tmp_path}/t3.db"
     study = optuna.create_study(study_name="t3", storage=url)
-    for key, value in {"kind": KIND, "preset": "cpu", "spec": load_spec()}.items():
+    for key, value in {"schema": SCHEMA, "kind": KIND, "preset": "cpu", "spec": load_spec()}.items():
         study.set_user_attr(key, value)
     for row, seed, ppl in (("base", 1, 24.0), ("base", 2, 25.0), ("base", 3, 26.0), ("C3", 1, 27.0)):
         study.add_trial(create_trial(state=TrialState.COMPLETE, value=ppl, user_attrs={

@@ -131,8 +131,7 @@ def test_a_study_is_the_same_table_whatever_the_overrides_order_or_where_output_
 def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
     """Editing the settings between sittings would train the rows still queued differently: the
     table refuses and names what changed and the file that sets it (the --config file, the preset's
-    file). Output-only settings in the file do not make another table. A study stored by an older
-    version, without its runs' configurations, is refused: it cannot be compared."""
+    file). Output-only settings in the file do not make another table."""
     from ablate.table3.plan import identity, table_difference
 
     config = tmp_path / "recipe.yaml"
@@ -154,14 +153,6 @@ def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
     assert table_difference({"runs": edited}, plan, identity(plan)) == \
         ("configuration from the preset's file ablations/presets/tiny.yaml",
          "train.warmup_steps: 300 -> 400; there -> here")
-
-    older = {key: value for key, value in study.user_attrs.items() if key != "runs"}
-    old_study = optuna.create_study(study_name="old", storage=plan.storage)
-    for key, value in older.items():
-        old_study.set_user_attr(key, value)
-    with pytest.raises(UserError, match=r"study 'old' is a Table 3 that differs in its runs' configurations "
-                                        r"\(none recorded there: an older version stored it\).*Use another --study"):
-        queue(replace(plan, study="old"))
 
 
 def test_identity_leaves_out_exactly_the_fields_marked_output_only():

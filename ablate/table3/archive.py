@@ -61,6 +61,7 @@ from lightning_modules.base.io import (atomic_write_bytes, atomic_write_json, ch
                                      not_a_link)
 from lightning_modules.base.rundir import CONFIG, check_entries, mark, refuse_foreign
 from lightning_modules.run.results import RESULTS, read_results
+from lightning_modules.base.schema import read
 
 SAVE_EVERY_S = 600.0
 MAX_JOURNAL_BYTES = 256 * 2 ** 20  # a study journal unpacked (a 50-run table's: 3.5 MB)
@@ -294,14 +295,18 @@ def restore_study(archive: Path, storage: BaseStorage, name: str) -> int:
 
 
 def stored_identity(archive: Path) -> dict[str, Any] | None:
-    """The identity of the table archived in `archive` (None: no archive there yet)."""
+    """The record of the table archived in `archive`, in the current version's shape (`schema.read`;
+    None: no archive there yet)."""
     path = archive / IDENTITY
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        stored = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise UserError(f"{path} is not readable ({err}); is --archive a table's archive?") from None
+    if not isinstance(stored, dict):
+        raise UserError(f"{path} is not a table's record; is --archive a table's archive?")
+    return read("table", stored, str(path))
 
 
 def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:

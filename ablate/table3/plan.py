@@ -36,6 +36,7 @@ from lightning_modules.run.results import read_results
 from ablate.table3.redo import aside, redo_requests
 from ablate.table3.schedule import longest_first, training_flops
 from reports.collect import KIND, run_name
+from lightning_modules.base.schema import read, stamped
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import REDO_OF, enqueue, open_study, superseded
 
@@ -197,8 +198,8 @@ def table_record(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str,
     setup = {"scale": asdict(cfg.scale), "corpus": cfg.data.corpus, "vocab_size": cfg.data.vocab_size,
              "max_tokens": cfg.data.max_tokens, "beam_size": cfg.eval.beam_size,
              "length_penalty": cfg.eval.length_penalty}
-    return {"kind": KIND, "preset": plan.preset, "spec": table_spec(plan, runs), "overrides": plan.overrides,
-            "config": plan.config, "setup": setup, "runs": runs}
+    return stamped({"kind": KIND, "preset": plan.preset, "spec": table_spec(plan, runs), "overrides": plan.overrides,
+                    "config": plan.config, "setup": setup, "runs": runs})
 
 
 def table_spec(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -225,18 +226,16 @@ def identity_of(configs: dict[tuple[str, int], RunConfig]) -> dict[str, dict[str
 
 def table_difference(stored: dict[str, Any], plan: Table3Plan,
                      wanted: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
-    """How the table `stored` (a study's user attributes, an archive's table3.json) differs from
+    """How the table `stored` (a study's user attributes, an archive's table3.json, as `schema.read`
+    gives them) differs from
     the one `plan` makes (`wanted`: its identity): what differs (the preset, the overrides, or the
     configuration from the files that set the changed keys, named), and the changes, there -> here;
     None for the same table.
 
     Every run `stored` names is compared with the same run as `plan` would train it, planned
     this time or not, so a sitting of other rows or seeds is checked too. A field its
-    configuration lacks (one added to the config since) reads as that field's default, as an
-    older config.yaml does when loaded."""
-    there = stored.get("runs")
-    if not isinstance(there, dict) or not there:
-        return "runs' configurations", "none recorded there: an older version stored it"
+    configuration lacks (one added to the config since) reads as that field's default."""
+    there = stored["runs"]
     spec = load_spec(plan.spec_path)
     gone = sorted({str(config.get("row")) for config in there.values()} - set(spec))
     if gone:
@@ -306,10 +305,7 @@ def _changed_by(plan: Table3Plan, stored: dict[str, Any], keys: set[str]) -> str
 
 
 def _override_keys(items: list[Any]) -> set[str]:
-    try:
-        return _leaf_keys(parse_overrides([str(item) for item in items]))
-    except UserError:  # overrides of an older version (a key since renamed) set none of this one's
-        return set()
+    return _leaf_keys(parse_overrides([str(item) for item in items]))
 
 
 def _leaf_keys(values: dict[str, Any], prefix: str = "") -> set[str]:
@@ -331,6 +327,7 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
             for key in sorted(made, key=lambda key: key == "kind"):
                 study.set_user_attr(key, made[key])
         return
+    attrs = read("table", attrs, f"study {study.study_name!r}")
     difference = table_difference(attrs, plan, wanted)
     if difference is not None:
         what, changes = difference

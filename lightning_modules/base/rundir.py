@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_modules.base.errors import RunFailed, UserError
+from lightning_modules.base.schema import read
 from lightning_modules.base.yaml_input import read_yaml
 from lightning_modules.base.io import atomic_write_json, check_kinds, is_temporary, not_a_link
 
@@ -115,13 +116,15 @@ def refuse_foreign(out: Path, kind: str = "run", option: str = "--out") -> None:
 
 
 def saved_config(run_dir: Path) -> dict[str, Any] | None:
-    """A run directory's `config.yaml` as saved: a mapping, or None where it is missing, unreadable
-    or not a mapping (the one reader of the file; each caller says what None means to it)."""
+    """A run directory's `config.yaml` as saved, in the current version's shape (`schema.read`;
+    one line for a newer version): a mapping, or None where it is missing, unreadable or not a
+    mapping (the one reader of the file; each caller says what None means to it)."""
+    path = Path(run_dir) / CONFIG
     try:
-        saved = read_yaml(Path(run_dir) / CONFIG)  # the one loader: size, aliases, depth
+        saved = read_yaml(path)  # the one loader: size, aliases, depth
     except (OSError, UserError):
         return None
-    return saved if isinstance(saved, dict) else None
+    return read("config", saved, str(path)) if isinstance(saved, dict) else None
 
 
 def _written_before_markers(out: Path) -> bool:

@@ -5,7 +5,8 @@ Each field says where it goes (`metadata`): `trial` (stored on the Optuna trial,
 needs only the database), `column` (a numeric column of the report's runs), `summary` (the W&B
 sweep run's summary). Adding a metric is one field here.
 
-Reading tolerates files from other versions: unknown keys are ignored, missing ones are None.
+results.json carries the schema version (`lightning_modules.base.schema`); reading upgrades a file of
+an older version, refuses a newer one in one line, and a key it lacks reads as None.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from lightning_modules.base.errors import UserError
+from lightning_modules.base.schema import read, stamped
 
 RESULTS = "results.json"
 
@@ -96,14 +100,18 @@ class RunResult:
         """results.json's content; a failed run leaves out what it never measured."""
         values = asdict(self)
         if self.status == "failed":
-            return {k: v for k, v in values.items() if v is not None}
-        return {k: v for k, v in values.items() if k != "reason" or v is not None}
+            return stamped({k: v for k, v in values.items() if v is not None})
+        return stamped({k: v for k, v in values.items() if k != "reason" or v is not None})
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunResult":
-        """From results.json of any version: unknown keys ignored, missing ones None."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_json(cls, data: dict[str, Any], source: str = RESULTS) -> "RunResult":
+        """From results.json of any version up to the current one (`schema.read`; a key of no
+        field: one line)."""
+        data = read("results", data, source)
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise UserError(f"{source}: unknown keys {', '.join(unknown)}; not a run's results.json")
+        return cls(**data)
 
     @classmethod
     def keys(cls, where: str) -> tuple[str, ...]:
@@ -120,7 +128,7 @@ class RunResult:
 
 
 def read_results(out: Path) -> RunResult | None:
-    """The run directory's results.json, or None if there is none (or it is unreadable)."""
+    """The run directory's results.json, or None if there is none (or it is not JSON)."""
     path = Path(out) / RESULTS
     if not path.is_file():
         return None
@@ -128,4 +136,4 @@ def read_results(out: Path) -> RunResult | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
-    return RunResult.from_json(data) if isinstance(data, dict) else None
+    return RunResult.from_json(data, str(path)) if isinstance(data, dict) else None

@@ -15,7 +15,8 @@ import shutil
 import socket
 import sys
 import warnings
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,7 @@ def evaluate_split(module: TranslationModule, dm: TranslationDataModule, cfg: Ru
 def train(cfg: RunConfig, out: str | Path, group: str | None = None,
           callbacks: list[pl.Callback] | None = None, wait: bool = False) -> RunResult | None:
     """Train (or resume, or reuse) the run in `out` and return its results (None on DDP ranks
-    other than 0, which do not evaluate).
+    other than 0, which do not evaluate): the checks, then build -> fit -> evaluate -> record.
 
     `callbacks` are added to the Trainer's (a sweep passes its pruning callback here). `out` must
     be new, empty or one of our run directories (`base/rundir.py`); while it trains it is locked,
@@ -198,75 +199,88 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     hardware = resolve_hardware(cfg)  # bad or missing hardware fails before any work
     check_memory(cfg)
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
-    created = first_missing(out)  # the outermost directory this run creates: removed if a check fails
-    try:
-        with disk_full_ends_the_run(out):  # a full disk anywhere, the checks' writes too: one line, exit 1
-            check_output_dir(out)
-            rank_zero = global_rank_zero()
-            try:
-                if rank_zero:
-                    claim(out)
-                else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
-                    wait_until_ours(out)
-            except UserError:
-                if created:
-                    shutil.rmtree(created, ignore_errors=True)
-                raise
-            with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
-                return _checked_and_trained(cfg, out, hardware, wandb, created, group, callbacks, startup)
-    except DiskFull:
-        if created and not any(out.glob("checkpoints/*.ckpt")):  # nothing to resume from: no partial run left
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    # a full disk anywhere, the checks' writes too: one line, exit 1
+    with nothing_left_if_it_fails(out, first_missing(out)) as started, disk_full_ends_the_run(out):
+        check_output_dir(out)
+        rank_zero = global_rank_zero()
+        if rank_zero:
+            claim(out)
+        else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
+            wait_until_ours(out)
+        with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
+            if done := finished(cfg, out):
+                return done
+            startup.mark("checks")  # hardware, memory, W&B, the run directory and its lock
+            run = build(cfg, out, hardware, wandb, callbacks, startup)
+            started()
+            fit(run)
+            produced = evaluate(run)
+            return None if produced is None else record(run, "complete", group=group or cfg.row, **produced)
 
 
-def _checked_and_trained(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
-                         created: Path | None, group: str | None,
-                         callbacks: list[pl.Callback] | None, startup: StartUp) -> RunResult | None:
-    """`train` under the run directory's lock: what a killed run left, the checks against what
-    the directory holds, then the work."""
+def finished(cfg: RunConfig, out: Path) -> RunResult | None:
+    """Under the run directory's lock: what a killed run left removed, the checks against what the
+    directory holds, and its finished run of this configuration, to reuse (None: train)."""
     remove_stale_temporaries(out)
-    try:
-        check_same_run(out, cfg)
-        check_disk_space(out, cfg)
-    except UserError:
-        if created:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    check_same_run(out, cfg)
+    check_disk_space(out, cfg)
     done = read_results(out)
+    if done and done.status == "failed":
+        raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out (or delete {out}) to try again")
     if done and done.complete:
         check_same_result(out, done, cfg)
         return done
-    if done and done.status == "failed":
-        raise RunFailed(f"{out} holds a failed run ({done.reason}); use another --out "
-                        f"(or delete {out}) to try again")
-    with disk_full_ends_the_run(out):
-        return _train_and_evaluate(cfg, out, hardware, wandb, created, group, callbacks, startup)
+    return None
 
 
-def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
-                        created: Path | None, group: str | None,
-                        callbacks: list[pl.Callback] | None, startup: StartUp) -> RunResult | None:
-    """`train`'s work once every check has passed: data, fit, validation, beam search, results.json
-    (`created`: the directory the run made, removed if the corpus turns out unusable; `startup`:
-    where the start-up went, its parts ended here and by the clock at the first step)."""
-    startup.mark("checks")  # hardware, memory, W&B, the run directory and its lock
+@contextlib.contextmanager
+def nothing_left_if_it_fails(out: Path, created: Path | None) -> Iterator[Callable[[], None]]:
+    """The one clean-up of a failed run: the outermost directory it made (`created`; None: it made
+    none) is removed when the run is refused before it starts training (a UserError: a check, the
+    corpus, a decoding that cannot fit), or when the disk fills before its first checkpoint (nothing
+    to resume from). Yields what to call when training starts: a run that fails after that keeps what
+    it wrote (a failed results.json, its checkpoints). Another command's lock is no refusal (RunFailed)."""
+    training = []
+    try:
+        yield lambda: training.append(True)
+    except UserError as err:
+        refused = not training and not isinstance(err, RunFailed)
+        resumable = any(out.glob("checkpoints/*.ckpt"))
+        if created and (refused or isinstance(err, DiskFull) and not resumable):
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+@dataclass
+class Run:
+    """What `build` makes of a configuration: the configuration with the model as built (the
+    tokenizer's vocabulary), its data, model, Trainer and clock, and how it trains."""
+
+    cfg: RunConfig
+    out: Path
+    precision: str
+    dm: TranslationDataModule
+    module: TranslationModule
+    trainer: pl.Trainer
+    clock: TrainingClock
+    compiled: bool
+    requeue: bool
+    resume_from: Path | None
+
+
+def build(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None,
+          callbacks: list[pl.Callback] | None, startup: StartUp) -> Run:
+    """The data (config.yaml written once it is usable), the model and the Trainer, each part of
+    the start-up marked (`startup`; its last part ends at the first step, by the clock)."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     slurm, requeue = slurm_requeue(cfg)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
-
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len,
                                pad_multiple=cfg.data.pad_multiple)
-    try:
-        dm.setup("fit")
-        # the final beam search's memory, from the dev sources' real lengths: before training
-        check_decoding_memory(cfg.model.with_vocabulary(dm.vocab_size, dm.pad_id), cfg,
-                              dm.valid_set.src_lengths)
-    except UserError:
-        if created:  # a bad corpus, or a decoding that cannot fit, leaves nothing behind
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+    dm.setup("fit")
+    # the final beam search's memory, from the dev sources' real lengths: before training
+    check_decoding_memory(cfg.model.with_vocabulary(dm.vocab_size, dm.pad_id), cfg, dm.valid_set.src_lengths)
     startup.mark("data")
     atomic_write_text(out / CONFIG, to_yaml(cfg))  # as asked for: no derived value
     # The model as built: the tokenizer decides the vocabulary (the config holds data.vocab_size).
@@ -277,93 +291,109 @@ def _train_and_evaluate(cfg: RunConfig, out: Path, hardware: dict[str, Any], wan
     if compiled:
         module.compile_step()
     startup.mark("model")
-
-    ckpt_dir = out / "checkpoints"
-    resume = resume_checkpoint(ckpt_dir, cfg.model)
-    resume_from = resume[0] if resume else None
+    resume = resume_checkpoint(out / "checkpoints", cfg.model)
     if resume and rank_zero_only.rank == 0:  # Lightning's CSVLogger would delete the curve so far
         set_aside(out / "logs", resume[1])
     clock = TrainingClock(cfg.train.log_every_n_steps, startup)
-    trainer = pl.Trainer(
-        **hardware,
-        max_steps=cfg.train.max_steps, max_epochs=-1,
-        val_check_interval=cfg.train.val_check_interval, check_val_every_n_epoch=None,
-        num_sanity_val_steps=0, accumulate_grad_batches=cfg.train.accumulate_grad_batches,
-        deterministic="warn" if deterministic(cfg) else False,  # warn: an op without such a kernel
-        gradient_clip_val=cfg.train.gradient_clip_val or None,
-        log_every_n_steps=cfg.train.log_every_n_steps, use_distributed_sampler=False,
-        enable_progress_bar=cfg.train.progress_bar, enable_model_summary=False,
-        logger=make_loggers(cfg, out, wandb),
-        default_root_dir=ckpt_dir,  # where Lightning's SLURM requeue saves hpc_ckpt_N.ckpt
-        plugins=[AtomicCheckpointIO(), *slurm],
-        callbacks=[CountBatches(), RandomState(), StepCountsAfterResume(), clock, FaultPoints(),
-                   StopAtStepEnd(STOP, cfg.train.log_every_n_steps, requeue),  # a NaN loss, a stop request
-                   ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
-                                   every_n_train_steps=cfg.train.checkpoint_every,
-                                   auto_insert_metric_name=False, **keep_newest(cfg.train.keep_checkpoints)),
-                   # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
-                   OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"),
-                   *([PromptInterruptWhileCompiling(STOP)] if compiled else []),
-                   *(callbacks or [])],
-    )
+    extra = [*([PromptInterruptWhileCompiling(STOP)] if compiled else []), *(callbacks or [])]
+    trainer = make_trainer(cfg, out, hardware, make_loggers(cfg, out, wandb), slurm, clock, requeue, extra)
     startup.mark("trainer")  # the Trainer, its loggers and callbacks
+    return Run(cfg, out, hardware["precision"], dm, module, trainer, clock, compiled, requeue,
+               resume[0] if resume else None)
+
+
+def make_trainer(cfg: RunConfig, out: Path, hardware: dict[str, Any], loggers: list[Logger],
+                 plugins: list[Any], clock: TrainingClock, requeue: bool, extra: list[pl.Callback]) -> pl.Trainer:
+    """The Trainer, its callbacks (resume bookkeeping, the clock, fault points, stop requests and
+    a NaN loss, checkpoints) and then `extra`."""
+    ckpt_dir = out / "checkpoints"
+    t = cfg.train
+    return pl.Trainer(
+        **hardware,
+        max_steps=t.max_steps, max_epochs=-1,
+        val_check_interval=t.val_check_interval, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, accumulate_grad_batches=t.accumulate_grad_batches,
+        deterministic="warn" if deterministic(cfg) else False,  # warn: an op without such a kernel
+        gradient_clip_val=t.gradient_clip_val or None,
+        log_every_n_steps=t.log_every_n_steps, use_distributed_sampler=False,
+        enable_progress_bar=t.progress_bar, enable_model_summary=False, logger=loggers,
+        default_root_dir=ckpt_dir,  # where Lightning's SLURM requeue saves hpc_ckpt_N.ckpt
+        plugins=[AtomicCheckpointIO(), *plugins],
+        callbacks=[CountBatches(), RandomState(), StepCountsAfterResume(), clock, FaultPoints(),
+                   StopAtStepEnd(STOP, t.log_every_n_steps, requeue),  # a NaN loss, a stop request
+                   ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True,
+                                   every_n_train_steps=t.checkpoint_every,
+                                   auto_insert_metric_name=False, **keep_newest(t.keep_checkpoints)),
+                   # Saved on Ctrl-C or an exception; Lightning deletes it after a clean finish.
+                   OnExceptionCheckpoint(dirpath=ckpt_dir, filename="interrupted"), *extra],
+    )
+
+
+def fit(run: Run) -> None:
+    """Train to max_steps (from the newest checkpoint, if any). A NaN or infinite loss records a
+    failed results.json and ends in one line; Ctrl-C or SIGTERM stops with the checkpoint saved."""
+    trainer = run.trainer
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=resume_from, weights_only=True)
+        trainer.fit(run.module, datamodule=run.dm, ckpt_path=run.resume_from, weights_only=True)
     except NonFiniteLoss as err:
-        failed = RunResult(row=cfg.row, preset=cfg.preset, status="failed", reason=str(err),
-                           steps=trainer.global_step, seed=cfg.train.seed)
         if trainer.global_rank == 0:
-            atomic_write_json(out / RESULTS, failed.to_json())
-        raise RunFailed(f"{err}; recorded in {out / RESULTS}. Lower train.lr_scale or raise "
+            record(run, "failed", reason=str(err))
+        raise RunFailed(f"{err}; recorded in {run.out / RESULTS}. Lower train.lr_scale or raise "
                         f"train.warmup_steps, and train in another --out") from None
     except SystemExit:  # Lightning's ending for Ctrl-C (exit 1) and SIGTERM (SIGTERMException)
         raise KeyboardInterrupt(f"stopped at step {trainer.global_step}; the checkpoint is saved") from None
     if trainer.interrupted:
         raise UserError("training was interrupted; run the same command again to resume")
-    if requeue:
+    if run.requeue:
         STOP.install(REQUEUE_SIGNAL)  # (Lightning put its own back) a notice during the evaluation lets it finish
 
+
+def evaluate(run: Run) -> dict[str, Any] | None:
+    """Validation (every rank), then on rank 0: the convergence class from the curves, beam search
+    on dev (and test) with the translations saved, and attention.npz (logged to W&B as a figure).
+    What it measured, for `record`; None on the other ranks."""
+    cfg, dm, module, trainer = run.cfg, run.dm, run.module, run.trainer
     metrics = trainer.validate(module, datamodule=dm, verbose=False)[0]
     if trainer.global_rank != 0:
         return None
     for logger in trainer.loggers:
         logger.save()  # the curves below are read back from logs/metrics.csv
-    convergence = classify_run(out / "logs", dm.stats["unigram_ppl"],
-                               cfg.train.warmup_steps)
+    convergence = classify_run(run.out / "logs", dm.stats["unigram_ppl"], cfg.train.warmup_steps)
     device = trainer.strategy.root_device
     module.to(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16,
-                              enabled=hardware["precision"].startswith("bf16"))
-    with autocast:
-        bleu, signature = evaluate_split(module, dm, cfg, "valid", out)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.precision.startswith("bf16")):
+        bleu, signature = evaluate_split(module, dm, cfg, "valid", run.out)
         test_bleu = None
         if cfg.eval.decode_test and dm.corpus.test.src:
-            test_bleu, _ = evaluate_split(module, dm, cfg, "test", out)
-        saved_attention = save_run_attention(module.model, dm, cfg.eval, out)  # attention.npz: one dev sentence's heads
+            test_bleu, _ = evaluate_split(module, dm, cfg, "test", run.out)
+        saved_attention = save_run_attention(module.model, dm, cfg.eval, run.out)  # one dev sentence's heads
     if saved_attention:
-        log_attention(trainer.loggers, out / ATTENTION_FILE, cfg.row, trainer.global_step)
+        log_attention(trainer.loggers, run.out / ATTENTION_FILE, cfg.row, trainer.global_step)
+    return {"ppl": round(metrics["val/ppl"], 3), "bleu": bleu, "sacrebleu_signature": signature,
+            "test_bleu": test_bleu, "device": device, **convergence}
 
-    results = RunResult(
-        row=cfg.row, preset=cfg.preset, corpus=cfg.data.corpus,
-        params=module.n_parameters, bleu=bleu, ppl=round(metrics["val/ppl"], 3),
-        test_bleu=test_bleu, sacrebleu_signature=signature,
+
+def record(run: Run, status: str, device: torch.device | None = None, **produced: Any) -> RunResult:
+    """results.json, and the `RunResult` it holds, built here only: a failed run's names the run,
+    its step and why (`produced`: the reason); a complete one's adds what `build` made and what the
+    clock and `evaluate` measured (`produced`), written last (a run is complete once it is there)."""
+    cfg, trainer, clock, compiled = run.cfg, run.trainer, run.clock, run.compiled
+    named = {"row": cfg.row, "preset": cfg.preset, "steps": trainer.global_step, "seed": cfg.train.seed}
+    results = RunResult(status=status, **named, **produced) if status == "failed" else RunResult(
+        status=status, **named, corpus=cfg.data.corpus, params=run.module.n_parameters,
         train_time_s=round(clock.train_time_s, 1), tokens_per_s=round(clock.tokens_per_s, 1),
         steady_tokens_per_s=_round(clock.steady_tokens_per_s, 1),
         startup_s=_round(clock.startup_s, 2), startup=clock.startup.parts or None,
         first_step_s=_round(clock.first_step_s, 2),
         compiled=compiled, compiled_graphs=compiled_graphs() if compiled else 0,
         recompiled_because=recompile_reasons() if compiled else None,
-        target_tokens=clock.target_tokens, steps=trainer.global_step, seed=cfg.train.seed,
-        beam_size=cfg.eval.beam_size, length_penalty=cfg.eval.length_penalty,
-        padding_share=round(dm.stats["train_padding_share"], 4),
-        data=dm.stats,
-        model=asdict(cfg.model), precision=hardware["precision"],
+        target_tokens=clock.target_tokens, beam_size=cfg.eval.beam_size, length_penalty=cfg.eval.length_penalty,
+        padding_share=round(run.dm.stats["train_padding_share"], 4), data=run.dm.stats,
+        model=asdict(cfg.model), precision=run.precision,
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
-        environment=environment(hardware["precision"], device),
-        world_size=trainer.world_size, host=socket.gethostname(), group=group or cfg.row,
-        status="complete", **convergence,
-    )
-    atomic_write_json(out / RESULTS, results.to_json(), fault="results_write")
+        environment=environment(run.precision, device),
+        world_size=trainer.world_size, host=socket.gethostname(), **produced)
+    atomic_write_json(run.out / RESULTS, results.to_json(), fault="results_write" if results.complete else None)
     return results
 
 
@@ -410,7 +440,7 @@ SUMMARY_KEYS = [("row", "row"), ("params", "params"), ("ppl", "dev PPL"), ("bleu
 def summary_table(results: RunResult, out: str | Path) -> str:
     """A short two-column table of the headline numbers, and the run directory `out`."""
     rows = [(label, getattr(results, key)) for key, label in SUMMARY_KEYS]
-    if results.startup_s is not None:  # absent from a finished run's results.json of an older version
+    if results.startup_s is not None:  # None: not measured
         parts = ", ".join(f"{p['part']} {p['s']:.1f}" for p in results.startup or [])
         rows.append(("start-up (s)", f"{results.startup_s:.1f}" + (f" ({parts})" if parts else "")))
     rows.append(("sacreBLEU", results.sacrebleu_signature))

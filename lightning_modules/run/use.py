@@ -34,7 +34,7 @@ from lightning_modules.base.errors import UserError
 from lightning_modules.evaluate import corpus_bleu, length_batches, translate
 from lightning_modules.base.io import atomic_write_json, check_readable_file, check_writable_file, write_lines
 from lightning_modules.run.preflight import resume_checkpoint
-from lightning_modules.run.results import RESULTS
+from lightning_modules.run.results import read_results
 from lightning_modules.base.rundir import CONFIG, saved_config
 from lightning_modules.transformer import Transformer
 
@@ -300,12 +300,10 @@ def _tokenizer(path: Path) -> Any:
 
 def _saved_precision(run_dir: Path) -> str:
     """The precision the run trained (and decoded) in, from results.json or its config."""
-    import json
-
-    try:
-        return str(json.loads((run_dir / RESULTS).read_text(encoding="utf-8")).get("precision") or "")
-    except (OSError, ValueError):
-        return str((read_run_config(run_dir).get("train") or {}).get("precision") or "")
+    done = read_results(run_dir)
+    if done is not None:
+        return str(done.precision or "")
+    return str((read_run_config(run_dir).get("train") or {}).get("precision") or "")
 
 
 def decoding(run: LoadedRun, beam: int | None = None, alpha: float | None = None,
