@@ -252,12 +252,12 @@ def test_a_sitting_given_stop_after_ends_itself_with_its_run_checkpointed_in_the
     assert [t.state for t in trials(tmp_path)] == [TrialState.FAIL, TrialState.WAITING]  # a retry copy waits
 
 
-def demo_part(tmp: Path, steps: int, stop_after: str) -> subprocess.CompletedProcess:
+def demo_part(tmp: Path, steps: int, stop_after: str, *extra: str) -> subprocess.CompletedProcess:
     """One `--stop-after` part of a one-run demo table (the demo preset states a cost)."""
     return ablate("table3", "--preset", "demo", "--rows", "base", "--seeds", "1", "--max-steps", str(steps),
                   "train.val_check_interval=3", "data.valid_size=20", "data.test_size=20", "--no-wandb",
                   "--no-report", "--storage", f"sqlite:///{tmp}/t3.db", "--runs-dir", str(tmp / "runs"),
-                  "--stop-after", stop_after)
+                  "--stop-after", stop_after, *extra)
 
 
 def test_a_part_starts_only_the_runs_expected_to_finish_before_it_ends(tmp_path: Path):
@@ -271,7 +271,7 @@ def test_a_part_starts_only_the_runs_expected_to_finish_before_it_ends(tmp_path:
     assert "run the same command again to go on" in first.stderr and "Traceback" not in first.stderr
     assert [t.state for t in trials(long, "table3-demo")] == [TrialState.WAITING]
     assert not (long / "runs" / "table3-demo" / "base-s1").exists()
-    enough = demo_part(short, 3, "20m")
+    enough = demo_part(short, 3, "20m", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500")
     assert enough.returncode == 0, enough.stderr[-2000:]
     assert [t.state for t in trials(short, "table3-demo")] == [TrialState.COMPLETE]
 
