@@ -22,20 +22,9 @@ from lightning_modules.base.errors import UserError
 from lightning_modules.run.results import RunResult
 from lightning_modules.base.schema import read
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import REDO_OF, superseded, unpack_lines
+from sweeps.study import KIND, REDO_OF, aside_name, run_name, superseded, unpack_lines
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
-KIND = "table3"  # a Table 3 study's `kind`: the table (`ablate.table3`) takes its stored names from here
-
-
-def run_name(row: str, seed: int) -> str:
-    """A planned run's name: its run directory's, and its key in the table's identity."""
-    return f"{row}-s{seed}"
-
-
-def aside_name(name: str, number: int) -> str:
-    """The name trial `number`'s run directory or archive entry `name` is set aside as by a redo."""
-    return f"{name}.superseded-t{number}"
 
 
 @dataclass

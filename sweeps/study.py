@@ -1,4 +1,5 @@
-"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, the trials a redo replaces.
+"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, the trials a redo replaces,
+and the names a table gives its study and runs.
 
 A study lives in a storage (`sweeps.storage`: SQLite by default, PostgreSQL, a journal file or
 the gRPC proxy). The storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's
@@ -31,6 +32,19 @@ REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial th
 def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
     """The numbers of the trials a redo (`REDO_OF`) replaces (whether or not the redo has finished)."""
     return {int(t.user_attrs[REDO_OF]) for t in trials if t.user_attrs.get(REDO_OF) is not None}
+
+
+KIND = "table3"  # a Table 3 study's `kind`; the table (`ablate.table3`) and its report (`reports.collect`) name runs as below
+
+
+def run_name(row: str, seed: int) -> str:
+    """A planned run's name: its run directory's, and its key in the table's identity."""
+    return f"{row}-s{seed}"
+
+
+def aside_name(name: str, number: int) -> str:
+    """The name trial `number`'s run directory or archive entry `name` is set aside as by a redo."""
+    return f"{name}.superseded-t{number}"
 
 
 def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl",

@@ -173,7 +173,7 @@ def test_ablate_version_names_the_installed_package_and_loads_no_torch():
 def test_the_checks_before_a_table_or_sweep_is_queued_load_no_lightning(tmp_path):
     """The parent process of `ablate table3` / `ablate sweep optuna` plans, checks the hardware and
     prepares the data (corpus, BPE, length filter) before queueing: all without Lightning (3 s of
-    start-up each time; the trials load it)."""
+    start-up each time; the trials load it) and without pandas (half a second; the report loads it)."""
     code = (
         "import sys\n"
         "from ablate.table3.plan import check_data, make_plan, queue\n"
@@ -181,7 +181,7 @@ def test_the_checks_before_a_table_or_sweep_is_queued_load_no_lightning(tmp_path
         "'data.valid_size=100'], rows='base,E', seeds='1')\n"
         "check_data(plan)\n"
         "queue(plan)\n"
-        "print(','.join(m for m in ('lightning', 'pytorch_lightning') if m in sys.modules))\n")
+        "print(','.join(m for m in ('lightning', 'pytorch_lightning', 'pandas') if m in sys.modules))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "", f"loaded {result.stdout.strip()}"

@@ -35,10 +35,9 @@ from lightning_modules.base.io import check_writable_dir
 from lightning_modules.run.results import read_results
 from ablate.table3.redo import aside, redo_requests
 from ablate.table3.schedule import longest_first, training_flops
-from reports.collect import KIND, run_name
 from lightning_modules.base.schema import read, stamped
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import REDO_OF, enqueue, open_study, superseded
+from sweeps.study import KIND, REDO_OF, enqueue, open_study, run_name, superseded
 
 
 @dataclass

@@ -27,8 +27,7 @@ import optuna
 from optuna.trial import TrialState
 
 from lightning_modules.base.errors import UserError
-from reports.collect import aside_name
-from sweeps.study import REDO_OF
+from sweeps.study import REDO_OF, aside_name
 
 
 def aside(path: Path, number: int) -> Path | None:
