@@ -65,8 +65,9 @@ class DeviceRate:
         if source == preset or table3_section(str(source)).get("cost", {}).get("derived_from"):
             raise UserError(f"preset {preset!r}: table3.cost.derived_from must name a preset with a "
                             f"measured rate, got {source!r}")
-        theirs = cls.of_preset(str(source), parameters(resolve(str(source), "base")), device)
-        flops_per_s = 6.0 * parameters(resolve(str(source), "base")) * theirs.base_tokens_per_s
+        their_params = parameters(resolve(str(source), "base"))
+        theirs = cls.of_preset(str(source), their_params, device)
+        flops_per_s = 6.0 * their_params * theirs.base_tokens_per_s
         extrapolated = f" ({theirs.derived})" if theirs.derived else ""
         return cls(theirs.device, flops_per_s / (6.0 * base_params), theirs.overhead_s, theirs.measured,
                    derived=f"derived from the {source} preset's measured rate ({theirs.base_tokens_per_s:,.0f} "
@@ -100,13 +101,18 @@ def row_configs(plan: Table3Plan) -> dict[str, RunConfig]:
     return {row: resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path) for row in plan.rows}
 
 
+def base_config(plan: Table3Plan, rows: dict[str, RunConfig]) -> RunConfig:
+    """The base row's configuration: planned (`rows`), else resolved (a table without base)."""
+    return rows.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+
+
 def estimate(plan: Table3Plan, configs: dict[str, RunConfig] | None = None,
              device: str | None = None) -> tuple[pd.DataFrame, DeviceRate]:
     """One line per row: parameters, steps, tokens, FLOPs and device-hours for all its seeds, and
     its peak training memory per device (`configs`: `row_configs`, when the caller has them;
     `device`: the device to plan for, `DeviceRate.of_preset`)."""
     configs = configs or row_configs(plan)
-    base = configs.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    base = base_config(plan, configs)
     rate = DeviceRate.of_preset(plan.preset, parameters(base), device)
     flops_per_s = 6.0 * parameters(base) * rate.base_tokens_per_s
     spec = load_spec(plan.spec_path)
@@ -196,7 +202,7 @@ def describe(plan: Table3Plan, workers: Workers | None = None, device: str | Non
     total = shown[unit.short].sum()
     wall, longest, which = schedule(plan, table, rows, workers)
     per = unit.per_hour / 3600
-    base = rows.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    base = base_config(plan, rows)
     checkpoints = sum(checkpoint_bytes(rows[row]) for row, _ in plan.runs()) / GB
     corpus = CORPORA[base.data.corpus].disk_gb
     data = (f"about {corpus:g} GB for the {base.data.corpus} corpus in data.cache_dir on each machine"
