@@ -406,6 +406,9 @@ CASES: list[Case] = [
 NEED_NO_GPU = {"accelerator-gpu-without-gpu", "table3-device-ids-without-gpu", "sweep-accelerator-gpu-without-gpu"}
 
 
+SHARED_CACHE = Path("~/.cache/ablate").expanduser()  # read before a test moves HOME
+
+
 def gpu_visible() -> bool:
     import torch
 
@@ -421,6 +424,12 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: P
     work.mkdir()
     monkeypatch.chdir(work)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc: no W&B key unless a case sets one
+    # ... but the preparation cache the other tests fill (data.cache_dir, under ~): a case that gets as
+    # far as the data would otherwise extract the dictionary and train a BPE model each time
+    SHARED_CACHE.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "home" / ".cache").mkdir(parents=True)
+    (tmp_path / "home" / ".cache" / "ablate").symlink_to(SHARED_CACHE)
+    monkeypatch.setattr("sweeps.storage.GRPC_CONNECT_S", 1.0)  # storage-proxy-unreachable: 1 s, not 10
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
