@@ -158,7 +158,8 @@ CASES: list[Case] = [
     ("malformed-spec-yaml", lambda t: ["table3", "--spec", files(t, rows_yaml="base: {model: [")["rows_yaml"]], "rows.yaml", {}),
     ("spec-without-base", lambda t: ["table3", "--spec", files(t, rows_yaml="A1: {model: {n_heads: 1}}\n")["rows_yaml"]], "'base' row", {}),
     ("spec-file-missing", lambda t: ["params", "--spec", str(t / "nope.yaml")], "nope.yaml", {}),
-    ("unknown-key-suggests", lambda t: ["train", "d_modle=64"], "did you mean", {}),
+    ("unknown-key-suggests", lambda t: ["train", "d_modle=64"], "did you mean 'model.d_model'", {}),
+    ("unknown-command", lambda t: ["frobnicate"], "frobnicate", {}),  # argparse's own error
     ("unknown-dotted-key", lambda t: ["train", "train.warmup=100"], "did you mean", {}),
     ("override-without-value", lambda t: ["train", "d_model"], "not of the form key=value", {}),
     ("wrong-type-int", lambda t: ["train", "d_model=abc"], "d_model", {}),
@@ -435,7 +436,10 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: P
         monkeypatch.setenv(key, value)
     args = build(tmp_path)
     before = {p for p in tmp_path.rglob("*")}
-    code = main(args)
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse's errors exit from inside main()
+        code = exit_.code
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, (code, err)
     assert len(err) == 1 and err[0].startswith("ablate: error: "), err
@@ -515,7 +519,7 @@ def test_there_are_at_least_thirty_cases():
 @pytest.mark.parametrize("args", [["train", "d_model=abc"], ["train", "--preset", "huge"],
                                   ["train", "--seed", "-1"], ["table3", "--workers", "0"],
                                   ["sweep", "optuna", "--study", "s", "--space", "/nonexistent.yaml"],
-                                  ["report", "--storage", "nonsense://", "--out", "r"]])
+                                  ["report", "--storage", "nonsense://", "--out", "r"], ["frobnicate"]])
 def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
     result = subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                             text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
