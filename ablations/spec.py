@@ -42,10 +42,10 @@ def _ablations_dir() -> Path:
     return Path(str(resources.files("ablations")))
 
 
-def load_yaml(path: str | Path, what: str = "file", unique_keys: bool = True) -> dict[str, Any]:
+def load_yaml(path: str | Path, what: str = "file") -> dict[str, Any]:
     """A YAML mapping from `path`, or a one-line UserError. Every YAML file a command reads comes
     through here (`lightning_modules.base.yaml_input`: size, alias and depth limits, and a key given
-    twice is refused in every file; `unique_keys` is kept for callers of older versions)."""
+    twice is refused in every file)."""
     path = check_readable_file(path, what)
     data = read_yaml(path)
     if data is None:
@@ -98,7 +98,7 @@ def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
 @lru_cache(maxsize=8)
 def _checked_spec(shown: str, where: str, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
     path = Path(shown)
-    rows = load_yaml(path, "ablation spec", unique_keys=True)
+    rows = load_yaml(path, "ablation spec")
     if len(rows) > MAX_ROWS:  # each row is checked and may be planned: a bound on the time it takes
         raise UserError(f"{path}: {len(rows):,} rows, more than the {MAX_ROWS:,} a spec may have")
     if "base" not in rows:

@@ -23,7 +23,6 @@ from lightning_modules.base.errors import UserError
 from ablations.resolve import parse_overrides
 from sweeps.space import SearchSpace
 
-DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
@@ -47,13 +46,10 @@ def aside_name(name: str, number: int) -> str:
     return f"{name}.superseded-t{number}"
 
 
-def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl",
-               sampler: optuna.samplers.BaseSampler | None = None,
-               pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
+def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl") -> optuna.Study:
     """Create the study, or load it if it exists (its direction must match `objective`)."""
     direction = OBJECTIVES[objective]
-    study = optuna.create_study(study_name=name, storage=storage, direction=direction,
-                                sampler=sampler, pruner=pruner, load_if_exists=True)
+    study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
     if study.direction.name.lower() != direction:
         raise UserError(f"study {name!r} exists and is {study.direction.name.lower()}d; "
                         f"--objective {objective} needs {direction}: use another --study")

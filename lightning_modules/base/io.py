@@ -45,16 +45,6 @@ def not_a_link(path: str | Path) -> Path:
     return path
 
 
-def owned(root: str | Path, *parts: str) -> Path:
-    """`root/parts...`, each step below `root` checked by `not_a_link` (the root is the user's
-    choice, and may itself be reached through links)."""
-    path = Path(root)
-    for part in parts:
-        for piece in Path(part).parts:
-            path = not_a_link(path / piece)
-    return path
-
-
 def check_kinds(folder: str | Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] = ()) -> None:
     """Up front, before any work: none of `files` (regular files of ours) and `dirs` (folders of
     ours) in `folder` is a link or of the other kind (a `checkpoints` that is a file, a

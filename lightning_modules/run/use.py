@@ -244,10 +244,6 @@ class LoadedRun:
         return _known(EvalConfig, self.config.get("eval"))
 
     @property
-    def data_config(self) -> DataConfig:
-        return _known(DataConfig, self.config.get("data"))
-
-    @property
     def max_len(self) -> int:
         return self.model.config.max_len
 
