@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from benchmarks.common import (
     Section,
@@ -147,9 +148,7 @@ def run(settings: Settings) -> Section:
         sources = [ids[: c.max_len - 1] + [EOS_ID] for ids in dm.encode(dm.corpus.valid.src[:n_sentences])]
         batches = []
         for index in length_batches([len(s) for s in sources], 300 if quick else 1000):
-            src = torch.full((len(index), max(len(sources[i]) for i in index)), PAD_ID)
-            for row, i in enumerate(index):
-                src[row, : len(sources[i])] = torch.tensor(sources[i])
+            src = pad_sequence([torch.tensor(sources[i]) for i in index], batch_first=True, padding_value=PAD_ID)
             batches.append((index, src.to(device)))
 
         peer, position_gap = port_to_marian(model)
