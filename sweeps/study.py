@@ -103,14 +103,6 @@ def translation_attrs(run_dir: Path) -> dict[str, str] | None:
     return {f"dev_{name}": pack_lines(path.read_text(encoding="utf-8").splitlines()) for name, path in paths.items()}
 
 
-def counts(study: optuna.Study) -> dict[str, int]:
-    """Trials per state name ('COMPLETE': 3, ...)."""
-    out: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        out[t.state.name] = out.get(t.state.name, 0) + 1
-    return out
-
-
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
     """Queue a fixed configuration (key=value overrides, and the Table 3 row in `user_attrs`)
     unless the same one is queued, running or complete (and not replaced by a redo: `superseded`;
