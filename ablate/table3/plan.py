@@ -13,7 +13,6 @@ refused (`table_difference`) instead of mixing two tables.
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 import time
@@ -28,7 +27,7 @@ from optuna.trial import TrialState
 from ablations.resolve import load_config_file, parse_overrides, resolve
 from ablations.spec import RECIPE_SECTIONS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
 from lightning_modules.config import RunConfig, check_seed, computed_config
-from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, did_you_mean
 from lightning_modules.base.names import check_name, inside
 from lightning_modules.base.faults import inject
 from lightning_modules.base.io import check_writable_dir
@@ -123,9 +122,8 @@ def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default:
         elif item in groups:
             chosen.update(groups[item])
         else:
-            close = difflib.get_close_matches(item, [*spec, *groups], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UserError(f"unknown Table 3 row or group {item!r}{hint}; rows: {', '.join(spec)}")
+            raise UserError(f"unknown Table 3 row or group {item!r}{did_you_mean(item, [*spec, *groups])}; "
+                            f"rows: {', '.join(spec)}")
     return [name for name in spec if name in chosen]
 
 
