@@ -32,7 +32,6 @@ from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data.batching import TokenBucketBatchSampler, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
 from lightning_modules.data.datamodule import TranslationDataModule
-from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.environment import cpu_model
 from lightning_modules.translation import TranslationModule
 
@@ -302,11 +301,6 @@ def share_bpe(model: Path, run_dir: Path) -> None:
     mark(run_dir)
     for suffix in (".model", ".vocab"):
         shutil.copy(model.with_suffix(suffix), run_dir / f"spm{suffix}")
-
-
-def logged_values(run_dir: Path, column: str) -> dict[int, float]:
-    """A run's logged values of `column` (e.g. train/loss) by step, from its logs."""
-    return {int(r["step"]): float(r[column]) for r in read_rows(run_dir / "logs") if r.get(column)}
 
 
 # ----------------------------------------------------------------------------------- FLOPs

@@ -28,11 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from benchmarks.common import (BASE, BIG, REPO, TINY, Case, Section, Settings, bare_step, data_module, logged_values, mfu,
-                               on_device, stopwatch, sync, token_batches, train_flops)
+from benchmarks.common import (BASE, BIG, REPO, TINY, Case, Section, Settings, alternate, bare_step, data_module,
+                               mfu, on_device, stopwatch, sync, token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.metrics_log import logged
 
 TARGET_MFU = 0.40
 TARGET_HARNESS_SHARE = 0.90
@@ -109,7 +108,7 @@ def ablate_train(out: Path, case: Case, corpus: str, fields: dict[str, Any], set
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:], "wall_s": wall}
     results = json.loads((out / "results.json").read_text())
-    return {**results, "wall_s": round(wall, 1), "losses": logged_values(out, "train/loss")}
+    return {**results, "wall_s": round(wall, 1), "losses": logged(out / "logs", "train/loss")}
 
 
 def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> float:

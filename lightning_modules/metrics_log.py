@@ -58,6 +58,11 @@ def read_rows(log_dir: str | Path) -> list[dict[str, str]]:
     return history + (_read(current) if current.is_file() else [])
 
 
+def logged(log_dir: str | Path, column: str) -> dict[int, float]:
+    """The run's logged values of `column` (e.g. val/ppl, train/loss) by step, every attempt joined."""
+    return {int(row["step"]): float(row[column]) for row in read_rows(log_dir) if row.get(column)}
+
+
 def last_step(log_dir: Path) -> int:
     """The last training step a run logged, every attempt joined (0 for none)."""
     if not log_dir.is_dir():

@@ -101,13 +101,9 @@ def _step_checkpoints(ckpt_dir: Path) -> dict[int, Path]:
 
 def _best_step(run_dir: Path, steps: Iterable[int]) -> int:
     """The step among `steps` with the lowest dev perplexity logged at it."""
-    from lightning_modules.metrics_log import read_rows
+    from lightning_modules.metrics_log import logged
 
-    ppl = {}
-    if (run_dir / "logs").is_dir():
-        for row in read_rows(run_dir / "logs"):
-            if row.get("val/ppl"):
-                ppl[int(row["step"])] = float(row["val/ppl"])
+    ppl = logged(run_dir / "logs", "val/ppl")
     scored = [(ppl[s], s) for s in steps if s in ppl]
     if not scored:
         raise UserError(f"--checkpoint best: no checkpoint in {run_dir / 'checkpoints'} is at a step with a "
