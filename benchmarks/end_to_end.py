@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,17 +114,12 @@ def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> floa
     return sum(train_flops(c, b) for b in batches) / sum(b["n_tokens"] for b in batches)
 
 
-def train_step(c: TransformerConfig, compile_: bool, settings: Settings) -> Callable[[dict[str, Any]], torch.Tensor]:
-    """One bare training step (`common.bare_step`) of a fresh model, as a function of a batch
-    already on the device."""
-    return bare_step(c, TrainConfig(compile=compile_), settings, lr=1e-4)[1]
-
-
-def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
-              settings: Settings) -> dict[str, Any]:
-    """tokens/s of forward_loss + backward + Adam on batches already on the device."""
+def bare_throughput(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
+                    settings: Settings) -> dict[str, Any]:
+    """tokens/s of the bare step (`common.bare_step`: forward_loss + backward + Adam) of a fresh
+    model on batches already on the device, the best of `reps` passes after a warm-up pass."""
     device = settings.device
-    step = train_step(c, compile_, settings)
+    step = bare_step(c, TrainConfig(compile=compile_), settings, lr=1e-4)[1]
     moved = [on_device(b, device) for b in batches]
 
     def epoch() -> None:
@@ -136,13 +130,7 @@ def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: boo
     epoch()  # warm-up: compilation, cuDNN plans, allocator
     sync(device)
     warm = time.perf_counter() - start
-    times = []
-    for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        epoch()
-        sync(device)
-        times.append(time.perf_counter() - start)
+    times = alternate({"epoch": epoch}, reps, device, warmup={"epoch": lambda: None})["epoch"]
     tokens, best = sum(b["n_tokens"] for b in batches), min(times)
     return {"tokens_per_s": tokens / best, "ms_per_step": 1000 * best / len(batches),
             "mfu": mfu(sum(train_flops(c, b) for b in batches) / best, device),
@@ -178,7 +166,7 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
     for tokens in case.tokens:
         batches = token_batches(dm, tokens, 8 if settings.quick else 24, settings.seed)
         for comp in (False, True):
-            bare[comp, tokens] = bare_step(c, batches, comp, reps, settings)
+            bare[comp, tokens] = bare_throughput(c, batches, comp, reps, settings)
             _progress(case, f"bare step ({'compiled' if comp else 'eager'}, {tokens} tokens)", bare[comp, tokens])
     big_tokens = case.tokens[0]
     for name, r in runs.items():

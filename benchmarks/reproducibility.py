@@ -210,11 +210,10 @@ def deterministic_cost(settings: Settings, bpe_dir: Path, blocks: int) -> dict[s
 
     CPU time of one thread, not wall time: on a machine shared with other jobs, wall time measured
     the other jobs (two full runs of this benchmark gave -38% and +76% for the same change)."""
-    from benchmarks.end_to_end import train_step
-
     torch.set_num_threads(1)
     dm = data_module(settings, DEMO_VOCAB, run_dir=bpe_dir, ding_dictionary=False)
-    step = train_step(TransformerConfig(**DEMO_DIMS, vocab_size=dm.vocab_size, pad_id=dm.pad_id), False, settings)
+    c = TransformerConfig(**DEMO_DIMS, vocab_size=dm.vocab_size, pad_id=dm.pad_id)
+    step = bare_step(c, TrainConfig(), settings, lr=1e-4)[1]
     batches = token_batches(dm, DEMO_TOKENS, 16, settings.seed)
     for b in batches:  # warm-up
         step(b)
