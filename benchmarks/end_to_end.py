@@ -57,7 +57,7 @@ def _cases(settings: Settings) -> list[Case]:
                  corpus="ding", steps=200, log_every=20, warm_cache=True)]
 
 
-def newstest_files(newstest_dir: Path, work: Path, src: str = "en", tgt: str = "de") -> dict[str, str]:
+def newstest_files(newstest_dir: Path, work: Path) -> dict[str, str]:
     """`--data files` settings for a WMT-length training text: newstest2013 and newstest2014
     repeated NEWSTEST_REPEAT times (for throughput only: the dev set is in it), newstest2013 as dev.
 
@@ -67,13 +67,12 @@ def newstest_files(newstest_dir: Path, work: Path, src: str = "en", tgt: str = "
     """
     work.mkdir(parents=True, exist_ok=True)
     files = {}
-    for lang in (src, tgt):
+    for side, lang in (("src", "en"), ("tgt", "de")):
         text = "".join((newstest_dir / f"newstest{year}.{lang}").read_text(encoding="utf-8")
                        for year in (2013, 2014))
         (work / f"train.{lang}").write_text(text * NEWSTEST_REPEAT, encoding="utf-8")
-        files[lang] = str(work / f"train.{lang}")
-    dev = {lang: str(newstest_dir / f"newstest2013.{lang}") for lang in (src, tgt)}
-    return {"train_src": files[src], "train_tgt": files[tgt], "valid_src": dev[src], "valid_tgt": dev[tgt]}
+        files |= {f"train_{side}": str(work / f"train.{lang}"), f"valid_{side}": str(newstest_dir / f"newstest2013.{lang}")}
+    return files
 
 
 def _corpus(case: Case, settings: Settings, work: Path) -> tuple[str, dict[str, Any]] | str:

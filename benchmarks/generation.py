@@ -214,10 +214,8 @@ def run(settings: Settings) -> Section:
             return len(tokens) + 1 >= limits[i]
 
         def agreement(a: str, b: str, prefix_when_capped: bool) -> float:
-            same = 0
-            for i, (x, y) in enumerate(zip(outputs[a], outputs[b])):
-                same += x == y or (prefix_when_capped and capped(x, i) and y[: len(x)] == x)
-            return same / len(sources)
+            return sum(x == y or (prefix_when_capped and capped(x, i) and y[: len(x)] == x)
+                       for i, (x, y) in enumerate(zip(outputs[a], outputs[b]))) / len(sources)
 
         agree = {"greedy": agreement("ours 1", "HF 1", True),
                  "beam 4": agreement("ours 4", "HF 4", False)}
