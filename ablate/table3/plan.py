@@ -156,11 +156,6 @@ def check_data(plan: Table3Plan) -> None:
             prepare(cfg)
 
 
-def run_place(plan: Table3Plan, row: str, seed: int) -> str:
-    """A (row, seed)'s run directory relative to the runs directory, as its trials store it."""
-    return f"{plan.study}/{run_name(row, seed)}"
-
-
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
     """A (row, seed)'s run directory on this machine (checked to stay inside the runs directory)."""
     return str(inside(plan.runs_dir, plan.study, run_name(row, seed)))
@@ -398,8 +393,9 @@ def seed_overrides(seed: int) -> list[str]:
 
 
 def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
-    """What a queued (row, seed) trial carries: the report and the workers read these."""
-    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_place(plan, row, seed)}
+    """What a queued (row, seed) trial carries: the report and the workers read these (`run_dir`:
+    its run directory relative to the runs directory)."""
+    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": f"{plan.study}/{run_name(row, seed)}"}
 
 
 def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:
@@ -434,8 +430,8 @@ def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optun
     return {(row, seed): latest.get((row, seed)) for row, seed in plan.runs()}
 
 
-def summary(study: optuna.Study, plan: Table3Plan) -> tuple[str, list[str]]:
-    """A short text table of the planned runs, and the ones not complete."""
+def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
+    """Print a short text table of the planned runs, and say which are not complete; those runs."""
     lines = [f"{'row':<6} {'seed':>4}  {'state':<8} {'dev PPL':>8} {'dev BLEU':>8}  run dir"]
     missing = []
     for (row, seed), trial in status(study, plan).items():
@@ -446,12 +442,7 @@ def summary(study: optuna.Study, plan: Table3Plan) -> tuple[str, list[str]]:
         lines.append(f"{row:<6} {seed:>4}  {state:<8} {ppl:>8} {bleu:>8}  {run_dir(plan, row, seed)}")
         if not trial or trial.state != TrialState.COMPLETE:
             missing.append(f"{row} seed {seed} ({state})")
-    return "\n".join(lines), missing
-
-
-def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
-    text, missing = summary(study, plan)
-    print(text, flush=True)
+    print("\n".join(lines), flush=True)
     if missing:
         print(f"table3: not complete: {', '.join(missing)}; see each run directory's trial.log, "
               f"and run the same command again to resume", file=sys.stderr)

@@ -81,10 +81,6 @@ def pick_device(name: str | None) -> torch.device:
 
 # ---------------------------------------------------------------------------------- checkpoints
 
-def _load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def _step_checkpoints(ckpt_dir: Path) -> dict[int, Path]:
     """One readable checkpoint per step (the newest file of a step), by step."""
     by_step: dict[int, tuple[float, Path]] = {}
@@ -124,11 +120,6 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
                                 f"({tuple(states[0][k].shape)} and {tuple(other[k].shape)})")
     return {k: (sum(s[k].double() for s in states) / len(states)).to(states[0][k].dtype)
             if states[0][k].is_floating_point() else states[0][k] for k in keys}
-
-
-def _model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The Transformer's parameters and buffers from a TranslationModule checkpoint."""
-    return {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
 
 
 @dataclass
@@ -199,7 +190,7 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
                                 f"train.keep_checkpoints={k} (or more) to average {k}")
             steps = sorted(by_step)[-k:]
         paths = [by_step[s] for s in steps]
-    checkpoints = [_load_checkpoint(p) for p in paths]
+    checkpoints = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
     saved = [_checkpoint_model(c, p) for c, p in zip(checkpoints, paths)]
     for other, step in zip(saved[1:], steps[1:]):
         if other != saved[0]:
@@ -211,7 +202,8 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
         model = _known(TransformerConfig, saved[0])
     except (TypeError, ValueError) as err:
         raise UserError(f"{paths[0]}: its saved model is not one this version builds ({err})") from None
-    states = [_model_state(c) for c in checkpoints]
+    states = [{k.removeprefix("model."): v for k, v in c["state_dict"].items() if k.startswith("model.")}
+              for c in checkpoints]  # the Transformer's parameters and buffers in a TranslationModule's state
     state = states[0] if len(states) == 1 else average_state_dicts(states)
     if choice == "last" or choice == "best":
         description = f"{choice} (step {steps[0]})"
