@@ -19,12 +19,8 @@ _PART = re.compile(r"metrics\.part-(\d+)\.until-(\d+)\.csv$")
 
 def _parts(log_dir: Path) -> list[tuple[int, int, Path]]:
     """(K, STEP, path) of the set-aside parts, oldest attempt first."""
-    found = []
-    for path in log_dir.glob("metrics.part-*.csv"):
-        match = _PART.match(path.name)
-        if match:
-            found.append((int(match.group(1)), int(match.group(2)), path))
-    return sorted(found)
+    matches = ((_PART.match(path.name), path) for path in log_dir.glob("metrics.part-*.csv"))
+    return sorted((int(match.group(1)), int(match.group(2)), path) for match, path in matches if match)
 
 
 def set_aside(log_dir: Path, step: int) -> Path | None:

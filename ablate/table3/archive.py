@@ -114,9 +114,7 @@ def check_owned(runs: dict[tuple[str, int], Path], archive: Path) -> None:
 def _joined_metrics(log_dir: Path) -> bytes:
     """The run's whole curve as one metrics.csv (columns in the order first seen)."""
     rows = read_rows(log_dir)
-    columns: dict[str, None] = {}
-    for row in rows:
-        columns.update(dict.fromkeys(row))
+    columns = dict.fromkeys(column for row in rows for column in row)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(columns))  # \r\n, as Lightning's CSVLogger writes
     writer.writeheader()

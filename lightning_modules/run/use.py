@@ -525,9 +525,8 @@ def evaluation_texts(run_config: dict[str, Any], split: str | None, src: str | N
     data = _known(DataConfig, run_config.get("data"))
     if corpus == "files":
         raise UserError("--data files: give the files as --src FILE --ref FILE")
+    name = split if not corpus or corpus == data.corpus else f"{split}-{corpus}"
     changes = {k: v for k, v in (("corpus", corpus), ("data_dir", data_dir), ("base_url", base_url)) if v}
     data = replace(data, **changes)
-    name = split if not corpus or corpus == _known(DataConfig, run_config.get("data")).corpus \
-        else f"{split}-{corpus}"
     sources, references = split_texts(data, split)
     return name, sources, references, f"{data.corpus} {split}"
