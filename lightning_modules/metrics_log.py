@@ -60,7 +60,5 @@ def logged(log_dir: str | Path, column: str) -> dict[int, float]:
 
 
 def last_step(log_dir: Path) -> int:
-    """The last training step a run logged, every attempt joined (0 for none)."""
-    if not log_dir.is_dir():
-        return 0
+    """The last training step a run logged, every attempt joined (0 for none, or no logs folder)."""
     return max((int(row["step"]) for row in read_rows(log_dir) if row.get("step")), default=0)

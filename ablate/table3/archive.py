@@ -131,13 +131,6 @@ def has_checkpoint(run_dir: Path) -> bool:
     return any(run_dir.glob("checkpoints/*.ckpt"))
 
 
-def newest_checkpoint(ckpt_dir: Path) -> Path | None:
-    from lightning_modules.run.preflight import resume_checkpoint  # loads torch
-
-    found = resume_checkpoint(ckpt_dir)
-    return found[0] if found else None
-
-
 def save_run(run_dir: Path, dest: Path) -> None:
     """The part of one run directory a fresh machine needs (see the module's docstring)."""
     done = read_results(run_dir)
@@ -164,8 +157,10 @@ def save_run(run_dir: Path, dest: Path) -> None:
     if done is not None:  # failed: nothing to resume
         _remove_except(dest / "checkpoints", set())
         return
-    checkpoint = newest_checkpoint(run_dir / "checkpoints")
-    if checkpoint is not None:
+    from lightning_modules.run.preflight import resume_checkpoint  # loads torch: only for a run under way
+
+    if found := resume_checkpoint(run_dir / "checkpoints"):  # the newest that loads, as a resume takes it
+        checkpoint = found[0]
         try:
             _copy(checkpoint, dest / "checkpoints" / checkpoint.name)
         except FileNotFoundError:  # replaced by a newer one while we looked: the next save takes it
