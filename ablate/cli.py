@@ -182,10 +182,9 @@ def run_overrides(args: argparse.Namespace) -> list[str]:
     shortcuts = {"data.corpus": args.data, "data.data_dir": args.data_dir, "data.base_url": args.base_url,
                  "train.max_steps": args.max_steps, "train.seed": getattr(args, "seed", None),
                  "train.devices": getattr(args, "devices", None), "train.accelerator": args.accelerator,
-                 "train.precision": args.precision, "train.wandb": "off" if args.no_wandb else args.wandb}
-    for split in ("train", "valid", "test"):
-        for side in ("src", "tgt"):
-            shortcuts[f"data.{split}_{side}"] = getattr(args, f"{split}_{side}")
+                 "train.precision": args.precision, "train.wandb": "off" if args.no_wandb else args.wandb,
+                 **{f"data.{split}_{side}": getattr(args, f"{split}_{side}") for split in ("train", "valid", "test")
+                    for side in ("src", "tgt")}}
     extra += [f"{key}={value}" for key, value in shortcuts.items() if value is not None]
     if any(getattr(args, f"{s}_src") for s in ("train", "valid", "test")) and args.data is None:
         extra.append("data.corpus=files")

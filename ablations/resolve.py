@@ -9,7 +9,6 @@ dataclasses; `row` and `preset` are chosen by their options, not by overrides.
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import fields
 from functools import lru_cache
@@ -20,8 +19,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ablations.spec import RECIPE_SECTIONS, load_preset, load_spec, load_yaml, recipe_ratios, row_settings
-from lightning_modules.config import HEAD_SIZE_KEYS, TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
-from lightning_modules.base.errors import UserError
+from lightning_modules.config import TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
+from lightning_modules.base.errors import UserError, did_you_mean
 from lightning_modules.base.schema import read
 from lightning_modules.base.yaml_input import parse_yaml
 
@@ -112,9 +111,7 @@ def check_override_types(items: list[str], source: str) -> None:
 def _suggest(key: str) -> str:
     """' (did you mean ...?)' for the settable key closest to `key`, or ''."""
     every_path = sorted(p for group in _leaf_paths().values() for p in group)
-    close = difflib.get_close_matches(key, every_path, n=1) or \
-        difflib.get_close_matches(key.split(".")[-1], list(_leaf_paths()), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(key, every_path) or did_you_mean(key.split(".")[-1], _leaf_paths())
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

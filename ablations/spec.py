@@ -18,7 +18,6 @@ BLEU settings (`eval`), the seed (the table's), where a run trains, and output-o
 from __future__ import annotations
 
 import copy
-import difflib
 from dataclasses import fields
 from functools import lru_cache
 from importlib import resources
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_modules.config import DataConfig, ScaleConfig, TrainConfig, TransformerConfig
-from lightning_modules.base.errors import UserError
+from lightning_modules.base.errors import UserError, did_you_mean
 from lightning_modules.base.names import check_name
 from lightning_modules.base.io import check_readable_file
 from lightning_modules.base.yaml_input import read_yaml
@@ -42,10 +41,10 @@ def _ablations_dir() -> Path:
     return Path(str(resources.files("ablations")))
 
 
-def load_yaml(path: str | Path, what: str = "file", unique_keys: bool = True) -> dict[str, Any]:
+def load_yaml(path: str | Path, what: str = "file") -> dict[str, Any]:
     """A YAML mapping from `path`, or a one-line UserError. Every YAML file a command reads comes
     through here (`lightning_modules.base.yaml_input`: size, alias and depth limits, and a key given
-    twice is refused in every file; `unique_keys` is kept for callers of older versions)."""
+    twice is refused in every file)."""
     path = check_readable_file(path, what)
     data = read_yaml(path)
     if data is None:
@@ -98,7 +97,7 @@ def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
 @lru_cache(maxsize=8)
 def _checked_spec(shown: str, where: str, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
     path = Path(shown)
-    rows = load_yaml(path, "ablation spec", unique_keys=True)
+    rows = load_yaml(path, "ablation spec")
     if len(rows) > MAX_ROWS:  # each row is checked and may be planned: a bound on the time it takes
         raise UserError(f"{path}: {len(rows):,} rows, more than the {MAX_ROWS:,} a spec may have")
     if "base" not in rows:
@@ -162,9 +161,7 @@ def _typed_recipe(where: str, section: str, values: Any, schema: DictConfig) -> 
     known = {f.name: f for f in fields(owner)}
     for key in values:
         if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UserError(f"{where}: unknown {section} key {key!r}{hint}")
+            raise UserError(f"{where}: unknown {section} key {key!r}{did_you_mean(str(key), known)}")
         if f"{section}.{key}" in ROW_REFUSED:
             raise UserError(f"{where}: a row cannot change {section}.{key}: {ROW_REFUSED[f'{section}.{key}']}")
         if known[key].metadata.get("output_only"):
@@ -216,9 +213,7 @@ def row_settings(row: str, spec: dict[str, dict[str, Any]], scale: ScaleConfig,
     row), scaled by `scale` and by the preset's `ratios` ({'train.warmup_steps': 0.075, ...}: the
     preset's value of a key over the paper's, `recipe_ratios`; a key without one stays as given)."""
     if row not in spec:
-        close = difflib.get_close_matches(row, list(spec), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UserError(f"unknown row {row!r}{hint}; rows: {', '.join(spec)}")
+        raise UserError(f"unknown row {row!r}{did_you_mean(row, spec)}; rows: {', '.join(spec)}")
     base, chosen = spec["base"], spec[row]
     model = {**base.get("model", {}), **chosen.get("model", {})}
     for key in WIDTH_KEYS:

@@ -64,12 +64,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import (BASE, TINY, Section, Settings, error_line, free_memory, median, on_device, render_section,
-                               seeded, stopwatch, sync)
+from benchmarks.common import (BASE, TINY, Section, Settings, error_line, free_memory, median, on_device, seeded,
+                               stopwatch, sync)
 from benchmarks.gpu_round import build, configs, wmt_like_batches, wmt_like_lengths
 from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, batch_shapes, padding_share
-from lightning_modules.base.io import atomic_write_json, atomic_write_text
 from lightning_modules.translation import TranslationModule
 
 # "auto" (PyTorch's own choice, the default) first: every other kernel is compared with it; then
@@ -217,11 +216,6 @@ def run(settings: Settings) -> Section:
         "On a CPU, efficient and cudnn fall to the CPU's kernels, and nothing is cached per shape: a smoke check.",
     ]
 
-    def save() -> None:  # after each kernel: a step cut short keeps what was measured
-        if settings.out is not None:
-            atomic_write_json(settings.out / "attention_shapes.json", section.to_json())
-            atomic_write_text(settings.out / "attention_shapes.md", render_section(section) + "\n")
-
     with stopwatch(section):
         for tokens in s["tokens"]:
             counts.rows.append({"tokens/batch": tokens, **shape_counts(tokens, s["run_pool"], settings.seed)})
@@ -255,7 +249,7 @@ def run(settings: Settings) -> Section:
                     auto[row["tokens"]] = row["gpu run estimate s"]
                 row["vs auto"] = row["gpu run estimate s"] / auto[row["tokens"]] if row["tokens"] in auto else None
             section.rows += rows
-            save()
+            section.save(settings.out)  # after each kernel: a step cut short keeps what was measured
         preset = [row for row in section.rows if row.get("tokens") == s["tokens"][0] and row["vs auto"] is not None]
         if preset:  # the preset's budget, against auto
             best = min(preset, key=lambda row: row["vs auto"])
@@ -263,5 +257,5 @@ def run(settings: Settings) -> Section:
                            f"≥ {GAIN:.0%} to change the default",
                            None if settings.quick or device.type != "cuda" else 1 - best["vs auto"] >= GAIN)
     section.data = {"sizes": {key: value for key, value in s.items() if key != "dims"}, "dims": s["dims"]}
-    save()
+    section.save(settings.out)
     return section

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lightning_modules.base.io import atomic_write_json, atomic_write_text
 from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data.batching import TokenBucketBatchSampler, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
 from lightning_modules.data.datamodule import TranslationDataModule
-from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.environment import cpu_model
 from lightning_modules.translation import TranslationModule
 
@@ -304,11 +304,6 @@ def share_bpe(model: Path, run_dir: Path) -> None:
         shutil.copy(model.with_suffix(suffix), run_dir / f"spm{suffix}")
 
 
-def logged_values(run_dir: Path, column: str) -> dict[int, float]:
-    """A run's logged values of `column` (e.g. train/loss) by step, from its logs."""
-    return {int(r["step"]): float(r[column]) for r in read_rows(run_dir / "logs") if r.get(column)}
-
-
 # ----------------------------------------------------------------------------------- FLOPs
 
 def forward_flops(c: TransformerConfig, batch: Batch) -> dict[str, float]:
@@ -420,6 +415,14 @@ class Section:
         return {"title": self.title, "columns": self.columns, "rows": self.rows,
                 "targets": self.targets, "notes": self.notes, "data": self.data,
                 "seconds": round(self.seconds, 1), "more": [s.to_json() for s in self.more]}
+
+    def save(self, out: Path | None) -> None:
+        """`NAME.json` and `NAME.md` in `out` (`--out`; nothing without it), atomically: a benchmark
+        that saves after each step keeps what it measured when it is cut short."""
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(out / f"{self.name}.json", self.to_json())
+            atomic_write_text(out / f"{self.name}.md", render_section(self) + "\n")
 
 
 def fmt(value: Any) -> str:

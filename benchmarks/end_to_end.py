@@ -24,15 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from benchmarks.common import (BASE, BIG, REPO, TINY, Case, Section, Settings, bare_step, data_module, logged_values, mfu,
-                               on_device, stopwatch, sync, token_batches, train_flops)
+from benchmarks.common import (BASE, BIG, REPO, TINY, Case, Section, Settings, alternate, bare_step, data_module,
+                               mfu, on_device, stopwatch, sync, token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.metrics_log import logged
 
 TARGET_MFU = 0.40
 TARGET_HARNESS_SHARE = 0.90
@@ -59,7 +57,7 @@ def _cases(settings: Settings) -> list[Case]:
                  corpus="ding", steps=200, log_every=20, warm_cache=True)]
 
 
-def newstest_files(newstest_dir: Path, work: Path, src: str = "en", tgt: str = "de") -> dict[str, str]:
+def newstest_files(newstest_dir: Path, work: Path) -> dict[str, str]:
     """`--data files` settings for a WMT-length training text: newstest2013 and newstest2014
     repeated NEWSTEST_REPEAT times (for throughput only: the dev set is in it), newstest2013 as dev.
 
@@ -69,13 +67,12 @@ def newstest_files(newstest_dir: Path, work: Path, src: str = "en", tgt: str = "
     """
     work.mkdir(parents=True, exist_ok=True)
     files = {}
-    for lang in (src, tgt):
+    for side, lang in (("src", "en"), ("tgt", "de")):
         text = "".join((newstest_dir / f"newstest{year}.{lang}").read_text(encoding="utf-8")
                        for year in (2013, 2014))
         (work / f"train.{lang}").write_text(text * NEWSTEST_REPEAT, encoding="utf-8")
-        files[lang] = str(work / f"train.{lang}")
-    dev = {lang: str(newstest_dir / f"newstest2013.{lang}") for lang in (src, tgt)}
-    return {"train_src": files[src], "train_tgt": files[tgt], "valid_src": dev[src], "valid_tgt": dev[tgt]}
+        files |= {f"train_{side}": str(work / f"train.{lang}"), f"valid_{side}": str(newstest_dir / f"newstest2013.{lang}")}
+    return files
 
 
 def _corpus(case: Case, settings: Settings, work: Path) -> tuple[str, dict[str, Any]] | str:
@@ -109,24 +106,19 @@ def ablate_train(out: Path, case: Case, corpus: str, fields: dict[str, Any], set
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:], "wall_s": wall}
     results = json.loads((out / "results.json").read_text())
-    return {**results, "wall_s": round(wall, 1), "losses": logged_values(out, "train/loss")}
+    return {**results, "wall_s": round(wall, 1), "losses": logged(out / "logs", "train/loss")}
 
 
 def flops_per_token(c: TransformerConfig, batches: list[dict[str, Any]]) -> float:
     return sum(train_flops(c, b) for b in batches) / sum(b["n_tokens"] for b in batches)
 
 
-def train_step(c: TransformerConfig, compile_: bool, settings: Settings) -> Callable[[dict[str, Any]], torch.Tensor]:
-    """One bare training step (`common.bare_step`) of a fresh model, as a function of a batch
-    already on the device."""
-    return bare_step(c, TrainConfig(compile=compile_), settings, lr=1e-4)[1]
-
-
-def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
-              settings: Settings) -> dict[str, Any]:
-    """tokens/s of forward_loss + backward + Adam on batches already on the device."""
+def bare_throughput(c: TransformerConfig, batches: list[dict[str, Any]], compile_: bool, reps: int,
+                    settings: Settings) -> dict[str, Any]:
+    """tokens/s of the bare step (`common.bare_step`: forward_loss + backward + Adam) of a fresh
+    model on batches already on the device, the best of `reps` passes after a warm-up pass."""
     device = settings.device
-    step = train_step(c, compile_, settings)
+    step = bare_step(c, TrainConfig(compile=compile_), settings, lr=1e-4)[1]
     moved = [on_device(b, device) for b in batches]
 
     def epoch() -> None:
@@ -137,13 +129,7 @@ def bare_step(c: TransformerConfig, batches: list[dict[str, Any]], compile_: boo
     epoch()  # warm-up: compilation, cuDNN plans, allocator
     sync(device)
     warm = time.perf_counter() - start
-    times = []
-    for _ in range(reps):
-        sync(device)
-        start = time.perf_counter()
-        epoch()
-        sync(device)
-        times.append(time.perf_counter() - start)
+    times = alternate({"epoch": epoch}, reps, device, warmup={"epoch": lambda: None})["epoch"]
     tokens, best = sum(b["n_tokens"] for b in batches), min(times)
     return {"tokens_per_s": tokens / best, "ms_per_step": 1000 * best / len(batches),
             "mfu": mfu(sum(train_flops(c, b) for b in batches) / best, device),
@@ -179,7 +165,7 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
     for tokens in case.tokens:
         batches = token_batches(dm, tokens, 8 if settings.quick else 24, settings.seed)
         for comp in (False, True):
-            bare[comp, tokens] = bare_step(c, batches, comp, reps, settings)
+            bare[comp, tokens] = bare_throughput(c, batches, comp, reps, settings)
             _progress(case, f"bare step ({'compiled' if comp else 'eager'}, {tokens} tokens)", bare[comp, tokens])
     big_tokens = case.tokens[0]
     for name, r in runs.items():

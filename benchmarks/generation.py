@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from benchmarks.common import (
     Section,
@@ -147,9 +148,7 @@ def run(settings: Settings) -> Section:
         sources = [ids[: c.max_len - 1] + [EOS_ID] for ids in dm.encode(dm.corpus.valid.src[:n_sentences])]
         batches = []
         for index in length_batches([len(s) for s in sources], 300 if quick else 1000):
-            src = torch.full((len(index), max(len(sources[i]) for i in index)), PAD_ID)
-            for row, i in enumerate(index):
-                src[row, : len(sources[i])] = torch.tensor(sources[i])
+            src = pad_sequence([torch.tensor(sources[i]) for i in index], batch_first=True, padding_value=PAD_ID)
             batches.append((index, src.to(device)))
 
         peer, position_gap = port_to_marian(model)
@@ -215,10 +214,8 @@ def run(settings: Settings) -> Section:
             return len(tokens) + 1 >= limits[i]
 
         def agreement(a: str, b: str, prefix_when_capped: bool) -> float:
-            same = 0
-            for i, (x, y) in enumerate(zip(outputs[a], outputs[b])):
-                same += x == y or (prefix_when_capped and capped(x, i) and y[: len(x)] == x)
-            return same / len(sources)
+            return sum(x == y or (prefix_when_capped and capped(x, i) and y[: len(x)] == x)
+                       for i, (x, y) in enumerate(zip(outputs[a], outputs[b]))) / len(sources)
 
         agree = {"greedy": agreement("ours 1", "HF 1", True),
                  "beam 4": agreement("ours 4", "HF 4", False)}

@@ -68,11 +68,11 @@ import numpy as np
 import torch
 
 from benchmarks.common import (BASE, BIG, TINY, Case, Section, Settings, bare_step, error_line, free_memory, mfu, on_device,
-                               render_section, seeded, stopwatch, sync, train_flops)
+                               seeded, stopwatch, sync, train_flops)
 from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, collate
-from lightning_modules.base.io import atomic_write_json, atomic_write_text
+from lightning_modules.base.io import atomic_write_text
 from lightning_modules.translation import TranslationModule
 
 COMPILED = {"train.compile": True}
@@ -480,14 +480,6 @@ def run(settings: Settings) -> Section:
     tolerance = TOLERANCE[settings.precision]
     data: dict[str, dict[str, Any]] = {}
 
-    def save() -> None:
-        if settings.out is None:
-            return
-        settings.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(settings.out / "gpu_round.json", {"rows": section.rows, "notes": section.notes,
-                                                            "data": section.data})
-        atomic_write_text(settings.out / "gpu_round.md", render_section(section) + "\n")
-
     with stopwatch(section):
         for case_name, name in steps:
             case = CASES[case_name]
@@ -504,7 +496,7 @@ def run(settings: Settings) -> Section:
                                        "case": case.__dict__}
             print(json.dumps({"case": case_name, "variant": name, **section.data[case_name]["results"][name]},
                              default=str), flush=True)
-            save()
+            section.save(settings.out)
     for case_name, d in data.items():
         shapes = {f"{size} tokens" + (f", buckets {k}" if k else ""): [[*b["src"].shape, b["tgt_out"].size(1)] for b in bs]
                   for k, by_size in d["batches"].items() for size, bs in by_size.items()}
@@ -531,5 +523,5 @@ def run(settings: Settings) -> Section:
                     and r.get("tokens/batch") == max(first.tokens)), default=None)
         section.target(f"{first.name}: best variant's MFU at {max(first.tokens)} tokens", best,
                        "≥ 40%", None if best is None else best >= 0.40)
-    save()
+    section.save(settings.out)
     return section

@@ -35,9 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from benchmarks.common import (REPO, Section, Settings, data_module, logged_values, median, share_bpe,
-                               stopwatch, token_batches)
+from benchmarks.common import (REPO, Section, Settings, bare_step, data_module, median, share_bpe, stopwatch,
+                               token_batches)
 from lightning_modules.config import TrainConfig, TransformerConfig
+from lightning_modules.metrics_log import logged
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def train(setting: Setting, work: Path, steps: int, quick: bool, bpe: Path | Non
     if proc.returncode != 0:
         raise RuntimeError(f"{setting.name}: ablate train failed:\n{proc.stderr[-2000:]}")
     results = json.loads((out / "results.json").read_text())
-    return {"loss": logged_values(out, "train/loss"), "grad_norm": logged_values(out, "train/grad_norm"),
+    return {"loss": logged(out / "logs", "train/loss"), "grad_norm": logged(out / "logs", "train/grad_norm"),
             "ppl": results["ppl"], "environment": results["environment"],
             "steady_tokens_per_s": results["steady_tokens_per_s"], "bpe": out / "spm.model"}
 
@@ -209,11 +210,10 @@ def deterministic_cost(settings: Settings, bpe_dir: Path, blocks: int) -> dict[s
 
     CPU time of one thread, not wall time: on a machine shared with other jobs, wall time measured
     the other jobs (two full runs of this benchmark gave -38% and +76% for the same change)."""
-    from benchmarks.end_to_end import train_step
-
     torch.set_num_threads(1)
     dm = data_module(settings, DEMO_VOCAB, run_dir=bpe_dir, ding_dictionary=False)
-    step = train_step(TransformerConfig(**DEMO_DIMS, vocab_size=dm.vocab_size, pad_id=dm.pad_id), False, settings)
+    c = TransformerConfig(**DEMO_DIMS, vocab_size=dm.vocab_size, pad_id=dm.pad_id)
+    step = bare_step(c, TrainConfig(), settings, lr=1e-4)[1]
     batches = token_batches(dm, DEMO_TOKENS, 16, settings.seed)
     for b in batches:  # warm-up
         step(b)

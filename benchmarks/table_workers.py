@@ -24,7 +24,7 @@ from pathlib import Path
 
 import optuna
 
-from benchmarks.common import REPO, Section, Settings, stopwatch
+from benchmarks.common import Section, Settings, stopwatch
 
 WORKERS = 8
 STEPS = 4

@@ -31,6 +31,7 @@ import sys
 import tarfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -62,24 +63,17 @@ SYLLABLES = [c + v for c in ("b", "ch", "d", "f", "g", "h", "k", "l", "m", "n", 
 
 # ----------------------------------------------------------------------------------- text
 
-def _archive_key(url: str) -> str:
-    name = url.rsplit("/", 1)[-1]
-    return next(key for key in ARCHIVES if key in name)
-
-
 def vocabularies(rng: np.random.Generator, extra: int = 400_000) -> dict[str, list[str]]:
     """English and German word lists, most frequent first: the Ding dictionary's words (by their
     count there; none if it is not installed), then `extra` random syllable words each."""
-    found: dict[str, dict[str, int]] = {"en": {}, "de": {}}
+    found: dict[str, Counter[str]] = {"en": Counter(), "de": Counter()}
     if DING.is_file():
         word = re.compile(r"[^\W\d_]{2,}")
         for line in DING.read_text(encoding="utf-8", errors="replace").splitlines():
             if " :: " in line:
                 de, en = line.split(" :: ", 1)
-                for lang, side in (("de", de), ("en", en)):
-                    counts = found[lang]
-                    for w in word.findall(side):
-                        counts[w] = counts.get(w, 0) + 1
+                found["de"].update(word.findall(de))
+                found["en"].update(word.findall(en))
     out = {}
     for lang, counts in found.items():
         words = sorted(counts, key=counts.get, reverse=True)
@@ -195,8 +189,8 @@ def make_mirror(folder: Path, pairs: int, seed: int = 0) -> dict[str, Any]:
     made = {}
     for url, prefix in WMT14_TRAIN_ARCHIVES:
         name = url.rsplit("/", 1)[-1]
-        made[name] = write_archive(folder / name, prefix, ARCHIVES[_archive_key(url)], scale, folder,
-                                   samplers, rng)
+        spec = next(spec for key, spec in ARCHIVES.items() if key in name)
+        made[name] = write_archive(folder / name, prefix, spec, scale, folder, samplers, rng)
     for stem, n in NEWSTEST.items():
         write_pairs(folder, stem, n, 3.0, 0.6, samplers, rng)
     info = {"pairs": sum(made.values()), "archives": made, "seed": seed,
@@ -269,16 +263,14 @@ def rehearse(url: str, work: Path, name: str = "run", timeout_s: float = 7200) -
     with open(work / f"{name}.log", "w") as log:
         child = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            while child.poll() is None and not any((run / "checkpoints").glob("*.ckpt")):
+            while True:
+                if sample := _proc(child.pid):
+                    peak, cpu = max(peak, sample[0]), sample[1]
+                if child.poll() is not None or any((run / "checkpoints").glob("*.ckpt")):
+                    break
                 if time.perf_counter() - start > timeout_s:
                     raise RuntimeError(f"no first step after {timeout_s:.0f} s; see {work / f'{name}.log'}")
-                sample = _proc(child.pid)
-                if sample:
-                    peak, cpu = max(peak, sample[0]), sample[1]
                 time.sleep(0.1)
-            sample = _proc(child.pid)
-            if sample:
-                peak, cpu = max(peak, sample[0]), sample[1]
         finally:
             if child.poll() is None:
                 child.kill()

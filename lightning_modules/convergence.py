@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.metrics_log import read_rows
+from lightning_modules.metrics_log import logged
 
 CLASSES = ("converged", "still improving", "overfitting", "unstable", "diverged", "unknown")
 # what the rule reads, as a run stores it (results.json, the trial's user attributes)
@@ -143,15 +143,7 @@ def classify(dev_ppl: Curve, train_loss: Curve, unigram_ppl: float, warmup_steps
 
 def read_curves(log_dir: str | Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(dev PPL curve, window-mean training loss curve) from a run's logs (`metrics_log`)."""
-    dev: dict[int, float] = {}
-    train: dict[int, float] = {}
-    for row in read_rows(log_dir):
-        step = int(row["step"])
-        if row.get("val/ppl"):
-            dev[step] = float(row["val/ppl"])
-        if row.get("train/loss"):
-            train[step] = float(row["train/loss"])
-    return sorted(dev.items()), sorted(train.items())
+    return sorted(logged(log_dir, "val/ppl").items()), sorted(logged(log_dir, "train/loss").items())
 
 
 def rule_inputs(log_dir: str | Path, unigram_ppl: float, warmup_steps: int) -> dict[str, Any]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from sacrebleu.metrics import BLEU
+from torch.nn.utils.rnn import pad_sequence
 
 from lightning_modules.config import EvalConfig
 from lightning_modules.data.batching import cut_points
@@ -24,7 +25,7 @@ def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]
 
 @torch.no_grad()
 def translate(model: Transformer, sources: Sequence[list[int]], bos_id: int, eos_id: int,
-              cfg: EvalConfig, beam_size: int | None = None) -> list[list[int]]:
+              cfg: EvalConfig) -> list[list[int]]:
     """Token ids of the best translation of each source (ids without specials), in input order."""
     was_training = model.training
     model.eval()
@@ -33,11 +34,9 @@ def translate(model: Transformer, sources: Sequence[list[int]], bos_id: int, eos
     sources = [list(s[:limit]) + [eos_id] for s in sources]
     outputs: list[list[int]] = [[] for _ in sources]
     for batch in length_batches([len(s) for s in sources], cfg.batch_tokens):
-        width = max(len(sources[i]) for i in batch)
-        src = torch.full((len(batch), width), model.config.pad_id, dtype=torch.long)
-        for row, i in enumerate(batch):
-            src[row, : len(sources[i])] = torch.tensor(sources[i])
-        hyps = beam_search(model, src.to(device), bos_id, eos_id, beam_size or cfg.beam_size,
+        src = pad_sequence([torch.tensor(sources[i]) for i in batch], batch_first=True,
+                           padding_value=model.config.pad_id)
+        hyps = beam_search(model, src.to(device), bos_id, eos_id, cfg.beam_size,
                            cfg.length_penalty, cfg.max_len_offset, cfg.cuda_graphs)
         for i, hyp in zip(batch, hyps):
             outputs[i] = hyp.tokens
@@ -51,10 +50,3 @@ def corpus_bleu(hypotheses: list[str], references: list[str], tokenize: str = "1
     metric = BLEU(tokenize=tokenize)
     score = metric.corpus_score(hypotheses, [references])
     return round(score.score, 2), str(metric.get_signature())
-
-
-def translate_texts(model: Transformer, texts: list[str], encode: Callable[[list[str]], list[list[int]]],
-                    decode: Callable[[list[int]], str], bos_id: int, eos_id: int,
-                    cfg: EvalConfig) -> list[str]:
-    """Raw source sentences in, detokenized translations out."""
-    return [decode(ids) for ids in translate(model, encode(texts), bos_id, eos_id, cfg)]

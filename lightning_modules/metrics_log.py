@@ -19,12 +19,8 @@ _PART = re.compile(r"metrics\.part-(\d+)\.until-(\d+)\.csv$")
 
 def _parts(log_dir: Path) -> list[tuple[int, int, Path]]:
     """(K, STEP, path) of the set-aside parts, oldest attempt first."""
-    found = []
-    for path in log_dir.glob("metrics.part-*.csv"):
-        match = _PART.match(path.name)
-        if match:
-            found.append((int(match.group(1)), int(match.group(2)), path))
-    return sorted(found)
+    matches = ((_PART.match(path.name), path) for path in log_dir.glob("metrics.part-*.csv"))
+    return sorted((int(match.group(1)), int(match.group(2)), path) for match, path in matches if match)
 
 
 def set_aside(log_dir: Path, step: int) -> Path | None:
@@ -58,8 +54,11 @@ def read_rows(log_dir: str | Path) -> list[dict[str, str]]:
     return history + (_read(current) if current.is_file() else [])
 
 
+def logged(log_dir: str | Path, column: str) -> dict[int, float]:
+    """The run's logged values of `column` (e.g. val/ppl, train/loss) by step, every attempt joined."""
+    return {int(row["step"]): float(row[column]) for row in read_rows(log_dir) if row.get(column)}
+
+
 def last_step(log_dir: Path) -> int:
-    """The last training step a run logged, every attempt joined (0 for none)."""
-    if not log_dir.is_dir():
-        return 0
+    """The last training step a run logged, every attempt joined (0 for none, or no logs folder)."""
     return max((int(row["step"]) for row in read_rows(log_dir) if row.get("step")), default=0)

@@ -36,13 +36,10 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _source_lengths(model: Transformer, src: Tensor) -> Tensor:
-    return (src != model.config.pad_id).sum(dim=1)
-
-
 def _max_steps(model: Transformer, src: Tensor, max_len_offset: int) -> Tensor:
-    """Per-sentence cap on output tokens (EOS included), within the model's positions."""
-    return (_source_lengths(model, src) + max_len_offset).clamp(max=model.config.max_len)
+    """Per-sentence cap on output tokens (EOS included): its source length + `max_len_offset`,
+    within the model's positions."""
+    return ((src != model.config.pad_id).sum(dim=1) + max_len_offset).clamp(max=model.config.max_len)
 
 
 def _only_eos(logp: Tensor, rows: Tensor, eos_id: int) -> Tensor:

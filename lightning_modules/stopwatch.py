@@ -167,11 +167,10 @@ class Stages:
         own_peak = _reset_peak_rss()
         wall, cpu = time.perf_counter(), _cpu_seconds()
         yield
+        rss = _peak_rss_mb()
         entry = {"stage": name, "wall_s": round(time.perf_counter() - wall, 2),
-                 "cpu_s": round(_cpu_seconds() - cpu, 2), "peak_rss_mb": _peak_rss_mb(),
+                 "cpu_s": round(_cpu_seconds() - cpu, 2), "peak_rss_mb": None if rss is None else round(rss),
                  "own_peak": own_peak}
-        if entry["peak_rss_mb"] is not None:
-            entry["peak_rss_mb"] = round(entry["peak_rss_mb"])
         self.done.append(entry)
         if entry["wall_s"] >= self.note_after_s:
             peak = f", peak RSS {entry['peak_rss_mb']:,} MB" if entry["peak_rss_mb"] is not None else ""

@@ -57,15 +57,11 @@ def setup_key(environment: dict[str, Any] | None) -> str | None:
     return "; ".join(f"{k} {environment[k]}" for k in SETUP_KEYS if environment.get(k) not in (None, [], {}))
 
 
-def table3_studies(storage: optuna.storages.BaseStorage) -> list[str]:
-    return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
-            if s.user_attrs.get("kind") == KIND]
-
-
 def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     """The study's runs as a DataFrame (latest complete trial of each row and seed)."""
     storage = make_storage(storage_url, None, existing=True)  # reading creates or changes no database
-    names = table3_studies(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+             if s.user_attrs.get("kind") == KIND]
     if study_name is None:
         if len(names) != 1:
             listed = ", ".join(names) if names else "none"
@@ -96,7 +92,9 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
         check_numbers(trial, row, seed, study_name)
-        a = {**trial.user_attrs, **convergence(trial.user_attrs)}
+        verdict = classify_stored(trial.user_attrs)  # None (unclassified): no inputs, whatever class it recorded
+        a = {**trial.user_attrs, "convergence": verdict and verdict.label,
+             "convergence_reason": verdict and verdict.reason}
         record = {"row": row, "group": a.get("group", row), "seed": seed,
                   **{c: a.get(c) for c in RUN_COLUMNS},
                   "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device"),
@@ -132,15 +130,6 @@ def check_numbers(trial: optuna.trial.FrozenTrial, row: str, seed: Any, study: s
             raise UserError(f"study {study!r}: trial {trial.number} ({row} seed {seed}) holds {key} = "
                             f"{str(value)[:40]!r}, not a finite number; a run never writes that (was the "
                             f"database edited?): correct or delete the trial")
-
-
-def convergence(attrs: dict[str, Any]) -> dict[str, str | None]:
-    """A run's `convergence` and `convergence_reason` by the current rule from the inputs it stored;
-    both None (unclassified) for a run that stored no inputs, whatever class it recorded."""
-    verdict = classify_stored(attrs)
-    if verdict is None:
-        return {"convergence": None, "convergence_reason": None}
-    return {"convergence": verdict.label, "convergence_reason": verdict.reason}
 
 
 def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:

@@ -41,7 +41,7 @@ def group_legend(ax: plt.Axes, groups: Iterable[str], marker: str = "o", **optio
     return ax.legend(handles=handles, title="group", fontsize=7, title_fontsize=7, **options)
 
 
-def _png(fig: plt.Figure) -> bytes:
+def png(fig: plt.Figure) -> bytes:
     """The figure as a PNG of at most 256 colours (a report holds some twenty figures, inlined in
     its report.html: full colour would make that page over a megabyte). Same figure, same bytes."""
     buf = io.BytesIO()
@@ -178,32 +178,17 @@ def _short(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def bleu_vs_params(frame: pd.DataFrame) -> bytes:
-    return _png(bleu_vs_params_figure(frame))
-
-
 def bleu_vs_params_figure(frame: pd.DataFrame) -> plt.Figure:
-    return (scatter_figure(frame, "params_m", "bleu", "bleu_ci", "parameters (millions)", "dev BLEU",
-                               "Dev BLEU against model size (colour: group; bars: 95% CI over seeds)"))
-
-
-def ppl_vs_time(frame: pd.DataFrame) -> bytes:
-    return _png(ppl_vs_time_figure(frame))
+    return scatter_figure(frame, "params_m", "bleu", "bleu_ci", "parameters (millions)", "dev BLEU",
+                          "Dev BLEU against model size (colour: group; bars: 95% CI over seeds)")
 
 
 def ppl_vs_time_figure(frame: pd.DataFrame) -> plt.Figure:
-    return (scatter_figure(frame, "train_time_s", "ppl", "ppl_ci", "training time (s)",
-                               "dev perplexity (per wordpiece)",
-                               "Dev perplexity against training time (bars: 95% CI over seeds)", robust_x=True))
+    return scatter_figure(frame, "train_time_s", "ppl", "ppl_ci", "training time (s)", "dev perplexity (per wordpiece)",
+                          "Dev perplexity against training time (bars: 95% CI over seeds)", robust_x=True)
 
 
 OUTSIDE_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}  # a legend beside the axes
-
-
-def change_vs_base(frame: pd.DataFrame) -> bytes:
-    return _png(change_vs_base_figure(frame))
-
-
 LINEAR_WITHIN = 10.0  # %: the change chart's axis is linear within ±this, logarithmic beyond
 
 
@@ -346,10 +331,6 @@ CLASS_STYLES = {"converged": "solid", "still improving": "dashed", "overfitting"
                 "unstable": "dotted", "diverged": "dotted", "unknown": "dashdot"}
 
 
-def learning_curves(curves: pd.DataFrame, group: str, groups: dict[str, str]) -> bytes:
-    return _png(learning_curves_figure(curves, group, groups))
-
-
 def learning_curves_figure(curves: pd.DataFrame, group: str, groups: dict[str, str]) -> plt.Figure:
     """Dev PPL against step for every row of `group` and base, one line per (row, seed).
 
@@ -400,4 +381,4 @@ def figures(frame: pd.DataFrame, curves: pd.DataFrame | None = None) -> dict[str
 
 def render_all(frame: pd.DataFrame, curves: pd.DataFrame | None = None) -> dict[str, bytes]:
     """The report's figures as PNG bytes (`figures`)."""
-    return {name: _png(fig) for name, fig in figures(frame, curves).items()}
+    return {name: png(fig) for name, fig in figures(frame, curves).items()}

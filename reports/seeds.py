@@ -19,7 +19,6 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-CONFIDENCE = 0.95
 PAPER_THRESHOLD = {"ppl": 0.15, "bleu": 0.3}  # |paper row − paper base| that counts as a difference
 
 # Two-sided 95% quantiles of Student's t, t_{0.975, df}, df = 1..30 (standard tables); above 30

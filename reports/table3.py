@@ -136,12 +136,9 @@ def spearman(frame: pd.DataFrame, ours: str, paper: str) -> tuple[float, int]:
     return float(ranks[ours].corr(ranks[paper])), len(both)
 
 
-def _num(value: Any, digits: int) -> str:
-    return "" if value is None or pd.isna(value) else f"{value:.{digits}f}"
-
-
-def _signed(value: Any, digits: int) -> str:
-    return "" if value is None or pd.isna(value) else f"{value:+.{digits}f}"
+def _num(value: Any, digits: int, sign: str = "") -> str:
+    """`value` with `digits` decimals (`sign` "+": always signed); "" for none."""
+    return "" if value is None or pd.isna(value) else f"{value:{sign}.{digits}f}"
 
 
 def _steps(n: Any) -> str:
@@ -203,7 +200,7 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
         return text + (f" ({paper_text})" if paper_text else "")
 
     def delta(r: pd.Series, metric: str, digits: int, with_paper: bool = True) -> str:
-        text = _signed(r.get(f"d_{metric}"), digits)
+        text = _num(r.get(f"d_{metric}"), digits, "+")
         low, high = r.get(f"d_{metric}_low"), r.get(f"d_{metric}_high")
         if text and low is not None and not pd.isna(low):
             text += f" [{low:+.{digits}f}, {high:+.{digits}f}]"
@@ -213,23 +210,20 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
     d = r"$\Delta$" if tex else "Δ"
     x6 = r"$\times 10^6$" if tex else "×10⁶"
     base = frame.attrs.get("base_configuration", {})
-    rows = []
-    for row, r in frame.iterrows():
-        rows.append({
-            "row": row, "changes from base": changes(r, base), "seeds": _seeds(r),
-            f"PPL{paper}": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
-            f"{d}PPL [95% CI]{paper}": delta(r, "ppl", 2),
-            "PPL beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
-            "sign = paper": {True: "yes", False: "no"}.get(r.get("ppl_sign_agrees"), ""),
-            "converged": str(r.get("convergence") or ""),
-            f"BLEU{paper}": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
-            # (the paper's BLEU is in the column before: its Δ would widen the table past a window)
-            f"{d}BLEU [95% CI]": delta(r, "bleu", 2, with_paper=False),
-            "BLEU beyond noise": {True: "yes", False: "no"}.get(r.get("bleu_beyond_noise"), ""),
-            f"params {x6}{paper}": ours_paper(r.params_m, None, r.paper_params_m, 2, 0),
-            "train s": _num(r.train_time_s, 0),
-        })
-    table = pd.DataFrame.from_records(rows)
+    table = pd.DataFrame.from_records([{
+        "row": row, "changes from base": changes(r, base), "seeds": _seeds(r),
+        f"PPL{paper}": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
+        f"{d}PPL [95% CI]{paper}": delta(r, "ppl", 2),
+        "PPL beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
+        "sign = paper": {True: "yes", False: "no"}.get(r.get("ppl_sign_agrees"), ""),
+        "converged": str(r.get("convergence") or ""),
+        f"BLEU{paper}": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
+        # (the paper's BLEU is in the column before: its Δ would widen the table past a window)
+        f"{d}BLEU [95% CI]": delta(r, "bleu", 2, with_paper=False),
+        "BLEU beyond noise": {True: "yes", False: "no"}.get(r.get("bleu_beyond_noise"), ""),
+        f"params {x6}{paper}": ours_paper(r.params_m, None, r.paper_params_m, 2, 0),
+        "train s": _num(r.train_time_s, 0),
+    } for row, r in frame.iterrows()])
     if not paper:
         table = table.drop(columns="sign = paper", errors="ignore")
     if tex:

@@ -75,18 +75,14 @@ def still_moving(paired: pd.DataFrame, own_last_step: float | None = None) -> bo
     return bool(last.nunique() > 1)
 
 
-def add_moving(frame: pd.DataFrame, curves: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Adds `verdict_moving` (and `verdict_last` of the shared curve, for reading) to the frame
-    and returns each row's paired curve (for the figures)."""
+def add_moving(frame: pd.DataFrame, curves: pd.DataFrame) -> None:
+    """Adds `verdict_moving` to the frame: whether each row's verdict against base is still moving
+    (`still_moving` of its paired curve; the figures draw that curve themselves)."""
     if curves is None or curves.empty or "base" not in frame.index:
-        return {}
-    out = {}
+        return
     for row in frame.index:
         if row == "base":
             frame.loc[row, "verdict_moving"] = None
             continue
-        paired = paired_curves(curves, row)
-        out[row] = paired
         own = curves.loc[curves["row"] == row, "step"].max() if (curves["row"] == row).any() else None
-        frame.loc[row, "verdict_moving"] = still_moving(paired, own)
-    return out
+        frame.loc[row, "verdict_moving"] = still_moving(paired_curves(curves, row), own)

@@ -43,15 +43,9 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
     beyond = rows[rows["beyond_noise"] == True]  # noqa: E712 (pandas: nullable booleans)
     within = [row for row in rows.index if row not in beyond.index]
     parts = []
-    if len(beyond):
-        better = [row for row, r in beyond.iterrows() if r.d_ppl < 0]
-        worse = [row for row, r in beyond.iterrows() if r.d_ppl > 0]
-        if better:
-            parts.append("lower PPL than base beyond noise: "
-                         + ", ".join(_row_phrase(row, beyond.loc[row]) for row in better))
-        if worse:
-            parts.append("higher PPL than base beyond noise: "
-                         + ", ".join(_row_phrase(row, beyond.loc[row]) for row in worse))
+    for word, sign in (("lower", -1), ("higher", 1)):
+        if moved := [row for row, r in beyond.iterrows() if sign * r.d_ppl > 0]:
+            parts.append(f"{word} PPL than base beyond noise: " + ", ".join(_row_phrase(row, beyond.loc[row]) for row in moved))
     open_ = [row for row in within if math.isnan(rows.loc[row].get("d_ppl_low", math.nan))]
     if inside := [row for row in within if row not in open_]:
         parts.append("within noise: " + ", ".join(inside))

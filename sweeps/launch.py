@@ -12,10 +12,12 @@ with every running trial checkpointed.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from dataclasses import replace
+from collections import Counter
+from dataclasses import asdict
 
 import optuna
 
@@ -24,8 +26,7 @@ from lightning_modules.run.slurm import on_slurm, requeue_job
 from lightning_modules.base.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_WORKERS
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import counts
-from sweeps.worker import WorkerSettings, describe_duration, resolve_run_dir, settings_json
+from sweeps.worker import WorkerSettings, describe_duration, resolve_run_dir
 
 
 def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
@@ -97,7 +98,7 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
         return EXIT_INTERRUPTED
     # The settings travel in the environment, not on the command line: `ps` shows command lines
     # to every user, and the storage URL may hold a database password.
-    procs = [spawn([sys.executable, "-m", "sweeps.worker"], env={**env, WORKER_ENV: settings_json(replace(settings))})
+    procs = [spawn([sys.executable, "-m", "sweeps.worker"], env={**env, WORKER_ENV: json.dumps(asdict(settings))})
              for env in envs]
     print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "
           f"{'the queued trials' if settings.queue_only else f'{settings.n_trials} trials'}, "
@@ -144,7 +145,8 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
 def summary(settings: WorkerSettings) -> str:
     """Trial counts and the best trial so far."""
     study = optuna.load_study(study_name=settings.study, storage=make_storage(settings.storage, None))
-    states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts(study).items())) or "no trials"
+    counts = Counter(t.state.name for t in study.get_trials(deepcopy=False))  # trials per state name
+    states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())) or "no trials"
     lines = [f"study {settings.study}: {states}"]
     try:
         best = study.best_trial

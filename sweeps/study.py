@@ -23,7 +23,6 @@ from lightning_modules.base.errors import UserError
 from ablations.resolve import parse_overrides
 from sweeps.space import SearchSpace
 
-DEFAULT_STORAGE = "sqlite:///runs/sweeps.db"
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
@@ -47,13 +46,10 @@ def aside_name(name: str, number: int) -> str:
     return f"{name}.superseded-t{number}"
 
 
-def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl",
-               sampler: optuna.samplers.BaseSampler | None = None,
-               pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
+def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl") -> optuna.Study:
     """Create the study, or load it if it exists (its direction must match `objective`)."""
     direction = OBJECTIVES[objective]
-    study = optuna.create_study(study_name=name, storage=storage, direction=direction,
-                                sampler=sampler, pruner=pruner, load_if_exists=True)
+    study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
     if study.direction.name.lower() != direction:
         raise UserError(f"study {name!r} exists and is {study.direction.name.lower()}d; "
                         f"--objective {objective} needs {direction}: use another --study")
@@ -105,14 +101,6 @@ def translation_attrs(run_dir: Path) -> dict[str, str] | None:
     if not all(path.is_file() for path in paths.values()):
         return None
     return {f"dev_{name}": pack_lines(path.read_text(encoding="utf-8").splitlines()) for name, path in paths.items()}
-
-
-def counts(study: optuna.Study) -> dict[str, int]:
-    """Trials per state name ('COMPLETE': 3, ...)."""
-    out: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        out[t.state.name] = out.get(t.state.name, 0) + 1
-    return out
 
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:

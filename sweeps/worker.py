@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -490,10 +490,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:  # e.g. the database went away
         print(f"worker {os.getpid()}: error: {err}", file=sys.stderr)
         return exit_status(err)
-
-
-def settings_json(settings: WorkerSettings) -> str:
-    return json.dumps(asdict(settings))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from matplotlib.colors import to_hex
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.text import Text
 
-from reports.figures import (FIGURES, change_vs_base, change_vs_base_figure, figures, group_colors, group_legend,
-                             kept_range, ppl_vs_time, robust_limits, scatter_figure, verdict_curves)
+from reports.figures import (FIGURES, change_vs_base_figure, figures, group_colors, group_legend, kept_range, png,
+                             ppl_vs_time_figure, robust_limits, scatter_figure, verdict_curves)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,8 +55,8 @@ def test_the_axis_keeps_to_the_rest_however_far_off_a_row_is():
     assert robust_limits(near["ppl"]) is None
     assert robust_limits(far["ppl"]) == robust_limits(farther["ppl"]) is not None
     assert robust_limits([0.0, *far["d_ppl_pct"]]) == robust_limits([0.0, *farther["d_ppl_pct"]]) is not None
-    for draw in (change_vs_base, ppl_vs_time):
-        pictures = {draw(f) for f in (near, far, farther)}
+    for draw in (change_vs_base_figure, ppl_vs_time_figure):
+        pictures = {png(draw(f)) for f in (near, far, farther)}
         assert len(pictures) == 3 and all(p.startswith(b"\x89PNG") for p in pictures)
 
 

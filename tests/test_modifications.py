@@ -304,7 +304,7 @@ def test_modifications_table_reads_without_a_paper_column():
 
     from ablations.spec import load_spec
     from reports.collect import Table3Data
-    from reports.figures import change_vs_base, group_colors
+    from reports.figures import change_vs_base_figure, group_colors, png
     from reports.table3 import changes, display_frame, has_paper, table3_frame
     from reports.verdicts import verdicts
 
@@ -339,7 +339,7 @@ def test_modifications_table_reads_without_a_paper_column():
     assert shown.loc["pre_ln", "PPL"] == f"{frame.loc['pre_ln', 'ppl']:.2f} ± {frame.loc['pre_ln', 'ppl_ci']:.2f}"
     colors = group_colors(frame["group"])
     assert colors["base"] == "black" and len({colors[g] for g in frame["group"]}) == frame["group"].nunique()
-    assert change_vs_base(frame).startswith(b"\x89PNG")  # our bars alone
+    assert png(change_vs_base_figure(frame)).startswith(b"\x89PNG")  # our bars alone
 
 
 def test_a_table_without_base_still_shows_each_rows_seed_interval_and_convergence():

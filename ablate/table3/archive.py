@@ -114,9 +114,7 @@ def check_owned(runs: dict[tuple[str, int], Path], archive: Path) -> None:
 def _joined_metrics(log_dir: Path) -> bytes:
     """The run's whole curve as one metrics.csv (columns in the order first seen)."""
     rows = read_rows(log_dir)
-    columns: dict[str, None] = {}
-    for row in rows:
-        columns.update(dict.fromkeys(row))
+    columns = dict.fromkeys(column for row in rows for column in row)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(columns))  # \r\n, as Lightning's CSVLogger writes
     writer.writeheader()
@@ -131,13 +129,6 @@ def _whole_lines(data: bytes) -> bytes:
 
 def has_checkpoint(run_dir: Path) -> bool:
     return any(run_dir.glob("checkpoints/*.ckpt"))
-
-
-def newest_checkpoint(ckpt_dir: Path) -> Path | None:
-    from lightning_modules.run.preflight import resume_checkpoint  # loads torch
-
-    found = resume_checkpoint(ckpt_dir)
-    return found[0] if found else None
 
 
 def save_run(run_dir: Path, dest: Path) -> None:
@@ -166,8 +157,10 @@ def save_run(run_dir: Path, dest: Path) -> None:
     if done is not None:  # failed: nothing to resume
         _remove_except(dest / "checkpoints", set())
         return
-    checkpoint = newest_checkpoint(run_dir / "checkpoints")
-    if checkpoint is not None:
+    from lightning_modules.run.preflight import resume_checkpoint  # loads torch: only for a run under way
+
+    if found := resume_checkpoint(run_dir / "checkpoints"):  # the newest that loads, as a resume takes it
+        checkpoint = found[0]
         try:
             _copy(checkpoint, dest / "checkpoints" / checkpoint.name)
         except FileNotFoundError:  # replaced by a newer one while we looked: the next save takes it

@@ -13,7 +13,6 @@ refused (`table_difference`) instead of mixing two tables.
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 import time
@@ -28,7 +27,7 @@ from optuna.trial import TrialState
 from ablations.resolve import load_config_file, parse_overrides, resolve
 from ablations.spec import RECIPE_SECTIONS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
 from lightning_modules.config import RunConfig, check_seed, computed_config
-from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError
+from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, did_you_mean
 from lightning_modules.base.names import check_name, inside
 from lightning_modules.base.faults import inject
 from lightning_modules.base.io import check_writable_dir
@@ -123,9 +122,8 @@ def select_rows(selection: str | None, spec: dict[str, dict[str, Any]], default:
         elif item in groups:
             chosen.update(groups[item])
         else:
-            close = difflib.get_close_matches(item, [*spec, *groups], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UserError(f"unknown Table 3 row or group {item!r}{hint}; rows: {', '.join(spec)}")
+            raise UserError(f"unknown Table 3 row or group {item!r}{did_you_mean(item, [*spec, *groups])}; "
+                            f"rows: {', '.join(spec)}")
     return [name for name in spec if name in chosen]
 
 
@@ -156,11 +154,6 @@ def check_data(plan: Table3Plan) -> None:
         if key not in seen:
             seen.add(key)
             prepare(cfg)
-
-
-def run_place(plan: Table3Plan, row: str, seed: int) -> str:
-    """A (row, seed)'s run directory relative to the runs directory, as its trials store it."""
-    return f"{plan.study}/{run_name(row, seed)}"
 
 
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
@@ -400,8 +393,9 @@ def seed_overrides(seed: int) -> list[str]:
 
 
 def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
-    """What a queued (row, seed) trial carries: the report and the workers read these."""
-    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": run_place(plan, row, seed)}
+    """What a queued (row, seed) trial carries: the report and the workers read these (`run_dir`:
+    its run directory relative to the runs directory)."""
+    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": f"{plan.study}/{run_name(row, seed)}"}
 
 
 def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:
@@ -436,8 +430,8 @@ def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optun
     return {(row, seed): latest.get((row, seed)) for row, seed in plan.runs()}
 
 
-def summary(study: optuna.Study, plan: Table3Plan) -> tuple[str, list[str]]:
-    """A short text table of the planned runs, and the ones not complete."""
+def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
+    """Print a short text table of the planned runs, and say which are not complete; those runs."""
     lines = [f"{'row':<6} {'seed':>4}  {'state':<8} {'dev PPL':>8} {'dev BLEU':>8}  run dir"]
     missing = []
     for (row, seed), trial in status(study, plan).items():
@@ -448,12 +442,7 @@ def summary(study: optuna.Study, plan: Table3Plan) -> tuple[str, list[str]]:
         lines.append(f"{row:<6} {seed:>4}  {state:<8} {ppl:>8} {bleu:>8}  {run_dir(plan, row, seed)}")
         if not trial or trial.state != TrialState.COMPLETE:
             missing.append(f"{row} seed {seed} ({state})")
-    return "\n".join(lines), missing
-
-
-def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
-    text, missing = summary(study, plan)
-    print(text, flush=True)
+    print("\n".join(lines), flush=True)
     if missing:
         print(f"table3: not complete: {', '.join(missing)}; see each run directory's trial.log, "
               f"and run the same command again to resume", file=sys.stderr)

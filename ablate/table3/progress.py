@@ -24,7 +24,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from lightning_modules.base.errors import UserError
-from lightning_modules.metrics_log import last_step, read_rows
+from lightning_modules.metrics_log import last_step, logged
 from lightning_modules.run.results import read_results
 from ablate.table3 import archive as kept
 from ablate.table3.cost import DeviceRate, TimeUnit, estimate
@@ -63,10 +63,7 @@ def window_rate(log_dir: Path) -> float | None:
     """The median `train/tokens_per_s` of a run's logged windows, every attempt joined (the
     median passes over the few windows that held a compilation); None for fewer than
     MIN_WINDOWS windows, or logs written before the rate was logged."""
-    if not log_dir.is_dir():
-        return None
-    rates = pd.Series([float(row["train/tokens_per_s"]) for row in read_rows(log_dir)
-                       if row.get("train/tokens_per_s")], dtype=float)
+    rates = pd.Series(list(logged(log_dir, "train/tokens_per_s").values()), dtype=float)
     return float(rates.median()) if len(rates) >= MIN_WINDOWS else None
 
 

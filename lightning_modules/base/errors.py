@@ -6,6 +6,9 @@ NaN or infinite: the reason is recorded in the run's results.json; or the disk f
 `DiskFull`). Anything else is a bug.
 """
 
+import difflib
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """A problem with the user's input, reported as one line without a traceback."""
@@ -26,6 +29,13 @@ class DiskFull(RunFailed):
 EXIT_USAGE = 2  # a UserError: the input needs fixing
 EXIT_FAILED = 1  # a RunFailed: the run failed for a recorded reason
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM; the same command resumes
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'X'?)', X the one of `choices` closest to `word`, for a UserError's line; ''
+    when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def exit_status(err: UserError) -> int:

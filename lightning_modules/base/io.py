@@ -10,10 +10,10 @@ import re
 import sys
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from lightning_modules.base.errors import DiskFull, UserError
 from lightning_modules.base.faults import inject
@@ -45,16 +45,6 @@ def not_a_link(path: str | Path) -> Path:
     return path
 
 
-def owned(root: str | Path, *parts: str) -> Path:
-    """`root/parts...`, each step below `root` checked by `not_a_link` (the root is the user's
-    choice, and may itself be reached through links)."""
-    path = Path(root)
-    for part in parts:
-        for piece in Path(part).parts:
-            path = not_a_link(path / piece)
-    return path
-
-
 def check_kinds(folder: str | Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] = ()) -> None:
     """Up front, before any work: none of `files` (regular files of ours) and `dirs` (folders of
     ours) in `folder` is a link or of the other kind (a `checkpoints` that is a file, a
@@ -80,25 +70,31 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~_UMASK
 
 
-def atomic_write_bytes(path: str | Path, data: bytes, fault: str | None = None,
-                       step: int | None = None) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, then rename it over `path`.
+def atomic_write_bytes(path: str | Path, data: bytes | Callable[[BinaryIO], None], fault: str | None = None,
+                       step: int | None = None, sync: bool = True) -> None:
+    """Write `data`, or what `data(file)` writes (a large file straight to its temporary file, never
+    held whole in memory), to a temporary file beside `path`, fsync it (unless not `sync`), then
+    rename it over `path`.
 
-    `fault` names the fault-injection point hit between writing and renaming (see `faults`).
+    `fault` names the fault-injection point hit between writing half of `data` and the rest (see `faults`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            half = len(data) // 2
-            handle.write(data[:half])
-            if fault:
-                handle.flush()
-                inject(fault, step)
-            handle.write(data[half:])
+            if callable(data):
+                data(handle)
+            else:
+                half = len(data) // 2
+                handle.write(data[:half])
+                if fault:
+                    handle.flush()
+                    inject(fault, step)
+                handle.write(data[half:])
             handle.flush()
-            os.fsync(handle.fileno())
+            if sync:
+                os.fsync(handle.fileno())
         os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     except BaseException:

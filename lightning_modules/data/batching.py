@@ -312,11 +312,8 @@ def batch_shapes(batches: Iterable[list[int]], src_lengths: Sequence[int],
     """(rows, source length, target length) of the tensors each batch collates to."""
     src = np.asarray(src_lengths, dtype=np.int64) + 1
     tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
-    shapes = []
-    for batch in batches:
-        index = np.asarray(batch, dtype=np.int64)
-        shapes.append(batch_shape(src[index], tgt[index], pad_multiple, buckets))
-    return shapes
+    return [batch_shape(src[index], tgt[index], pad_multiple, buckets)
+            for index in (np.asarray(batch, dtype=np.int64) for batch in batches)]
 
 
 def padding_share(batches: Iterable[list[int]], src_lengths: Sequence[int],

@@ -20,13 +20,13 @@ whole entry or none. Deleting the folder (or a kind's folder) at any time is saf
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import BinaryIO
+
+from lightning_modules.base.io import atomic_write_bytes
 
 TEXT_CHUNK = 50_000  # texts hashed at a time (joined, then hashed: far faster than one update each)
 
@@ -68,26 +68,12 @@ def entry(cache_dir: str | Path, kind: str, name: str) -> Path:
 
 
 def store(path: Path, data: bytes | Callable[[BinaryIO], None]) -> bool:
-    """Write an entry atomically: `data`, or what `data(file)` writes (a large entry is written
-    straight to its temporary file, never held whole in memory). A cache that cannot be written is
-    left as it is (False)."""
+    """Write an entry atomically (`io.atomic_write_bytes`, not synced to disk: a reader checks every
+    entry, and one a crash damaged is derived again): `data`, or what `data(file)` writes (a large
+    entry is written straight to its temporary file, never held whole in memory). A cache that
+    cannot be written is left as it is (False)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        atomic_write_bytes(path, data, sync=False)
     except OSError:
         return False
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            if isinstance(data, bytes):
-                handle.write(data)
-            else:
-                data(handle)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        return False
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return True

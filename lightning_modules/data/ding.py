@@ -8,7 +8,7 @@ import random
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from lightning_modules.config import DataConfig
@@ -49,22 +49,19 @@ def _normalise(alternative: str) -> str:
     return "" if _STRAY.search(text) else text
 
 
+def _alternatives(entry: str) -> Iterator[str]:
+    """The normalised, non-empty `;`-separated alternatives of an already cleaned entry, lazily."""
+    return (alt for alt in map(_normalise, entry.split(";")) if alt)
+
+
 def split_alternatives(entry: str) -> list[str]:
     """The cleaned, non-empty `;`-separated alternatives of one aligned entry."""
-    cleaned = (_normalise(alt) for alt in _clean_side(entry).split(";"))
-    return [alt for alt in cleaned if alt]
+    return list(_alternatives(_clean_side(entry)))
 
 
 def _first_alternative(alternatives: str) -> str:
-    """The first non-empty cleaned alternative of an already cleaned entry."""
-    first = _normalise(alternatives.split(";", 1)[0])
-    if first:
-        return first
-    for alt in alternatives.split(";"):
-        alt = _normalise(alt)
-        if alt:
-            return alt
-    return ""
+    """The first non-empty cleaned alternative of an already cleaned entry (the rest are not read)."""
+    return next(_alternatives(alternatives), "")
 
 
 _EN_WORDS = frozenset("the a is are were be been of to and you i it that this with for he she "
@@ -132,8 +129,7 @@ def parse_ding_line(line: str) -> tuple[list[tuple[str, str]], list[tuple[str, s
             if not (is_sentence(en_first) and _wrong_language(en_first, de_first)):
                 phrases.append((en_first, de_first))
             continue
-        de_alts = [alt for alt in map(_normalise, de_entry.split(";")) if alt]
-        en_alts = [alt for alt in map(_normalise, en_entry.split(";")) if alt]
+        de_alts, en_alts = list(_alternatives(de_entry)), list(_alternatives(en_entry))
         pairs = list(zip(en_alts, de_alts)) if len(en_alts) == len(de_alts) else [
             (en_first, de_first)]
         sentences.extend((en, de) for en, de in pairs if _sentence_pair(en, de))
@@ -152,21 +148,14 @@ def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[st
                         f"`apt-get install trans-de-en` or set data.ding_path")
     with open(path, encoding="utf-8", errors="replace") as handle:
         text = unicodedata.normalize("NFC", handle.read())
-    seen_en: set[str] = set()
-    seen_phrases: set[tuple[str, str]] = set()
-    sentences: list[tuple[str, str]] = []
-    phrases: list[tuple[str, str]] = []
+    sentences: dict[str, tuple[str, str]] = {}  # by English side, the first kept (dicts keep file order)
+    phrases: dict[tuple[str, str], None] = {}
     for line in text.split("\n"):
         line_sentences, line_phrases = parse_ding_line(line)
         for pair in line_sentences:
-            if pair[0] not in seen_en:
-                seen_en.add(pair[0])
-                sentences.append(pair)
-        for pair in line_phrases:
-            if pair not in seen_phrases:
-                seen_phrases.add(pair)
-                phrases.append(pair)
-    return sentences, phrases
+            sentences.setdefault(pair[0], pair)
+        phrases.update(dict.fromkeys(line_phrases))
+    return list(sentences.values()), list(phrases)
 
 
 def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool = True

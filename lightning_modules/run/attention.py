@@ -104,43 +104,30 @@ def fixed_sentence(sources: list[list[int]]) -> int | None:
     return next((i for i, ids in enumerate(sources) if ids), None)
 
 
-def save_attention(model: Transformer, sources: list[list[int]], translate_one, pieces, path) -> bool:
-    """Store every head's weights on the fixed dev sentence and its translation (`translate_one`:
-    source ids -> target ids) as a compressed npz of float16 arrays, atomically; False when the dev
-    set has no sentence to use."""
+def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:
+    """A finished run's `attention.npz`: every head's weights on the fixed dev sentence of `data` (a
+    prepared `TranslationData`) and its translation with the run's decoding settings (`eval_cfg`),
+    as a compressed npz of float16 arrays, written atomically; False when the dev set has no
+    sentence to use."""
     import io
+    from pathlib import Path
 
     import numpy as np
 
     from lightning_modules.base.io import atomic_write_bytes
+    from lightning_modules.evaluate import translate
 
+    sources = data.encode(list(data.corpus.valid.src))
     index = fixed_sentence(sources)
     if index is None:
         return False
     limit = model.config.max_len - 1
     src = list(sources[index][:limit])
-    tgt = list(translate_one(src))[:limit]
-    maps = attention_maps(model, src, tgt, pieces)
+    tgt = translate(model, [src], BOS_ID, EOS_ID, eval_cfg)[0][:limit]
+    maps = attention_maps(model, src, tgt, lambda ids: [data.tokenizer.id_to_piece(i) for i in ids])
     buffer = io.BytesIO()
     np.savez_compressed(buffer, line=np.int64(index + 1), source=np.array(maps.source),
                         target=np.array(maps.target),
                         **{kind_key(kind): maps.weights[kind].numpy().astype(np.float16) for kind in KINDS})
-    atomic_write_bytes(path, buffer.getvalue())
+    atomic_write_bytes(Path(out) / ATTENTION_FILE, buffer.getvalue())
     return True
-
-
-def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:
-    """A finished run's `attention.npz`: the fixed dev sentence of `data` (a prepared
-    `TranslationData`), translated with the run's decoding settings (`eval_cfg`)."""
-    from pathlib import Path
-
-    from lightning_modules.evaluate import translate
-
-    def translate_one(src: list[int]) -> list[int]:
-        return translate(model, [src], BOS_ID, EOS_ID, eval_cfg)[0]
-
-    def pieces(ids: list[int]) -> list[str]:
-        return [data.tokenizer.id_to_piece(i) for i in ids]
-
-    return save_attention(model, data.encode(list(data.corpus.valid.src)), translate_one, pieces,
-                          Path(out) / ATTENTION_FILE)

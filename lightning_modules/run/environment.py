@@ -15,25 +15,23 @@ from typing import Any
 import torch
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else platform's answer."""
+def _cpuinfo(name: str) -> str | None:
+    """The value of the first `name` line of /proc/cpuinfo (Linux), else None."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(name)), None)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform's answer."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cpu_flags() -> list[str]:
     """The vector-instruction families the CPU has (what changes CPU kernels' summation order)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
+    flags = (_cpuinfo("flags") or "").split()
     return sorted(f for f in flags if f in ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma"))
 
 

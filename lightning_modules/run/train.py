@@ -35,7 +35,7 @@ from lightning_modules.convergence import classify_run
 from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
 from lightning_modules.base.errors import DiskFull, RunFailed, UserError
-from lightning_modules.evaluate import corpus_bleu, translate_texts
+from lightning_modules.evaluate import corpus_bleu, translate
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
 from lightning_modules.run.attention import save_run_attention
@@ -176,7 +176,7 @@ def evaluate_split(module: TranslationModule, dm: TranslationDataModule, cfg: Ru
     """Translate one split with beam search, save source/reference/hypothesis files, score BLEU."""
     text = dm.corpus.valid if split == "valid" else dm.corpus.test
     name = "dev" if split == "valid" else "test"
-    hyps = translate_texts(module.model, text.src, dm.encode, dm.decode, BOS_ID, EOS_ID, cfg.eval)
+    hyps = [dm.decode(ids) for ids in translate(module.model, dm.encode(text.src), BOS_ID, EOS_ID, cfg.eval)]
     write_lines(out / f"{name}.src.txt", text.src)
     write_lines(out / f"{name}.ref.txt", text.tgt)
     write_lines(out / f"{name}.hyp.txt", hyps)

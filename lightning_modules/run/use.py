@@ -81,10 +81,6 @@ def pick_device(name: str | None) -> torch.device:
 
 # ---------------------------------------------------------------------------------- checkpoints
 
-def _load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def _step_checkpoints(ckpt_dir: Path) -> dict[int, Path]:
     """One readable checkpoint per step (the newest file of a step), by step."""
     by_step: dict[int, tuple[float, Path]] = {}
@@ -101,13 +97,9 @@ def _step_checkpoints(ckpt_dir: Path) -> dict[int, Path]:
 
 def _best_step(run_dir: Path, steps: Iterable[int]) -> int:
     """The step among `steps` with the lowest dev perplexity logged at it."""
-    from lightning_modules.metrics_log import read_rows
+    from lightning_modules.metrics_log import logged
 
-    ppl = {}
-    if (run_dir / "logs").is_dir():
-        for row in read_rows(run_dir / "logs"):
-            if row.get("val/ppl"):
-                ppl[int(row["step"])] = float(row["val/ppl"])
+    ppl = logged(run_dir / "logs", "val/ppl")
     scored = [(ppl[s], s) for s in steps if s in ppl]
     if not scored:
         raise UserError(f"--checkpoint best: no checkpoint in {run_dir / 'checkpoints'} is at a step with a "
@@ -128,11 +120,6 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
                                 f"({tuple(states[0][k].shape)} and {tuple(other[k].shape)})")
     return {k: (sum(s[k].double() for s in states) / len(states)).to(states[0][k].dtype)
             if states[0][k].is_floating_point() else states[0][k] for k in keys}
-
-
-def _model_state(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The Transformer's parameters and buffers from a TranslationModule checkpoint."""
-    return {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
 
 
 @dataclass
@@ -203,7 +190,7 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
                                 f"train.keep_checkpoints={k} (or more) to average {k}")
             steps = sorted(by_step)[-k:]
         paths = [by_step[s] for s in steps]
-    checkpoints = [_load_checkpoint(p) for p in paths]
+    checkpoints = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
     saved = [_checkpoint_model(c, p) for c, p in zip(checkpoints, paths)]
     for other, step in zip(saved[1:], steps[1:]):
         if other != saved[0]:
@@ -215,7 +202,8 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
         model = _known(TransformerConfig, saved[0])
     except (TypeError, ValueError) as err:
         raise UserError(f"{paths[0]}: its saved model is not one this version builds ({err})") from None
-    states = [_model_state(c) for c in checkpoints]
+    states = [{k.removeprefix("model."): v for k, v in c["state_dict"].items() if k.startswith("model.")}
+              for c in checkpoints]  # the Transformer's parameters and buffers in a TranslationModule's state
     state = states[0] if len(states) == 1 else average_state_dicts(states)
     if choice == "last" or choice == "best":
         description = f"{choice} (step {steps[0]})"
@@ -242,10 +230,6 @@ class LoadedRun:
     @property
     def eval_config(self) -> EvalConfig:
         return _known(EvalConfig, self.config.get("eval"))
-
-    @property
-    def data_config(self) -> DataConfig:
-        return _known(DataConfig, self.config.get("data"))
 
     @property
     def max_len(self) -> int:
@@ -541,9 +525,8 @@ def evaluation_texts(run_config: dict[str, Any], split: str | None, src: str | N
     data = _known(DataConfig, run_config.get("data"))
     if corpus == "files":
         raise UserError("--data files: give the files as --src FILE --ref FILE")
+    name = split if not corpus or corpus == data.corpus else f"{split}-{corpus}"
     changes = {k: v for k, v in (("corpus", corpus), ("data_dir", data_dir), ("base_url", base_url)) if v}
     data = replace(data, **changes)
-    name = split if not corpus or corpus == _known(DataConfig, run_config.get("data")).corpus \
-        else f"{split}-{corpus}"
     sources, references = split_texts(data, split)
     return name, sources, references, f"{data.corpus} {split}"
