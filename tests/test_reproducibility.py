@@ -13,15 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from ablate.cli import main
 from lightning_modules.metrics_log import read_rows
 
-STEPS = 8
+# 16 steps of one window each on a 300-pair subset (epochs of 4 batches), periodic checkpoints every
+# 3 steps, dev PPL every 5
+STEPS, EPOCH = 16, 4
 # the machine's own ATen kernels, named: the numbers do not change, the record shows the variable
 CAPABILITY = torch.backends.cpu.get_cpu_capability()
 TINY = ["--max-steps", str(STEPS), "--seed", "3", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4",
-        "n_layers=1", "data.vocab_size=500", "data.max_tokens=1000", "eval.max_len_offset=10",
-        "eval.beam_size=1", "eval.decode_test=false", "train.progress_bar=false", "train.log_every_n_steps=1",
-        "train.val_check_interval=100000", "train.checkpoint_every=100000", "train.threads=1"]
+        "n_layers=1", "data.vocab_size=500", "data.train_pairs=300", "data.max_tokens=2800",
+        "eval.max_len_offset=10", "eval.beam_size=1", "eval.decode_test=false", "train.progress_bar=false",
+        "train.log_every_n_steps=1", "train.checkpoint_every=3", "train.val_check_interval=5", "train.threads=1"]
 
 
 def losses(run_dir: Path) -> list[tuple[int, str]]:
@@ -29,20 +32,46 @@ def losses(run_dir: Path) -> list[tuple[int, str]]:
     return [(int(r["step"]), r["train/loss"]) for r in read_rows(run_dir / "logs") if r.get("train/loss")]
 
 
-def test_the_same_command_and_seed_give_bitwise_identical_losses_and_record_the_setup(tmp_path, small_corpus):
+def train(out: Path, small_corpus: list[str], fault: str | None = None, *overrides: str) -> subprocess.CompletedProcess:
+    """`ablate train` as a process of its own (the kernels named: `ATEN_CPU_CAPABILITY`)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
-    runs = ("a", "b")
-    procs = [subprocess.Popen([sys.executable, "-m", "ablate", "train", "--out", str(tmp_path / name),
-                               *small_corpus, *TINY], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for name in runs]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-    first, second = losses(tmp_path / "a"), losses(tmp_path / "b")
+    env.pop("ABLATE_FAULT", None)
+    return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(out), *small_corpus, *TINY,
+                           *overrides], env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
+                          capture_output=True, text=True, timeout=300)
+
+
+def train_here(out: Path, small_corpus: list[str], *overrides: str) -> None:
+    """The same command in this process (`ablate.cli.main`): where no signal or kill is involved."""
+    assert "ABLATE_FAULT" not in os.environ
+    assert main(["train", "--out", str(out), *small_corpus, *TINY, *overrides]) == 0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, small_corpus: list[str]) -> Path:
+    """The reference run, trained in this process: the stopped and resumed runs below (processes of
+    their own) must give its numbers bit for bit, and so must the same command run again."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    train_here(out, small_corpus)
+    results = json.loads((out / "results.json").read_text())
+    batches = results["data"]["train_batches"]
+    assert batches == EPOCH, f"the cases below assume epochs of {EPOCH} batches, not {batches}"
+    assert len(results["dev_ppl_curve"]) == 4, results["dev_ppl_curve"]  # after steps 5, 10, 15 and 16
+    return out
+
+
+def test_the_same_command_and_seed_give_bitwise_identical_losses_and_record_the_setup(
+        tmp_path, small_corpus, uninterrupted):
+    """The reference run (in this process) and the same command as a process of its own: every
+    step's loss and the dev PPL bit for bit; the process's results.json records its setup."""
+    again = train(tmp_path / "again", small_corpus)
+    assert again.returncode == 0, again.stderr[-3000:]
+    first, second = losses(uninterrupted), losses(tmp_path / "again")
     assert len(first) == STEPS and first == second
-    results = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in runs}
-    assert results["a"]["ppl"] == results["b"]["ppl"]
-    environment = results["a"]["environment"]
+    results = {run: json.loads((run / "results.json").read_text()) for run in (uninterrupted, tmp_path / "again")}
+    assert results[uninterrupted]["ppl"] == results[tmp_path / "again"]["ppl"]
+    assert results[uninterrupted]["dev_ppl_curve"] == results[tmp_path / "again"]["dev_ppl_curve"]
+    environment = results[tmp_path / "again"]["environment"]
     assert environment["cpu_capability"] == CAPABILITY
     assert environment["variables"]["ATEN_CPU_CAPABILITY"] == CAPABILITY.lower()
     assert environment["torch_threads"] == 1  # train.threads pins it
@@ -56,32 +85,6 @@ def test_deterministic_algorithms_are_on_for_cpu_runs_unless_turned_off():
     assert deterministic(resolve("tiny", "base", None, ["train.accelerator=cpu"], None))
     assert not deterministic(resolve("tiny", "base", None, ["train.deterministic=false"], None))
     assert deterministic(resolve("tiny", "base", None, ["train.deterministic=true"], None))
-
-
-# 16 steps of one window each, periodic checkpoints every 3 steps, dev PPL every 5, epochs of 4 batches
-RESUMABLE = ["--max-steps", "16", "data.max_tokens=25000", "train.checkpoint_every=3",
-             "train.val_check_interval=5"]
-EPOCH = 4
-
-
-def train(out: Path, small_corpus: list[str], fault: str | None = None, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "ATEN_CPU_CAPABILITY": CAPABILITY.lower()}
-    env.pop("ABLATE_FAULT", None)
-    return subprocess.run([sys.executable, "-m", "ablate", "train", "--out", str(out), *small_corpus, *TINY,
-                           *RESUMABLE, *overrides], env={**env, **({"ABLATE_FAULT": fault} if fault else {})},
-                          capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory, small_corpus: list[str]) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted") / "run"
-    result = train(out, small_corpus)
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
-    batches = results["data"]["train_batches"]
-    assert batches == EPOCH, f"the cases below assume epochs of {EPOCH} batches, not {batches}"
-    assert len(results["dev_ppl_curve"]) == 4, results["dev_ppl_curve"]  # after steps 5, 10, 15 and 16
-    return out
 
 
 # (fault, exit code, the step the resumed run starts after)
@@ -131,12 +134,12 @@ def test_a_window_begun_by_a_resume_is_carried_into_the_next_row(tmp_path, small
     """Rows of 5 steps, SIGTERM after step 8: the resumed attempt's steps 9 and 10 are carried into
     the row of step 15 rather than written as a row of two batches. The spike rule compares rows:
     the cpu table's D3 seed 2, resumed at step 7,619 in rows of 20, wrote a row of one batch (loss
-    3.84 against rows near 3.15) and was called unstable."""
+    3.84 against rows near 3.15) and was called unstable. (The SIGTERM needs a process; the resumed
+    attempt, which only writes rows, runs in this one.)"""
     window = "train.log_every_n_steps=5"
     stopped = train(tmp_path / "run", small_corpus, "train_step@8:SIGTERM", window)
     assert stopped.returncode == 130, stopped.stderr[-3000:]
-    again = train(tmp_path / "run", small_corpus, None, window)
-    assert again.returncode == 0, again.stderr[-3000:]
+    train_here(tmp_path / "run", small_corpus, window)
     assert (tmp_path / "run" / "logs" / "metrics.part-1.until-8.csv").is_file()
     rows = {int(r["step"]): r for r in read_rows(tmp_path / "run" / "logs") if r.get("train/loss")}
     assert list(rows) == [4, 14]  # after steps 5 and 15 (step 16, the last, is off Lightning's logging cadence)
