@@ -40,7 +40,7 @@ mkdir -p "$OUT"
 W=$(mktemp -d)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 deadline=$(( $(date +%s) + ${1:-520} ))
-left() { echo $(( deadline - $(date +%s) )); }
+left() { local s=$(( deadline - $(date +%s) )); echo $(( s > 0 ? s : 0 )); }  # past the deadline: 0, not negative
 min() { echo $(( $1 < $2 ? $1 : $2 )); }
 max() { echo $(( $1 > $2 ? $1 : $2 )); }
 
