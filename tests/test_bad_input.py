@@ -30,6 +30,7 @@ import optuna
 import pytest
 
 from ablate.cli import build_parser, main
+from lightning_modules.config import DataConfig
 
 FAST = ["--no-wandb", "--max-steps", "2", "data.valid_size=50", "data.test_size=50", "train.progress_bar=false"]
 SPACE_OK = "params:\n  dropout: {type: float, low: 0.0, high: 0.3}\n"
@@ -407,7 +408,8 @@ CASES: list[Case] = [
 NEED_NO_GPU = {"accelerator-gpu-without-gpu", "table3-device-ids-without-gpu", "sweep-accelerator-gpu-without-gpu"}
 
 
-SHARED_CACHE = Path("~/.cache/ablate").expanduser()  # read before a test moves HOME
+CACHE_DIR = Path(DataConfig().cache_dir)  # the preparation cache's default place: under ~
+SHARED_CACHE = CACHE_DIR.expanduser()  # read before a test moves HOME
 
 
 def gpu_visible() -> bool:
@@ -428,8 +430,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, tmp_path: P
     # ... but the preparation cache the other tests fill (data.cache_dir, under ~): a case that gets as
     # far as the data would otherwise extract the dictionary and train a BPE model each time
     SHARED_CACHE.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "home" / ".cache").mkdir(parents=True)
-    (tmp_path / "home" / ".cache" / "ablate").symlink_to(SHARED_CACHE)
+    moved = tmp_path / "home" / CACHE_DIR.relative_to("~")
+    moved.parent.mkdir(parents=True)
+    moved.symlink_to(SHARED_CACHE)
     monkeypatch.setattr("sweeps.storage.GRPC_CONNECT_S", 1.0)  # storage-proxy-unreachable: 1 s, not 10
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     for key, value in env.items():
