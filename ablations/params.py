@@ -43,9 +43,8 @@ def format_params(table: list[dict], vocab_size: int) -> str:
         cols.insert(cols.index("params"), "modifications")
     head = {"paper_params": "paper (M)", "params_M": "ours (M)"}
     cells = [[head.get(c, c) for c in cols]]
-    for entry in table:
-        cells.append(["" if entry.get(c) is None else
-                      (f"{entry[c]:,}" if c == "params" else str(entry[c])) for c in cols])
+    cells += [["" if entry.get(c) is None else (f"{entry[c]:,}" if c == "params" else str(entry[c])) for c in cols]
+              for entry in table]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
     left = {0, cols.index("modifications")} if "modifications" in cols else {0}
     lines = ["  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))

@@ -38,8 +38,7 @@ PRESET, ROW = "cpu", "base"
 
 def layouts(cores: int) -> list[int]:
     """Worker counts to compare: 1, 2, 4, ... and the core count, each dividing the cores."""
-    counts = {k for k in (1, 2, 4, 8, 16, 32, 64, cores) if k <= cores and cores % k == 0}
-    return sorted(counts)
+    return sorted({k for k in (1, 2, 4, 8, 16, 32, 64, cores) if k <= cores and cores % k == 0})
 
 
 def train_args(out: Path, seed: int, steps: int, quick: bool) -> list[str]:

@@ -288,8 +288,7 @@ def check_disk_space(out: Path, cfg: RunConfig) -> None:
 
 
 def _api_key() -> str | None:
-    key = os.environ.get("WANDB_API_KEY")
-    if key:
+    if key := os.environ.get("WANDB_API_KEY"):
         return key
     try:
         auth = netrc.netrc().authenticators("api.wandb.ai")

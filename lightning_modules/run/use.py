@@ -205,10 +205,8 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
     states = [{k.removeprefix("model."): v for k, v in c["state_dict"].items() if k.startswith("model.")}
               for c in checkpoints]  # the Transformer's parameters and buffers in a TranslationModule's state
     state = states[0] if len(states) == 1 else average_state_dicts(states)
-    if choice == "last" or choice == "best":
-        description = f"{choice} (step {steps[0]})"
-    else:
-        description = f"average of {len(steps)} (steps {', '.join(map(str, steps))})"
+    description = f"{choice} (step {steps[0]})" if k is None else \
+        f"average of {len(steps)} (steps {', '.join(map(str, steps))})"
     return Weights(model, state, description, steps)
 
 
