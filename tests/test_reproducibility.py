@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from ablate.cli import main
 from lightning_modules.metrics_log import read_rows
+from test_faults import lightning_log
 
 # 16 steps of one window each on a 300-pair subset (epochs of 4 batches), periodic checkpoints every
 # 3 steps, dev PPL every 5
@@ -87,12 +89,12 @@ def test_deterministic_algorithms_are_on_for_cpu_runs_unless_turned_off():
     assert deterministic(resolve("tiny", "base", None, ["train.deterministic=true"], None))
 
 
-# (fault, exit code, the step the resumed run starts after)
+# (fault, exit code, the step the resumed run starts after, whether that run is a process of its own)
 STOPS = {
-    "killed mid-epoch": ("train_step@7", -9, 6),  # SIGKILL; periodic checkpoint of step 6 (batch 3 of 4)
-    "killed after an epoch's end": ("train_step@13", -9, 12),  # periodic checkpoint at epoch 3's last batch
-    "SIGTERM at an epoch's end": ("train_step@8:SIGTERM", 130, 8),  # interrupted.ckpt after step 8
-    "Ctrl-C inside a step": ("train_forward@8:SIGINT", 130, 7),  # interrupted.ckpt inside step 8
+    "killed mid-epoch": ("train_step@7", -9, 6, False),  # SIGKILL; periodic checkpoint of step 6 (batch 3 of 4)
+    "killed after an epoch's end": ("train_step@13", -9, 12, False),  # periodic checkpoint at epoch 3's last batch
+    "SIGTERM at an epoch's end": ("train_step@8:SIGTERM", 130, 8, False),  # interrupted.ckpt after step 8
+    "Ctrl-C inside a step": ("train_forward@8:SIGINT", 130, 7, True),  # interrupted.ckpt inside step 8
 }
 
 
@@ -113,14 +115,23 @@ def test_a_stopped_run_resumes_with_the_batches_draws_and_rows_of_an_uninterrupt
     late (and, in windows of several steps, lost one per epoch: the cpu table of 2026-11-23), and
     Lightning's count of batches across epochs one ahead, which ran every later dev evaluation a
     step early (the cpu table's C3 seed 1, resumed inside a step five times: dev PPL after step
-    23,995 instead of 24,000)."""
-    fault, code, resumed_after = STOPS[stop]
+    23,995 instead of 24,000). The stop is always a process of its own; the same command after the
+    Ctrl-C is one too (a fresh process's resume, bit for bit, stays in make test), after the other
+    stops it runs in this process (Lightning's lines and warnings read from its log and warnings)."""
+    fault, code, resumed_after, own_process = STOPS[stop]
     stopped = train(tmp_path / "run", small_corpus, fault)
     assert stopped.returncode == code, stopped.stderr[-3000:]
-    again = train(tmp_path / "run", small_corpus)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "Restored all states from the checkpoint" in again.stderr
-    assert "not resumable" not in again.stderr  # Lightning's warning for a loader it cannot resume
+    if own_process:
+        again = train(tmp_path / "run", small_corpus)
+        assert again.returncode == 0, again.stderr[-3000:]
+        said = again.stderr
+    else:
+        with lightning_log() as messages, warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")  # every warning, as a process's stderr shows the first of each
+            train_here(tmp_path / "run", small_corpus)
+        said = "\n".join([*messages, *(str(w.message) for w in warned)])
+    assert "Restored all states from the checkpoint" in said
+    assert "not resumable" not in said  # Lightning's warning for a loader it cannot resume
     assert (tmp_path / "run" / "logs" / f"metrics.part-1.until-{resumed_after}.csv").is_file()
     expected = losses(uninterrupted)
     assert [step for step, _ in expected] == list(range(16))

@@ -9,12 +9,14 @@ the job, as SLURM does) and then SIGCONT.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -23,9 +25,10 @@ import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from optuna.trial import TrialState
 
+from ablate.cli import main
 from lightning_modules.run.slurm import on_slurm
 from sweeps.storage import make_storage
-from test_faults import SMALL
+from test_faults import SMALL, lightning_log
 
 JOB = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
        "SLURM_NODEID": "0", "SLURM_JOB_NAME": "table3"}
@@ -80,6 +83,25 @@ def wait_until_stopped(root: subprocess.Popen, timeout: float = 300) -> int:
     pytest.fail(f"no process stopped at the fault point; output: {root.communicate()[0][-3000:]}")
 
 
+@contextlib.contextmanager
+def slurm_task_here(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], cwd: Path | None = None) -> Iterator[None]:
+    """This process with `env` (`slurm_env`'s) as its environment, and `cwd`, for a command run in
+    it (`ablate.cli.main`, "the same command again"); the pre-emption notice's handler that the
+    command installs under SLURM is put back after, and so are the variables and the folder."""
+    for key in [k for k in os.environ if k not in env]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    handler = signal.getsignal(signal.SIGUSR1)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+        monkeypatch.undo()
+
+
 def checkpoint_steps(folder: Path) -> dict[str, int]:
     return {p.name: torch.load(p, weights_only=True)["global_step"] for p in folder.glob("*.ckpt")}
 
@@ -97,7 +119,10 @@ def test_slurm_is_detected_by_lightnings_rule(monkeypatch, env: dict[str, str], 
     assert on_slurm() == SLURMEnvironment.detect() == expected
 
 
-def test_sigusr1_saves_a_checkpoint_requeues_the_job_and_the_requeued_run_resumes(tmp_path: Path):
+def test_sigusr1_saves_a_checkpoint_requeues_the_job_and_the_requeued_run_resumes(tmp_path: Path, monkeypatch):
+    """SIGUSR1 to `ablate train` (a process of its own) held at step 7: it saves, requeues the job
+    and stops; the requeued run (the same command, run in this process with the task's variables)
+    resumes from that step and finishes without requeueing again."""
     out = tmp_path / "run"
     command = [sys.executable, "-m", "ablate", "train", "--out", str(out), *SMALL]
     env = slurm_env(tmp_path)
@@ -114,9 +139,10 @@ def test_sigusr1_saves_a_checkpoint_requeues_the_job_and_the_requeued_run_resume
     assert steps["hpc_ckpt_1.ckpt"] == 7  # at the end of the step that got the signal
     assert not (out / "results.json").exists()
 
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    resumed = again.stderr.split("Restored all states from the checkpoint at ")[1].split()[0]
+    # the requeued run: the same command, in this process as the same SLURM task
+    with slurm_task_here(monkeypatch, env), lightning_log() as messages:
+        assert main(command[3:]) == 0
+    resumed = "\n".join(messages).split("Restored all states from the checkpoint at ")[1].split()[0]
     assert steps[Path(resumed).name] == 7  # the newest checkpoint: hpc_ckpt_1 or the same step's interrupted
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and results["steps"] == 20
@@ -212,10 +238,10 @@ def test_notice_during_start_up_is_kept_and_requeues_at_the_first_step(tmp_path:
     assert checkpoint_steps(out / "checkpoints")["hpc_ckpt_1.ckpt"] == 1
 
 
-def test_a_table_noticed_before_its_workers_start_requeues_itself(tmp_path: Path):
+def test_a_table_noticed_before_its_workers_start_requeues_itself(tmp_path: Path, monkeypatch):
     """SIGUSR1 to the `ablate table3` launcher before it has started a worker: nothing else of the
     task exists to requeue it, so the launcher does (the array task), and exits 130; the same
-    command then runs the table."""
+    command (its launcher run in this process as the same task) then runs the table."""
     env = slurm_env(tmp_path, SLURM_ARRAY_JOB_ID="77", SLURM_ARRAY_TASK_ID="5")
     command = [sys.executable, "-m", "ablate", "table3", "--preset", "tiny", "--rows", "base",
                "--storage", f"sqlite:///{tmp_path}/t.db", "--runs-dir", str(tmp_path / "runs"), "--no-report", *SMALL]
@@ -229,8 +255,8 @@ def test_a_table_noticed_before_its_workers_start_requeues_itself(tmp_path: Path
     assert launcher.returncode == 130, (launcher.returncode, output[-3000:])
     assert "before any worker started; requeued job 77_5" in output and "Traceback" not in output
     assert (tmp_path / "scontrol.log").read_text() == "requeue 77_5\n"
-    again = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    with slurm_task_here(monkeypatch, env, cwd=tmp_path):  # the launcher in this process; its worker and trial not
+        assert main(command[3:]) == 0
     assert json.loads((tmp_path / "runs" / "table3-tiny" / "base-s1" / "results.json").read_text())["steps"] == 20
 
 
