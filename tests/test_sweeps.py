@@ -80,6 +80,19 @@ def load(tmp: Path, study: str) -> optuna.Study:
     return optuna.load_study(study_name=study, storage=f"sqlite:///{tmp}/db/sweeps.db")
 
 
+def watch(tmp: Path, study: str) -> Callable[[], list[optuna.trial.FrozenTrial]]:
+    """The study's trials as they are now, each call, through one storage opened once the sweep
+    has created the study (opened afresh for each poll, it cost 0.1 s of CPU a poll)."""
+    opened: list[optuna.Study] = []
+
+    def trials() -> list[optuna.trial.FrozenTrial]:
+        if not opened:
+            opened.append(load(tmp, study))
+        return opened[0].get_trials()
+
+    return trials
+
+
 # --- search space -------------------------------------------------------------------------
 
 def test_example_space_parses_and_samples_within_ranges():
@@ -242,7 +255,7 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
             ckpt = tmp_path / "runs" / t.user_attrs.get("run_dir", "/nonexistent") / "checkpoints" / "last.ckpt"
             return 5 in t.intermediate_values and ckpt.is_file()
 
-        victim = wait_for_running_trial(lambda: load(tmp_path, "kill").get_trials(), resumable)
+        victim = wait_for_running_trial(watch(tmp_path, "kill"), resumable)
         assert victim is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
         os.kill(int(victim.user_attrs["worker"].rsplit(":", 2)[1]), signal.SIGKILL)  # host:pid:number
         assert proc.wait(timeout=60) == 1
@@ -327,8 +340,7 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
         proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink,
                                 preexec_fn=_ignore_sigint if launched == "sigint-ignored" else None)
     try:
-        running = wait_for_running_trial(lambda: load(tmp_path, "term").get_trials(),
-                                         lambda t: 5 in t.intermediate_values)
+        running = wait_for_running_trial(watch(tmp_path, "term"), lambda t: 5 in t.intermediate_values)
         assert running is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 130
