@@ -112,31 +112,40 @@ def test_dashboard_in_browser(server: str, browser, tmp_path: Path) -> None:
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
 
 
+def _refused(capfd: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    """`ablate ARGS` in this process (a refusal before anything serves: no signal, no server):
+    its exit status, and what it printed on stdout and stderr (file descriptors included)."""
+    from ablate.cli import main
+
+    capfd.readouterr()
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
 @pytest.mark.parametrize("storage", ["sqlite:///{tmp}/missing.db", "not a url"])
-def test_dashboard_bad_storage(storage: str, tmp_path: Path) -> None:
+def test_dashboard_bad_storage(storage: str, tmp_path: Path, capfd) -> None:
     url = storage.format(tmp=tmp_path)
-    proc = subprocess.run(_ablate("dashboard", "--storage", url, "--port", str(free_port())),
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ablate: error:"), proc.stderr
-    assert proc.stdout == ""
+    code, out, err = _refused(capfd, "dashboard", "--storage", url, "--port", str(free_port()))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ablate: error:"), err
+    assert out == ""
     assert not (tmp_path / "missing.db").exists()
 
 
-def test_dashboard_port_in_use(tmp_path: Path) -> None:
+def test_dashboard_port_in_use(tmp_path: Path, capfd) -> None:
     db = tmp_path / "sweeps.db"
     _make_study(db)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(_ablate("dashboard", "--storage", f"sqlite:///{db}", "--port", str(port)),
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == f"ablate: error: cannot listen on 127.0.0.1:{port}: " \
-                                                   "Address already in use", proc.stderr
+        code, _, err = _refused(capfd, "dashboard", "--storage", f"sqlite:///{db}", "--port", str(port))
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"ablate: error: cannot listen on 127.0.0.1:{port}: " \
+                                           "Address already in use", err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -1,6 +1,8 @@
 """Sweeps: search-space parsing, Optuna studies with real worker processes on SQLite, W&B YAML.
 
-No mocks: real SQLite storages, real `ablate sweep` subprocesses, tiny real training runs.
+No mocks: real SQLite storages, real worker and trial processes, tiny real training runs. The
+`ablate sweep` command itself runs in this process (`ablate_here`) except where a test signals
+its processes.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from sweeps.storage import make_storage
 from sweeps.study import enqueue, open_study
 from sweeps.wandb_sweep import agent_args
 
+# The trials' settings: what is tested is the sweep machinery, not decoding, so a trial decodes
+# the dev set greedily (its BLEU is still scored) and not the test set.
 TINY = ["--max-steps", "10", "--no-wandb", "data.vocab_size=500", "data.ding_dictionary=false",
         "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000", "eval.max_len_offset=10",
+        "eval.beam_size=1", "eval.decode_test=false",
         "train.progress_bar=false", "train.val_check_interval=5", "train.checkpoint_every=5"]
 SPACE = """
 params:
@@ -46,6 +51,20 @@ def ablate(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def ablate_here(capfd: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
+    """`ablate ARGS` run in this process (`ablate.cli.main`), where the guarantee is not about the
+    command's own process (its signals): a sweep's workers and trials are real processes all the
+    same. Returns what `ablate` would have: its exit status, and what it and its workers printed."""
+    from ablate.cli import main
+    from lightning_modules.base.stop import STOP
+
+    assert not STOP.requested, STOP.signals  # a stop recorded earlier in this process would pass on
+    capfd.readouterr()
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["ablate", *args], code, out, err)
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -59,6 +78,19 @@ def sweep_args(tmp: Path, study: str, n: int, *extra: str) -> list[str]:
 
 def load(tmp: Path, study: str) -> optuna.Study:
     return optuna.load_study(study_name=study, storage=f"sqlite:///{tmp}/db/sweeps.db")
+
+
+def watch(tmp: Path, study: str) -> Callable[[], list[optuna.trial.FrozenTrial]]:
+    """The study's trials as they are now, each call, through one storage opened once the sweep
+    has created the study (opened afresh for each poll, it cost 0.1 s of CPU a poll)."""
+    opened: list[optuna.Study] = []
+
+    def trials() -> list[optuna.trial.FrozenTrial]:
+        if not opened:
+            opened.append(load(tmp, study))
+        return opened[0].get_trials()
+
+    return trials
 
 
 # --- search space -------------------------------------------------------------------------
@@ -103,9 +135,9 @@ def test_grid_needs_values_for_float_ranges(tmp_path):
         space.grid()
 
 
-def test_bad_space_file_exits_2_with_one_line(tmp_path):
+def test_bad_space_file_exits_2_with_one_line(tmp_path, capfd):
     path = write(tmp_path / "bad.yaml", "params: {d_model: {type: int, low: 4, high: 2}}")
-    result = ablate("sweep", "optuna", "--study", "x", "--storage", f"sqlite:///{tmp_path}/s.db",
+    result = ablate_here(capfd, "sweep", "optuna", "--study", "x", "--storage", f"sqlite:///{tmp_path}/s.db",
                     "--space", str(path))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("ablate: error:")
@@ -169,13 +201,16 @@ def test_four_workers_queueing_and_taking_never_run_a_trial_twice_on_sqlite(tmp_
     assert sorted(taken) == EXPECTED_KEYS
 
 
-def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
+def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path, capfd):
+    """Two workers, two sampled trials (one each): every trial finishes with its results as user
+    attributes and its reports keyed by global step; the same command again trains nothing."""
     # Beats every 15 s, not 1: on a loaded machine (a table beside the suite) a 2 s silence made
     # the heartbeat retry a live trial (7 trials); retries have tests of their own.
-    result = ablate(*sweep_args(tmp_path, "tpe", 4, "--workers", "2", "--heartbeat", "15"))
+    args = sweep_args(tmp_path, "tpe", 2, "--workers", "2", "--heartbeat", "15")
+    result = ablate_here(capfd, *args)
     assert result.returncode == 0, result.stderr[-2000:]
     trials = load(tmp_path, "tpe").get_trials()
-    assert len(trials) == 4
+    assert len(trials) == 2
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete
@@ -184,11 +219,11 @@ def test_two_workers_finish_the_study_with_step_keyed_reports(tmp_path):
         assert set(t.intermediate_values) == {5, 10}  # global steps, not epochs
         assert t.value == t.user_attrs["ppl"]
         assert t.user_attrs["run_dir"] == f"tpe/trial-{t.number}"  # relative to --runs-dir
-    # Re-running the same command: the study is already complete, nothing more is trained.
-    assert len({t.user_attrs["run_dir"] for t in trials}) == 4
+    assert len({t.user_attrs["run_dir"] for t in trials}) == 2
     assert len({t.user_attrs["worker"].rsplit(":", 2)[1] for t in trials}) == 2  # both workers (host:pid:trial)
-    again = ablate(*sweep_args(tmp_path, "tpe", 4, "--workers", "2", "--heartbeat", "15"))
-    assert again.returncode == 0 and len(load(tmp_path, "tpe").trials) == 4
+    # Re-running the same command: the study is already complete, nothing more is trained.
+    again = ablate_here(capfd, *args)
+    assert again.returncode == 0 and len(load(tmp_path, "tpe").trials) == 2
 
 
 def wait_for_running_trial(trials: Callable[[], list[optuna.trial.FrozenTrial]],
@@ -220,7 +255,7 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
             ckpt = tmp_path / "runs" / t.user_attrs.get("run_dir", "/nonexistent") / "checkpoints" / "last.ckpt"
             return 5 in t.intermediate_values and ckpt.is_file()
 
-        victim = wait_for_running_trial(lambda: load(tmp_path, "kill").get_trials(), resumable)
+        victim = wait_for_running_trial(watch(tmp_path, "kill"), resumable)
         assert victim is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
         os.kill(int(victim.user_attrs["worker"].rsplit(":", 2)[1]), signal.SIGKILL)  # host:pid:number
         assert proc.wait(timeout=60) == 1
@@ -246,13 +281,13 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
 
 
 @pytest.mark.parametrize("devices_per_run", [1, pytest.param(2, marks=pytest.mark.slow)])  # DDP: make test-slow
-def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, devices_per_run):
+def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, capfd, devices_per_run):
     """Queued good then hopeless configs: the second is pruned at its first report; with D = 2
     both trials train on 2 gloo ranks, rank 0 alone reports, and every rank stops together."""
     study = open_study("prune", make_storage(f"sqlite:///{tmp_path}/db/sweeps.db", None))
     enqueue(study, ["train.lr_scale=0.5"])
     enqueue(study, ["train.lr_scale=1e-6"])
-    result = ablate(*sweep_args(tmp_path, "prune", 2, "--prune-startup-trials", "1",
+    result = ablate_here(capfd, *sweep_args(tmp_path, "prune", 2, "--prune-startup-trials", "1",
                                 "--devices-per-run", str(devices_per_run), "train.warmup_steps=5"))
     assert result.returncode == 0, result.stderr[-3000:]
     good, bad = sorted(load(tmp_path, "prune").get_trials(), key=lambda t: t.number)
@@ -283,8 +318,8 @@ def test_cpu_workers_share_the_cores_within_a_thread_count_already_set(monkeypat
     assert [e.get("OMP_NUM_THREADS") for e in worker_envs(2, ["0", "1"])] == [set_to] * 2  # GPU workers: as set
 
 
-def test_gpus_must_split_into_groups_of_devices_per_run(tmp_path):
-    result = ablate(*sweep_args(tmp_path, "split", 2, "--gpus", "0,1,2", "--devices-per-run", "2"))
+def test_gpus_must_split_into_groups_of_devices_per_run(tmp_path, capfd):
+    result = ablate_here(capfd, *sweep_args(tmp_path, "split", 2, "--gpus", "0,1,2", "--devices-per-run", "2"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "not a multiple of --devices-per-run 2" in lines[0]
 
@@ -294,8 +329,9 @@ def _ignore_sigint() -> None:
 
 
 @pytest.mark.parametrize("launched", ["foreground", pytest.param("sigint-ignored", marks=pytest.mark.slow)])
-def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path, launched):
-    """`sigint-ignored`: started as `nohup ablate ... &` from a script starts it (SIGINT ignored,
+def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path, capfd, launched):
+    """The sweep signalled is a real `ablate` process (the re-run needs none: it runs in this one).
+    `sigint-ignored`: started as `nohup ablate ... &` from a script starts it (SIGINT ignored,
     inherited by every process below unless reset), yet the worker stops its trial with SIGINT."""
     steps = 80  # the signal comes at step 5; 75 steps leave it seconds to arrive
     args = sweep_args(tmp_path, "term", 1, "--max-steps", str(steps), "--no-prune")
@@ -304,8 +340,7 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
         proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink,
                                 preexec_fn=_ignore_sigint if launched == "sigint-ignored" else None)
     try:
-        running = wait_for_running_trial(lambda: load(tmp_path, "term").get_trials(),
-                                         lambda t: 5 in t.intermediate_values)
+        running = wait_for_running_trial(watch(tmp_path, "term"), lambda t: 5 in t.intermediate_values)
         assert running is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 130
@@ -324,7 +359,7 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
     stopped_at = torch.load(interrupted, weights_only=True)["global_step"]
     assert 5 <= stopped_at < steps
 
-    again = ablate(*args)
+    again = ablate_here(capfd, *args)
     assert again.returncode == 0, again.stderr[-2000:]
     retry = load(tmp_path, "term").get_trials()[retry.number]
     assert retry.state == TrialState.COMPLETE and retry.user_attrs["steps"] == steps
@@ -333,9 +368,9 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
 
 # --- Weights & Biases -----------------------------------------------------------------------
 
-def test_wandb_sweep_yaml_and_agent_arguments_train(tmp_path):
+def test_wandb_sweep_yaml_and_agent_arguments_train(tmp_path, capfd):
     out = tmp_path / "sweep.yaml"
-    result = ablate("sweep", "wandb", "--space", str(write(tmp_path / "space.yaml", SPACE)),
+    result = ablate_here(capfd, "sweep", "wandb", "--space", str(write(tmp_path / "space.yaml", SPACE)),
                     "--out", str(out), "--runs-dir", str(tmp_path / "runs"), *TINY)
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load(out.read_text())
