@@ -45,6 +45,18 @@ def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) 
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
+def ablate_here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """`ablate ARGS` called in this process (`ablate.cli.main`, what `python -m ablate` runs), for a
+    check that is not about a process of its own: its exit status, and what was written to stdout
+    and stderr, read at the file descriptors (the lines of any worker it starts included)."""
+    from ablate.cli import main
+
+    capfd.readouterr()  # what came before is not this command's
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["ablate", *args], code, out, err)
+
+
 def table3_args(tmp: Path, *extra: str) -> list[str]:
     return ["table3", "--preset", "tiny", "--storage", f"sqlite:///{tmp}/t3.db", "--runs-dir",
             str(tmp / "runs"), *SMALL, *extra]
@@ -94,8 +106,8 @@ def test_one_seed_rule_gives_rows_far_from_base_in_the_paper_their_first_seed_on
         == sorted(plan.runs())
 
 
-def test_unknown_row_is_a_one_line_error_and_nothing_is_written(tmp_path):
-    result = ablate(*table3_args(tmp_path, "--rows", "base,Q9"))
+def test_unknown_row_is_a_one_line_error_and_nothing_is_written(tmp_path, capfd):
+    result = ablate_here(capfd, *table3_args(tmp_path, "--rows", "base,Q9"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "unknown Table 3 row or group 'Q9'" in lines[0]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "t3.db").exists()
@@ -292,20 +304,20 @@ def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_pap
     assert "| pre_ln " in md and "norm_position pre" in md
 
 
-def test_rerun_repeats_nothing(table: Path):
+def test_rerun_repeats_nothing(table: Path, capfd):
     before = [(t.number, t.state) for t in trials(table)]
-    result = ablate(*table3_args(table, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
+    result = ablate_here(capfd, *table3_args(table, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "0 queued now" in result.stdout and "worker" not in result.stdout
     assert [(t.number, t.state) for t in trials(table)] == before
 
 
-def test_report_is_regenerated_identically_from_the_database_alone(table: Path, tmp_path: Path):
+def test_report_is_regenerated_identically_from_the_database_alone(table: Path, tmp_path: Path, capfd):
     report = table / "runs" / "table3-tiny" / "report"
     saved = tmp_path / "runs-moved"
     shutil.move(table / "runs", saved)  # no run directory left: the database only
     try:
-        result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--out", str(tmp_path / "again"))
+        result = ablate_here(capfd, "report", "--storage", f"sqlite:///{table}/t3.db", "--out", str(tmp_path / "again"))
         assert result.returncode == 0, result.stderr[-2000:]
     finally:
         shutil.move(saved, table / "runs")
@@ -355,55 +367,58 @@ def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_
     assert not (tmp_path / "t3.db").exists() and not (Path(runs) / "table3-tiny" / "report").exists()
 
 
-def test_the_report_classifies_each_run_from_its_stored_inputs_not_its_stored_class(table: Path, tmp_path: Path):
+def test_the_report_classifies_each_run_from_its_stored_inputs_not_its_stored_class(table: Path, tmp_path: Path,
+                                                                                   capfd):
     """The class a run recorded is its own word at the time; the report decides the class again, by
     the rule as it is now, from the inputs the run stored (dev-PPL curve, window-mean training
     losses, warmup, unigram PPL), with no run directory needed. A run that stored no inputs (one
-    trained before runs kept them) is left unclassified, and the report says so."""
+    trained before runs kept them) is left unclassified, and the report says so.
+
+    One report of both: a D1 run stored again with a stale class, an E run stored again without its
+    inputs (each the newest complete trial of its row and seed: the one the report uses)."""
     shutil.copy(table / "t3.db", tmp_path / "t3.db")
     storage = f"sqlite:///{tmp_path}/t3.db"
     study = optuna.load_study(study_name="table3-tiny", storage=storage)
-    d1 = max((t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"),
-             key=lambda t: t.number)
+
+    def newest(row: str) -> optuna.trial.FrozenTrial:
+        return max((t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs["row"] == row),
+                   key=lambda t: t.number)
+
+    d1, e = newest("D1"), newest("E")
     now, then = d1.user_attrs["convergence"], "diverged"  # the worst class: the row's cell would show it
     assert now != then and classify_stored(d1.user_attrs).label == now
     original = pd.read_csv(table / "runs" / "table3-tiny" / "report" / "table3.csv", index_col="row")
 
-    def add(attrs: dict) -> None:  # the newest complete trial of its (row, seed): the one the report uses
-        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=d1.value, params=d1.params,
-                                                  distributions=d1.distributions, user_attrs=attrs))
+    def add(like: optuna.trial.FrozenTrial, attrs: dict) -> None:
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=like.value, params=like.params,
+                                                  distributions=like.distributions, user_attrs=attrs))
 
-    def report(name: str) -> tuple[str, pd.DataFrame]:
-        moved = tmp_path / "runs-moved"
-        shutil.move(table / "runs", moved)  # the database alone
-        try:
-            result = ablate("report", "--storage", storage, "--out", str(tmp_path / name), "--bootstrap", "0")
-        finally:
-            shutil.move(moved, table / "runs")
-        assert result.returncode == 0, result.stderr[-2000:]
-        return (tmp_path / name / "table3.md").read_text(), pd.read_csv(tmp_path / name / "table3.csv", index_col="row")
-
-    add({**d1.user_attrs, "convergence": then, "convergence_reason": "a class another rule gave"})
-    md, frame = report("stale")
-    assert frame.loc["D1", "convergence"] == original.loc["D1", "convergence"]
+    add(d1, {**d1.user_attrs, "convergence": then, "convergence_reason": "a class another rule gave"})
+    add(e, {key: value for key, value in e.user_attrs.items() if key != "train_loss_curve"})  # no inputs
+    moved = tmp_path / "runs-moved"
+    shutil.move(table / "runs", moved)  # the database alone
+    try:
+        result = ablate_here(capfd, "report", "--storage", storage, "--out", str(tmp_path / "r"), "--bootstrap", "0")
+    finally:
+        shutil.move(moved, table / "runs")
+    assert result.returncode == 0, result.stderr[-2000:]
+    md, frame = (tmp_path / "r" / "table3.md").read_text(), pd.read_csv(tmp_path / "r" / "table3.csv", index_col="row")
+    assert frame.loc["D1", "convergence"] == original.loc["D1", "convergence"]  # the stale class: not read
     assert "a class another rule gave" not in md
-    assert "stored none of the convergence rule's inputs" not in md
-
-    add({key: value for key, value in d1.user_attrs.items() if key != "train_loss_curve"})  # no inputs
-    md, frame = report("no-inputs")
-    seeds = int(original.loc["D1", "seeds"])
+    # the stale run is not one without inputs: only E's is counted
     assert (f"1 of the {int(original['seeds'].sum())} runs stored none of the convergence rule's inputs "
             f"(trained before runs kept them), so their class is left blank") in md
     others = [t.user_attrs["convergence"] for t in study.get_trials()
-              if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"
-              and t.user_attrs["seed"] != d1.user_attrs["seed"]]
-    assert seeds == 2 and frame.loc["D1", "convergence"] == others[-1]  # the other seed's class alone
+              if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "E"
+              and t.user_attrs["seed"] != e.user_attrs["seed"]]
+    assert int(original.loc["E", "seeds"]) == 2
+    assert frame.loc["E", "convergence"] == others[-1]  # the other seed's class alone
 
 
-def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Path, tmp_path: Path):
+def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Path, tmp_path: Path, capfd):
     out = tmp_path / "wb"
-    result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--study", "table3-tiny",
-                    "--out", str(out), "--wandb-report", "offline", "--bootstrap", "0")
+    result = ablate_here(capfd, "report", "--storage", f"sqlite:///{table}/t3.db", "--study", "table3-tiny",
+                         "--out", str(out), "--wandb-report", "offline", "--bootstrap", "0")
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = list((out / "wandb").glob("offline-run-*"))
     tables = list(run.rglob("table3_*.table.json"))
@@ -618,9 +633,9 @@ def test_a_smoke_scale_table_says_so_above_its_numbers(preset: str, browser, tmp
     assert int(browser.execute_script("return getComputedStyle(arguments[0]).fontWeight", caveat)) >= 600
 
 
-def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path):
+def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path, capfd):
     optuna.create_study(study_name="sweep", storage=f"sqlite:///{tmp_path}/s.db")
-    result = ablate("report", "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "r"))
+    result = ablate_here(capfd, "report", "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "r"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "0 Table 3 studies" in lines[0]
     assert not (tmp_path / "r").exists()
