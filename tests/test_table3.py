@@ -643,41 +643,44 @@ def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path, capfd
 
 # --- killed rows are completed on re-run ----------------------------------------------------
 
-def test_killed_trial_process_fails_its_row_and_rerun_completes_it(tmp_path: Path):
-    args = table3_args(tmp_path, "--rows", "base", "--no-report")
-    first = ablate(*args, env={"ABLATE_FAULT": "train_step@7"})  # SIGKILL inside the run, after step 5's checkpoint
+def test_a_killed_trial_process_and_a_killed_table3_command_are_each_resumed_by_a_rerun(tmp_path: Path, capfd,
+                                                                                        monkeypatch):
+    """One row, the same command three times. The first sitting's trial process is SIGKILLed inside
+    its run, after step 5's checkpoint: the row fails, exit status 1. The re-run resumes the row from
+    that checkpoint, and is SIGKILLed itself once the resumed run has reported step 10: `ablate
+    table3`, whose worker and training go with it. A re-run at once (no waiting for the heartbeat)
+    sees that worker's pid gone and resumes the row again, from where it was killed, to the end.
+    (The killed command is a process of its own; the other two sittings run `ablate table3` in this
+    process, their workers and trials in processes of their own.)"""
+    args = table3_args(tmp_path, "--rows", "base", "--no-report", "--max-steps", "40")  # killed at 7, then 10
+    monkeypatch.setenv("ABLATE_FAULT", "train_step@7")  # SIGKILL inside the run, in the trial process
+    first = ablate_here(capfd, *args)
+    monkeypatch.delenv("ABLATE_FAULT")
     assert first.returncode == 1 and "not complete: base seed 1 (fail)" in first.stderr
-    second = ablate(*args)
-    assert second.returncode == 0, second.stderr[-2000:]
-    states = sorted(t.state.name for t in trials(tmp_path))
-    assert states == ["COMPLETE", "FAIL"]
-    run_dir = tmp_path / "runs" / "table3-tiny" / "base-s1"
-    assert "Restoring states from the checkpoint" in (run_dir / "trial.log").read_text()
-    assert json.loads((run_dir / "results.json").read_text())["steps"] == 10
-
-
-def test_killed_table3_command_is_resumed_at_once_by_a_rerun(tmp_path: Path):
-    """SIGKILL to `ablate table3` takes its worker and the training with it; a re-run at once
-    (no waiting for the heartbeat) sees the worker's pid gone and resumes the row."""
-    args = table3_args(tmp_path, "--rows", "base", "--no-report", "--max-steps", "80")  # killed at step 5
+    assert [t.state for t in trials(tmp_path)] == [TrialState.FAIL]
     proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        running = wait_for_running_trial(lambda: trials(tmp_path), lambda t: 5 in t.intermediate_values)
-        assert running is not None, "the row never reached step 5"
+        running = wait_for_running_trial(lambda: trials(tmp_path), lambda t: 10 in t.intermediate_values)
+        assert running is not None, "the re-run never reached step 10"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert min(running.intermediate_values) == 10  # resumed at step 5: no step 5 of its own
     time.sleep(1.0)  # the worker and its training die with their parent
-    result = ablate(*args)
+    result = ablate_here(capfd, *args)
     assert result.returncode == 0, result.stderr[-2000:]
-    by_state = {t.state.name: t for t in trials(tmp_path)}
-    assert set(by_state) == {"FAIL", "COMPLETE"} and len(trials(tmp_path)) == 2
-    assert by_state["COMPLETE"].user_attrs["run_dir"] == running.user_attrs["run_dir"]
-    assert min(by_state["COMPLETE"].intermediate_values) >= 5  # resumed, not restarted
-    assert by_state["COMPLETE"].user_attrs["steps"] == 80
+    states = sorted(t.state.name for t in trials(tmp_path))
+    assert states == ["COMPLETE", "FAIL", "FAIL"]
+    (done,) = [t for t in trials(tmp_path) if t.state == TrialState.COMPLETE]
+    assert done.user_attrs["run_dir"] == running.user_attrs["run_dir"]
+    assert min(done.intermediate_values) > 10  # resumed from step 10 or later, not restarted
+    assert done.user_attrs["steps"] == 40
+    run_dir = tmp_path / "runs" / "table3-tiny" / "base-s1"
+    assert "Restoring states from the checkpoint" in (run_dir / "trial.log").read_text()
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == 40
 
 
 def test_two_launchers_on_one_study_both_end_with_exit_0(tmp_path):
