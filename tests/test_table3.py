@@ -469,39 +469,6 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
 
 
-def test_a_tables_group_a_attention_figure_shows_in_chromium_and_again_from_its_archive(browser, tmp_path: Path):
-    """base and A1 (h 8 and 1): the report shows the A group's attention figure, drawn from the
-    runs' attention.npz, as an image that loads in Chromium. The archive carries each run's file;
-    on a fresh machine (run directories and database gone) the same command restores the runs
-    and the report draws the same figure from the restored files."""
-    from PIL import Image
-    from selenium.webdriver.common.by import By
-
-    archive, runs = tmp_path / "archive", tmp_path / "runs" / "table3-tiny"
-    args = [a for a in table3_args(tmp_path, "--rows", "base,A1", "--seeds", "1", "--archive", str(archive))
-            if a != "n_heads=4"]  # the rows' own head counts
-    first = ablate(*args)
-    assert first.returncode == 0, first.stderr[-2000:]
-    for row in ("base", "A1"):
-        kept = archive / f"{row}-s1" / "attention.npz"
-        assert kept.read_bytes() == (runs / f"{row}-s1" / "attention.npz").read_bytes()
-        assert kept.stat().st_size < 100_000
-    figure = runs / "report" / "figures" / "attention_A.png"
-    drawn = figure.read_bytes()
-    browser.get((runs / "report" / "report.html").as_uri())
-    (img,) = browser.find_elements(By.CSS_SELECTOR, 'img[alt="attention_A.png"]')
-    shown = browser.execute_script("return [arguments[0].complete, arguments[0].naturalWidth, "
-                                   "arguments[0].naturalHeight]", img)
-    assert shown == [True, *Image.open(figure).size] and shown[1] > 0
-
-    shutil.rmtree(tmp_path / "runs")
-    (tmp_path / "t3.db").unlink()
-    again = ablate(*args)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "base seed 1 (complete), A1 seed 1 (complete)" in again.stdout  # restored, not trained
-    assert figure.read_bytes() == drawn
-
-
 def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path):
     """Each class has its colour (unstable and diverged share one); a cell of several seeds is coloured
     by its worst class; other columns and an empty class cell are left plain."""
