@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -441,6 +442,39 @@ def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Pat
     assert opening[1:] == [f"- **{text.replace(': ', '**: ', 1)}" for _, text in lines[1:]]
     (page,) = run.rglob("report_*.html")  # the whole report, figures inline
     assert page.read_text(encoding="utf-8") == (out / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """conftest's headless Debian Chromium (the same options), started once for this module's pages
+    (a start costs about 2 CPU seconds); skipped when it or its driver is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    from conftest import CHROMEDRIVER, CHROMIUM
+    from selenium.webdriver.chrome.service import Service
+
+    for exe in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(exe, os.X_OK):
+            pytest.skip(f"{exe} not installed (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def browser(chromium) -> object:
+    """The module's Chromium, its window back at the size it starts with (a test before may have set
+    another); each test loads its own page."""
+    chromium.set_window_size(1400, 1000)
+    return chromium
 
 
 def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
