@@ -6,6 +6,8 @@ the run directories and the database deleted, so that only the archive is left.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import lzma
 import shutil
@@ -28,12 +30,15 @@ from lightning_modules.run.preflight import check_same_result, resume_checkpoint
 from lightning_modules.run.results import RunResult, read_results
 from ablate.table3.plan import Table3Plan, queue
 from sweeps.worker import pace
-from test_table3 import ablate, table3_args, trials
+from test_table3 import ablate, ablate_here, table3_args, trials
+
+
+def sitting_args(tmp: Path, archive: Path, *extra: str) -> list[str]:
+    return table3_args(tmp, "--rows", "base", "--seeds", "1,2", "--no-report", "--archive", str(archive), *extra)
 
 
 def sitting(tmp: Path, archive: Path, *extra: str, env: dict[str, str] | None = None):
-    args = table3_args(tmp, "--rows", "base", "--seeds", "1,2", "--no-report", "--archive", str(archive), *extra)
-    return ablate(*args, env=env)
+    return ablate(*sitting_args(tmp, archive, *extra), env=env)
 
 
 def complete(tmp: Path) -> dict[int, optuna.trial.FrozenTrial]:
@@ -140,18 +145,26 @@ def test_the_archived_study_comes_back_whole_into_a_storage_that_lacks_it(tmp_pa
 @pytest.fixture(scope="module")
 def failed_sitting(tmp_path_factory: pytest.TempPathFactory):
     """One sitting of base seed 1 whose loss turns NaN at step 7, with its archive; each test
-    takes a copy of that archive to a machine of its own."""
+    takes a copy of that archive to a machine of its own. `ablate table3` runs in this process
+    (its worker and the run's trial in processes of their own): its exit status, and the lines it
+    printed itself."""
+    from ablate.cli import main
+
     tmp = tmp_path_factory.mktemp("failed")
-    return sitting(tmp, tmp / "archive", "--seeds", "1", env={"ABLATE_FAULT": "nan_loss@7"}), tmp / "archive"
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        env.setenv("ABLATE_FAULT", "nan_loss@7")  # the trial's, through its worker
+        code = main(sitting_args(tmp, tmp / "archive", "--seeds", "1"))
+    return subprocess.CompletedProcess(["ablate"], code, out.getvalue(), err.getvalue()), tmp / "archive"
 
 
 def archive_copy(failed_sitting, tmp_path: Path) -> Path:
     return Path(shutil.copytree(failed_sitting[1], tmp_path / "archive"))
 
 
-def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path, failed_sitting):
+def test_an_archive_of_another_table_is_refused_in_one_line(tmp_path: Path, failed_sitting, capfd):
     archive = archive_copy(failed_sitting, tmp_path)
-    other = sitting(tmp_path, archive, "--study", "other", "--max-steps", "12")
+    other = ablate_here(capfd, *sitting_args(tmp_path, archive, "--study", "other", "--max-steps", "12"))
     lines = other.stderr.strip().splitlines()
     assert other.returncode == 2 and len(lines) == 1, other.stderr[-2000:]
     assert "holds another table (" in lines[0] and "overrides: train.max_steps: 10 -> 12" in lines[0]
@@ -177,19 +190,20 @@ def test_the_committed_cpu_archive_is_the_table_its_results_page_runs(tmp_path: 
     assert len(wanted) == 50
 
 
-def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path, failed_sitting):
+def test_a_failed_run_stays_failed_on_the_next_machine(tmp_path: Path, failed_sitting, capfd):
     failed, _ = failed_sitting
     assert failed.returncode == 1 and "not complete: base seed 1 (fail)" in failed.stderr
     archive = archive_copy(failed_sitting, tmp_path)  # the next machine has the archive alone
     assert read_results(archive / "base-s1").status == "failed"
     assert not (archive / "base-s1" / "checkpoints").exists()  # nothing to resume
-    again = sitting(tmp_path, archive, "--seeds", "1")
+    again = ablate_here(capfd, *sitting_args(tmp_path, archive, "--seeds", "1"))  # its worker and trial: processes
     assert again.returncode == 1 and "base seed 1 (failed)" in again.stdout
     assert "holds a failed run" in (tmp_path / "runs" / "table3-tiny" / "base-s1" / "trial.log").read_text()
     assert not complete(tmp_path)
 
 
-def test_an_archive_entry_whose_logs_is_a_link_is_refused_and_the_users_folder_kept(tmp_path: Path, failed_sitting):
+def test_an_archive_entry_whose_logs_is_a_link_is_refused_and_the_users_folder_kept(tmp_path: Path, failed_sitting,
+                                                                                     capfd):
     """An entry whose `logs/` is a symbolic link to a folder of the user's: the table is refused
     in one line before anything is restored or saved, and no file of that folder is deleted or
     overwritten (it deleted two and overwrote metrics.csv)."""
@@ -200,7 +214,7 @@ def test_an_archive_entry_whose_logs_is_a_link_is_refused_and_the_users_folder_k
         (mine / name).write_text(f"the user's {name}\n")
     shutil.rmtree(archive / "base-s1" / "logs")
     (archive / "base-s1" / "logs").symlink_to(mine)
-    again = sitting(tmp_path, archive, "--seeds", "1")
+    again = ablate_here(capfd, *sitting_args(tmp_path, archive, "--seeds", "1"))
     lines = again.stderr.strip().splitlines()
     assert again.returncode == 2 and len(lines) == 1 and "Traceback" not in again.stderr, again.stderr[-2000:]
     assert "base-s1/logs is a symbolic link" in lines[0], lines[0]
@@ -252,26 +266,29 @@ def test_a_sitting_given_stop_after_ends_itself_with_its_run_checkpointed_in_the
     assert [t.state for t in trials(tmp_path)] == [TrialState.FAIL, TrialState.WAITING]  # a retry copy waits
 
 
-def demo_part(tmp: Path, steps: int, stop_after: str, *extra: str) -> subprocess.CompletedProcess:
-    """One `--stop-after` part of a one-run demo table (the demo preset states a cost)."""
-    return ablate("table3", "--preset", "demo", "--rows", "base", "--seeds", "1", "--max-steps", str(steps),
-                  "train.val_check_interval=3", "data.valid_size=20", "data.test_size=20", "--no-wandb",
-                  "--no-report", "--storage", f"sqlite:///{tmp}/t3.db", "--runs-dir", str(tmp / "runs"),
-                  "--stop-after", stop_after, *extra)
+def demo_part(capfd: pytest.CaptureFixture[str], tmp: Path, steps: int, stop_after: str,
+              *extra: str) -> subprocess.CompletedProcess:
+    """One `--stop-after` part of a one-run demo table (the demo preset states a cost), `ablate
+    table3` in this process (its worker, and the run's trial, processes of their own)."""
+    return ablate_here(capfd, "table3", "--preset", "demo", "--rows", "base", "--seeds", "1", "--max-steps",
+                       str(steps), "train.val_check_interval=3", "data.valid_size=20", "data.test_size=20",
+                       "--no-wandb", "--no-report", "--storage", f"sqlite:///{tmp}/t3.db", "--runs-dir",
+                       str(tmp / "runs"), "--stop-after", stop_after, *extra)
 
 
-def test_a_part_starts_only_the_runs_expected_to_finish_before_it_ends(tmp_path: Path):
+def test_a_part_starts_only_the_runs_expected_to_finish_before_it_ends(tmp_path: Path, capfd):
     """A part shorter than a run's estimate starts nothing, says why and exits 130, the run left
     queued; a part long enough trains it. (A run stopped at a part's end keeps its checkpoint on
     this machine only, so the part does not start it.)"""
     long, short = tmp_path / "long", tmp_path / "short"
-    first = demo_part(long, 200_000, "90s")  # estimated at over an hour
+    first = demo_part(capfd, long, 200_000, "90s")  # estimated at over an hour
     assert first.returncode == 130, first.stderr[-2000:]
     assert "cannot finish" in first.stderr and "leaving them for the next part" in first.stderr
     assert "run the same command again to go on" in first.stderr and "Traceback" not in first.stderr
     assert [t.state for t in trials(long, "table3-demo")] == [TrialState.WAITING]
     assert not (long / "runs" / "table3-demo" / "base-s1").exists()
-    enough = demo_part(short, 3, "20m", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500")
+    enough = demo_part(capfd, short, 3, "20m", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
+                       "data.vocab_size=500")
     assert enough.returncode == 0, enough.stderr[-2000:]
     assert [t.state for t in trials(short, "table3-demo")] == [TrialState.COMPLETE]
 
@@ -303,8 +320,9 @@ def test_the_pace_is_the_median_of_finished_runs_training_seconds_against_their_
 
 
 @pytest.mark.parametrize("text", ["0", "90x", "30m2", "-5m"])
-def test_a_bad_stop_after_is_one_line(text: str, tmp_path: Path):
-    result = ablate("table3", "--preset", "tiny", "--storage", f"sqlite:///{tmp_path}/t3.db", "--stop-after", text)
+def test_a_bad_stop_after_is_one_line(text: str, tmp_path: Path, capfd):
+    result = ablate_here(capfd, "table3", "--preset", "tiny", "--storage", f"sqlite:///{tmp_path}/t3.db",
+                         "--stop-after", text)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "--stop-after" in lines[0], result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -339,7 +357,7 @@ DAMAGED_JOURNALS = {"not-xz": lambda: b"not xz at all", "not-a-journal": lambda:
 
 
 @pytest.mark.parametrize("damage", list(DAMAGED_JOURNALS))
-def test_an_archive_whose_study_is_not_a_journal_is_one_line(damage: str, tmp_path: Path):
+def test_an_archive_whose_study_is_not_a_journal_is_one_line(damage: str, tmp_path: Path, capfd):
     """A damaged `study.journal.xz` (not xz, xz of something Optuna cannot replay, cut short, or
     a bomb that unpacks past the journal's cap of 256 MiB): one line naming the file, exit 2, no
     traceback, and nothing written before the refusal (no database, no run directory)."""
@@ -347,7 +365,8 @@ def test_an_archive_whose_study_is_not_a_journal_is_one_line(damage: str, tmp_pa
     archive.mkdir()
     (archive / "study.journal.xz").write_bytes(DAMAGED_JOURNALS[damage]())
     before = set(tmp_path.rglob("*"))
-    result = ablate(*table3_args(tmp_path, "--rows", "base", "--seeds", "1", "--no-report", "--archive", str(archive)))
+    result = ablate_here(capfd, *table3_args(tmp_path, "--rows", "base", "--seeds", "1", "--no-report",
+                                             "--archive", str(archive)))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "study.journal.xz" in lines[-1] and "is --archive a table's archive?" in lines[-1]

@@ -14,12 +14,16 @@ import pytest
 from optuna.trial import TrialState
 
 from lightning_modules.run.results import read_results
-from test_table3 import ablate, table3_args, trials
+from test_table3 import ablate, ablate_here, table3_args, trials
+
+
+def sitting_args(tmp: Path, *extra: str) -> list[str]:
+    return table3_args(tmp, "--rows", "base", "--seeds", "1,2", "--archive", str(tmp / "archive"),
+                       "--report-dir", str(tmp / "report"), *extra)
 
 
 def sitting(tmp: Path, *extra: str, env: dict[str, str] | None = None):
-    return ablate(*table3_args(tmp, "--rows", "base", "--seeds", "1,2", "--archive", str(tmp / "archive"),
-                               "--report-dir", str(tmp / "report"), *extra), env=env)
+    return ablate(*sitting_args(tmp, *extra), env=env)
 
 
 @pytest.mark.slow
@@ -104,10 +108,10 @@ def test_a_redo_trains_each_run_once_keeps_what_it_replaces_and_the_report_says_
     assert "Redo not complete" not in md
 
 
-def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path: Path):
+def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path: Path, capfd):
     for rows, expected in (("D1", "--redo names rows the table does not run (D1)"), (" ,", "--redo is empty"),
                            ("X9", "unknown Table 3 row or group 'X9'")):
-        result = sitting(tmp_path, "--redo", rows)
+        result = ablate_here(capfd, *sitting_args(tmp_path, "--redo", rows))  # the sitting's command, in this process
         assert result.returncode != 0 and expected in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert not (tmp_path / "t3.db").exists() and not (tmp_path / "runs").exists()

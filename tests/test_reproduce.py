@@ -1,10 +1,12 @@
 """A table's report regenerates byte for byte from its archive in any folder: no run stores the
 absolute path of the machine that trained it, and the report reads nothing but the study (each
-run's class comes from the inputs it stored, by the current rule).
+run's class comes from the inputs it stored, by the current rule) and, for the A group's attention
+figure, the runs' attention.npz (each archived with its run).
 
 Real tiny runs on the Ding corpus, real SQLite studies, commands run as a user types them (relative
-paths, from the table's folder); the slow test rebuilds each committed cpu table with the two
-commands of its results page.
+paths, from the table's folder; in the folder that trains the tiny table they run in this process,
+in the others each in a process of its own); the slow test rebuilds each committed cpu table with
+the two commands of its results page.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import optuna
 import pytest
 
 from test_table3 import SMALL
+from test_table3 import ablate_here as ablate_in_this_process
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = Path("reports/results/cpu-converged-2026-11-22")
@@ -34,36 +38,72 @@ def ablate(home: Path, *args: str, timeout: float = 600) -> subprocess.Completed
     return result
 
 
+def ablate_here(capfd: pytest.CaptureFixture[str], home: Path, *args: str) -> subprocess.CompletedProcess:
+    """`ablate ARGS` typed in `home`, run in this process (`ablate.cli.main`; the workers and trials
+    it starts are processes of their own, in `home` too)."""
+    with pytest.MonkeyPatch.context() as here:
+        here.chdir(home)
+        result = ablate_in_this_process(capfd, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def tiny_sitting(home: Path) -> subprocess.CompletedProcess:
-    return ablate(home, "table3", "--preset", "tiny", "--rows", "base,D1", "--seeds", "1", "--workers", "2",
-                  "--storage", "sqlite:///t3.db", "--runs-dir", "runs", "--archive", "archive", "--no-report",
-                  *SMALL)
+def tiny_sitting(home: Path, run=ablate) -> subprocess.CompletedProcess:
+    """base and A1 (h 8 and 1: the rows' own head counts, SMALL's n_heads left out), one seed, in
+    `ablate report`'s default runs directory."""
+    return run(home, "table3", "--preset", "tiny", "--rows", "base,A1", "--seeds", "1", "--storage",
+               "sqlite:///t3.db", "--runs-dir", "runs/table3", "--archive", "archive", "--no-report",
+               *[a for a in SMALL if a != "n_heads=4"])
 
 
-def report(home: Path, out: str) -> dict[str, bytes]:
-    ablate(home, "report", "--storage", "sqlite:///t3.db", "--out", out, "--bootstrap", "100")
+def report(home: Path, out: str, run=ablate) -> dict[str, bytes]:
+    run(home, "report", "--storage", "sqlite:///t3.db", "--out", out, "--bootstrap", "100")
     return files(home / out)
 
 
-def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(tmp_path: Path):
+def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(tmp_path: Path, browser, capfd):
     """A table trained in one folder, then rebuilt from its archive alone in two others (the first
     folder gone): no archived file names the folder that trained it, nor does the study made in
     the others, nothing is trained again, and the reports are byte for byte the first one. The archive's class of one run is made stale (as
-    runs classified by an older rule once were): the report still shows the class of its inputs."""
+    runs classified by an older rule once were): the report still shows the class of its inputs.
+
+    Its rows, base and A1 (h 8 and 1), give the report the A group's attention figure, drawn from
+    the runs' attention.npz, as an image that loads in Chromium; the archive carries each run's
+    file, and in the other folders the report draws the same figure from the restored files.
+
+    The first folder's commands run in this process, the others' each in a process of its own: the
+    reports compared come from different processes."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
     first = tmp_path / "trained-here"
     first.mkdir()
-    tiny_sitting(first)
-    original = report(first, "report")
+    here = partial(ablate_here, capfd)
+    tiny_sitting(first, here)
+    original = report(first, "report", here)
     archive = files(first / "archive")
     assert archive and not [name for name, data in archive.items() if str(tmp_path).encode() in data]
 
-    stale = json.loads((first / "archive" / "D1-s1" / "results.json").read_text())
+    runs = first / "runs" / "table3" / "table3-tiny"
+    for row in ("base", "A1"):
+        kept = f"{row}-s1/attention.npz"
+        assert archive[kept] == (runs / kept).read_bytes() and len(archive[kept]) < 100_000
+    figure = first / "report" / "figures" / "attention_A.png"
+    assert "figures/attention_A.png" in original
+    browser.get((first / "report" / "report.html").as_uri())
+    (img,) = browser.find_elements(By.CSS_SELECTOR, 'img[alt="attention_A.png"]')
+    shown = browser.execute_script("return [arguments[0].complete, arguments[0].naturalWidth, "
+                                   "arguments[0].naturalHeight]", img)
+    assert shown == [True, *Image.open(figure).size] and shown[1] > 0
+
+    stale = json.loads((first / "archive" / "A1-s1" / "results.json").read_text())
+    assert stale["convergence"] != "diverged"  # the class its inputs give
     stale["convergence"], stale["convergence_reason"] = "diverged", "a class another rule gave"
-    (first / "archive" / "D1-s1" / "results.json").write_text(json.dumps(stale, indent=2) + "\n")
+    (first / "archive" / "A1-s1" / "results.json").write_text(json.dumps(stale, indent=2) + "\n")
     elsewhere = [tmp_path / "clone", tmp_path / "other" / "machine" / "deeper"]
     for home in elsewhere:
         shutil.copytree(first / "archive", home / "archive")
@@ -71,7 +111,7 @@ def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(
 
     for home in elsewhere:
         sitting = tiny_sitting(home)
-        assert "restored from archive: base seed 1 (complete), D1 seed 1 (complete)" in sitting.stdout
+        assert "restored from archive: base seed 1 (complete), A1 seed 1 (complete)" in sitting.stdout
         assert "Restoring states" not in "".join(p.read_text() for p in (home / "runs").rglob("trial.log"))
         study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{home}/t3.db")
         stored = json.dumps([[t.user_attrs, t.system_attrs] for t in study.get_trials()])

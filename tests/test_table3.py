@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +44,18 @@ REPORT_FILES = ["table3.md", "table3.csv", "table3.tex", "report.html", "figures
 def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def ablate_here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """`ablate ARGS` called in this process (`ablate.cli.main`, what `python -m ablate` runs), for a
+    check that is not about a process of its own: its exit status, and what was written to stdout
+    and stderr, read at the file descriptors (the lines of any worker it starts included)."""
+    from ablate.cli import main
+
+    capfd.readouterr()  # what came before is not this command's
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["ablate", *args], code, out, err)
 
 
 def table3_args(tmp: Path, *extra: str) -> list[str]:
@@ -94,8 +107,8 @@ def test_one_seed_rule_gives_rows_far_from_base_in_the_paper_their_first_seed_on
         == sorted(plan.runs())
 
 
-def test_unknown_row_is_a_one_line_error_and_nothing_is_written(tmp_path):
-    result = ablate(*table3_args(tmp_path, "--rows", "base,Q9"))
+def test_unknown_row_is_a_one_line_error_and_nothing_is_written(tmp_path, capfd):
+    result = ablate_here(capfd, *table3_args(tmp_path, "--rows", "base,Q9"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "unknown Table 3 row or group 'Q9'" in lines[0]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "t3.db").exists()
@@ -269,14 +282,17 @@ def test_report_has_every_row_beside_the_paper(table: Path):
             assert (report / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
-def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_paper(table: Path, tmp_path: Path):
+def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_paper(table: Path, tmp_path: Path,
+                                                                                     capfd):
     """Issue #41's command at tiny scale, in a storage that already holds a Table 3 (as after `make
     demo`): the spec gets its own study, `modifications-tiny`, and a report with no paper column,
-    no sign comparison and no rank correlation, with the verdicts of its groups."""
+    no sign comparison and no rank correlation, with the verdicts of its groups. One row besides
+    base shows each: a Table 3 of any size has the paper's columns and the rank correlation's line;
+    its group gets the spec's verdict, and a group with no row in the table gets none."""
     shutil.copy(table / "t3.db", tmp_path / "t3.db")
-    rows = ["base", "pre_ln", "swiglu", "rope"]
-    result = ablate(*table3_args(tmp_path, "--spec", "ablations/modifications.yaml", "--rows", ",".join(rows),
-                                 "--seeds", "1", "--workers", "2"))
+    rows = ["base", "pre_ln"]
+    result = ablate_here(capfd, *table3_args(tmp_path, "--spec", "ablations/modifications.yaml",
+                                             "--rows", ",".join(rows), "--seeds", "1"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert {s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/t3.db")} == \
         {"table3-tiny", "modifications-tiny"}
@@ -287,25 +303,25 @@ def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_pap
     md = (report / "table3.md").read_text()
     assert md.startswith("# Ablation table: modifications-tiny")
     assert "(paper" not in md and "sign = paper" not in md and "Spearman" not in md
-    for topic in ("normalisation, pre-LN", "feed-forward, GELU", "positions, learned or rotary"):
-        assert f"- **{topic}" in md, topic
+    assert "- **normalisation, pre-LN" in md
+    assert "- **feed-forward" not in md and "- **positions" not in md  # no row of those groups here
     assert "| pre_ln " in md and "norm_position pre" in md
 
 
-def test_rerun_repeats_nothing(table: Path):
+def test_rerun_repeats_nothing(table: Path, capfd):
     before = [(t.number, t.state) for t in trials(table)]
-    result = ablate(*table3_args(table, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
+    result = ablate_here(capfd, *table3_args(table, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "0 queued now" in result.stdout and "worker" not in result.stdout
     assert [(t.number, t.state) for t in trials(table)] == before
 
 
-def test_report_is_regenerated_identically_from_the_database_alone(table: Path, tmp_path: Path):
+def test_report_is_regenerated_identically_from_the_database_alone(table: Path, tmp_path: Path, capfd):
     report = table / "runs" / "table3-tiny" / "report"
     saved = tmp_path / "runs-moved"
     shutil.move(table / "runs", saved)  # no run directory left: the database only
     try:
-        result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--out", str(tmp_path / "again"))
+        result = ablate_here(capfd, "report", "--storage", f"sqlite:///{table}/t3.db", "--out", str(tmp_path / "again"))
         assert result.returncode == 0, result.stderr[-2000:]
     finally:
         shutil.move(saved, table / "runs")
@@ -355,55 +371,58 @@ def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_
     assert not (tmp_path / "t3.db").exists() and not (Path(runs) / "table3-tiny" / "report").exists()
 
 
-def test_the_report_classifies_each_run_from_its_stored_inputs_not_its_stored_class(table: Path, tmp_path: Path):
+def test_the_report_classifies_each_run_from_its_stored_inputs_not_its_stored_class(table: Path, tmp_path: Path,
+                                                                                   capfd):
     """The class a run recorded is its own word at the time; the report decides the class again, by
     the rule as it is now, from the inputs the run stored (dev-PPL curve, window-mean training
     losses, warmup, unigram PPL), with no run directory needed. A run that stored no inputs (one
-    trained before runs kept them) is left unclassified, and the report says so."""
+    trained before runs kept them) is left unclassified, and the report says so.
+
+    One report of both: a D1 run stored again with a stale class, an E run stored again without its
+    inputs (each the newest complete trial of its row and seed: the one the report uses)."""
     shutil.copy(table / "t3.db", tmp_path / "t3.db")
     storage = f"sqlite:///{tmp_path}/t3.db"
     study = optuna.load_study(study_name="table3-tiny", storage=storage)
-    d1 = max((t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"),
-             key=lambda t: t.number)
+
+    def newest(row: str) -> optuna.trial.FrozenTrial:
+        return max((t for t in study.get_trials() if t.state == TrialState.COMPLETE and t.user_attrs["row"] == row),
+                   key=lambda t: t.number)
+
+    d1, e = newest("D1"), newest("E")
     now, then = d1.user_attrs["convergence"], "diverged"  # the worst class: the row's cell would show it
     assert now != then and classify_stored(d1.user_attrs).label == now
     original = pd.read_csv(table / "runs" / "table3-tiny" / "report" / "table3.csv", index_col="row")
 
-    def add(attrs: dict) -> None:  # the newest complete trial of its (row, seed): the one the report uses
-        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=d1.value, params=d1.params,
-                                                  distributions=d1.distributions, user_attrs=attrs))
+    def add(like: optuna.trial.FrozenTrial, attrs: dict) -> None:
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=like.value, params=like.params,
+                                                  distributions=like.distributions, user_attrs=attrs))
 
-    def report(name: str) -> tuple[str, pd.DataFrame]:
-        moved = tmp_path / "runs-moved"
-        shutil.move(table / "runs", moved)  # the database alone
-        try:
-            result = ablate("report", "--storage", storage, "--out", str(tmp_path / name), "--bootstrap", "0")
-        finally:
-            shutil.move(moved, table / "runs")
-        assert result.returncode == 0, result.stderr[-2000:]
-        return (tmp_path / name / "table3.md").read_text(), pd.read_csv(tmp_path / name / "table3.csv", index_col="row")
-
-    add({**d1.user_attrs, "convergence": then, "convergence_reason": "a class another rule gave"})
-    md, frame = report("stale")
-    assert frame.loc["D1", "convergence"] == original.loc["D1", "convergence"]
+    add(d1, {**d1.user_attrs, "convergence": then, "convergence_reason": "a class another rule gave"})
+    add(e, {key: value for key, value in e.user_attrs.items() if key != "train_loss_curve"})  # no inputs
+    moved = tmp_path / "runs-moved"
+    shutil.move(table / "runs", moved)  # the database alone
+    try:
+        result = ablate_here(capfd, "report", "--storage", storage, "--out", str(tmp_path / "r"), "--bootstrap", "0")
+    finally:
+        shutil.move(moved, table / "runs")
+    assert result.returncode == 0, result.stderr[-2000:]
+    md, frame = (tmp_path / "r" / "table3.md").read_text(), pd.read_csv(tmp_path / "r" / "table3.csv", index_col="row")
+    assert frame.loc["D1", "convergence"] == original.loc["D1", "convergence"]  # the stale class: not read
     assert "a class another rule gave" not in md
-    assert "stored none of the convergence rule's inputs" not in md
-
-    add({key: value for key, value in d1.user_attrs.items() if key != "train_loss_curve"})  # no inputs
-    md, frame = report("no-inputs")
-    seeds = int(original.loc["D1", "seeds"])
+    # the stale run is not one without inputs: only E's is counted
     assert (f"1 of the {int(original['seeds'].sum())} runs stored none of the convergence rule's inputs "
             f"(trained before runs kept them), so their class is left blank") in md
     others = [t.user_attrs["convergence"] for t in study.get_trials()
-              if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "D1"
-              and t.user_attrs["seed"] != d1.user_attrs["seed"]]
-    assert seeds == 2 and frame.loc["D1", "convergence"] == others[-1]  # the other seed's class alone
+              if t.state == TrialState.COMPLETE and t.user_attrs["row"] == "E"
+              and t.user_attrs["seed"] != e.user_attrs["seed"]]
+    assert int(original.loc["E", "seeds"]) == 2
+    assert frame.loc["E", "convergence"] == others[-1]  # the other seed's class alone
 
 
-def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Path, tmp_path: Path):
+def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Path, tmp_path: Path, capfd):
     out = tmp_path / "wb"
-    result = ablate("report", "--storage", f"sqlite:///{table}/t3.db", "--study", "table3-tiny",
-                    "--out", str(out), "--wandb-report", "offline", "--bootstrap", "0")
+    result = ablate_here(capfd, "report", "--storage", f"sqlite:///{table}/t3.db", "--study", "table3-tiny",
+                         "--out", str(out), "--wandb-report", "offline", "--bootstrap", "0")
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = list((out / "wandb").glob("offline-run-*"))
     tables = list(run.rglob("table3_*.table.json"))
@@ -423,6 +442,39 @@ def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Pat
     assert opening[1:] == [f"- **{text.replace(': ', '**: ', 1)}" for _, text in lines[1:]]
     (page,) = run.rglob("report_*.html")  # the whole report, figures inline
     assert page.read_text(encoding="utf-8") == (out / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """conftest's headless Debian Chromium (the same options), started once for this module's pages
+    (a start costs about 2 CPU seconds); skipped when it or its driver is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    from conftest import CHROMEDRIVER, CHROMIUM
+    from selenium.webdriver.chrome.service import Service
+
+    for exe in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(exe, os.X_OK):
+            pytest.skip(f"{exe} not installed (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def browser(chromium) -> object:
+    """The module's Chromium, its window back at the size it starts with (a test before may have set
+    another); each test loads its own page."""
+    chromium.set_window_size(1400, 1000)
+    return chromium
 
 
 def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
@@ -449,39 +501,6 @@ def test_report_html_renders_in_chromium(table: Path, browser, tmp_path: Path):
     assert all(browser.execute_script("return arguments[0].naturalWidth", img) > 100 for img in images)
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
-
-
-def test_a_tables_group_a_attention_figure_shows_in_chromium_and_again_from_its_archive(browser, tmp_path: Path):
-    """base and A1 (h 8 and 1): the report shows the A group's attention figure, drawn from the
-    runs' attention.npz, as an image that loads in Chromium. The archive carries each run's file;
-    on a fresh machine (run directories and database gone) the same command restores the runs
-    and the report draws the same figure from the restored files."""
-    from PIL import Image
-    from selenium.webdriver.common.by import By
-
-    archive, runs = tmp_path / "archive", tmp_path / "runs" / "table3-tiny"
-    args = [a for a in table3_args(tmp_path, "--rows", "base,A1", "--seeds", "1", "--archive", str(archive))
-            if a != "n_heads=4"]  # the rows' own head counts
-    first = ablate(*args)
-    assert first.returncode == 0, first.stderr[-2000:]
-    for row in ("base", "A1"):
-        kept = archive / f"{row}-s1" / "attention.npz"
-        assert kept.read_bytes() == (runs / f"{row}-s1" / "attention.npz").read_bytes()
-        assert kept.stat().st_size < 100_000
-    figure = runs / "report" / "figures" / "attention_A.png"
-    drawn = figure.read_bytes()
-    browser.get((runs / "report" / "report.html").as_uri())
-    (img,) = browser.find_elements(By.CSS_SELECTOR, 'img[alt="attention_A.png"]')
-    shown = browser.execute_script("return [arguments[0].complete, arguments[0].naturalWidth, "
-                                   "arguments[0].naturalHeight]", img)
-    assert shown == [True, *Image.open(figure).size] and shown[1] > 0
-
-    shutil.rmtree(tmp_path / "runs")
-    (tmp_path / "t3.db").unlink()
-    again = ablate(*args)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert "base seed 1 (complete), A1 seed 1 (complete)" in again.stdout  # restored, not trained
-    assert figure.read_bytes() == drawn
 
 
 def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path):
@@ -618,9 +637,9 @@ def test_a_smoke_scale_table_says_so_above_its_numbers(preset: str, browser, tmp
     assert int(browser.execute_script("return getComputedStyle(arguments[0]).fontWeight", caveat)) >= 600
 
 
-def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path):
+def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path, capfd):
     optuna.create_study(study_name="sweep", storage=f"sqlite:///{tmp_path}/s.db")
-    result = ablate("report", "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "r"))
+    result = ablate_here(capfd, "report", "--storage", f"sqlite:///{tmp_path}/s.db", "--out", str(tmp_path / "r"))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "0 Table 3 studies" in lines[0]
     assert not (tmp_path / "r").exists()
@@ -628,55 +647,69 @@ def test_report_without_a_table3_study_is_a_one_line_error(tmp_path: Path):
 
 # --- killed rows are completed on re-run ----------------------------------------------------
 
-def test_killed_trial_process_fails_its_row_and_rerun_completes_it(tmp_path: Path):
-    args = table3_args(tmp_path, "--rows", "base", "--no-report")
-    first = ablate(*args, env={"ABLATE_FAULT": "train_step@7"})  # SIGKILL inside the run, after step 5's checkpoint
+def test_a_killed_trial_process_and_a_killed_table3_command_are_each_resumed_by_a_rerun(tmp_path: Path, capfd,
+                                                                                        monkeypatch):
+    """One row, the same command three times. The first sitting's trial process is SIGKILLed inside
+    its run, after step 5's checkpoint: the row fails, exit status 1. The re-run resumes the row from
+    that checkpoint, and is SIGKILLed itself once the resumed run has reported step 10: `ablate
+    table3`, whose worker and training go with it. A re-run at once (no waiting for the heartbeat)
+    sees that worker's pid gone and resumes the row again, from where it was killed, to the end.
+    (The killed command is a process of its own; the other two sittings run `ablate table3` in this
+    process, their workers and trials in processes of their own.)"""
+    args = table3_args(tmp_path, "--rows", "base", "--no-report", "--max-steps", "40")  # killed at 7, then 10
+    monkeypatch.setenv("ABLATE_FAULT", "train_step@7")  # SIGKILL inside the run, in the trial process
+    first = ablate_here(capfd, *args)
+    monkeypatch.delenv("ABLATE_FAULT")
     assert first.returncode == 1 and "not complete: base seed 1 (fail)" in first.stderr
-    second = ablate(*args)
-    assert second.returncode == 0, second.stderr[-2000:]
-    states = sorted(t.state.name for t in trials(tmp_path))
-    assert states == ["COMPLETE", "FAIL"]
-    run_dir = tmp_path / "runs" / "table3-tiny" / "base-s1"
-    assert "Restoring states from the checkpoint" in (run_dir / "trial.log").read_text()
-    assert json.loads((run_dir / "results.json").read_text())["steps"] == 10
-
-
-def test_killed_table3_command_is_resumed_at_once_by_a_rerun(tmp_path: Path):
-    """SIGKILL to `ablate table3` takes its worker and the training with it; a re-run at once
-    (no waiting for the heartbeat) sees the worker's pid gone and resumes the row."""
-    args = table3_args(tmp_path, "--rows", "base", "--no-report", "--max-steps", "80")  # killed at step 5
+    assert [t.state for t in trials(tmp_path)] == [TrialState.FAIL]
     proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        running = wait_for_running_trial(lambda: trials(tmp_path), lambda t: 5 in t.intermediate_values)
-        assert running is not None, "the row never reached step 5"
+        running = wait_for_running_trial(lambda: trials(tmp_path), lambda t: 10 in t.intermediate_values)
+        assert running is not None, "the re-run never reached step 10"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert min(running.intermediate_values) == 10  # resumed at step 5: no step 5 of its own
     time.sleep(1.0)  # the worker and its training die with their parent
-    result = ablate(*args)
+    result = ablate_here(capfd, *args)
     assert result.returncode == 0, result.stderr[-2000:]
-    by_state = {t.state.name: t for t in trials(tmp_path)}
-    assert set(by_state) == {"FAIL", "COMPLETE"} and len(trials(tmp_path)) == 2
-    assert by_state["COMPLETE"].user_attrs["run_dir"] == running.user_attrs["run_dir"]
-    assert min(by_state["COMPLETE"].intermediate_values) >= 5  # resumed, not restarted
-    assert by_state["COMPLETE"].user_attrs["steps"] == 80
+    states = sorted(t.state.name for t in trials(tmp_path))
+    assert states == ["COMPLETE", "FAIL", "FAIL"]
+    (done,) = [t for t in trials(tmp_path) if t.state == TrialState.COMPLETE]
+    assert done.user_attrs["run_dir"] == running.user_attrs["run_dir"]
+    assert min(done.intermediate_values) > 10  # resumed from step 10 or later, not restarted
+    assert done.user_attrs["steps"] == 40
+    run_dir = tmp_path / "runs" / "table3-tiny" / "base-s1"
+    assert "Restoring states from the checkpoint" in (run_dir / "trial.log").read_text()
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == 40
 
 
-def test_two_launchers_on_one_study_both_end_with_exit_0(tmp_path):
+def test_two_launchers_on_one_study_both_end_with_exit_0(tmp_path, capfd):
     """Two `ablate table3` started together share the queue: the one whose workers run out of work
     first waits for the other's last run instead of reporting it as not complete, and both end with
-    exit status 0 once every row is done by either; each row trained once."""
-    args = [sys.executable, "-m", "ablate", *table3_args(tmp_path, "--rows", "base,D1,E", "--no-report")]
+    exit status 0 once every row is done by either; each row trained once. (One row: the launcher
+    that does not train it runs out of work at once, and waits.) One is a process of its own, the
+    other `ablate table3` in this process, started as soon as the first is."""
+    args = table3_args(tmp_path, "--rows", "base", "--no-report")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for _ in range(2)]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
+    with open(tmp_path / "other.log", "w+") as log:
+        other = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=log, stderr=subprocess.STDOUT,
+                                 text=True, env=env)
+        try:
+            here = ablate_here(capfd, *args)
+            other.wait(timeout=600)
+        finally:
+            if other.poll() is None:
+                other.kill()
+        log.seek(0)
+        outputs = [here.stdout + here.stderr, log.read()]
+    assert [here.returncode, other.returncode] == [0, 0], outputs
+    assert sum("waiting for base seed 1, trained by another launcher" in out for out in outputs) == 1, outputs
     done = [t for t in trials(tmp_path) if t.state == TrialState.COMPLETE]
-    assert sorted(t.user_attrs["row"] for t in done) == ["D1", "E", "base"]
+    assert [t.user_attrs["row"] for t in done] == ["base"]
 
 
 def test_each_rows_configuration_resolved_once_is_the_runs_own():
