@@ -30,7 +30,8 @@ from lightning_modules.run.preflight import check_same_result, resume_checkpoint
 from lightning_modules.run.results import RunResult, read_results
 from ablate.table3.plan import Table3Plan, queue
 from sweeps.worker import pace
-from test_table3 import ablate, ablate_here, table3_args, trials
+from here import ablate_here
+from test_table3 import ablate, table3_args, trials
 
 
 def sitting_args(tmp: Path, archive: Path, *extra: str) -> list[str]:

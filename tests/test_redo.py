@@ -14,7 +14,8 @@ import pytest
 from optuna.trial import TrialState
 
 from lightning_modules.run.results import read_results
-from test_table3 import ablate, ablate_here, table3_args, trials
+from here import ablate_here
+from test_table3 import ablate, table3_args, trials
 
 
 def sitting_args(tmp: Path, *extra: str) -> list[str]:

@@ -27,6 +27,7 @@ from sweeps.space import load_space
 from sweeps.storage import make_storage
 from sweeps.study import enqueue, open_study
 from sweeps.wandb_sweep import agent_args
+from here import ablate_here
 
 # The trials' settings: what is tested is the sweep machinery, not decoding, so a trial decodes
 # the dev set greedily (its BLEU is still scored) and not the test set.
@@ -49,20 +50,6 @@ ATTRS = {"bleu", "ppl", "test_bleu", "params", "train_time_s", "tokens_per_s", "
 def ablate(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def ablate_here(capfd: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
-    """`ablate ARGS` run in this process (`ablate.cli.main`), where the guarantee is not about the
-    command's own process (its signals): a sweep's workers and trials are real processes all the
-    same. Returns what `ablate` would have: its exit status, and what it and its workers printed."""
-    from ablate.cli import main
-    from lightning_modules.base.stop import STOP
-
-    assert not STOP.requested, STOP.signals  # a stop recorded earlier in this process would pass on
-    capfd.readouterr()
-    code = main(list(args))
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["ablate", *args], code, out, err)
 
 
 def write(path: Path, text: str) -> Path:

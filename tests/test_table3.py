@@ -29,6 +29,7 @@ from lightning_modules.convergence import classify_stored
 from lightning_modules.base.errors import UserError
 from ablations.spec import load_spec
 from ablate.table3.plan import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
+from here import ablate_here
 from test_sweeps import wait_for_running_trial
 
 SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
@@ -44,18 +45,6 @@ REPORT_FILES = ["table3.md", "table3.csv", "table3.tex", "report.html", "figures
 def ablate(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-
-
-def ablate_here(capfd: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
-    """`ablate ARGS` called in this process (`ablate.cli.main`, what `python -m ablate` runs), for a
-    check that is not about a process of its own: its exit status, and what was written to stdout
-    and stderr, read at the file descriptors (the lines of any worker it starts included)."""
-    from ablate.cli import main
-
-    capfd.readouterr()  # what came before is not this command's
-    code = main(list(args))
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["ablate", *args], code, out, err)
 
 
 def table3_args(tmp: Path, *extra: str) -> list[str]:
