@@ -24,7 +24,12 @@ test-deps:  ## Debian packages the tests use for real: a PostgreSQL server, Chro
 
 $(BIN)/ablate: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)" -e ".[dev]"
+	$(BIN)/pip install -q --disable-pip-version-check --no-compile "$(TORCH)" -e ".[dev]"
+	@# pip byte-compiles what it installs on one core; compileall does it on all of them. One file of
+	@# torch's own tests is written for Python 3.12 and never compiled under pip either.
+	@$(BIN)/python -m compileall -q -j 0 -x 'torch/testing/_internal/py312_intrinsics' \
+	  "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null \
+	  || echo "setup: some installed files did not byte-compile; Python compiles them when imported"
 	@touch $@
 
 setup: system-deps $(BIN)/ablate
