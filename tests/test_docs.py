@@ -10,12 +10,15 @@ every relative link in them leads somewhere real.
 - README.md and docs/ carry no commit hash, no session diary ("sitting") and no dated figure: dated
   measurements live in their results folder's page;
 - each "adding" section (a corpus, a report figure, a storage) names its one place and its test,
-  and both exist.
+  and both exist;
+- the time README.md and docs/tests.md give for `make test` is the newest measured one
+  (benchmarks/results/test-suite-*/results.json), in whole minutes.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -159,6 +162,18 @@ def test_results_pages_are_short(page: Path) -> None:
 
 def test_results_pages_exist() -> None:
     assert RESULTS_PAGES, "no reports/results/*/README.md found"
+
+
+def test_the_time_make_test_is_said_to_take_is_the_newest_measured_one() -> None:
+    """The newest fresh-clone measurement (its folders are dated, so the last by name), rounded to
+    whole minutes, in the sentence of each page that says how long `make test` takes."""
+    measured = sorted((ROOT / "benchmarks" / "results").glob("test-suite-*/results.json"))
+    assert measured, "no benchmarks/results/test-suite-*/results.json"
+    minutes = round(json.loads(measured[-1].read_text())["make_test_wall_s"] / 60)
+    for page in (README, TESTS_PAGE):
+        said = re.findall(r"about (\d+) minutes on 2 cores", page.read_text(encoding="utf-8"))
+        assert said == [str(minutes)], (f"{rel(page)} says make test takes about {said} minutes on 2 cores; "
+                                        f"{rel(measured[-1].parent)} measured {minutes}")
 
 
 # Each "adding" section: (page, its heading's anchor) -> the one place to change (file, top-level
