@@ -1,12 +1,15 @@
 """The convergence rule: on hand-made curves (each class and the order they are checked in) and
-on real short runs of `ablate train` (one that converges, one pushed to diverge by its learning
-rate, one stopped early)."""
+on the real curves of `ablate train` runs of a copy task: one that converges (1,500 steps, stored in
+tests/data/converged_copy_run.json, written by `python tests/test_convergence.py`) and two trained
+here (one stopped early, one pushed to diverge by its learning rate)."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -114,10 +117,16 @@ def test_a_run_is_classified_from_the_inputs_it_stored_or_not_at_all():
 
 # ------------------------------------------------------------------------------- real runs
 
-@pytest.fixture(scope="module")
-def copy_task(tmp_path_factory) -> list[str]:
+STORED = Path(__file__).parent / "data" / "converged_copy_run.json"
+# the converging run: the cosine settles it (the rsqrt decay left dev PPL wandering 1.11-1.21 at the
+# end); rows of 50 steps (10-step rows of the copy task's transition near step 400 reached 1.18-1.38x
+# their best)
+CONVERGING = ("--max-steps", "1500", "train.warmup_steps=100", "train.lr_scale=0.5", "train.lr_decay=cosine",
+              "train.log_every_n_steps=50")
+
+
+def write_copy_task(root: Path) -> list[str]:
     """A copy task (target = source) over 16 syllables: a tiny model masters it in seconds."""
-    root = tmp_path_factory.mktemp("copy")
     rng = random.Random(0)
     syllables = "ka lo mi nu pe ra si tu ve zo ba de fi go hu ja".split()
     args = []
@@ -127,6 +136,11 @@ def copy_task(tmp_path_factory) -> list[str]:
             (root / f"{split}.{side}").write_text(text)
             args += [f"--{split}-{side}", str(root / f"{split}.{side}")]
     return ["--data", "files", *args]
+
+
+@pytest.fixture(scope="module")
+def copy_task(tmp_path_factory) -> list[str]:
+    return write_copy_task(tmp_path_factory.mktemp("copy"))
 
 
 def train(copy_task: list[str], out: Path, *overrides: str) -> dict:
@@ -142,22 +156,21 @@ def train(copy_task: list[str], out: Path, *overrides: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-def test_real_runs_are_classified(copy_task, tmp_path):
-    # the cosine settles it (the rsqrt decay left dev PPL wandering 1.11-1.21 at the end); rows of
-    # 50 steps (10-step rows of the copy task's transition near step 400 reached 1.18-1.38x their best)
-    converged = train(copy_task, tmp_path / "long", "--max-steps", "1500", "train.warmup_steps=100",
-                      "train.lr_scale=0.5", "train.lr_decay=cosine", "train.log_every_n_steps=50")
-    assert converged["convergence"] == "converged", converged["convergence_reason"]
+def test_a_stored_converging_run_is_classified_converged():
+    """The results.json of a real 1,500-step run (CONVERGING), stored: the rule as it is now reads
+    its curves as converged, as the run itself did; it ended near the copy task's PPL of 1, far
+    below the unigram line, and kept a training-loss row every 50 steps."""
+    converged = json.loads(STORED.read_text())["results"]
+    verdict = classify_stored(converged)
+    assert verdict.label == converged["convergence"] == "converged", verdict.reason
+    assert verdict.reason == converged["convergence_reason"]
+    assert converged["steps"] == 1500 and converged["warmup_steps"] == 100
     assert converged["dev_ppl_curve"][-1][1] == pytest.approx(converged["ppl"], rel=1e-3)
     assert 1 < converged["ppl"] < 1.5 < 10 < converged["unigram_ppl"]
-    # what the rule read is stored with the class, and gives that class again
-    dev_curve, losses = read_curves(tmp_path / "long" / "logs")
-    assert converged["train_loss_curve"] == [[s, round(loss, 4)] for s, loss in losses] and len(losses) == 30
-    assert [s for s, _ in converged["dev_ppl_curve"]] == [s for s, _ in dev_curve]
-    assert converged["warmup_steps"] == 100
-    assert classify_stored(converged).label == "converged"
-    assert "convergence_rule" not in converged and "run_dir" not in converged
+    assert len(converged["train_loss_curve"]) == 30
 
+
+def test_real_runs_are_classified(copy_task, tmp_path):
     # The two runs below keep the paper's rsqrt decay, which does not depend on --max-steps: each is
     # the first steps of the longer run it replaced (300 and 200 steps), the same batches, draws
     # and dev PPL at each evaluation. Stopped at 200, dev PPL went 2.03 (step 150) -> 1.51 (step
@@ -165,6 +178,15 @@ def test_real_runs_are_classified(copy_task, tmp_path):
     early = train(copy_task, tmp_path / "early", "--max-steps", "200", "train.warmup_steps=100",
                   "train.lr_scale=0.5")
     assert early["convergence"] == "still improving", early["convergence_reason"]
+    assert early["dev_ppl_curve"][-1][1] == pytest.approx(early["ppl"], rel=1e-3)
+    assert 1 < early["ppl"] < 2 < 10 < early["unigram_ppl"]  # it learns the copy task
+    # what the rule read is stored with the class, and gives that class again
+    dev_curve, losses = read_curves(tmp_path / "early" / "logs")
+    assert early["train_loss_curve"] == [[s, round(loss, 4)] for s, loss in losses] and len(losses) == 20
+    assert [s for s, _ in early["dev_ppl_curve"]] == [s for s, _ in dev_curve]
+    assert early["warmup_steps"] == 100
+    assert classify_stored(early).label == "still improving"
+    assert "convergence_rule" not in early and "run_dir" not in early
 
     # at 30x the learning rate dev PPL was 5e21 at step 20 and still 33,002 at step 100, against a
     # unigram PPL of 16.5: diverged by step 100 (the 200-step run ended at 297)
@@ -173,5 +195,16 @@ def test_real_runs_are_classified(copy_task, tmp_path):
                   "train.val_check_interval=20")
     assert blown["convergence"] == "diverged", blown["convergence_reason"]
     assert classify_stored(blown).reason == blown["convergence_reason"]
-    metrics = (tmp_path / "long" / "logs" / "metrics.csv").read_text().splitlines()[0]
+    metrics = (tmp_path / "early" / "logs" / "metrics.csv").read_text().splitlines()[0]
     assert "train/grad_norm" in metrics  # gradient norm is logged
+
+
+if __name__ == "__main__":  # python tests/test_convergence.py: train CONVERGING and store its results
+    with tempfile.TemporaryDirectory() as scratch:
+        results = train(write_copy_task(Path(scratch)), Path(scratch) / "run", *CONVERGING)
+    STORED.write_text(json.dumps({
+        "note": "results.json of a real `ablate train` run of tests/test_convergence.py's copy task with "
+                "CONVERGING, written by `python tests/test_convergence.py`; test_a_stored_converging_run_is_"
+                "classified_converged classifies its curves by the rule as it is now",
+        "results": results}, indent=1, ensure_ascii=False) + "\n")
+    print(f"{STORED}: {results['convergence']} ({results['convergence_reason']})", file=sys.stderr)

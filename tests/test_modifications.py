@@ -387,15 +387,16 @@ def test_attention_maps_are_the_modified_models_attention(settings):
     assert maps.weights["encoder self-attention"].shape[:2] == (2, 4)  # every query head drawn
 
 
-def test_a_row_without_warmup_trains_without_it(tmp_path):
-    """`pre_ln_nowarm` (`train: {warmup_steps: 0}` in ablations/modifications.yaml) trained for real:
-    its config.yaml says warmup 0, and its learning rate is the formula's decay from the first step
-    (d_model^-0.5 · lr_scale · step^-0.5), never a ramp."""
+def test_a_row_without_warmup_trains_without_it(tmp_path, capfd):
+    """`pre_ln_nowarm` (`train: {warmup_steps: 0}` in ablations/modifications.yaml) trained for real
+    (`ablate train`, in this process, from the repository's root): its config.yaml says warmup 0,
+    and its learning rate is the formula's decay from the first step (d_model^-0.5 · lr_scale ·
+    step^-0.5), never a ramp."""
     import csv
-    import subprocess
-    import sys
 
     import yaml
+
+    from here import ablate_here
 
     out = tmp_path / "run"
     args = ["train", "--spec", "ablations/modifications.yaml", "--row", "pre_ln_nowarm", "--preset", "tiny",
@@ -403,8 +404,7 @@ def test_a_row_without_warmup_trains_without_it(tmp_path):
             "data.vocab_size=500", "data.valid_size=50", "data.test_size=50", "data.max_tokens=1000",
             "eval.beam_size=1", "eval.max_len_offset=5", "eval.decode_test=false", "train.progress_bar=false",
             "train.log_every_n_steps=1"]
-    done = subprocess.run([sys.executable, "-m", "ablate", *args], capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parent.parent)
+    done = ablate_here(capfd, *args, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["train"]["warmup_steps"] == 0 and config["model"]["norm_position"] == "pre"

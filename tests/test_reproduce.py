@@ -4,9 +4,9 @@ run's class comes from the inputs it stored, by the current rule) and, for the A
 figure, the runs' attention.npz (each archived with its run).
 
 Real tiny runs on the Ding corpus, real SQLite studies, commands run as a user types them (relative
-paths, from the table's folder; in the folder that trains the tiny table they run in this process,
-in the others each in a process of its own); the slow test rebuilds each committed cpu table with
-the two commands of its results page.
+paths, from the table's folder; in the folder that trains the tiny table and in the deepest folder
+that rebuilds it they run in this process, in the other each in a process of its own); the slow
+test rebuilds each committed cpu table with the two commands of its results page.
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(
     the runs' attention.npz, as an image that loads in Chromium; the archive carries each run's
     file, and in the other folders the report draws the same figure from the restored files.
 
-    The first folder's commands run in this process, the others' each in a process of its own: the
-    reports compared come from different processes."""
+    The first folder's commands run in this process, and so do those of the deepest of the other
+    two; the clone's each run in a process of its own: the reports compared come from different
+    processes as well as from different folders."""
     from PIL import Image
     from selenium.webdriver.common.by import By
 
@@ -106,14 +107,14 @@ def test_a_tiny_tables_report_is_the_same_from_its_archive_in_two_other_folders(
         shutil.copytree(first / "archive", home / "archive")
     shutil.rmtree(first)
 
-    for home in elsewhere:
-        sitting = tiny_sitting(home)
+    for home, run in zip(elsewhere, (ablate, here)):
+        sitting = tiny_sitting(home, run)
         assert "restored from archive: base seed 1 (complete), A1 seed 1 (complete)" in sitting.stdout
         assert "Restoring states" not in "".join(p.read_text() for p in (home / "runs").rglob("trial.log"))
         study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{home}/t3.db")
         stored = json.dumps([[t.user_attrs, t.system_attrs] for t in study.get_trials()])
         assert str(tmp_path) not in stored  # run directories relative to --runs-dir
-        again = report(home, "report")
+        again = report(home, "report", run)
         assert again.keys() == original.keys()
         for name, data in original.items():
             assert again[name] == data, f"{home}: {name}"

@@ -7,6 +7,8 @@ report from the database alone), not the ablations' outcome.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -200,11 +202,17 @@ def test_identity_leaves_out_exactly_the_fields_marked_output_only():
 
 @pytest.fixture(scope="module")
 def table(tmp_path_factory) -> Path:
-    """base, D1 and E with two seeds each, 2 workers, report at the end."""
+    """base, D1 and E with two seeds each, 2 workers, report at the end. `ablate table3` runs in
+    this process (its two workers, and each run's trial, in processes of their own): its exit
+    status, and the lines it printed itself."""
+    from ablate.cli import main
+
     tmp = tmp_path_factory.mktemp("table3")
-    result = ablate(*table3_args(tmp, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "6 queued now" in result.stdout
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(table3_args(tmp, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
+    assert code == 0, err.getvalue()[-3000:]
+    assert "6 queued now" in out.getvalue()
     return tmp
 
 
