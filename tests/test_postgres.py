@@ -1,7 +1,8 @@
 """Optuna sweeps against a real, throwaway PostgreSQL server (Debian's `postgresql` package; the
 `postgres_url` fixture is in conftest.py).
 
-No mocks: a real server on 127.0.0.1 and a free port, real worker processes, a real `ablate sweep`.
+No mocks: a real server on 127.0.0.1 and a free port, real worker and trial processes, real `ablate
+sweep` and `ablate table3` runs (their launchers in the test process, `tests/here.py`).
 Skipped only when the PostgreSQL server binaries or psycopg2 are missing.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +20,8 @@ import pytest
 from optuna.trial import TrialState
 
 from ports import free_port
-from test_sweeps import EXPECTED_KEYS, SPACE, TINY, ablate, take_queued_trials_concurrently, write
+from here import ablate_here
+from test_sweeps import EXPECTED_KEYS, SPACE, TINY, take_queued_trials_concurrently, write
 
 WORKER = """
 import sys, optuna
@@ -44,13 +47,14 @@ def test_rdb_storage_on_postgres_two_processes(postgres_url):
     assert study.best_value == min(t.value for t in trials)
 
 
-def test_ablate_sweep_optuna_on_postgres(tmp_path, postgres_url):
+def test_ablate_sweep_optuna_on_postgres(tmp_path, postgres_url, capfd):
     """A sampled trial on the server: its worker claims it and keeps its heartbeat there, its
     process reports to it, the worker records its results. (Processes at once on the server: the
-    two Optuna processes above and the four racing workers below.)"""
-    result = ablate("sweep", "optuna", "--study", "pg", "--storage", postgres_url,
-                    "--space", str(write(tmp_path / "space.yaml", SPACE)), "--n-trials", "1",
-                    "--heartbeat", "15", "--runs-dir", str(tmp_path / "runs"), *TINY)
+    two Optuna processes above and the four racing workers below. The `ablate sweep` launcher runs
+    in this process; its worker and trial are processes of their own.)"""
+    result = ablate_here(capfd, "sweep", "optuna", "--study", "pg", "--storage", postgres_url,
+                         "--space", str(write(tmp_path / "space.yaml", SPACE)), "--n-trials", "1",
+                         "--heartbeat", "15", "--runs-dir", str(tmp_path / "runs"), *TINY)
     assert result.returncode == 0, result.stderr[-3000:]
     trials = optuna.load_study(study_name="pg", storage=postgres_url).get_trials()
     assert len(trials) == 1, [t.state for t in trials]
@@ -72,12 +76,10 @@ def test_four_workers_queueing_and_taking_never_run_a_trial_twice_on_postgres(po
 SMALL_MODEL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1"]  # what trains is not what is tested here
 
 
-def _command_lines(but: int) -> list[str]:
-    """Every process's command line, as `ps` would show it to any user (except process `but`)."""
+def _command_lines() -> list[str]:
+    """Every process's command line, as `ps` would show it to any user."""
     lines = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        if cmdline.parent.name == str(but):
-            continue
         try:
             lines.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
         except OSError:  # the process ended
@@ -85,24 +87,36 @@ def _command_lines(but: int) -> list[str]:
     return lines
 
 
-def test_database_password_appears_in_no_output_file_command_line_or_trial(tmp_path, postgres_url):
+def test_database_password_appears_in_no_output_file_command_line_or_trial(tmp_path, postgres_url, capfd):
     """Security: the storage URL's password (trust auth ignores it) never reaches the logs, the
-    run directories, the report, the study's attributes or any process's command line."""
+    run directories, the report, the study's attributes or any process's command line. The
+    `ablate table3` launcher runs in this process (so no command line holds the URL it was given:
+    pytest's does not), while a thread looks at every process's command line, its worker's and
+    its trial's (processes of their own) among them."""
     secret = "Pw-9f3k2-secret"
     url = postgres_url.replace("postgres@", f"postgres:{secret}@")
     runs = tmp_path / "runs"
-    args = [sys.executable, "-m", "ablate", "table3", "--preset", "tiny", "--rows", "base",
-            "--study", "secret-table", "--storage", url, "--runs-dir", str(runs), "--wandb", "offline",
-            *[a for a in TINY if a != "--no-wandb"], *SMALL_MODEL]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen_in_ps = False
-    while proc.poll() is None:
-        seen_in_ps |= any(secret in line for line in _command_lines(but=proc.pid))
-        time.sleep(0.2)
-    out, err = proc.communicate()
-    assert proc.returncode == 0, err[-3000:]
-    assert not seen_in_ps, "a worker or trial process carried the password on its command line"
-    assert secret not in out + err
+    args = ["table3", "--preset", "tiny", "--rows", "base", "--study", "secret-table", "--storage", url,
+            "--runs-dir", str(runs), "--wandb", "offline", *[a for a in TINY if a != "--no-wandb"], *SMALL_MODEL]
+    done, seen_in_ps, looks = threading.Event(), [], [0]
+
+    def look() -> None:
+        while not done.is_set():
+            seen_in_ps.extend(line for line in _command_lines() if secret in line)
+            looks[0] += 1
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=look, daemon=True)
+    watcher.start()
+    try:
+        result = ablate_here(capfd, *args)
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert looks[0] > 10, looks  # it looked all along the run
+    assert not seen_in_ps, f"a process carried the password on its command line: {seen_in_ps[:3]}"
+    assert secret not in result.stdout + result.stderr
     leaked = [p for p in runs.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert not leaked, leaked
     assert (runs / "secret-table" / "report" / "report.html").is_file()

@@ -28,6 +28,7 @@ from sweeps.storage import make_storage
 from sweeps.study import enqueue, open_study
 from sweeps.wandb_sweep import agent_args
 from here import ablate_here
+from test_slurm import descendants, state
 
 # The trials' settings: what is tested is the sweep machinery, not decoding, so a trial decodes
 # the dev set greedily (its BLEU is still scored) and not the test set.
@@ -315,21 +316,42 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def pending(pid: int, sig: signal.Signals) -> bool:
+    """Whether `sig` was sent to process `pid` and waits there (a stopped process's signals wait)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except OSError:  # the process ended
+        return False
+    return any(int(fields[key], 16) >> (sig - 1) & 1 for key in ("ShdPnd", "SigPnd"))
+
+
 @pytest.mark.parametrize("launched", ["foreground", pytest.param("sigint-ignored", marks=pytest.mark.slow)])
 def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path, capfd, launched):
     """The sweep signalled is a real `ablate` process (the re-run needs none: it runs in this one).
+    Its trial's process holds itself after step 7 (`ABLATE_FAULT=train_step@7:SIGSTOP`, inherited
+    through the worker) until the worker has passed the stop on to it as SIGINT: so the signal
+    comes mid-training at a known step, however loaded the machine, and 10 steps are enough.
     `sigint-ignored`: started as `nohup ablate ... &` from a script starts it (SIGINT ignored,
     inherited by every process below unless reset), yet the worker stops its trial with SIGINT."""
-    steps = 80  # the signal comes at step 5; 75 steps leave it seconds to arrive
+    steps, held = 10, 7
     args = sweep_args(tmp_path, "term", 1, "--max-steps", str(steps), "--no-prune")
     err = tmp_path / "stderr.txt"  # a file, not a pipe: a full pipe would block the sweep
     with err.open("w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=subprocess.DEVNULL, stderr=sink,
+                                env={**os.environ, "ABLATE_FAULT": f"train_step@{held}:SIGSTOP"},
                                 preexec_fn=_ignore_sigint if launched == "sigint-ignored" else None)
     try:
-        running = wait_for_running_trial(watch(tmp_path, "term"), lambda t: 5 in t.intermediate_values)
-        assert running is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
+        deadline, trainer = time.monotonic() + 300, None
+        while trainer is None and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            trainer = next((p for p in descendants(proc.pid) if state(p) == "T"), None)
+        assert trainer is not None, f"no trial process held itself at step {held}; sweep stderr: {err.read_text()[-3000:]}"
+        (running,) = [t for t in load(tmp_path, "term").get_trials() if t.state == TrialState.RUNNING]
         proc.send_signal(signal.SIGTERM)
+        while not pending(trainer, signal.SIGINT) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)  # the sweep passes SIGTERM on to its worker, the worker SIGINT to the trial
+        assert pending(trainer, signal.SIGINT), f"the trial was not asked to stop; sweep stderr: {err.read_text()[-3000:]}"
+        os.kill(trainer, signal.SIGCONT)
         assert proc.wait(timeout=120) == 130
         stderr = err.read_text()
         assert "Traceback" not in stderr, stderr[-2000:]  # one line per worker, not Optuna's traceback
@@ -344,13 +366,13 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
     assert retry.user_attrs["run_dir"] == running.user_attrs["run_dir"]
     interrupted = tmp_path / "runs" / running.user_attrs["run_dir"] / "checkpoints" / "interrupted.ckpt"
     stopped_at = torch.load(interrupted, weights_only=True)["global_step"]
-    assert 5 <= stopped_at < steps
+    assert stopped_at == held  # saved where the stop came, mid-training
 
     again = ablate_here(capfd, *args)
     assert again.returncode == 0, again.stderr[-2000:]
     retry = load(tmp_path, "term").get_trials()[retry.number]
     assert retry.state == TrialState.COMPLETE and retry.user_attrs["steps"] == steps
-    assert min(retry.intermediate_values) >= stopped_at  # resumed, not restarted at step 0
+    assert set(retry.intermediate_values) == {10}  # resumed after step 7, not restarted at step 0
 
 
 # --- Weights & Biases -----------------------------------------------------------------------
@@ -376,10 +398,14 @@ def test_wandb_sweep_yaml_and_agent_arguments_train(tmp_path, capfd):
     keys = [a for a in argv[2:] if "=" in a and not a.startswith("-")]
     cfg = resolve("tiny", "base", None, keys)
     assert (cfg.model.n_layers, cfg.model.dropout, cfg.train.lr_scale, cfg.model.d_ff) == (1, 0.1, 0.5, 64)
-    env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SWEEP_ID": "sw", "WANDB_RUN_ID": "r1"}
-    run = subprocess.run([sys.executable, "-m", "sweeps.wandb_entry", *argv], capture_output=True,
-                         text=True, timeout=240, env=env)
-    assert run.returncode == 0, run.stderr[-2000:]
+    # what the agent runs (`python -m sweeps.wandb_entry ARGV`), here in this process with the
+    # variables an agent sets: what is checked is where the run it trains lands
+    from sweeps.wandb_entry import main as agent_entry
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in {"WANDB_MODE": "disabled", "WANDB_SWEEP_ID": "sw", "WANDB_RUN_ID": "r1"}.items():
+            patch.setenv(key, value)
+        assert agent_entry(argv) == 0, capfd.readouterr().err[-2000:]
     assert (tmp_path / "runs" / "wandb" / "sw" / "r1" / "results.json").is_file()
 
 
