@@ -122,8 +122,8 @@ CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, *_EAG
 LAST = [(case, BUCKETS) for case in ("wmt-base-37k", "wmt-big-37k")]
 # CPU: every eager variant; compiled, all knobs at once and buckets with CUDA graphs' mode (each
 # compilation takes a minute or two on a loaded 2-core machine): every knob's code traced. The
-# compiled default is the step `tests/test_step_speed.py` compiles against eager; here it would add
-# a third compilation of the same code path with fewer knobs.
+# compiled default would add a third compilation of the same code path with fewer knobs (the step
+# Inductor compiles against eager is `tests/test_buckets.py`'s).
 CPU_PLAN = [("tiny", name) for name in (*_EAGER, ALL, BUCKETS)]
 BUDGET_S = 390.0  # the variants' time: with start-up, batches and one overrun the command stays under 8 minutes
 AGREE_STEPS = 4  # first steps whose losses are compared

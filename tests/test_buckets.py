@@ -201,12 +201,18 @@ def test_compiled_bucketed_steps_match_eager_on_cpu(mode):
 
 
 def test_compiled_bucketed_step_matches_eager_on_cpu_fast():
-    _compiled_matches_eager("reduce-overhead", steps=2)
+    """Inductor's one compilation of the training step in make test (tests/test_step_speed.py's
+    default-mode one merged here: on a CPU the two modes give Inductor the same code to generate,
+    CUDA graphs being skipped; the default mode's torch.compile path runs in test_benchmarks.py's
+    GPU round, compiled without Inductor): exact-length batches of several shapes, the first with
+    as many source as target positions (duck sizing would guard on that), then bucketed ones."""
+    _compiled_matches_eager("reduce-overhead", steps=2, exact=2)
 
 
-def _compiled_matches_eager(mode: str, steps: int) -> None:
-    """A few Adam steps on bucketed batches, compiled in `mode` and eager from the same weights:
-    the same losses to fp32 tolerance, and one compiled graph for all the bucket shapes seen."""
+def _compiled_matches_eager(mode: str, steps: int, exact: int = 0) -> None:
+    """A few Adam steps on bucketed batches (after `exact` batches of exact lengths, each of its own
+    shape), compiled by Inductor in `mode` and eager from the same weights: the same losses to fp32
+    tolerance, and one compiled graph for all the shapes seen."""
     from lightning_modules.compiling import compiled_graphs
     from lightning_modules.translation import TranslationModule
 
@@ -218,6 +224,13 @@ def _compiled_matches_eager(mode: str, steps: int) -> None:
     other = next(i for i, b in enumerate(every) if b["src"].shape != every[0]["src"].shape)
     batches = ([every[0], every[other]] + [b for i, b in enumerate(every) if i not in (0, other)])[:steps]
     assert len({b["src"].shape for b in batches}) > 1
+    if exact:  # first a batch whose source and target widths are equal, then ones of other shapes
+        plain = [collate([examples[i] for i in b]) for b in TokenBucketBatchSampler(src, tgt, BUDGET, seed=2)]
+        square = next(b for b in plain if b["src"].shape[1] == b["tgt_in"].shape[1])
+        others = [b for b in plain if b["src"].shape[1] != b["tgt_in"].shape[1]
+                  and b["src"].shape[1] != square["src"].shape[1]]
+        batches = [square, *others[:exact - 1], *batches]
+        assert len({(b["src"].shape, b["tgt_in"].shape) for b in batches[:exact]}) == exact
     losses = {}
     torch.compiler.reset()  # a fresh compilation, not one cached by another test
     graphs = compiled_graphs()
@@ -242,7 +255,7 @@ def _compiled_matches_eager(mode: str, steps: int) -> None:
         losses[compiled].append((loss / n).item())
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
     assert losses[False][-1] < losses[False][0]  # it trains
-    assert compiled_graphs() - graphs == 1  # one graph for every bucket shape
+    assert compiled_graphs() - graphs == 1  # one graph for every shape, exact and bucketed
 
 
 @pytest.mark.slow

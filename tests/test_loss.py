@@ -77,9 +77,15 @@ def test_keeps_no_fp32_copy_of_the_logits_for_the_backward_pass():
 
 
 def test_compiled_formula_gives_the_chunked_values_and_gradients(monkeypatch):
+    """The one-piece formula the loss takes when traced (dynamo + AOTAutograd, dynamic shapes):
+    the chunked eager values and gradients. Traced without Inductor: the formula is what is checked
+    here; Inductor's code for it runs in the compiled training step of tests/test_buckets.py's
+    test_compiled_bucketed_step_matches_eager_on_cpu_fast, whose losses after each Adam step (its
+    gradients) are the eager step's."""
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 4 * 37)  # eager: chunked, even in fp32
     logits, target = batch(torch.float32, seed=5)
-    compiled = torch.compile(lambda x, y: label_smoothed_nll(x, y, PAD, 0.1)[:2], dynamic=True)
+    torch.compiler.reset()  # traced here, not taken from another test's compilation
+    compiled = torch.compile(lambda x, y: label_smoothed_nll(x, y, PAD, 0.1)[:2], dynamic=True, backend="aot_eager")
     loss, nll = compiled(logits, target)
     (grad,) = torch.autograd.grad(loss, logits)
     eager_loss, eager_nll, _ = label_smoothed_nll(logits, target, PAD, 0.1)
