@@ -183,7 +183,7 @@ def test_diverging_trial_fails_with_its_reason_and_the_sweep_goes_on(tmp_path: P
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2  # the sweep went on to finish
 
 
-@SLOW  # ~100 s of compilation twice; the compiled step's losses are checked in `make test` (test_step_speed)
+@SLOW  # ~100 s of compilation twice; the compiled step's losses are checked in `make test` (test_buckets)
 def test_sigterm_while_compiling_stops_at_once_and_the_run_resumes(tmp_path: Path):
     out = tmp_path / "run"
     args = ["train", "--out", str(out), *SMALL, "train.compile=true"]
