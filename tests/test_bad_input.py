@@ -26,10 +26,12 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+import lightning.pytorch  # noqa: F401  (imported here, at collection: see below)
 import optuna
 import pytest
 
 from ablate.cli import build_parser, main
+from here import ablate_here
 from lightning_modules.config import DataConfig
 
 FAST = ["--no-wandb", "--max-steps", "2", "data.valid_size=50", "data.test_size=50", "train.progress_bar=false"]
@@ -1088,29 +1090,34 @@ TINY_MODEL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_si
               "eval.max_len_offset=10"]
 
 
-def _train(out: Path, corpus: list[str], *extra: str, steps: int = 2) -> subprocess.Popen:
+def _train(out: Path, corpus: list[str], *extra: str, steps: int = 2, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`ablate train` as a real process: a one-layer, 32-wide model on the session's small corpus."""
     args = [sys.executable, "-m", "ablate", "train", "--out", str(out), *FAST[:1], "--max-steps", str(steps),
             *FAST[3:], *TINY_MODEL, *corpus, *extra]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out.parent)
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out.parent, env=env)
 
 
-def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(tmp_path: Path, small_corpus):
+def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(tmp_path: Path, small_corpus, capfd):
     """A run directory of ours whose config.yaml is a list, whose spm.model is text and whose
     checkpoint does not load under weights_only: each is set aside as NAME.corrupt with one warning
     line, and the same command trains the run to the end (no traceback, no weights_only=False
-    advice)."""
+    advice). Both commands run in this process (`ablate_here`): the files are the point, not a
+    process. (Lightning's log handler holds the sys.stderr of the moment lightning.pytorch is first
+    imported; imported inside an earlier test, that is a capture closed since, and the run's own
+    log line became a `--- Logging error ---` traceback in this test's stderr. So this module
+    imports it at collection, as `make test`'s workers already do through other test files.)"""
     import torch
 
     out = tmp_path / "run"
-    first = _train(out, small_corpus)
-    assert first.wait(timeout=300) == 0, first.stderr.read()
+    args = ["train", "--out", str(out), *FAST[:1], "--max-steps", "2", *FAST[3:], *TINY_MODEL, *small_corpus]
+    first = ablate_here(capfd, *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
     (out / "results.json").unlink()
     (out / "config.yaml").write_text("- 1\n- 2\n")
     (out / "spm.model").write_text("not a model\n")
     torch.save({"state_dict": argparse.Namespace(x=1), "global_step": 9}, out / "checkpoints" / "last.ckpt")
-    again = _train(out, small_corpus)
-    _, err = again.communicate(timeout=300)
+    again = ablate_here(capfd, *args, cwd=tmp_path)
+    err = again.stderr
     assert again.returncode == 0 and "Traceback" not in err and "weights_only=False" not in err, err
     warned = [line for line in err.splitlines() if line.startswith("ablate: warning: ")]
     for name in ("config.yaml", "spm.model", "last.ckpt"):
@@ -1138,18 +1145,61 @@ def test_the_run_that_holds_the_folder_leaves_the_marker_another_command_is_writ
 def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small_corpus):
     """Two `ablate train` on one --out started together: one trains, the other names the process
     that holds the run and exits 1; with --wait it waits and then reuses the finished run. Either
-    way every logged window appears once and no stray `-v1` checkpoint is left."""
+    way every logged window appears once and no stray `-v1` checkpoint is left. (Refused: the one
+    that takes the run holds itself after its first step, `ABLATE_FAULT=train_step@1:SIGSTOP`, until
+    the other has exited, then trains on to the end: it holds the run for certain, not for as long
+    as 300 steps happen to take.)"""
     out = tmp_path / "run"
-    extra = ("--wait",) if wait else ()
-    # long enough (a few seconds of training) that the second command starts while the first holds the run
-    procs = [_train(out, small_corpus, *extra, steps=300), _train(out, small_corpus, *extra, steps=300)]
-    results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
     if wait:
+        # long enough (a few seconds of training) that the second command starts while the first holds the run
+        procs = [_train(out, small_corpus, "--wait", steps=300), _train(out, small_corpus, "--wait", steps=300)]
+        results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
         assert sorted(code for code, _ in results) == [0, 0], results
     else:
+        held = {**os.environ, "ABLATE_FAULT": "train_step@1:SIGSTOP"}
+        procs = [_train(out, small_corpus, steps=3, env=held), _train(out, small_corpus, steps=3, env=held)]
+        try:
+            refused = wait_for_one(procs, timeout=300)
+            holder = next(p for p in procs if p is not refused)
+            until_stopped(holder, timeout=300)  # it took the run and is held after step 1
+            holder.send_signal(signal.SIGCONT)
+            results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         assert sorted(code for code, _ in results) == [0, 1], results
-        refused = next(err for code, err in results if code == 1)
-        assert refused.count("\n") == 1 and "is being trained by pid " in refused, refused
+        err = next(err for code, err in results if code == 1)
+        assert err.count("\n") == 1 and "is being trained by pid " in err, err
+        assert f"is being trained by pid {holder.pid} " in err, err
     rows = [tuple(line.split(",")) for line in (out / "logs" / "metrics.csv").read_text().splitlines()[1:]]
     assert rows and len(rows) == len(set(rows)), "a window logged twice"
     assert not list((out / "checkpoints").glob("*-v1*")), list((out / "checkpoints").iterdir())
+
+
+def wait_for_one(procs: list[subprocess.Popen], timeout: float) -> subprocess.Popen:
+    """The first of `procs` to exit (the other may be held, stopped, and never exit by itself)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                return p
+        time.sleep(0.1)
+    raise AssertionError(f"neither command exited within {timeout} s")
+
+
+def until_stopped(proc: subprocess.Popen, timeout: float) -> None:
+    """Wait until `proc` is stopped (state T in /proc), as it stops itself at an ABLATE_FAULT point."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in ("T", "t"):
+            return
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    raise AssertionError(f"the command holding the run did not reach step 1 within {timeout} s")

@@ -62,8 +62,10 @@ def row_line(stdout: str, row: str) -> list[str]:
 
 
 @pytest.mark.parametrize("preset", ["gpu", "cpu"])
-def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_nothing(preset, tmp_path):
-    result = dry_run(tmp_path, "--preset", preset)
+def test_dry_run_prints_every_row_and_total_from_the_measured_rate_and_writes_nothing(preset, tmp_path, capsys):
+    """The gpu preset's plan as a process (`python -m ablate`, what a user runs), the cpu preset's
+    through the same `main` in this process."""
+    result = dry_run(tmp_path, "--preset", preset) if preset == "gpu" else dry_run_here(tmp_path, capsys, "--preset", preset)
     assert result.returncode == 0, result.stderr
     assert list(tmp_path.iterdir()) == []  # no database, no run directory
     assert "where the table stands" not in result.stdout  # nothing has run
@@ -108,11 +110,12 @@ def test_every_preset_is_costed_and_says_which_rates_are_measured_and_which_deri
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_eight_gpu_plan_needs_no_gpu_and_replays_the_launchers_order(tmp_path):
+def test_an_eight_gpu_plan_needs_no_gpu_and_replays_the_launchers_order(tmp_path, capsys):
     """`--gpus 0,...,7 --dry-run` on this CPU machine: the wall-clock of the queue's own order on 8
     workers, between the bounds max(total / 8, longest run) and 4/3 of it; `--machines 2` is 16
-    workers; a real run still needs the GPUs."""
-    result = dry_run(tmp_path, "--preset", "gpu", "--gpus", "0,1,2,3,4,5,6,7")
+    workers; a real run still needs the GPUs. (In this process: what the commands print and
+    refuse is the point, not a process of their own.)"""
+    result = dry_run_here(tmp_path, capsys, "--preset", "gpu", "--gpus", "0,1,2,3,4,5,6,7")
     assert result.returncode == 0, result.stderr
     text = result.stdout
     total = float(text.split("runs: about ")[1].split(" device-hours")[0])
@@ -122,11 +125,12 @@ def test_an_eight_gpu_plan_needs_no_gpu_and_replays_the_launchers_order(tmp_path
     bound = max(total / 8, longest)
     assert bound - 0.1 <= wall <= 4 / 3 * bound + 0.1
     assert "checkpoints up to" in text and "GB per device for training (big" in text
-    two = dry_run(tmp_path, "--preset", "gpu", "--gpus", "0,1,2,3,4,5,6,7", "--machines", "2")
+    two = dry_run_here(tmp_path, capsys, "--preset", "gpu", "--gpus", "0,1,2,3,4,5,6,7", "--machines", "2")
     assert two.returncode == 0 and "On 16 workers" in two.stdout, two.stderr
-    real = subprocess.run([sys.executable, "-m", "ablate", "table3", *dry_run_args(tmp_path)[2:], "--gpus", "0,1"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert real.returncode == 2 and "no CUDA GPU is visible" in real.stderr
+    capsys.readouterr()
+    with contextlib.chdir(tmp_path):
+        code = main(["table3", *dry_run_args(tmp_path)[2:], "--gpus", "0,1"])
+    assert code == 2 and "no CUDA GPU is visible" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 

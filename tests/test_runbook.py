@@ -98,8 +98,10 @@ def test_every_ablate_command_parses_with_the_real_parser():
 
 
 def test_the_plans_and_the_shared_study_commands_run_as_dry_runs(tmp_path, capsys, monkeypatch):
+    """Each distinct command once: the page repeats the paper plan's dry run (sections 3 and 6),
+    and the same command with the same arguments plans the same table twice."""
     monkeypatch.chdir(tmp_path)
-    for command in commands():
+    for command in dict.fromkeys(commands()):
         if rule(command) not in ("dry", "launch", "sbatch"):
             continue
         args = from_sbatch(command) if rule(command) == "sbatch" else on_sqlite(command)
