@@ -10,6 +10,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+# Lightning's log handler writes to the sys.stderr of the moment lightning.pytorch is first imported.
+# Imported inside a test, that is the test's capture, closed when the test ends, and every later
+# in-process run's log line becomes a `--- Logging error ---` traceback in its own test's stderr. So
+# any module that runs commands here imports it at collection, before a test's capture begins.
+import lightning.pytorch  # noqa: F401
 import pytest
 
 

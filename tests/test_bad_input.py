@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 
-import lightning.pytorch  # noqa: F401  (imported here, at collection: see below)
 import optuna
 import pytest
 
@@ -1102,10 +1101,7 @@ def test_damaged_files_of_ours_are_set_aside_in_one_line_each_and_never_deleted(
     checkpoint does not load under weights_only: each is set aside as NAME.corrupt with one warning
     line, and the same command trains the run to the end (no traceback, no weights_only=False
     advice). Both commands run in this process (`ablate_here`): the files are the point, not a
-    process. (Lightning's log handler holds the sys.stderr of the moment lightning.pytorch is first
-    imported; imported inside an earlier test, that is a capture closed since, and the run's own
-    log line became a `--- Logging error ---` traceback in this test's stderr. So this module
-    imports it at collection, as `make test`'s workers already do through other test files.)"""
+    process (see tests/here.py for why Lightning is imported before any test runs)."""
     import torch
 
     out = tmp_path / "run"
