@@ -12,7 +12,7 @@ every relative link in them leads somewhere real.
 - each "adding" section (a corpus, a report figure, a storage) names its one place and its test,
   and both exist;
 - the time README.md and docs/tests.md give for `make test` is the newest measured one
-  (benchmarks/results/test-suite-*/results.json), in whole minutes.
+  (benchmarks/results/test-suite-*/results.json), in whole minutes, and the index's row its figures.
 """
 
 from __future__ import annotations
@@ -165,11 +165,17 @@ def test_results_pages_exist() -> None:
 
 
 def test_the_time_make_test_is_said_to_take_is_the_newest_measured_one() -> None:
-    """The newest fresh-clone measurement (its folders are dated, so the last by name), rounded to
-    whole minutes, in the sentence of each page that says how long `make test` takes."""
+    """The newest fresh-clone measurement (its folders are dated, so the last by name): rounded to
+    whole minutes in the sentence of each page that says how long `make test` takes, and as it is
+    in the benchmark index's row."""
     measured = sorted((ROOT / "benchmarks" / "results").glob("test-suite-*/results.json"))
     assert measured, "no benchmarks/results/test-suite-*/results.json"
-    minutes = round(json.loads(measured[-1].read_text())["make_test_wall_s"] / 60)
+    figures = json.loads(measured[-1].read_text())
+    minutes = round(figures["make_test_wall_s"] / 60)
+    row = next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith("| `make test`")), "")
+    assert (f"{figures['make_test_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
+            f"pytest {figures['pytest_wall_s'] / 60:.1f}); {figures['test_time_s']:,.0f} s of test time") in row \
+        and rel(measured[-1].parent).split("/")[-1] in row, f"the index's make test row is not {rel(measured[-1])}'s"
     for page in (README, TESTS_PAGE):
         said = re.findall(r"about (\d+) minutes on 2 cores", page.read_text(encoding="utf-8"))
         assert said == [str(minutes)], (f"{rel(page)} says make test takes about {said} minutes on 2 cores; "
