@@ -1138,13 +1138,14 @@ def test_the_run_that_holds_the_folder_leaves_the_marker_another_command_is_writ
 
 
 @pytest.mark.parametrize("wait", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["refused", "waits"])
-def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small_corpus):
-    """Two `ablate train` on one --out started together: one trains, the other names the process
-    that holds the run and exits 1; with --wait it waits and then reuses the finished run. Either
-    way every logged window appears once and no stray `-v1` checkpoint is left. (Refused: the one
-    that takes the run holds itself after its first step, `ABLATE_FAULT=train_step@1:SIGSTOP`, until
-    the other has exited, then trains on to the end: it holds the run for certain, not for as long
-    as 300 steps happen to take.)"""
+def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small_corpus, capfd):
+    """Two `ablate train` on one --out: one trains, the other names the process that holds the run
+    and exits 1; with --wait (both started together) it waits and then reuses the finished run.
+    Either way every logged window appears once and no stray `-v1` checkpoint is left. (Refused: the
+    one that takes the run is a real process that holds itself after its first step,
+    `ABLATE_FAULT=train_step@1:SIGSTOP`, until the other has exited, then trains on to the end: it
+    holds the run for certain, not for as long as 300 steps happen to take. The other, refused
+    before it trains, runs in this process (`ablate_here`): its refusal is the point, not a process.)"""
     out = tmp_path / "run"
     if wait:
         # long enough (a few seconds of training) that the second command starts while the first holds the run
@@ -1152,39 +1153,24 @@ def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small
         results = [(p.wait(timeout=600), p.stderr.read()) for p in procs]
         assert sorted(code for code, _ in results) == [0, 0], results
     else:
-        held = {**os.environ, "ABLATE_FAULT": "train_step@1:SIGSTOP"}
-        procs = [_train(out, small_corpus, steps=3, env=held), _train(out, small_corpus, steps=3, env=held)]
+        holder = _train(out, small_corpus, steps=3, env={**os.environ, "ABLATE_FAULT": "train_step@1:SIGSTOP"})
         try:
-            refused = wait_for_one(procs, timeout=300)
-            holder = next(p for p in procs if p is not refused)
             until_stopped(holder, timeout=300)  # it took the run and is held after step 1
+            refused = ablate_here(capfd, "train", "--out", str(out), *FAST[:1], "--max-steps", "3", *FAST[3:],
+                                  *TINY_MODEL, *small_corpus, cwd=out.parent)
             holder.send_signal(signal.SIGCONT)
-            results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+            held = (holder.wait(timeout=300), holder.stderr.read())
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        assert sorted(code for code, _ in results) == [0, 1], results
-        err = next(err for code, err in results if code == 1)
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
+        assert held[0] == 0 and refused.returncode == 1, (held, refused)
+        err = refused.stderr
         assert err.count("\n") == 1 and "is being trained by pid " in err, err
         assert f"is being trained by pid {holder.pid} " in err, err
     rows = [tuple(line.split(",")) for line in (out / "logs" / "metrics.csv").read_text().splitlines()[1:]]
     assert rows and len(rows) == len(set(rows)), "a window logged twice"
     assert not list((out / "checkpoints").glob("*-v1*")), list((out / "checkpoints").iterdir())
-
-
-def wait_for_one(procs: list[subprocess.Popen], timeout: float) -> subprocess.Popen:
-    """The first of `procs` to exit (the other may be held, stopped, and never exit by itself)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            if p.poll() is not None:
-                return p
-        time.sleep(0.1)
-    raise AssertionError(f"neither command exited within {timeout} s")
 
 
 def until_stopped(proc: subprocess.Popen, timeout: float) -> None:
