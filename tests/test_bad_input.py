@@ -703,7 +703,7 @@ def test_wandb_online_without_a_network_waits_a_bounded_time_then_logs_offline(t
     to the end with an offline W&B run that `wandb sync` can upload later."""
     import time
 
-    env = {**os.environ, "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "5",
+    env = {**os.environ, "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "2",
            "HOME": str(tmp_path / "home"), "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
     out = tmp_path / "run"
     start = time.monotonic()
