@@ -126,10 +126,10 @@ def test_a_row_queued_twice_trains_once(tmp_path: Path):
 
 
 OPEN_AT = """
-import sys, time
+import sys
 from sweeps.storage import make_storage
-start = float(sys.argv[2])
-time.sleep(max(0.0, start - time.time()))
+print("ready", flush=True)
+sys.stdin.readline()  # the go, sent to every process at once
 make_storage(sys.argv[1], None)
 """
 
@@ -138,14 +138,19 @@ def test_processes_opening_a_new_sqlite_database_at_once_all_get_it(tmp_path: Pa
     """Each creates Optuna's tables and version row; Python's sqlite3 commits every CREATE TABLE on
     its own, so all but one failed ("table ... already exists", "UNIQUE constraint failed") until a
     failed open is tried again (a test watching a sweep start hit it, and so do two commands
-    started together)."""
-    import time
-
+    started together). The processes open it together once every one has imported Optuna and
+    said so, however long that took on a loaded machine."""
     url = f"sqlite:///{tmp_path}/db/new.db"
-    start = time.time() + 3  # after every process has imported Optuna
-    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, url, str(start)], stderr=subprocess.PIPE,
-                              text=True, cwd=Path(__file__).resolve().parents[1]) for _ in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+             for _ in range(4)]
+    ready = [p.stdout.readline().strip() for p in procs]  # "" from one that failed to start
+    for p in procs:  # the go, to each in turn with nothing between
+        with contextlib.suppress(BrokenPipeError):  # one that failed: its error is shown below
+            p.stdin.write("go\n")
+            p.stdin.flush()
     errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert ready == ["ready"] * 4, errors
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
     assert optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/db/new.db") == []
 
