@@ -306,8 +306,11 @@ def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_pap
 
 
 def test_rerun_repeats_nothing(table: Path, capfd):
+    """The same command again queues nothing and starts no worker. (--no-report: the report of a
+    sitting with nothing left to run is test_a_table_made_from_python_writes_its_report_when_asked's.)"""
     before = [(t.number, t.state) for t in trials(table)]
-    result = ablate_here(capfd, *table3_args(table, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2"))
+    result = ablate_here(capfd, *table3_args(table, "--rows", ",".join(ROWS), "--seeds", "1,2", "--workers", "2",
+                                             "--no-report"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "0 queued now" in result.stdout and "worker" not in result.stdout
     assert [(t.number, t.state) for t in trials(table)] == before
