@@ -2,7 +2,8 @@
 (`ABLATE_FAULT`, see lightning_modules/base/faults.py), a damaged checkpoint, a NaN loss. After each,
 running the same command again finishes the work from what was saved, and no half-written file
 is ever read. (The run that is killed is a process of its own; the same command run after it
-runs in the test's process where only what it reads and writes is checked.)
+runs in the test's process where only what it reads and writes is checked; so does the run
+whose loss becomes NaN, a numerical fault and no signal.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from optuna.trial import TrialState
 
 from ablate.cli import main
+from here import ablate_here
 from lightning_modules.convergence import read_curves
 from sweeps.storage import make_storage
 from sweeps.study import enqueue, open_study
@@ -152,17 +154,22 @@ def test_checkpoint_of_another_model_is_refused_with_one_line(tmp_path: Path):
     assert "Traceback" not in result.stderr and not (a / "results.json").exists()
 
 
-def test_nan_loss_fails_the_run_with_its_reason_recorded(tmp_path: Path, capsys):
+def test_nan_loss_fails_the_run_with_its_reason_recorded(tmp_path: Path, capfd, monkeypatch):
+    """A NaN loss at step 3 fails the run: exit status 1, the reason as the last line of stderr
+    and in results.json, no traceback; the same command then refuses the failed run. (Both run in
+    this process: what is checked is the status, the output and the file, not a process's own.)"""
     out = tmp_path / "run"
-    result = ablate("train", "--out", str(out), *SMALL, fault="nan_loss@3")
+    with monkeypatch.context() as env:
+        env.setenv("ABLATE_FAULT", "nan_loss@3")
+        result = ablate_here(capfd, "train", "--out", str(out), *SMALL)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and "the training loss became nan" in lines[-1]
+    assert result.returncode == 1 and "the training loss became nan" in lines[-1], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     recorded = json.loads((out / "results.json").read_text())
     assert recorded["status"] == "failed" and "nan" in recorded["reason"]
-    # a failed run is not silently retried (a refusal before any training: checked in this process)
-    assert main(["train", "--out", str(out), *SMALL]) == 1
-    assert "holds a failed run" in capsys.readouterr().err
+    # a failed run is not silently retried (a refusal before any training)
+    again = ablate_here(capfd, "train", "--out", str(out), *SMALL)
+    assert again.returncode == 1 and "holds a failed run" in again.stderr
 
 
 @SLOW
