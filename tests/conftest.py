@@ -3,6 +3,7 @@ throwaway PostgreSQL server for the tests that need a database server."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -30,9 +31,10 @@ os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[object]:
-    """Headless Debian Chromium through Debian's chromedriver (skipped when either is missing)."""
+@contextlib.contextmanager
+def start_chromium(profile: Path) -> Iterator[object]:
+    """Headless Debian Chromium through Debian's chromedriver, its profile in `profile` (the test is
+    skipped when either is missing); quit on leaving."""
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
     for exe in (CHROMIUM, CHROMEDRIVER):
         if not os.access(exe, os.X_OK):
@@ -43,7 +45,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
     options.binary_location = str(CHROMIUM)
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+                 "--window-size=1400,1000", f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(30)
@@ -51,6 +53,13 @@ def browser(tmp_path: Path) -> Iterator[object]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    """A Chromium of the test's own (`start_chromium`)."""
+    with start_chromium(tmp_path / "chromium-profile") as driver:
+        yield driver
 
 
 @pytest.fixture

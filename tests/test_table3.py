@@ -31,6 +31,7 @@ from lightning_modules.convergence import classify_stored
 from lightning_modules.base.errors import UserError
 from ablations.spec import load_spec
 from ablate.table3.plan import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
+from conftest import start_chromium
 from here import ablate_here
 from test_sweeps import wait_for_running_trial
 
@@ -446,27 +447,10 @@ def test_report_logs_table_figures_verdicts_and_page_to_wandb_offline(table: Pat
 
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """conftest's headless Debian Chromium (the same options), started once for this module's pages
-    (a start costs about 2 CPU seconds); skipped when it or its driver is missing."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-    from conftest import CHROMEDRIVER, CHROMIUM
-    from selenium.webdriver.chrome.service import Service
-
-    for exe in (CHROMIUM, CHROMEDRIVER):
-        if not os.access(exe, os.X_OK):
-            pytest.skip(f"{exe} not installed (apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(30)
-    try:
+    """conftest's Chromium (`start_chromium`), started once for this module's pages (a start costs
+    about 2 CPU seconds)."""
+    with start_chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
