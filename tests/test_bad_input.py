@@ -31,6 +31,7 @@ import pytest
 
 from ablate.cli import build_parser, main
 from here import ablate_here
+from test_slurm import wait_until_stopped
 from lightning_modules.config import DataConfig
 
 FAST = ["--no-wandb", "--max-steps", "2", "data.valid_size=50", "data.test_size=50", "train.progress_bar=false"]
@@ -1155,7 +1156,7 @@ def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small
     else:
         holder = _train(out, small_corpus, steps=3, env={**os.environ, "ABLATE_FAULT": "train_step@1:SIGSTOP"})
         try:
-            until_stopped(holder, timeout=300)  # it took the run and is held after step 1
+            wait_until_stopped(holder)  # it took the run and is held after step 1
             refused = ablate_here(capfd, "train", "--out", str(out), *FAST[:1], "--max-steps", "3", *FAST[3:],
                                   *TINY_MODEL, *small_corpus, cwd=out.parent)
             holder.send_signal(signal.SIGCONT)
@@ -1171,17 +1172,3 @@ def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small
     rows = [tuple(line.split(",")) for line in (out / "logs" / "metrics.csv").read_text().splitlines()[1:]]
     assert rows and len(rows) == len(set(rows)), "a window logged twice"
     assert not list((out / "checkpoints").glob("*-v1*")), list((out / "checkpoints").iterdir())
-
-
-def until_stopped(proc: subprocess.Popen, timeout: float) -> None:
-    """Wait until `proc` is stopped (state T in /proc), as it stops itself at an ABLATE_FAULT point."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state in ("T", "t"):
-            return
-        assert proc.poll() is None, proc.stderr.read()
-        time.sleep(0.1)
-    raise AssertionError(f"the command holding the run did not reach step 1 within {timeout} s")
