@@ -26,6 +26,9 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))  # run as a script from any folder: this checkout's packages
+
+from lightning_modules.run.environment import cpu_model  # noqa: E402
 
 
 def wall_seconds(log: str) -> float:
@@ -46,12 +49,6 @@ def pytest_line(log: str) -> tuple[dict[str, int], float]:
         raise SystemExit("the log has no pytest summary line")
     counts, seconds = m[-1]
     return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", counts)}, float(seconds)
-
-
-def cpu_model() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    return m.group(1).strip() if m else platform.processor() or "unknown"
 
 
 def main(junit: str, log_path: str) -> None:
