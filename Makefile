@@ -25,9 +25,10 @@ test-deps:  ## Debian packages the tests use for real: a PostgreSQL server, Chro
 $(BIN)/ablate: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --no-compile "$(TORCH)" -e ".[dev]"
-	@# pip byte-compiles what it installs on one core; compileall does it on all of them. One file of
-	@# torch's own tests is written for Python 3.12 and never compiled under pip either.
-	@$(BIN)/python -m compileall -q -j 0 -x 'torch/testing/_internal/py312_intrinsics' \
+	@# pip byte-compiles what it installs on one core; compileall does it on all of them, but for the
+	@# packages' own test suites (18% of the code; nothing imports them) and one file of torch's
+	@# tests written for Python 3.12, which pip never compiled either.
+	@$(BIN)/python -m compileall -q -j 0 -x '/tests/|torch/testing/_internal/py312_intrinsics' \
 	  "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null \
 	  || echo "setup: some installed files did not byte-compile; Python compiles them when imported"
 	@touch $@
@@ -36,14 +37,16 @@ setup: system-deps $(BIN)/ablate
 
 WORKERS ?= 2
 # make test runs the test files on this many pytest-xdist processes (one file stays on one process:
-# its module fixtures are built once); most tests wait on the subprocesses they start
+# its module fixtures are built once), longest files first (tests/conftest.py orders them; xdist's
+# own reorder, by number of tests, is turned off). Three processes were no faster on 2 cores (the
+# machine is busy already: benchmarks/results/test-suite-cpu-2026-11-29) and load its timed tests more
 TEST_WORKERS ?= 2
 
 demo: setup
 	$(BIN)/ablate table3 --preset demo --workers $(WORKERS)
 
 test: setup test-deps
-	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-slow: setup test-deps  ## the slower fault-injection cases (not in `make test`)
 	$(BIN)/python -m pytest -q -m slow
