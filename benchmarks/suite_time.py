@@ -1,0 +1,141 @@
+"""`make test`'s time on a fresh clone, and where its CPU goes, from what the run itself wrote.
+
+The run (on an otherwise idle machine, nothing else started beside it):
+
+    git clone <repo> fresh && cd fresh
+    SUITE_CPU_LOG=$PWD/../cpu.jsonl PYTEST_ADDOPTS="--junitxml=$PWD/../junit.xml -p benchmarks.suite_time" \
+      /usr/bin/time -v make test > ../make-test.log 2>&1
+
+then, from this checkout:
+
+    python -m benchmarks.suite_time ../junit.xml ../make-test.log benchmarks/results/test-suite-cpu-DATE ../cpu.jsonl
+
+writes results.json (the figures) and results.md (each test file's summed test time and CPU) in
+that folder, made if missing. The wall-clock is GNU time's for the whole of `make test`, set-up of
+the virtual environment included; pytest's own is the one its last line prints; set-up is the
+difference. As a pytest plugin (`-p benchmarks.suite_time`), this module adds a line per test to
+$SUITE_CPU_LOG: its wall-clock and the CPU seconds its pytest process spent on it, its own and
+those of the processes it started and waited for (a process killed by a test, or one its child
+started and did not wait for, counts nowhere). CPU over wall-clock says whether more processes
+could have run the suite sooner: at 2 cores' worth, nothing was left idle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import resource
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CPU_LOG = "SUITE_CPU_LOG"
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
+    """The plugin: one JSON line per test (its id, wall-clock and CPU seconds) to $SUITE_CPU_LOG."""
+    wall, cpu = time.monotonic(), _cpu_s()
+    yield
+    path = os.environ.get(CPU_LOG)
+    if path:
+        line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu_s() - cpu, 3)}
+        with open(path, "a", encoding="utf-8") as log:  # one short write per line, from each process
+            log.write(json.dumps(line) + "\n")
+
+
+
+def wall_seconds(log: str) -> float:
+    """GNU time -v's 'Elapsed (wall clock) time (h:mm:ss or m:ss): 17:14.93'."""
+    m = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log)
+    if m is None:
+        raise SystemExit("the log has no GNU time -v 'Elapsed (wall clock)' line")
+    seconds = 0.0
+    for part in m.group(1).split(":"):
+        seconds = seconds * 60 + float(part)
+    return seconds
+
+
+def summary_line(log: str) -> tuple[dict[str, int], float]:
+    """pytest's last line: '985 passed, 25 skipped, 32 warnings in 876.14s (0:14:36)'."""
+    m = re.findall(r"^=*\s*((?:\d+ \w+(?:, )?)+) in ([\d.]+)s", log, re.M)
+    if not m:
+        raise SystemExit("the log has no pytest summary line")
+    counts, seconds = m[-1]
+    return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", counts)}, float(seconds)
+
+
+def cpu_lines(path: str) -> list[dict[str, Any]]:
+    """The plugin's lines (a line cut short by a killed process is left out)."""
+    lines = []
+    for text in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            continue
+    return lines
+
+
+def main(junit: str, log_path: str, out: str, cpu_log: str | None = None) -> None:
+    from lightning_modules.base.io import atomic_write_text
+    from lightning_modules.run.environment import cpu_model
+
+    log = Path(log_path).read_text(errors="replace")
+    total, (counts, pytest_s) = wall_seconds(log), summary_line(log)
+    per_file: Counter[str] = Counter()
+    for case in ET.parse(junit).iter("testcase"):
+        per_file[case.get("classname", "?").split(".")[-1]] += float(case.get("time", 0))
+    result: dict[str, Any] = {
+        "device": f"{cpu_model()}, {os.cpu_count()} cores", "python": platform.python_version(),
+        "make_test_wall_s": round(total, 1), "pytest_wall_s": round(pytest_s, 1),
+        "setup_s": round(total - pytest_s, 1), "tests": counts, "test_time_s": round(sum(per_file.values()), 1),
+        "files": {name: round(s, 1) for name, s in per_file.most_common()}}
+    cpu: Counter[str] = Counter()
+    heaviest: list[dict[str, Any]] = []
+    if cpu_log:
+        lines = cpu_lines(cpu_log)
+        for line in lines:
+            cpu[Path(line["test"].split("::")[0]).stem] += line["cpu_s"]
+        heaviest = sorted(lines, key=lambda line: -line["cpu_s"])[:15]
+        result |= {"test_cpu_s": round(sum(cpu.values()), 1),
+                   "cores_busy": round(sum(cpu.values()) / pytest_s, 2),
+                   "files_cpu_s": {name: round(cpu[name], 1) for name in result["files"]},
+                   "heaviest_tests": heaviest}
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "results.json", json.dumps(result, indent=1) + "\n")
+    if cpu_log:
+        head = (f" {result['test_cpu_s']:.0f} CPU s in the tests, {result['cores_busy']:.2f} cores busy "
+                "on average while pytest ran.\n\n| test file | test time, s | CPU, s |\n|---|--:|--:|\n")
+        rows = "\n".join(f"| `{name}.py` | {s:.1f} | {cpu[name]:.1f} |" for name, s in per_file.most_common())
+        rows += ("\n\nThe tests that took the most CPU:\n\n| test | wall-clock, s | CPU, s |\n|---|--:|--:|\n"
+                 + "\n".join(f"| `{line['test']}` | {line['wall_s']:.1f} | {line['cpu_s']:.1f} |" for line in heaviest))
+    else:
+        head = "\n\n| test file | test time, s |\n|---|--:|\n"
+        rows = "\n".join(f"| `{name}.py` | {s:.1f} |" for name, s in per_file.most_common())
+    atomic_write_text(folder / "results.md",
+        f"# make test on a fresh clone: {result['device']}\n\n"
+        f"make test {total / 60:.1f} min wall (set-up {result['setup_s']:.0f} s, pytest {pytest_s:.0f} s); "
+        f"{', '.join(f'{n} {w}' for w, n in counts.items())}; summed test time {result['test_time_s']:.0f} s "
+        "on two pytest-xdist processes." + head + rows + "\n")
+    print((folder / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (4, 5):
+        raise SystemExit(__doc__)
+    main(*sys.argv[1:])
