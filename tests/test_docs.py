@@ -12,7 +12,8 @@ every relative link in them leads somewhere real.
 - each "adding" section (a corpus, a report figure, a storage) names its one place and its test,
   and both exist;
 - the time README.md and docs/tests.md give for `make test` is the newest measured one
-  (benchmarks/results/test-suite-*/results.json), in whole minutes, and the index's row its figures.
+  (benchmarks/results/test-suite-cpu-*/results.json), in whole minutes, and the index's row its
+  figures; README's time for `make demo` is the newest measured one (demo-cpu-*/results.json).
 """
 
 from __future__ import annotations
@@ -164,22 +165,40 @@ def test_results_pages_exist() -> None:
     assert RESULTS_PAGES, "no reports/results/*/README.md found"
 
 
+def newest_measurement(kind: str) -> tuple[Path, dict]:
+    """The newest benchmarks/results/KIND-*/results.json (its folders are dated, so the last by name)."""
+    measured = sorted((ROOT / "benchmarks" / "results").glob(f"{kind}-*/results.json"))
+    assert measured, f"no benchmarks/results/{kind}-*/results.json"
+    return measured[-1], json.loads(measured[-1].read_text())
+
+
 def test_the_time_make_test_is_said_to_take_is_the_newest_measured_one() -> None:
-    """The newest fresh-clone measurement (its folders are dated, so the last by name): rounded to
-    whole minutes in the sentence of each page that says how long `make test` takes, and as it is
-    in the benchmark index's row."""
-    measured = sorted((ROOT / "benchmarks" / "results").glob("test-suite-*/results.json"))
-    assert measured, "no benchmarks/results/test-suite-*/results.json"
-    figures = json.loads(measured[-1].read_text())
+    """The newest fresh-clone measurement, rounded to whole minutes in the sentence of each page that
+    says how long `make test` takes, and as it is in the benchmark index's row."""
+    path, figures = newest_measurement("test-suite-cpu")
     minutes = round(figures["make_test_wall_s"] / 60)
     row = next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith("| `make test`")), "")
     assert (f"{figures['make_test_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
             f"pytest {figures['pytest_wall_s'] / 60:.1f}); {figures['test_time_s']:,.0f} s of test time") in row \
-        and rel(measured[-1].parent).split("/")[-1] in row, f"the index's make test row is not {rel(measured[-1])}'s"
+        and rel(path.parent).split("/")[-1] in row, f"the index's make test row is not {rel(path)}'s"
     for page in (README, TESTS_PAGE):
         said = re.findall(r"about (\d+) minutes on 2 cores", page.read_text(encoding="utf-8"))
         assert said == [str(minutes)], (f"{rel(page)} says make test takes about {said} minutes on 2 cores; "
-                                        f"{rel(measured[-1].parent)} measured {minutes}")
+                                        f"{rel(path.parent)} measured {minutes}")
+
+
+def test_the_time_make_demo_is_said_to_take_is_the_newest_measured_one() -> None:
+    """The front page's time for `make demo`, in whole minutes, set-up included and once set up, and
+    the benchmark index's row: the newest fresh-clone measurement's."""
+    path, figures = newest_measurement("demo-cpu")
+    said = re.findall(r"`make demo` takes about (\d+) minutes on a 2-core CPU, set-up included\*\* \(about (\d+) once",
+                      README.read_text(encoding="utf-8"))
+    measured = (str(round(figures["make_demo_wall_s"] / 60)), str(round(figures["table_s"] / 60)))
+    assert said == [measured], f"README says make demo takes {said} minutes; {rel(path.parent)} measured {measured}"
+    row = next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith("| `make demo`")), "")
+    assert (f"{figures['make_demo_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
+            f"the table {figures['table_s'] / 60:.1f})") in row and path.parent.name in row, \
+        f"the index's make demo row is not {rel(path)}'s"
 
 
 # Each "adding" section: (page, its heading's anchor) -> the one place to change (file, top-level

@@ -1,19 +1,26 @@
-"""`make test`'s time on a fresh clone, and where its CPU goes, from what the run itself wrote.
+"""How long a new user waits, from what the runs themselves wrote: `make test` on a fresh clone (and
+where its CPU goes), and `make demo` on a fresh clone.
 
-The run (on an otherwise idle machine, nothing else started beside it):
+Each run on an otherwise idle machine, nothing else started beside it, with no warm caches (a new
+`HOME` and `TORCHINDUCTOR_CACHE_DIR`):
 
     git clone <repo> fresh && cd fresh
-    SUITE_CPU_LOG=$PWD/../cpu.jsonl PYTEST_ADDOPTS="--junitxml=$PWD/../junit.xml -p benchmarks.suite_time" \
+    SUITE_CPU_LOG=$PWD/../cpu.jsonl PYTEST_ADDOPTS="--junitxml=$PWD/../junit.xml -p benchmarks.fresh_clone" \
       /usr/bin/time -v make test > ../make-test.log 2>&1
+    git clone <repo> demo && cd demo && /usr/bin/time -v make demo > ../make-demo.log 2>&1
 
 then, from this checkout:
 
-    python -m benchmarks.suite_time ../junit.xml ../make-test.log benchmarks/results/test-suite-cpu-DATE ../cpu.jsonl
+    python -m benchmarks.fresh_clone test ../junit.xml ../make-test.log benchmarks/results/test-suite-cpu-DATE ../cpu.jsonl
+    python -m benchmarks.fresh_clone demo ../make-demo.log ../demo benchmarks/results/demo-cpu-DATE
 
-writes results.json (the figures) and results.md (each test file's summed test time and CPU) in
-that folder, made if missing. The wall-clock is GNU time's for the whole of `make test`, set-up of
-the virtual environment included; pytest's own is the one its last line prints; set-up is the
-difference. As a pytest plugin (`-p benchmarks.suite_time`), this module adds a line per test to
+each write results.json (the figures) and results.md in that folder, made if missing. The
+wall-clock is GNU time's for the whole of `make test` or `make demo`, set-up of the virtual
+environment included. `make test`'s pytest time is the one its last line prints, set-up the
+difference; results.md gives each test file's summed test time and CPU. `make demo`'s table time
+runs from Optuna's line on creating the study to the newest file of the report, set-up is the
+rest; results.md gives each row's line. As a pytest plugin (`-p benchmarks.fresh_clone`), this
+module adds a line per test to
 $SUITE_CPU_LOG: its wall-clock and the CPU seconds its pytest process spent on it, its own and
 those of the processes it started and waited for (a process killed by a test, or one its child
 started and did not wait for, counts nowhere). CPU over wall-clock says whether more processes
@@ -31,6 +38,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from datetime import datetime
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,7 +98,7 @@ def cpu_lines(path: str) -> list[dict[str, Any]]:
     return lines
 
 
-def main(junit: str, log_path: str, out: str, cpu_log: str | None = None) -> None:
+def test_suite(junit: str, log_path: str, out: str, cpu_log: str | None = None) -> None:
     from lightning_modules.base.io import atomic_write_text
     from lightning_modules.run.environment import cpu_model
 
@@ -135,7 +143,47 @@ def main(junit: str, log_path: str, out: str, cpu_log: str | None = None) -> Non
     print((folder / "results.md").read_text())
 
 
+STUDY_CREATED = re.compile(r"^\[I (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] A new study created", re.M)
+ROW_LINE = re.compile(r"^(\S+) seed (\d+): ([^,]+), dev PPL ([\d.]+), dev BLEU ([\d.]+), ([\d.]+) s training, "
+                      r"([\d,]+) parameters$", re.M)
+
+
+def demo(log_path: str, clone: str, out: str) -> None:
+    from lightning_modules.base.io import atomic_write_json, atomic_write_text
+    from lightning_modules.run.environment import cpu_model
+
+    log = Path(log_path).read_text(errors="replace")
+    total, created = wall_seconds(log), STUDY_CREATED.search(log)
+    if created is None:
+        raise SystemExit("the log has no Optuna line creating the study (was the study new?)")
+    report = Path(clone) / "runs" / "table3" / "table3-demo" / "report"
+    written = [path.stat().st_mtime for path in report.rglob("*") if path.is_file()]
+    if not written:
+        raise SystemExit(f"no report in {report}")
+    # Optuna logs the machine's local time, as datetime.timestamp() reads a time without a zone
+    table_s = max(written) - datetime.strptime(created.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    rows = [{"row": row, "seed": int(seed), "class": label, "dev_ppl": float(ppl), "dev_bleu": float(bleu),
+             "training_s": float(seconds), "parameters": int(params.replace(",", ""))}
+            for row, seed, label, ppl, bleu, seconds, params in ROW_LINE.findall(log)]
+    result = {"device": f"{cpu_model()}, {os.cpu_count()} cores", "python": platform.python_version(),
+              "make_demo_wall_s": round(total, 1), "table_s": round(table_s, 1), "setup_s": round(total - table_s, 1),
+              "rows": rows}
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(folder / "results.json", result)
+    lines = "\n".join(f"| {r['row']} | {r['seed']} | {r['class']} | {r['dev_ppl']} | {r['dev_bleu']} | "
+                      f"{r['training_s']} | {r['parameters']:,} |" for r in rows)
+    atomic_write_text(folder / "results.md",
+        f"# make demo on a fresh clone: {result['device']}\n\n"
+        f"make demo {total / 60:.1f} min wall (set-up {result['setup_s']:.0f} s, the table {table_s:.0f} s); "
+        f"{len(rows)} rows.\n\n| row | seed | class | dev PPL | dev BLEU | training, s | parameters |\n"
+        "|---|--:|---|--:|--:|--:|--:|\n" + lines + "\n")
+    print((folder / "results.md").read_text())
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (4, 5):
+    commands = {"test": (test_suite, (4, 5)), "demo": (demo, (3,))}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) - 2 not in commands[sys.argv[1]][1]:
         raise SystemExit(__doc__)
-    main(*sys.argv[1:])
+    command, _ = commands[sys.argv[1]]
+    command(*sys.argv[2:])
