@@ -171,11 +171,14 @@ def postgres_url():
 @pytest.fixture(scope="session")
 def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """A 3,000-pair slice of Ding's train split and 100 dev pairs as files, and the `ablate`
-    options that train on them (`--data files` skips extracting the whole dictionary per run)."""
+    options that train on them (`--data files` skips extracting the whole dictionary per run). The
+    sentences come through the runs' own extraction cache (each test process would otherwise parse
+    the dictionary again, ~8 s of CPU; the tests of the extraction itself are test_data.py's)."""
     from lightning_modules.config import DataConfig
-    from lightning_modules.data.ding import extract_ding, split_ding
+    from lightning_modules.data.ding import extract_ding_cached, split_ding
 
-    sentences, _ = extract_ding(DataConfig().ding_path)
+    config = DataConfig()
+    sentences, _ = extract_ding_cached(config.ding_path, config.cache_dir, phrases=False)
     train, valid, _ = split_ding(sentences, 100, 100)
     out, args = tmp_path_factory.mktemp("corpus"), []
     for split, pairs in (("train", train[:3000]), ("valid", valid)):
