@@ -31,20 +31,20 @@ os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest test files first. `make test` hands whole files to its two processes in the order
     they are collected (`--dist loadfile --no-loadscope-reorder`): a long file handed out last runs
-    on alone while the other process has nothing left (test_table3, the longest, came up late in
-    the alphabet, and one process ended 40 s after the other). Each file's seconds are those of
-    the newest committed measurement of the suite (benchmarks/results/test-suite-*/results.json);
-    a file it lacks goes after those it has, and a file's tests keep their order."""
+    on alone while the other process has nothing left (test_table3, the longest, comes late in the
+    alphabet). Each file's seconds are those of the newest committed measurement of the suite
+    (benchmarks/results/test-suite-*/results.json); a file it lacks goes after those it has, and a
+    file's tests keep their order."""
     measured = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "results").glob("test-suite-*/results.json"))
     try:
         seconds = json.loads(measured[-1].read_text())["files"] if measured else {}
     except (OSError, ValueError, KeyError):
         seconds = {}
     items.sort(key=lambda item: -float(seconds.get(item.path.stem, 0.0)))
-
 
 
 @contextlib.contextmanager
