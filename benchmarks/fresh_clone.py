@@ -20,10 +20,9 @@ environment included. `make test`'s pytest time is the one its last line prints,
 difference; results.md gives each test file's summed test time and CPU. `make demo`'s table time
 runs from Optuna's line on creating the study to the newest file of the report, set-up is the
 rest; results.md gives each row's line. As a pytest plugin (`-p benchmarks.fresh_clone`), this
-module adds a line per test to
-$SUITE_CPU_LOG: its wall-clock and the CPU seconds its pytest process spent on it, its own and
-those of the processes it started and waited for (a process killed by a test, or one its child
-started and did not wait for, counts nowhere). CPU over wall-clock says whether more processes
+module adds a line per test to $SUITE_CPU_LOG: its wall-clock and the CPU seconds its pytest
+process spent on it, its own and those of the processes it started and waited for (a process
+killed by a test, or one its child started and did not wait for, counts nowhere). CPU over wall-clock says whether more processes
 could have run the suite sooner: at 2 cores' worth, nothing was left idle.
 """
 
@@ -38,8 +37,8 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
-from datetime import datetime
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +63,6 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Iterator[None]:
         line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 3), "cpu_s": round(_cpu_s() - cpu, 3)}
         with open(path, "a", encoding="utf-8") as log:  # one short write per line, from each process
             log.write(json.dumps(line) + "\n")
-
 
 
 def wall_seconds(log: str) -> float:
@@ -98,18 +96,33 @@ def cpu_lines(path: str) -> list[dict[str, Any]]:
     return lines
 
 
-def test_suite(junit: str, log_path: str, out: str, cpu_log: str | None = None) -> None:
-    from lightning_modules.base.io import atomic_write_text
+def machine() -> dict[str, str]:
+    """The fields every result here starts with: the CPU and its cores, and Python's version."""
     from lightning_modules.run.environment import cpu_model
 
+    return {"device": f"{cpu_model()}, {os.cpu_count()} cores", "python": platform.python_version()}
+
+
+def write(out: str, result_json: str, markdown: str) -> None:
+    """results.json and results.md in folder `out` (made if missing), each atomically; the markdown printed."""
+    from lightning_modules.base.io import atomic_write_text
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "results.json", result_json)
+    atomic_write_text(folder / "results.md", markdown)
+    print(markdown)
+
+
+def suite(junit: str, log_path: str, out: str, cpu_log: str | None = None) -> None:
+    """`make test`'s figures: wall-clock, set-up, pytest, each file's test time (and CPU)."""
     log = Path(log_path).read_text(errors="replace")
     total, (counts, pytest_s) = wall_seconds(log), summary_line(log)
     per_file: Counter[str] = Counter()
     for case in ET.parse(junit).iter("testcase"):
         per_file[case.get("classname", "?").split(".")[-1]] += float(case.get("time", 0))
     result: dict[str, Any] = {
-        "device": f"{cpu_model()}, {os.cpu_count()} cores", "python": platform.python_version(),
-        "make_test_wall_s": round(total, 1), "pytest_wall_s": round(pytest_s, 1),
+        **machine(), "make_test_wall_s": round(total, 1), "pytest_wall_s": round(pytest_s, 1),
         "setup_s": round(total - pytest_s, 1), "tests": counts, "test_time_s": round(sum(per_file.values()), 1),
         "files": {name: round(s, 1) for name, s in per_file.most_common()}}
     cpu: Counter[str] = Counter()
@@ -123,24 +136,26 @@ def test_suite(junit: str, log_path: str, out: str, cpu_log: str | None = None) 
                    "cores_busy": round(sum(cpu.values()) / pytest_s, 2),
                    "files_cpu_s": {name: round(cpu[name], 1) for name in result["files"]},
                    "heaviest_tests": heaviest}
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / "results.json", json.dumps(result, indent=1) + "\n")
+    head = f" {result['test_cpu_s']:.0f} CPU s in the tests, {result['cores_busy']:.2f} cores busy on average " \
+        "while pytest ran." if cpu_log else ""
+    columns = ["test file", "test time, s", *(["CPU, s"] if cpu_log else [])]
+    rows = [[f"`{name}.py`", f"{s:.1f}", *([f"{cpu[name]:.1f}"] if cpu_log else [])] for name, s in per_file.most_common()]
+    tables = table(columns, rows)
     if cpu_log:
-        head = (f" {result['test_cpu_s']:.0f} CPU s in the tests, {result['cores_busy']:.2f} cores busy "
-                "on average while pytest ran.\n\n| test file | test time, s | CPU, s |\n|---|--:|--:|\n")
-        rows = "\n".join(f"| `{name}.py` | {s:.1f} | {cpu[name]:.1f} |" for name, s in per_file.most_common())
-        rows += ("\n\nThe tests that took the most CPU:\n\n| test | wall-clock, s | CPU, s |\n|---|--:|--:|\n"
-                 + "\n".join(f"| `{line['test']}` | {line['wall_s']:.1f} | {line['cpu_s']:.1f} |" for line in heaviest))
-    else:
-        head = "\n\n| test file | test time, s |\n|---|--:|\n"
-        rows = "\n".join(f"| `{name}.py` | {s:.1f} |" for name, s in per_file.most_common())
-    atomic_write_text(folder / "results.md",
-        f"# make test on a fresh clone: {result['device']}\n\n"
-        f"make test {total / 60:.1f} min wall (set-up {result['setup_s']:.0f} s, pytest {pytest_s:.0f} s); "
-        f"{', '.join(f'{n} {w}' for w, n in counts.items())}; summed test time {result['test_time_s']:.0f} s "
-        "on two pytest-xdist processes." + head + rows + "\n")
-    print((folder / "results.md").read_text())
+        tables += "\n\nThe tests that took the most CPU:\n\n" + table(
+            ["test", "wall-clock, s", "CPU, s"],
+            [[f"`{line['test']}`", f"{line['wall_s']:.1f}", f"{line['cpu_s']:.1f}"] for line in heaviest])
+    write(out, json.dumps(result, indent=1) + "\n",
+          f"# make test on a fresh clone: {result['device']}\n\n"
+          f"make test {total / 60:.1f} min wall (set-up {result['setup_s']:.0f} s, pytest {pytest_s:.0f} s); "
+          f"{', '.join(f'{n} {w}' for w, n in counts.items())}; summed test time {result['test_time_s']:.0f} s "
+          f"on two pytest-xdist processes.{head}\n\n{tables}\n")
+
+
+def table(columns: list[str], rows: list[list[str]], left: tuple[int, ...] = (0,)) -> str:
+    """A markdown table: the columns numbered in `left` left-aligned, the others right-aligned."""
+    rule = "".join("---|" if i in left else "--:|" for i in range(len(columns)))
+    return "\n".join([f"| {' | '.join(columns)} |", f"|{rule}", *(f"| {' | '.join(row)} |" for row in rows)])
 
 
 STUDY_CREATED = re.compile(r"^\[I (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] A new study created", re.M)
@@ -149,9 +164,7 @@ ROW_LINE = re.compile(r"^(\S+) seed (\d+): ([^,]+), dev PPL ([\d.]+), dev BLEU (
 
 
 def demo(log_path: str, clone: str, out: str) -> None:
-    from lightning_modules.base.io import atomic_write_json, atomic_write_text
-    from lightning_modules.run.environment import cpu_model
-
+    """`make demo`'s figures: wall-clock, set-up, the table, each row's line."""
     log = Path(log_path).read_text(errors="replace")
     total, created = wall_seconds(log), STUDY_CREATED.search(log)
     if created is None:
@@ -165,24 +178,19 @@ def demo(log_path: str, clone: str, out: str) -> None:
     rows = [{"row": row, "seed": int(seed), "class": label, "dev_ppl": float(ppl), "dev_bleu": float(bleu),
              "training_s": float(seconds), "parameters": int(params.replace(",", ""))}
             for row, seed, label, ppl, bleu, seconds, params in ROW_LINE.findall(log)]
-    result = {"device": f"{cpu_model()}, {os.cpu_count()} cores", "python": platform.python_version(),
-              "make_demo_wall_s": round(total, 1), "table_s": round(table_s, 1), "setup_s": round(total - table_s, 1),
-              "rows": rows}
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(folder / "results.json", result)
-    lines = "\n".join(f"| {r['row']} | {r['seed']} | {r['class']} | {r['dev_ppl']} | {r['dev_bleu']} | "
-                      f"{r['training_s']} | {r['parameters']:,} |" for r in rows)
-    atomic_write_text(folder / "results.md",
-        f"# make demo on a fresh clone: {result['device']}\n\n"
-        f"make demo {total / 60:.1f} min wall (set-up {result['setup_s']:.0f} s, the table {table_s:.0f} s); "
-        f"{len(rows)} rows.\n\n| row | seed | class | dev PPL | dev BLEU | training, s | parameters |\n"
-        "|---|--:|---|--:|--:|--:|--:|\n" + lines + "\n")
-    print((folder / "results.md").read_text())
+    result = {**machine(), "make_demo_wall_s": round(total, 1), "table_s": round(table_s, 1),
+              "setup_s": round(total - table_s, 1), "rows": rows}
+    columns = ["row", "seed", "class", "dev PPL", "dev BLEU", "training, s", "parameters"]
+    cells = [[r["row"], str(r["seed"]), r["class"], str(r["dev_ppl"]), str(r["dev_bleu"]), str(r["training_s"]),
+              f"{r['parameters']:,}"] for r in rows]
+    write(out, json.dumps(result, indent=2) + "\n",
+          f"# make demo on a fresh clone: {result['device']}\n\n"
+          f"make demo {total / 60:.1f} min wall (set-up {result['setup_s']:.0f} s, the table {table_s:.0f} s); "
+          f"{len(rows)} rows.\n\n{table(columns, cells, left=(0, 2))}\n")
 
 
 if __name__ == "__main__":
-    commands = {"test": (test_suite, (4, 5)), "demo": (demo, (3,))}
+    commands = {"test": (suite, (3, 4)), "demo": (demo, (3,))}
     if len(sys.argv) < 2 or sys.argv[1] not in commands or len(sys.argv) - 2 not in commands[sys.argv[1]][1]:
         raise SystemExit(__doc__)
     command, _ = commands[sys.argv[1]]
