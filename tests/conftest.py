@@ -32,17 +32,24 @@ os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
+def newest_measurement(kind: str) -> tuple[Path, dict] | None:
+    """The newest benchmarks/results/KIND-*/results.json (its folders are dated, so the last by name)
+    and its figures; None when there is none."""
+    measured = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "results").glob(f"{kind}-*/results.json"))
+    return (measured[-1], json.loads(measured[-1].read_text())) if measured else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Longest test files first. `make test` hands whole files to its two processes in the order
     they are collected (`--dist loadfile --no-loadscope-reorder`): a long file handed out last runs
     on alone while the other process has nothing left (test_table3, the longest, comes late in the
     alphabet). Each file's seconds are those of the newest committed measurement of the suite
-    (benchmarks/results/test-suite-*/results.json); a file it lacks goes after those it has, and a
-    file's tests keep their order."""
-    measured = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "results").glob("test-suite-*/results.json"))
+    (`newest_measurement("test-suite-cpu")`); a file it lacks goes after those it has, and a file's
+    tests keep their order."""
     try:
-        seconds = json.loads(measured[-1].read_text())["files"] if measured else {}
-    except (OSError, ValueError, KeyError):
+        found = newest_measurement("test-suite-cpu")
+        seconds = found[1]["files"] if found else {}
+    except (OSError, ValueError, KeyError):  # a damaged measurement orders nothing; test_docs says so
         seconds = {}
     items.sort(key=lambda item: -float(seconds.get(item.path.stem, 0.0)))
 

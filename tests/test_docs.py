@@ -19,11 +19,12 @@ every relative link in them leads somewhere real.
 from __future__ import annotations
 
 import ast
-import json
 import re
 from pathlib import Path
 
 import pytest
+
+from conftest import newest_measurement
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -165,17 +166,17 @@ def test_results_pages_exist() -> None:
     assert RESULTS_PAGES, "no reports/results/*/README.md found"
 
 
-def newest_measurement(kind: str) -> tuple[Path, dict]:
-    """The newest benchmarks/results/KIND-*/results.json (its folders are dated, so the last by name)."""
-    measured = sorted((ROOT / "benchmarks" / "results").glob(f"{kind}-*/results.json"))
-    assert measured, f"no benchmarks/results/{kind}-*/results.json"
-    return measured[-1], json.loads(measured[-1].read_text())
+def measurement(kind: str) -> tuple[Path, dict]:
+    """conftest's `newest_measurement(kind)`, which must exist."""
+    found = newest_measurement(kind)
+    assert found, f"no benchmarks/results/{kind}-*/results.json"
+    return found
 
 
 def test_the_time_make_test_is_said_to_take_is_the_newest_measured_one() -> None:
     """The newest fresh-clone measurement, rounded to whole minutes in the sentence of each page that
     says how long `make test` takes, and as it is in the benchmark index's row."""
-    path, figures = newest_measurement("test-suite-cpu")
+    path, figures = measurement("test-suite-cpu")
     minutes = round(figures["make_test_wall_s"] / 60)
     row = next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith("| `make test`")), "")
     assert (f"{figures['make_test_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
@@ -190,7 +191,7 @@ def test_the_time_make_test_is_said_to_take_is_the_newest_measured_one() -> None
 def test_the_time_make_demo_is_said_to_take_is_the_newest_measured_one() -> None:
     """The front page's time for `make demo`, in whole minutes, set-up included and once set up, and
     the benchmark index's row: the newest fresh-clone measurement's."""
-    path, figures = newest_measurement("demo-cpu")
+    path, figures = measurement("demo-cpu")
     said = re.findall(r"`make demo` takes about (\d+) minutes on a 2-core CPU, set-up included\*\* \(about (\d+) once",
                       README.read_text(encoding="utf-8"))
     measured = (str(round(figures["make_demo_wall_s"] / 60)), str(round(figures["table_s"] / 60)))
