@@ -60,6 +60,10 @@ def compile_dynamic(fn: Callable[..., Any], mode: str = "default",
         dynamo.recompile_limit = RECOMPILE_LIMIT
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
         dynamo.fail_on_recompile_limit_hit = True
+    # A run's Python floats (dropout p, norm eps, label smoothing) are its constants. Under
+    # dynamic=True dynamo would trace them as symbols, then meet one it must know (nn.Embedding's
+    # norm_type) and trace the whole step again with the floats fixed.
+    dynamo.specialize_float = True
     compiled = torch.compile(fn, dynamic=True, backend=_with_fault_point(backend), mode=mode)
     if mode != "reduce-overhead":
         return compiled
@@ -110,6 +114,14 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def graph_traces() -> int:
+    """Graphs AOTAutograd has begun tracing in this process: `compiled_graphs()` when each was
+    traced once, more when dynamo threw a trace away and traced the function again."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["aot_autograd"]["total"])
 
 
 def recompile_reasons() -> list[str]:

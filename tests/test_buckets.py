@@ -213,7 +213,7 @@ def _compiled_matches_eager(mode: str, steps: int, exact: int = 0) -> None:
     """A few Adam steps on bucketed batches (after `exact` batches of exact lengths, each of its own
     shape), compiled by Inductor in `mode` and eager from the same weights: the same losses to fp32
     tolerance, and one compiled graph for all the shapes seen."""
-    from lightning_modules.compiling import compiled_graphs
+    from lightning_modules.compiling import compiled_graphs, graph_traces
     from lightning_modules.translation import TranslationModule
 
     src, tgt = small_corpus(400)
@@ -233,7 +233,7 @@ def _compiled_matches_eager(mode: str, steps: int, exact: int = 0) -> None:
         assert len({(b["src"].shape, b["tgt_in"].shape) for b in batches[:exact]}) == exact
     losses = {}
     torch.compiler.reset()  # a fresh compilation, not one cached by another test
-    graphs = compiled_graphs()
+    graphs, traces = compiled_graphs(), graph_traces()
     for compiled in (False, True):
         torch.manual_seed(0)
         module = TranslationModule.from_configs(
@@ -256,6 +256,7 @@ def _compiled_matches_eager(mode: str, steps: int, exact: int = 0) -> None:
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
     assert losses[False][-1] < losses[False][0]  # it trains
     assert compiled_graphs() - graphs == 1  # one graph for every shape, exact and bucketed
+    assert graph_traces() - traces == 1  # traced once: no float traced as a symbol, then fixed
 
 
 @pytest.mark.slow
