@@ -135,9 +135,6 @@ def render(info: dict, sections: list[Section]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # A crash below Python (a segfault or abort in a CUDA graph capture or a kernel) prints its Python
-    # stack instead of ending the command without a word (the H200 round's CUDA-graph variant did).
-    faulthandler.enable()
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -176,4 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # A crash below Python (a segfault or abort in a CUDA graph capture or a kernel) prints its Python
+    # stack instead of ending the command without a word (the H200 round's CUDA-graph variant did).
+    faulthandler.enable()
     sys.exit(main())

@@ -16,12 +16,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_benchmarks_write_json_and_markdown(tmp_path: Path):
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only",
-                             "padding,scaling", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"),
-                             "--multi30k-dir", str(tmp_path / "absent")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+def bench_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`python -m benchmarks ARGS` run in this process (its 6 s of imports already paid): its exit
+    status and what it printed on stderr. The torch thread count it sets is put back after it."""
+    import torch
+
+    from benchmarks.__main__ import main
+
+    threads = torch.get_num_threads()
+    try:
+        code = main(list(args))
+    finally:
+        torch.set_num_threads(threads)
+    return code, capsys.readouterr().err
+
+
+def test_quick_benchmarks_write_json_and_markdown(tmp_path: Path, capsys):
+    code, err = bench_here(capsys, "--quick", "--threads", "1", "--only", "padding,scaling", "--out", str(tmp_path),
+                           "--cache-dir", str(tmp_path / "cache"), "--multi30k-dir", str(tmp_path / "absent"))
+    assert code == 0, err[-3000:]
     data = json.loads((tmp_path / "results.json").read_text())
     assert set(data["benchmarks"]) == {"padding", "scaling"}
     assert data["machine"]["torch"] and data["targets"]
@@ -74,16 +87,16 @@ def test_gpu_round_batches_hold_source_widths_of_both_alignments():
             assert len(widths) == case.batches and {w % 8 == 0 for w in widths} == {True, False}, widths
 
 
-def test_gpu_round_measures_the_steps_named_in_their_order_skips_what_its_budget_leaves_no_room_for(tmp_path: Path):
+def test_gpu_round_measures_the_steps_named_in_their_order_skips_what_its_budget_leaves_no_room_for(tmp_path: Path,
+                                                                                                 capsys):
     """--steps: the (case, variant) pairs named, in that order, nothing else; --budget-s: a budget
     that fits the eager variants but no compilation, whose rows say why (one process for both: the
     eager variants are the steps named that run)."""
     steps = "tiny:eager;tiny:compiled;tiny:eager, fused QKV;tiny:compiled, buckets 8"
     # 110 s: an eager variant is given ~25 s (+10 s profiled), a first compilation ~105 s (+10 s)
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only", "gpu_round",
-                             "--steps", steps, "--budget-s", "110", "--profile", "--out", str(tmp_path)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    code, err = bench_here(capsys, "--quick", "--threads", "1", "--only", "gpu_round", "--steps", steps,
+                           "--budget-s", "110", "--profile", "--out", str(tmp_path))
+    assert code == 0, err[-3000:]
     saved = json.loads((tmp_path / "gpu_round.json").read_text())
     rows = saved["rows"]
     assert [row["variant"] for row in rows] == ["eager", "eager", "compiled", "eager, fused QKV", "eager, fused QKV",
@@ -131,10 +144,9 @@ def test_an_out_folder_that_cannot_be_made_is_one_line_before_any_benchmark(tmp_
     assert err.strip().splitlines()[-1].endswith("cannot make this folder (Not a directory)")
 
 
-def test_attention_shapes_quick_times_every_kernel_on_shapes_no_kernel_before_it_met(tmp_path: Path):
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--only",
-                             "attention_shapes", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_attention_shapes_quick_times_every_kernel_on_shapes_no_kernel_before_it_met(tmp_path: Path, capsys):
+    code, err = bench_here(capsys, "--quick", "--threads", "1", "--only", "attention_shapes", "--out", str(tmp_path))
+    assert code == 0, err[-2000:]
     from lightning_modules.config import ATTENTION_BACKENDS
     section = json.loads((tmp_path / "results.json").read_text())["benchmarks"]["attention_shapes"]
     works = {(row["kernel"], re.sub(r", \d+ (tokens|rows)$", "", row["work"])) for row in section["rows"]}
