@@ -68,14 +68,14 @@ def load(tmp: Path, study: str) -> optuna.Study:
     return optuna.load_study(study_name=study, storage=f"sqlite:///{tmp}/db/sweeps.db")
 
 
-def watch(tmp: Path, study: str) -> Callable[[], list[optuna.trial.FrozenTrial]]:
-    """The study's trials as they are now, each call, through one storage opened once the sweep
-    has created the study (opened afresh for each poll, it cost 0.1 s of CPU a poll)."""
+def watch(open_study: Callable[[], optuna.Study]) -> Callable[[], list[optuna.trial.FrozenTrial]]:
+    """The study's trials as they are now, each call, through the study `open_study()` opens once
+    it exists (opened afresh for each poll, it cost 0.1 s of CPU a poll)."""
     opened: list[optuna.Study] = []
 
     def trials() -> list[optuna.trial.FrozenTrial]:
         if not opened:
-            opened.append(load(tmp, study))
+            opened.append(open_study())
         return opened[0].get_trials()
 
     return trials
@@ -243,7 +243,7 @@ def test_killed_worker_trial_is_retried_in_its_run_directory(tmp_path):
             ckpt = tmp_path / "runs" / t.user_attrs.get("run_dir", "/nonexistent") / "checkpoints" / "last.ckpt"
             return 5 in t.intermediate_values and ckpt.is_file()
 
-        victim = wait_for_running_trial(watch(tmp_path, "kill"), resumable)
+        victim = wait_for_running_trial(watch(lambda: load(tmp_path, "kill")), resumable)
         assert victim is not None, f"no trial reached step 5; sweep stderr: {err.read_text()[-3000:]}"
         os.kill(int(victim.user_attrs["worker"].rsplit(":", 2)[1]), signal.SIGKILL)  # host:pid:number
         assert proc.wait(timeout=60) == 1

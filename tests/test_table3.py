@@ -33,7 +33,7 @@ from ablations.spec import load_spec
 from ablate.table3.plan import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
 from conftest import start_chromium
 from here import ablate_here
-from test_sweeps import wait_for_running_trial
+from test_sweeps import wait_for_running_trial, watch
 
 SMALL = ["--max-steps", "10", "--no-wandb", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1",
          "data.vocab_size=500", "data.valid_size=100", "data.test_size=100", "data.max_tokens=2000",
@@ -649,7 +649,8 @@ def test_a_killed_trial_process_and_a_killed_table3_command_are_each_resumed_by_
     proc = subprocess.Popen([sys.executable, "-m", "ablate", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        running = wait_for_running_trial(lambda: trials(tmp_path), lambda t: 10 in t.intermediate_values)
+        polled = watch(lambda: optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{tmp_path}/t3.db"))
+        running = wait_for_running_trial(polled, lambda t: 10 in t.intermediate_values)
         assert running is not None, "the re-run never reached step 10"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
