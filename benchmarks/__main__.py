@@ -76,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="gpu_round: ';'-separated CASE:VARIANT pairs to measure, in this order, instead "
                              "of its plan (variant names contain commas), e.g. "
                              "'wmt-base-37k:eager;wmt-big-37k:compiled'; with --cases, only the pairs of "
-                             "those cases")
+                             "those cases. end_to_end: CASE:RUN pairs (RUN eager, compiled or 'compiled, warm "
+                             "cache'): only those `ablate train` runs, and the bare step at the case's first "
+                             "batch size with their compile settings")
     parser.add_argument("--profile", action="store_true",
                         help="gpu_round: after timing each variant, profile one pass per batch size (where the "
                              "step's time goes: a second table, and each pass's top kernels under OUT/profiles/)")
@@ -100,12 +102,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
     args.steps = tuple(tuple(s.strip().split(":", 1)) for s in args.steps.split(";") if s.strip())
-    if args.steps:
-        from benchmarks.gpu_round import CASES, VARIANTS  # only when asked: it needs the model code
-        wrong = [":".join(s) for s in args.steps if len(s) != 2 or s[0] not in CASES or s[1] not in VARIANTS]
+    if args.steps:  # gpu_round's (case, variant) pairs, or end_to_end's (case, run)
+        stepped = [name for name in ("gpu_round", "end_to_end") if name in args.only.split(",")]
+        if len(stepped) != 1:
+            parser.error("--steps: name one of gpu_round and end_to_end in --only, whose steps they are")
+        if stepped == ["gpu_round"]:
+            from benchmarks.gpu_round import CASES, VARIANTS  # only when asked: it needs the model code
+            cases, names, where = list(CASES), list(VARIANTS), "a variant named in benchmarks/gpu_round.py VARIANTS"
+        else:
+            from benchmarks.end_to_end import CASE_NAMES, RUNS
+            cases, names, where = CASE_NAMES, list(RUNS), f"a run of {', '.join(RUNS)}"
+        wrong = [":".join(s) for s in args.steps if len(s) != 2 or s[0] not in cases or s[1] not in names]
         if wrong:
             parser.error(f"--steps {'; '.join(wrong)}: expected CASE:VARIANT with a case of "
-                         f"{', '.join(CASES)} and a variant named in benchmarks/gpu_round.py VARIANTS")
+                         f"{', '.join(cases)} and {where}")
     if args.budget_s is not None and args.budget_s <= 0:
         parser.error("--budget-s must be positive")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

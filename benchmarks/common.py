@@ -90,7 +90,7 @@ class Settings:
     cases: tuple[str, ...] = ()  # end_to_end / gpu_round cases to run (empty: all)
     out: Path | None = None  # --out: where a benchmark that saves as it goes (gpu_round) writes
     budget_s: float | None = None  # --budget-s: gpu_round's time for its variants (None: its own)
-    steps: tuple[tuple[str, str], ...] = ()  # --steps: gpu_round's (case, variant) pairs in order (empty: its plan)
+    steps: tuple[tuple[str, str], ...] = ()  # --steps: gpu_round's (case, variant) or end_to_end's (case, run) pairs
     pairs: tuple[int, ...] = ()  # wmt_rehearsal's scales in training pairs (empty: its default)
     rehearsal_dir: Path = Path("/tmp/ablate-wmt-rehearsal")  # wmt_rehearsal's mirrors and runs
     keep: bool = False  # wmt_rehearsal: keep each scale's download cache and run folder

@@ -40,21 +40,26 @@ TARGET_STARTUP_S = 15.0
 NEWSTEST_REPEAT = 8  # newstest2013+2014 repeated: ~48K pairs, ~50 steps of 25K tokens an epoch
 
 
+CUDA_CASES = [
+    # The issue's target: base dims, the paper's 37,000 vocabulary, WMT-length sentences.
+    Case("wmt-base-37k", BASE, 37000, (25000, 4000), corpus="newstest", steps=200, log_every=20),
+    Case("wmt-big-37k", BIG, 37000, (25000,), corpus="newstest", steps=150, log_every=15),
+    # The earlier setting (short Multi30k sentences, BPE 8,000), kept for comparison.
+    Case("multi30k-base-8k", BASE, 8000, (25000, 4000), corpus="multi30k", steps=200, log_every=20,
+         warm_cache=True),
+]
+QUICK_CASE = Case("quick", TINY, 500, (1500, 400), corpus="ding", steps=24, log_every=4)
+DEMO_CASE = Case("demo", {"n_layers": 3, "d_model": 64, "d_ff": 256, "n_heads": 8}, 2000, (1500, 400),
+                 corpus="ding", steps=200, log_every=20, warm_cache=True)
+CASE_NAMES = [c.name for c in (*CUDA_CASES, QUICK_CASE, DEMO_CASE)]
+RUNS = ("eager", "compiled", "compiled, warm cache")  # what --steps may name after a case: CASE:RUN
+
+
 def _cases(settings: Settings) -> list[Case]:
     """Each an end-to-end comparison: `ablate train` eager and compiled vs the bare step."""
     if settings.device.type == "cuda":
-        return [
-            # The issue's target: base dims, the paper's 37,000 vocabulary, WMT-length sentences.
-            Case("wmt-base-37k", BASE, 37000, (25000, 4000), corpus="newstest", steps=200, log_every=20),
-            Case("wmt-big-37k", BIG, 37000, (25000,), corpus="newstest", steps=150, log_every=15),
-            # The earlier setting (short Multi30k sentences, BPE 8,000), kept for comparison.
-            Case("multi30k-base-8k", BASE, 8000, (25000, 4000), corpus="multi30k", steps=200, log_every=20,
-                 warm_cache=True),
-        ]
-    if settings.quick:
-        return [Case("quick", TINY, 500, (1500, 400), corpus="ding", steps=24, log_every=4)]
-    return [Case("demo", {"n_layers": 3, "d_model": 64, "d_ff": 256, "n_heads": 8}, 2000, (1500, 400),
-                 corpus="ding", steps=200, log_every=20, warm_cache=True)]
+        return CUDA_CASES
+    return [QUICK_CASE] if settings.quick else [DEMO_CASE]
 
 
 def newstest_files(newstest_dir: Path, work: Path) -> dict[str, str]:
@@ -152,19 +157,25 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
     reps = settings.reps_or(2)
     runs: dict[str, dict[str, Any]] = {}
     plan = [("eager", False, case.steps), ("compiled", True, case.steps)]
-    if case.warm_cache:
+    if case.warm_cache or (case.name, "compiled, warm cache") in settings.steps:
         plan.append(("compiled, warm cache", True, case.steps // 2))
+    named = [run for name, run in settings.steps if name == case.name]
+    if settings.steps:  # --steps: only the runs named, and the bare step at the case's first batch size only,
+        # compiled as they are (the GPU session's end-to-end figure beside its bare step, in one call's time)
+        plan = [p for p in plan if p[0] in named]
     for name, comp, steps in plan:
         runs[name] = ablate_train(work / case.name / name.replace(", ", "-").replace(" ", "-"), case, corpus,
                                   fields, settings, comp, steps)
         _progress(case, f"ablate train ({name})", runs[name])
-    dm = data_module(settings, case.vocab, corpus, run_dir=work / case.name / "eager", **fields)
+    first = plan[0][0] if plan else "eager"  # the BPE of the first run trained (a run's own), else one trained here
+    dm = data_module(settings, case.vocab, corpus, run_dir=work / case.name / first.replace(", ", "-").replace(" ", "-"),
+                     **fields)
     c = TransformerConfig(**case.dims, vocab_size=dm.vocab_size, pad_id=dm.pad_id)
     per_token = flops_per_token(c, token_batches(dm, case.tokens[0], None, settings.seed))
     bare: dict[tuple[bool, int], dict[str, Any]] = {}
-    for tokens in case.tokens:
+    for tokens in case.tokens[:1] if settings.steps else case.tokens:
         batches = token_batches(dm, tokens, 8 if settings.quick else 24, settings.seed)
-        for comp in (False, True):
+        for comp in sorted({c for _, c, _ in plan}) if settings.steps else (False, True):
             bare[comp, tokens] = bare_throughput(c, batches, comp, reps, settings)
             _progress(case, f"bare step ({'compiled' if comp else 'eager'}, {tokens} tokens)", bare[comp, tokens])
     big_tokens = case.tokens[0]

@@ -6,6 +6,10 @@
 #   DEVICE=cpu bash benchmarks/gpu_session.sh 240     # the same steps at tiny sizes on a CPU (its test)
 #
 # Steps, each cut to what is left (a step that no longer fits is skipped and said so in summary.txt):
+#   0. end_to_end: what a user gets (issue #62): `ablate train` compiled, base and big at 37K pieces and
+#      25K tokens, through the real data path on a WMT-length stand-in (newstest2013+2014 repeated),
+#      then the bare compiled step of the same model on the same batches, in the same process: the
+#      harness's share and each MFU from one run (end_to_end's --steps CASE:compiled);
 #   1. attention_shapes: what a batch shape not met before costs each attention kernel, training and
 #      decoding (PyTorch puts cuDNN first on sm90, and cuDNN builds a plan per new shape; a run with
 #      exact lengths meets ~1,200 shapes in its first epoch); its rule decides model.attention_backend's
@@ -25,13 +29,16 @@
 #   6. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);
 #   7. profile: where the compiled base and big steps (and the eager base step) spend their time
 #      (gpu_round --profile; measured on an H200 on 2026-11-27, so last).
-# Output ($OUT, default /tmp/gpu-session): summary.txt, device.txt, each benchmark's markdown table (5),
-# and session.tgz with every log, JSON and profile: 8 files, what the device tool brings back at most.
-# Needs no optuna, wandb or network. Carry two git-ignored files the GPU machine lacks:
+# Output ($OUT, default /tmp/gpu-session): summary.txt, device.txt, five benchmarks' markdown tables
+# (startup's only in the archive), and session.tgz with every log, JSON and profile: 8 files, what the
+# device tool brings back at most. Needs no optuna, wandb or network. Carry three git-ignored things the
+# GPU machine lacks:
 #   .whl/ : omegaconf's wheel, for `ablate train` (the startup step), made once with
 #           pip download --no-deps -d .whl omegaconf==2.4.0
 #   local-data/de-en.gz : the Ding dictionary the generation step trains its model on, made once with
 #           mkdir -p local-data && gzip -9 -c /usr/share/trans/de-en > local-data/de-en.gz
+#   local-data/newstest/ : newstest2013 and 2014 (.en, .de), the end-to-end step's WMT-length text, made
+#           once with  mkdir -p local-data/newstest && cp ../shared/data/newstest/newstest201[34].* local-data/newstest/
 # Each is installed when the machine lacks it (without it, that step fails alone).
 set -u
 OUT=${OUT:-/tmp/gpu-session}
@@ -46,10 +53,12 @@ max() { echo $(( $1 > $2 ? $1 : $2 )); }
 
 if [ "$DEVICE" = cpu ]; then
   QUICK=(--quick --threads 1)
+  E2E=(--steps "quick:compiled")
   PROFILE_STEPS="tiny:eager;tiny:compiled"
   REST_STEPS="tiny:eager, fused QKV;tiny:compiled, buckets 8, CUDA graphs"
 else
   QUICK=()
+  E2E=(--cases wmt-base-37k,wmt-big-37k --steps "wmt-base-37k:compiled;wmt-big-37k:compiled" --newstest-dir local-data/newstest)
   # compiled first (each compiles for 70-90 s on an H200); the round's eager base is the loss reference
   PROFILE_STEPS="wmt-base-37k:compiled;wmt-big-37k:compiled;wmt-base-37k:eager"
   REST_STEPS="wmt-base-37k:eager;wmt-base-37k:compiled;wmt-base-37k:compiled, buckets 8, CUDA graphs;\
@@ -84,6 +93,8 @@ DING=$(python3 -c "from lightning_modules.config import DataConfig; print(DataCo
   || echo "Ding: not installed (carry local-data/de-en.gz); the generation step will fail" | tee -a "$OUT/summary.txt"
 
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -rxXs --show-capture=no --tb=short tests/test_gpu.py)
+step end_to_end 330 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only end_to_end "${E2E[@]}" \
+  --out "$W/end_to_end"
 step attention_shapes 150 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only attention_shapes \
   --out "$W/attention_shapes"
 step test_gpu 150 "${PYTEST[@]}" --runxfail -k "one_graph or beam_search or cuda_graphs"
@@ -95,7 +106,7 @@ step test_gpu_sync 300 "${PYTEST[@]}" -k "synchronise and not graphs"
 step profile 330 python3 -m benchmarks --device "$DEVICE" "${QUICK[@]}" --only gpu_round --profile \
   --budget-s "$(max 10 "$(min 315 $(( $(left) - 30 )))")" --out "$W/profile" --steps "$PROFILE_STEPS"
 
-for name in attention_shapes profile gpu_round generation startup; do
+for name in end_to_end attention_shapes profile gpu_round generation; do
   [ -f "$W/$name/results.md" ] && cp "$W/$name/results.md" "$OUT/$name.md"
 done
 tar czf "$OUT/session.tgz" -C "$W" .

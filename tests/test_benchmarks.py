@@ -138,6 +138,20 @@ def test_gpu_round_refuses_unknown_steps_in_one_line(tmp_path: Path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_end_to_end_steps_are_checked_against_its_cases_and_runs(tmp_path: Path, capsys):
+    """end_to_end's --steps name CASE:RUN pairs of its own; steps with both stepped benchmarks in
+    --only, whose steps they would be is unclear: each one line, and no --out folder made."""
+    err = refused(capsys, "--only", "end_to_end", "--steps", "quick:compiled;quick:fast", "--out", str(tmp_path / "x"))
+    assert "quick:fast" in err.strip().splitlines()[-1] and "quick:compiled;" not in err
+    err = refused(capsys, "--only", "end_to_end,gpu_round", "--steps", "tiny:eager", "--out", str(tmp_path / "x"))
+    assert "name one of gpu_round and end_to_end" in err.strip().splitlines()[-1]
+    assert not (tmp_path / "x").exists()
+    from benchmarks.__main__ import parse_args
+
+    assert parse_args(["--only", "end_to_end", "--steps", "wmt-big-37k:compiled", "--out",
+                       str(tmp_path / "y")]).steps == (("wmt-big-37k", "compiled"),)
+
+
 def test_an_out_folder_that_cannot_be_made_is_one_line_before_any_benchmark(tmp_path: Path, capsys):
     (tmp_path / "a-file").write_text("")
     err = refused(capsys, "--quick", "--only", "padding", "--out", str(tmp_path / "a-file" / "out"))
@@ -262,7 +276,8 @@ def test_a_gpu_round_variant_that_fails_is_a_row_with_its_error(monkeypatch, tmp
         {"case": "tiny", "variant": "eager, no such kernel", "note": f"error: {result['error']}"}]
 
 
-STEPS = ["attention_shapes", "test_gpu", "generation", "gpu_round", "startup", "test_gpu_sync", "profile"]  # its priority order
+STEPS = ["end_to_end", "attention_shapes", "test_gpu", "generation", "gpu_round", "startup", "test_gpu_sync",
+         "profile"]  # its priority order
 
 
 def gpu_session(out: Path, seconds: int) -> subprocess.CompletedProcess:
@@ -282,11 +297,12 @@ def test_gpu_session_skips_the_steps_its_time_leaves_no_room_for(tmp_path: Path)
     assert tarfile.open(tmp_path / "session.tgz").getnames() == ["."]
 
 
-@pytest.mark.slow  # every step at tiny sizes (~2 minutes on 2 busy cores)
+@pytest.mark.slow  # every step at tiny sizes (~4 minutes on 2 busy cores)
 def test_gpu_session_runs_every_step_on_cpu_and_brings_back_few_files(tmp_path: Path):
-    """The script a GPU session runs, end to end at tiny sizes: each step exits 0, the profile and
-    the variants are in its archive, and $OUT holds no more files than the device tool brings back."""
-    result = gpu_session(tmp_path, 420)
+    """The script a GPU session runs, end to end at tiny sizes: each step exits 0, the end-to-end
+    figure beside its bare step, the profile and the variants are in its archive, and $OUT holds no
+    more files than the device tool brings back."""
+    result = gpu_session(tmp_path, 600)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == STEPS
@@ -298,6 +314,11 @@ def test_gpu_session_runs_every_step_on_cpu_and_brings_back_few_files(tmp_path: 
         assert "./generation/results.json" in tar.getnames() and "./test_gpu.log" in tar.getnames()
         assert "./test_gpu_sync.log" in tar.getnames()
         shapes = json.load(tar.extractfile("./attention_shapes/results.json"))["benchmarks"]["attention_shapes"]
+        e2e = json.load(tar.extractfile("./end_to_end/results.json"))["benchmarks"]["end_to_end"]
+    # the compiled run and the compiled bare step at the same batch size, nothing else
+    assert [(row["what"], row["compiled"], row["tokens/batch"]) for row in e2e["rows"]] == [
+        ("ablate train (compiled)", True, 1500), ("bare step", True, 1500)], e2e["rows"]
+    assert all(row["tokens/s"] > 0 for row in e2e["rows"]) and (tmp_path / "end_to_end.md").is_file()
     from lightning_modules.config import ATTENTION_BACKENDS
     assert {row["kernel"] for row in shapes["rows"]} == set(ATTENTION_BACKENDS)
     assert startup["data"]["next"]["data"]["prepared"] == {"bpe": "cache", "encoded_from_cache": ["train", "valid"]}
