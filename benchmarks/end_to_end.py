@@ -159,17 +159,15 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
     plan = [("eager", False, case.steps), ("compiled", True, case.steps)]
     if case.warm_cache or (case.name, "compiled, warm cache") in settings.steps:
         plan.append(("compiled, warm cache", True, case.steps // 2))
-    named = [run for name, run in settings.steps if name == case.name]
     if settings.steps:  # --steps: only the runs named, and the bare step at the case's first batch size only,
         # compiled as they are (the GPU session's end-to-end figure beside its bare step, in one call's time)
-        plan = [p for p in plan if p[0] in named]
+        plan = [p for p in plan if (case.name, p[0]) in settings.steps]
+    folders = {name: work / case.name / name.replace(", ", "-").replace(" ", "-") for name, _, _ in plan}
     for name, comp, steps in plan:
-        runs[name] = ablate_train(work / case.name / name.replace(", ", "-").replace(" ", "-"), case, corpus,
-                                  fields, settings, comp, steps)
+        runs[name] = ablate_train(folders[name], case, corpus, fields, settings, comp, steps)
         _progress(case, f"ablate train ({name})", runs[name])
-    first = plan[0][0] if plan else "eager"  # the BPE of the first run trained (a run's own), else one trained here
-    dm = data_module(settings, case.vocab, corpus, run_dir=work / case.name / first.replace(", ", "-").replace(" ", "-"),
-                     **fields)
+    # the BPE of the first run (a run's own; `run` keeps only the cases --steps names, so there is one)
+    dm = data_module(settings, case.vocab, corpus, run_dir=folders[plan[0][0]], **fields)
     c = TransformerConfig(**case.dims, vocab_size=dm.vocab_size, pad_id=dm.pad_id)
     per_token = flops_per_token(c, token_batches(dm, case.tokens[0], None, settings.seed))
     bare: dict[tuple[bool, int], dict[str, Any]] = {}
@@ -237,7 +235,8 @@ def run(settings: Settings) -> Section:
                       ["case", "what", "compiled", "tokens/batch", "start-up s", "first step s", "tokens/s",
                        "MFU", "graphs", "of bare", "wall s"],
                       formats={"of bare": "{:.1%}", "MFU": "{:.1%}"})
-    cases = [c for c in _cases(settings) if not settings.cases or c.name in settings.cases]
+    cases = [c for c in _cases(settings) if (not settings.cases or c.name in settings.cases)
+             and (not settings.steps or c.name in {name for name, _ in settings.steps})]
     with stopwatch(section), tempfile.TemporaryDirectory(prefix="ablate-e2e-") as work:
         section.data = {case.name: run_case(case, settings, Path(work), section) for case in cases}
     section.notes += [

@@ -173,15 +173,20 @@ def measurement(kind: str) -> tuple[Path, dict]:
     return found
 
 
+def index_row(start: str) -> str:
+    """The benchmark index's row that starts with `start` (empty if none)."""
+    return next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith(start)), "")
+
+
 def test_the_time_make_test_is_said_to_take_is_the_newest_measured_one() -> None:
     """The newest fresh-clone measurement, rounded to whole minutes in the sentence of each page that
     says how long `make test` takes, and as it is in the benchmark index's row."""
     path, figures = measurement("test-suite-cpu")
     minutes = round(figures["make_test_wall_s"] / 60)
-    row = next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith("| `make test`")), "")
+    row = index_row("| `make test`")
     assert (f"{figures['make_test_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
             f"pytest {figures['pytest_wall_s'] / 60:.1f}); {figures['test_time_s']:,.0f} s of test time") in row \
-        and rel(path.parent).split("/")[-1] in row, f"the index's make test row is not {rel(path)}'s"
+        and path.parent.name in row, f"the index's make test row is not {rel(path)}'s"
     for page in (README, TESTS_PAGE):
         said = re.findall(r"about (\d+) minutes on 2 cores", page.read_text(encoding="utf-8"))
         assert said == [str(minutes)], (f"{rel(page)} says make test takes about {said} minutes on 2 cores; "
@@ -196,7 +201,7 @@ def test_the_time_make_demo_is_said_to_take_is_the_newest_measured_one() -> None
                       README.read_text(encoding="utf-8"))
     measured = (str(round(figures["make_demo_wall_s"] / 60)), str(round(figures["table_s"] / 60)))
     assert said == [measured], f"README says make demo takes {said} minutes; {rel(path.parent)} measured {measured}"
-    row = next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith("| `make demo`")), "")
+    row = index_row("| `make demo`")
     assert (f"{figures['make_demo_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
             f"the table {figures['table_s'] / 60:.1f})") in row and path.parent.name in row, \
         f"the index's make demo row is not {rel(path)}'s"
