@@ -33,7 +33,7 @@ from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data.batching import TokenBucketBatchSampler, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
 from lightning_modules.data.datamodule import TranslationDataModule
-from lightning_modules.run.environment import cpu_model
+from lightning_modules.run.environment import cpu_family, cpu_model
 from lightning_modules.translation import TranslationModule
 
 Batch = dict[str, Tensor]
@@ -374,6 +374,7 @@ def machine_info(settings: Settings) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "cpu": cpu_model(),
+        "cpu_family": cpu_family(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),

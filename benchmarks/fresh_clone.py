@@ -97,10 +97,15 @@ def cpu_lines(path: str) -> list[dict[str, Any]]:
 
 
 def machine() -> dict[str, str]:
-    """The fields every result here starts with: the CPU and its cores, and Python's version."""
-    from lightning_modules.run.environment import cpu_model
+    """The fields every result here starts with: the CPU (its name, family and model, and the vector
+    kernels ATen runs on it) and its cores, and Python's version. A virtual machine's CPU name alone
+    ("AMD EPYC") does not tell processors of different generations and speeds apart."""
+    import torch
 
-    return {"device": f"{cpu_model()}, {os.cpu_count()} cores", "python": platform.python_version()}
+    from lightning_modules.run.environment import cpu_family, cpu_model
+
+    cpu = "; ".join(part for part in (cpu_family(), f"ATen {torch.backends.cpu.get_cpu_capability()}") if part)
+    return {"device": f"{cpu_model()} ({cpu}), {os.cpu_count()} cores", "python": platform.python_version()}
 
 
 def write(out: str, result_json: str, markdown: str) -> None:

@@ -29,6 +29,14 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
+def cpu_family() -> str | None:
+    """The vendor's family and model numbers ("family 26 model 2"; Linux /proc/cpuinfo), else None.
+    A virtual machine's model name is often the brand alone ("AMD EPYC"), the same for processors
+    of different generations and speeds; these numbers tell them apart."""
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
+    return f"family {family} model {model}" if family and model else None
+
+
 def cpu_flags() -> list[str]:
     """The vector-instruction families the CPU has (what changes CPU kernels' summation order)."""
     flags = (_cpuinfo("flags") or "").split()
@@ -46,7 +54,7 @@ def environment(precision: str, device: torch.device) -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "python": sys.version.split()[0], "torch": torch.__version__, "lightning": lightning.__version__,
-        "cpu": cpu_model(), "cpu_flags": cpu_flags(),
+        "cpu": cpu_model(), "cpu_family": cpu_family(), "cpu_flags": cpu_flags(),
         # the vector kernels ATen dispatches to (ATEN_CPU_CAPABILITY can lower it)
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
