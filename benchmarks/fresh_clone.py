@@ -19,8 +19,9 @@ wall-clock is GNU time's for the whole of `make test` or `make demo`, set-up of 
 environment included. `make test`'s pytest time is the one its last line prints, set-up the
 difference; results.md gives each test file's summed test time and CPU. `make demo`'s table time
 runs from Optuna's line on creating the study to the newest file of the report, set-up is the
-rest; results.md gives each row's line. As a pytest plugin (`-p benchmarks.fresh_clone`), this
-module adds a line per test to $SUITE_CPU_LOG: its wall-clock and the CPU seconds its pytest
+rest; results.md gives each row's line, and the report's table3.md is kept beside it (README's
+excerpt of the demo's table is checked against it). As a pytest plugin (`-p benchmarks.fresh_clone`),
+this module adds a line per test to $SUITE_CPU_LOG: its wall-clock and the CPU seconds its pytest
 process spent on it, its own and those of the processes it started and waited for (a process
 killed by a test, or one its child started and did not wait for, counts nowhere). CPU over wall-clock says whether more processes
 could have run the suite sooner: at 2 cores' worth, nothing was left idle.
@@ -108,14 +109,15 @@ def machine() -> dict[str, str]:
     return {"device": f"{cpu_model()} ({cpu}), {os.cpu_count()} cores", "python": platform.python_version()}
 
 
-def write(out: str, result_json: str, markdown: str) -> None:
-    """results.json and results.md in folder `out` (made if missing), each atomically; the markdown printed."""
+def write(out: str, result_json: str, markdown: str, **more: str) -> None:
+    """results.json, results.md and the files of `more` (name -> text) in folder `out` (made if
+    missing), each atomically; the markdown printed."""
     from lightning_modules.base.io import atomic_write_text
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / "results.json", result_json)
-    atomic_write_text(folder / "results.md", markdown)
+    for name, text in {"results.json": result_json, "results.md": markdown, **more}.items():
+        atomic_write_text(folder / name, text)
     print(markdown)
 
 
@@ -191,7 +193,8 @@ def demo(log_path: str, clone: str, out: str) -> None:
     write(out, json.dumps(result, indent=2) + "\n",
           f"# make demo on a fresh clone: {result['device']}\n\n"
           f"make demo {total / 60:.1f} min wall (set-up {result['setup_s']:.0f} s, the table {table_s:.0f} s); "
-          f"{len(rows)} rows.\n\n{table(columns, cells, left=(0, 2))}\n")
+          f"{len(rows)} rows.\n\n{table(columns, cells, left=(0, 2))}\n",
+          **{"table3.md": (report / "table3.md").read_text(encoding="utf-8")})
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ every relative link in them leads somewhere real.
   and both exist;
 - the time README.md and docs/tests.md give for `make test` is the newest measured one
   (benchmarks/results/test-suite-cpu-*/results.json), in whole minutes, and the index's row its
-  figures; README's time for `make demo` is the newest measured one (demo-cpu-*/results.json).
+  figures, beside the measurement before on another CPU; README's time for `make demo` likewise
+  (demo-cpu-*/results.json), and its excerpt of the demo's table is the newest measured table3.md.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -173,6 +175,18 @@ def measurement(kind: str) -> tuple[Path, dict]:
     return found
 
 
+def measurement_before(kind: str) -> tuple[Path, dict]:
+    """The newest benchmarks/results/KIND-*/results.json taken on another device than the newest one
+    (the pages give both: the same code takes twice as long on one 2-core CPU as on another), which
+    must exist."""
+    newest, figures = measurement(kind)
+    earlier = [(path, json.loads(path.read_text())) for path in
+               sorted(newest.parent.parent.glob(f"{kind}-*/results.json"), reverse=True)]
+    found = next(((path, f) for path, f in earlier if f["device"] != figures["device"]), None)
+    assert found, f"no {kind} measurement on another device than {rel(newest.parent)}'s"
+    return found
+
+
 def index_row(start: str) -> str:
     """The benchmark index's row that starts with `start` (empty if none)."""
     return next((line for line in INDEX.read_text(encoding="utf-8").splitlines() if line.startswith(start)), "")
@@ -180,31 +194,91 @@ def index_row(start: str) -> str:
 
 def test_the_time_make_test_is_said_to_take_is_the_newest_measured_one() -> None:
     """The newest fresh-clone measurement, rounded to whole minutes in the sentence of each page that
-    says how long `make test` takes, and as it is in the benchmark index's row."""
+    says how long `make test` takes, and as it is in the benchmark index's row; beside it, the time of
+    the measurement before on another, slower CPU."""
     path, figures = measurement("test-suite-cpu")
+    before, earlier = measurement_before("test-suite-cpu")
+    assert earlier["make_test_wall_s"] > figures["make_test_wall_s"], "the pages call the CPU before slower"
     minutes = round(figures["make_test_wall_s"] / 60)
     row = index_row("| `make test`")
     assert (f"{figures['make_test_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
             f"pytest {figures['pytest_wall_s'] / 60:.1f}); {figures['test_time_s']:,.0f} s of test time") in row \
         and path.parent.name in row, f"the index's make test row is not {rel(path)}'s"
+    assert f"{earlier['make_test_wall_s'] / 60:.1f} min on the slower CPU before" in row and before.parent.name in row, \
+        f"the index's make test row does not give {rel(before)}'s time"
     for page in (README, TESTS_PAGE):
-        said = re.findall(r"about (\d+) minutes on 2 cores", page.read_text(encoding="utf-8"))
-        assert said == [str(minutes)], (f"{rel(page)} says make test takes about {said} minutes on 2 cores; "
-                                        f"{rel(path.parent)} measured {minutes}")
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        said = re.findall(r"about (\d+) minutes on 2 cores,? on a fresh clone, set-up included,? .*?and about (\d+) "
+                          r"on the slower 2-core CPU of", text) or re.findall(
+            r"A fresh clone takes about (\d+) minutes on 2 cores, set-up included .*?and about (\d+) on the slower "
+            r"2-core CPU of", text)
+        assert said == [(str(minutes), str(round(earlier["make_test_wall_s"] / 60)))], (
+            f"{rel(page)} says make test takes about {said} minutes on 2 cores; {rel(path.parent)} measured "
+            f"{minutes}, {rel(before.parent)} {round(earlier['make_test_wall_s'] / 60)}")
 
 
 def test_the_time_make_demo_is_said_to_take_is_the_newest_measured_one() -> None:
     """The front page's time for `make demo`, in whole minutes, set-up included and once set up, and
-    the benchmark index's row: the newest fresh-clone measurement's."""
+    the benchmark index's row: the newest fresh-clone measurement's; beside it, the measurement before
+    on another, slower CPU."""
     path, figures = measurement("demo-cpu")
-    said = re.findall(r"`make demo` takes about (\d+) minutes on a 2-core CPU, set-up included\*\* \(about (\d+) once",
-                      README.read_text(encoding="utf-8"))
-    measured = (str(round(figures["make_demo_wall_s"] / 60)), str(round(figures["table_s"] / 60)))
-    assert said == [measured], f"README says make demo takes {said} minutes; {rel(path.parent)} measured {measured}"
+    before, earlier = measurement_before("demo-cpu")
+    assert earlier["make_demo_wall_s"] > figures["make_demo_wall_s"], "README calls the CPU before slower"
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    said = re.findall(r"`make demo` takes about (\d+) minutes on a 2-core CPU, set-up included\*\* \(about (\d+) once "
+                      r"set up; on the slower 2-core CPU of the measurement before, about (\d+)\)", text)
+    measured = (str(round(figures["make_demo_wall_s"] / 60)), str(round(figures["table_s"] / 60)),
+                str(round(earlier["make_demo_wall_s"] / 60)))
+    assert said == [measured], f"README says make demo takes {said} minutes; {rel(path.parent)} and " \
+                               f"{rel(before.parent)} measured {measured}"
     row = index_row("| `make demo`")
     assert (f"{figures['make_demo_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
             f"the table {figures['table_s'] / 60:.1f})") in row and path.parent.name in row, \
         f"the index's make demo row is not {rel(path)}'s"
+    base = next(r["dev_ppl"] for r in earlier["rows"] if r["row"] == "base")
+    assert f"{earlier['make_demo_wall_s'] / 60:.1f} min and {base} on the slower CPU before" in row \
+        and before.parent.name in row, f"the index's make demo row does not give {rel(before)}'s figures"
+
+
+def markdown_rows(text: str) -> dict[str, dict[str, str]]:
+    """The first markdown table in `text` that starts with a `row` column: row -> column -> cell."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    start = next(i for i, line in enumerate(lines) if line.split("|")[1].strip() == "row")
+    head = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = {}
+    for line in lines[start + 2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) != len(head):
+            break
+        rows[cells[0]] = dict(zip(head, cells))
+    return rows
+
+
+def test_the_demo_excerpt_and_what_readme_says_of_it_are_the_newest_measured_demo_table() -> None:
+    """README's excerpt of the demo's table3.md: every cell it shows is that cell of the newest
+    measurement's table3.md (kept in its folder), on the vector kernels it names; the rows it calls
+    lowest in dev PPL and its Spearman ρ are that table's; the base PPL it gives for the CPU without
+    AVX-512 is the measurement before's."""
+    path, figures = measurement("demo-cpu")
+    _, earlier = measurement_before("demo-cpu")
+    measured = (path.parent / "table3.md").read_text(encoding="utf-8")
+    readme = README.read_text(encoding="utf-8")
+    demo = readme[readme.index("`make demo` takes about"):readme.index("## Train one model")]
+    text = " ".join(demo.split())
+    shown, table = markdown_rows(demo), markdown_rows(measured)
+    assert len(shown) >= 3 and "base" in shown
+    for row, cells in shown.items():
+        for column, cell in cells.items():
+            assert table[row][column] == cell, f"README's demo excerpt, {row} {column}: {cell!r}, measured {table[row][column]!r}"
+    assert "on a CPU running ATen's AVX-512 kernels" in text and "ATen AVX512" in figures["device"]
+    ppl = {row: float(cells["PPL (paper)"].split()[0]) for row, cells in table.items()}
+    (lowest,) = re.findall(r"the lowest dev PPL: (\w+), (\w+) and (\w+);", text)
+    assert set(lowest) == set(sorted(ppl, key=ppl.get)[:3]), (lowest, ppl)
+    (rho,) = re.findall(r"Spearman ρ of dev PPL with the paper's ordering over the ten rows: (−?[\d.]+)\)", text)
+    (measured_rho,) = re.findall(r"dev PPL (-?[\d.]+) over 10 rows", measured)
+    assert float(rho.replace("−", "-")) == round(float(measured_rho), 2)
+    (other,) = re.findall(r"base reads ([\d.]+) on the CPU without AVX-512 of the measurement before", text)
+    assert float(other) == next(r["dev_ppl"] for r in earlier["rows"] if r["row"] == "base")
 
 
 # Each "adding" section: (page, its heading's anchor) -> the one place to change (file, top-level
