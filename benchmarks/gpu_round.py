@@ -35,9 +35,11 @@ device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
   noise, whose size the row "eager, other dropout seed" shows. Tolerance `TOLERANCE`.
 - Time: `BUDGET_S` in all (`--budget-s`); the variants run in `CUDA_PLAN` order (the cheap
   eager ones and the issue's main suspects first), and one whose estimated cost (`_estimate`: the
-  slowest warm-up of its kind so far) no longer fits is skipped with a note. A variant that fails (a kernel the device lacks, out of
-  memory) becomes a row with its error; the run goes on. Results (`gpu_round.json`,
-  `gpu_round.md`) are written atomically to `--out` after every variant.
+  slowest warm-up of its kind so far) no longer fits is skipped with a note. A variant that fails (a
+  kernel the device lacks, out of memory) becomes a row with its error; the run goes on. A variant
+  in `ISOLATED` (CUDA graphs, which once ended the process below Python) runs in a process of its
+  own (`measure_apart`): a crash or a hang there is its row, saying how that process ended. Results
+  (`gpu_round.json`, `gpu_round.md`) are written atomically to `--out` after every variant.
 - `--profile`: after its timed passes, each variant runs one more pass per batch size under
   `torch.profiler` (`profile_pass`): the device's busy time per step (kernel time ÷ the timed
   step: below 1, the step waits on the host, i.e. launch-bound) and each kernel's share, grouped
@@ -58,9 +60,13 @@ benchmark's; it needs a trained model).
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import multiprocessing
 import re
+import signal
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -111,8 +117,11 @@ _EAGER = [name for name, overrides in VARIANTS.items() if not overrides.get("tra
 # the cheap eager variants, then big, then each knob compiled on its own. What the budget leaves out
 # is a row saying so. A variant added to VARIANTS runs after these (before CUDA graphs) unless placed here.
 BUCKETS = "compiled, buckets 8, CUDA graphs"
-# CUDA graphs run last: on the H200 (torch 2.11) that variant ended the process with no Python error,
-# and a crash loses only what has not run yet (results are saved after each variant).
+# CUDA graphs run last on CUDA: on the H200 (torch 2.11) that variant ended the process with no Python
+# error. It now runs in a process of its own (ISOLATED), so a crash there is its row; last, it still
+# costs nothing else if the guard itself failed.
+ISOLATED = frozenset({BUCKETS})  # variants measured in a process of their own (`measure_apart`)
+ISOLATION_S = 20.0  # that process's imports and its case's weights and batches, added to its estimate
 CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, *_EAGER[1:], "compiled, loss chunks 8")] \
     + [("wmt-big-37k", name) for name in ("eager", "compiled", ALL)] \
     + [("wmt-base-37k", name) for name in ("compiled, buckets 8", "compiled, attention flash",
@@ -453,8 +462,12 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
     """One variant's measurement, or why it did not run (time budget, an error): never raises.
     `done`: every case's results so far (for the time estimate)."""
     left, need = deadline - time.perf_counter(), _estimate(case.name, name, done) + (PROFILE_S if settings.profile else 0)
+    if name in ISOLATED:
+        need += ISOLATION_S
     if left < need:
         return {"skipped": f"time budget: {left:.0f} s left, ~{need:.0f} s needed"}
+    if name in ISOLATED:
+        return measure_apart(case, name, settings, left)
     try:
         buckets = shape_buckets(name)
         if buckets not in data["batches"]:
@@ -464,6 +477,54 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
         why = error_line(error)
     free_memory(settings.device)  # the failed variant's module and tensors (its traceback is gone with `error`)
     return {"error": why}
+
+
+def measure_apart(case: Case, name: str, settings: Settings, seconds: float) -> dict[str, Any]:
+    """`measure` in a process of its own (multiprocessing's spawn: nothing of this process's CUDA
+    state is inherited), on the same weights and batches, rebuilt there from the same seed: its
+    result, or an error row saying how the process ended (a crash below Python, or still running
+    after `seconds`, then killed). The round goes on either way."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_measure_here, args=(send, case.name, name, settings, torch.get_num_threads()),
+                              daemon=True)
+    process.start()
+    send.close()  # the child holds the sending end: its death closes the pipe
+    result = None
+    try:
+        if receive.poll(seconds):
+            result = receive.recv()
+    except EOFError:  # the process ended without sending
+        pass
+    process.join(timeout=30 if result is not None else 5)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        if result is None:
+            return {"error": f"its own process was still running after {seconds:.0f} s (the budget left): killed"}
+    if result is not None:
+        return result
+    code = process.exitcode or 0
+    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    return {"error": f"its own process ended with {how} and no result (its stack, if any, is in this command's log)"}
+
+
+def _measure_here(send: Any, case_name: str, name: str, settings: Settings, threads: int) -> None:
+    """`measure_apart`'s process: the case's weights and batches as `case_data` makes them, then the
+    variant's measurement (or its error) sent back."""
+    faulthandler.enable()  # a crash below Python prints the Python stack
+    warnings.filterwarnings("ignore", category=UserWarning)  # as the command's own process
+    torch.set_num_threads(threads)
+    case = CASES[case_name]
+    try:
+        data = case_data(case, settings)
+        buckets = shape_buckets(name)
+        batches = data["batches"][0] if not buckets else case_batches(case, settings, buckets)
+        result = measure(name, case, batches, data["state"], settings)
+    except Exception as error:
+        result = {"error": error_line(error)}
+    send.send(result)
+    send.close()
 
 
 def run(settings: Settings) -> Section:

@@ -22,8 +22,8 @@
 #      without CUDA graphs (`eval.cuda_graphs`, not yet timed on a GPU; without them it was
 #      measured on an H200 on 2026-11-27: ~150 s with its training);
 #   4. gpu_round: the eager and compiled base (the reference and the figure to beat), then CUDA
-#      graphs at 4K tokens' host-bound steps (they ended a process once, so what follows them may
-#      be lost), then what earlier rounds left;
+#      graphs at 4K tokens' host-bound steps (they ended a process once: that variant now runs in a
+#      process of its own, so a crash is its row and the round goes on), then what earlier rounds left;
 #   5. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache;
 #      the next run has not been reached on a GPU);
 #   6. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def bench_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`python -m benchmarks ARGS` run in this process (its 6 s of imports already paid): its exit
-    status and what it printed on stderr. The torch thread count it sets is put back after it."""
+    status and what it printed on stderr (with capfd, its child processes' too). The torch thread count it sets is put back after it."""
     import torch
 
     from benchmarks.__main__ import main
@@ -114,6 +114,25 @@ def test_gpu_round_measures_the_steps_named_in_their_order_skips_what_its_budget
             table = (tmp_path / "profiles" / f"tiny-{variant.replace(', ', '-').replace(' ', '-').lower()}-{size}.txt")
             assert "aten::mm" in table.read_text()
     assert "## Where the step's time goes" in (tmp_path / "results.md").read_text()
+
+
+def test_a_variant_whose_own_process_crashes_is_a_row_and_the_round_goes_on(tmp_path: Path, capfd, monkeypatch):
+    """CUDA graphs' variant runs in a process of its own (`ISOLATED`): made to crash there below
+    Python (a real SIGSEGV at its compilation, the only one of these steps that compiles), it becomes
+    a row saying how its process ended, and the round measures the variants after it."""
+    from benchmarks.gpu_round import BUCKETS, ISOLATED
+
+    assert BUCKETS in ISOLATED
+    monkeypatch.setenv("ABLATE_FAULT", "compile:SIGSEGV")
+    code, err = bench_here(capfd, "--quick", "--threads", "1", "--only", "gpu_round", "--steps",
+                           f"tiny:eager, buckets 8;tiny:{BUCKETS};tiny:eager", "--out", str(tmp_path))
+    assert code == 0, err[-3000:]
+    rows = json.loads((tmp_path / "gpu_round.json").read_text())["rows"]
+    crashed = [row for row in rows if row["variant"] == BUCKETS]
+    assert [row["note"] for row in crashed] == ["error: its own process ended with signal SIGSEGV and no result "
+                                                "(its stack, if any, is in this command's log)"], crashed
+    assert [row["variant"] for row in rows if row.get("tokens/s")] == ["eager, buckets 8"] * 2 + ["eager"] * 2
+    assert "Fatal Python error: Segmentation fault" in err  # faulthandler's, from that process's stderr
 
 
 def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
