@@ -98,6 +98,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "compiled, attention cudnn": {**COMPILED, "model.attention_backend": "cudnn"},
     "compiled, attention efficient": {**COMPILED, "model.attention_backend": "efficient"},
     "compiled, fused QKV": {**COMPILED, "model.fused_qkv": True},
+    "compiled, residual bf16": {**COMPILED, "model.residual_bf16": True},  # the norm/dropout/residual kernels' bytes
     "compiled, all: flash, fused QKV, loss chunks 8": {**COMPILED, "model.attention_backend": "flash",
                                                       "model.fused_qkv": True, "train.loss_chunks": 8},
     # static shapes (data.shape_buckets: other batches, compared with "eager, buckets 8") and CUDA graphs
@@ -122,7 +123,8 @@ BUCKETS = "compiled, buckets 8, CUDA graphs"
 # costs nothing else if the guard itself failed.
 ISOLATED = frozenset({BUCKETS})  # variants measured in a process of their own (`measure_apart`)
 ISOLATION_S = 20.0  # that process's imports and its case's weights and batches, added to its estimate
-CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, *_EAGER[1:], "compiled, loss chunks 8")] \
+CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, "compiled, residual bf16", *_EAGER[1:],
+                                                 "compiled, loss chunks 8")] \
     + [("wmt-big-37k", name) for name in ("eager", "compiled", ALL)] \
     + [("wmt-base-37k", name) for name in ("compiled, buckets 8", "compiled, attention flash",
                                            "compiled, attention cudnn", "compiled, fused QKV",

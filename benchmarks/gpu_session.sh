@@ -21,7 +21,9 @@
 #   3. generation: greedy and beam 4 against Hugging Face `generate` on the same model, with and
 #      without CUDA graphs (`eval.cuda_graphs`, not yet timed on a GPU; without them it was
 #      measured on an H200 on 2026-11-27: ~150 s with its training);
-#   4. gpu_round: the eager and compiled base (the reference and the figure to beat), then CUDA
+#   4. gpu_round: the eager and compiled base (the reference and the figure to beat), the compiled
+#      base with its residual stream in bf16 (model.residual_bf16: the norm/dropout/residual kernels'
+#      bytes: 29% of the compiled base step on an H200, gpu-h200-2026-11-27; not yet measured), then CUDA
 #      graphs at 4K tokens' host-bound steps (they ended a process once: that variant now runs in a
 #      process of its own, so a crash is its row and the round goes on), then what earlier rounds left;
 #   5. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache;
@@ -61,7 +63,8 @@ else
   E2E=(--cases wmt-base-37k,wmt-big-37k --steps "wmt-base-37k:compiled;wmt-big-37k:compiled" --newstest-dir local-data/newstest)
   # compiled first (each compiles for 70-90 s on an H200); the round's eager base is the loss reference
   PROFILE_STEPS="wmt-base-37k:compiled;wmt-big-37k:compiled;wmt-base-37k:eager"
-  REST_STEPS="wmt-base-37k:eager;wmt-base-37k:compiled;wmt-base-37k:compiled, buckets 8, CUDA graphs;\
+  REST_STEPS="wmt-base-37k:eager;wmt-base-37k:compiled;wmt-base-37k:compiled, residual bf16;\
+wmt-base-37k:compiled, buckets 8, CUDA graphs;\
 wmt-base-37k:compiled, loss chunks 8;wmt-base-37k:compiled, buckets 8;\
 wmt-big-37k:compiled, all: flash, fused QKV, loss chunks 8"
 fi

@@ -160,6 +160,9 @@ class TransformerConfig:
     # a call it does not take (flash: a padding mask) falls to the next in PyTorch's order
     attention_backend: str = "auto"
     fused_qkv: bool = False  # self-attention's W_q and W_kv as one matrix, one matmul (state_dict: w_qkv)
+    # Under autocast, the residual stream (the embeddings and each sub-layer's output) in autocast's
+    # dtype (bf16) instead of fp32: half its bytes, its sums rounded to bf16; nothing without autocast
+    residual_bf16: bool = False
 
     def __post_init__(self) -> None:
         _positive("model", n_layers=self.n_layers, d_model=self.d_model, d_ff=self.d_ff,
@@ -175,7 +178,7 @@ class TransformerConfig:
                              ("tie_embeddings", TIE_EMBEDDINGS)):
             _one_of(f"model.{key}", getattr(self, key), choices)
         _one_of("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        for key in ("scale_embeddings", "fused_qkv"):
+        for key in ("scale_embeddings", "fused_qkv", "residual_bf16"):
             if not isinstance(getattr(self, key), bool):
                 raise UserError(f"model.{key} must be true or false, got {getattr(self, key)!r}")
         _positive("model", n_kv_heads=self.n_kv_heads)

@@ -244,20 +244,33 @@ def norm_layer(c: TransformerConfig) -> nn.Module:
     return RMSNorm(c.d_model) if c.norm == "rmsnorm" else nn.LayerNorm(c.d_model)
 
 
+def in_autocast_dtype(x: Tensor) -> Tensor:
+    """x in autocast's dtype where autocast is on for x's device, else x as it is. With
+    `model.residual_bf16` the residual stream passes through this: under bf16 autocast a sub-layer's
+    output is bf16 already, but x + it is promoted to fp32 by an fp32 x, and a norm's output is
+    fp32 (autocast runs norms in fp32), so the stream stays fp32 unless cast."""
+    kind = x.device.type
+    return x.to(torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else x
+
+
 class SublayerConnection(nn.Module):
     """A residual sub-layer. Post-LN (the paper): LayerNorm(x + Dropout(Sublayer(x))); pre-LN
-    (Xiong et al. 2020): x + Dropout(Sublayer(LayerNorm(x))). The norm is `c.norm`'s."""
+    (Xiong et al. 2020): x + Dropout(Sublayer(LayerNorm(x))). The norm is `c.norm`'s; with
+    `c.residual_bf16` the output is in autocast's dtype (`in_autocast_dtype`)."""
 
     def __init__(self, c: TransformerConfig) -> None:
         super().__init__()
         self.pre = c.norm_position == "pre"
         self.norm = norm_layer(c)
         self.dropout = nn.Dropout(c.dropout)
+        self.low_precision = c.residual_bf16
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            out = x + self.dropout(sublayer(self.norm(x)))
+        else:
+            out = self.norm(x + self.dropout(sublayer(x)))
+        return in_autocast_dtype(out) if self.low_precision else out
 
 
 def self_attention(c: TransformerConfig) -> MultiHeadAttention:
@@ -411,7 +424,7 @@ class Transformer(nn.Module):
             x = positions(x, offset)
         elif not isinstance(offset, Tensor):  # rotary: the self-attentions rotate, check here
             check_length(offset + x.size(1), self.config.max_len)
-        return self.dropout(x)
+        return self.dropout(in_autocast_dtype(x) if self.config.residual_bf16 else x)
 
     def padding_mask(self, src: Tensor) -> Tensor:
         """(B, 1, 1, S) additive attention bias over the source: 0 on real tokens, -inf on padding,

@@ -250,6 +250,7 @@ def test_invalid_values_are_user_errors(override):
     ("attention_backend=xformers", "model.attention_backend must be one of auto, math, flash, efficient, cudnn; "
                                    "got 'xformers'"),
     ("fused_qkv=maybe", "model.fused_qkv"),
+    ("residual_bf16=maybe", "model.residual_bf16"),
     ("loss_chunks=-1", "train.loss_chunks must be 0 (off) or a count of chunks >= 1, got -1"),
     ("loss_chunks=2.5", "train.loss_chunks"),
     ("loss_chunks=true", "train.loss_chunks"),

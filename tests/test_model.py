@@ -40,6 +40,7 @@ KNOB_SETTINGS = [
     # kernel choices (docs/gpu-performance.md#kernel-variants): the same function, other kernels
     dict(fused_qkv=True), dict(fused_qkv=True, n_kv_heads=2, positional="rope"),
     dict(attention_backend="math"), dict(attention_backend="flash"),
+    dict(residual_bf16=True),  # without autocast (as here) the paper's function, bit for bit
 ]
 KNOB_IDS = [",".join(f"{k}={v}" for k, v in s.items()) or "paper" for s in KNOB_SETTINGS]
 
@@ -554,3 +555,47 @@ def test_attention_backend_puts_its_kernel_first_and_keeps_the_function(backend)
                         "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
     assert sorted(order, key=str) == sorted({SDPBackend.MATH, SDPBackend.FLASH_ATTENTION,  # every kernel:
                                              SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION}, key=str)
+
+
+@pytest.mark.parametrize("norm_position", ["post", "pre"])
+def test_residual_bf16_keeps_the_stream_in_bf16_under_autocast_and_changes_nothing_without(norm_position):
+    """model.residual_bf16: without autocast the model's outputs bit for bit; under bf16 autocast
+    (on the CPU here) the embeddings and every sub-layer's output in bf16 where the default keeps
+    them in fp32, and a few Adam steps whose losses stay within the GPU round's bf16 tolerance of
+    the default's (2e-2 relative), gradients finite."""
+    from lightning_modules.transformer import SublayerConnection
+
+    plain, low = (tiny_model(seed=3, norm_position=norm_position, residual_bf16=flag) for flag in (False, True))
+    src, tgt = source_batch(), target_batch()
+    with torch.no_grad():
+        assert torch.equal(low(src, tgt), plain(src, tgt))
+
+    def stream_dtypes(model: Transformer) -> set[torch.dtype]:
+        seen: set[torch.dtype] = set()
+        hooks = [m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+                 for m in model.modules() if isinstance(m, SublayerConnection)]
+        hooks.append(model.dropout.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype)))  # the embeddings
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            model(src, tgt)
+        for hook in hooks:
+            hook.remove()
+        return seen
+
+    assert stream_dtypes(plain) == {torch.float32} and stream_dtypes(low) == {torch.bfloat16}
+    losses = {}
+    for name, model in (("plain", plain), ("low", low)):
+        model.train()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        losses[name] = []
+        for _ in range(5):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(src, tgt[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+            optimizer.step()
+            losses[name].append(loss.item())
+    assert losses["low"] != losses["plain"]  # the stream was rounded
+    assert losses["low"] == pytest.approx(losses["plain"], rel=2e-2)
+    assert losses["low"][-1] < losses["low"][0]  # it trains
