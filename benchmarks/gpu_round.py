@@ -99,6 +99,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "compiled, attention efficient": {**COMPILED, "model.attention_backend": "efficient"},
     "compiled, fused QKV": {**COMPILED, "model.fused_qkv": True},
     "compiled, residual bf16": {**COMPILED, "model.residual_bf16": True},  # the norm/dropout/residual kernels' bytes
+    # Inductor's Triton matmul templates, autotuned, with bias, dropout and the residual add fused into their epilogues
+    "compiled, max-autotune": {**COMPILED, "train.compile_mode": "max-autotune-no-cudagraphs"},
     "compiled, all: flash, fused QKV, loss chunks 8": {**COMPILED, "model.attention_backend": "flash",
                                                       "model.fused_qkv": True, "train.loss_chunks": 8},
     # static shapes (data.shape_buckets: other batches, compared with "eager, buckets 8") and CUDA graphs
@@ -121,7 +123,9 @@ BUCKETS = "compiled, buckets 8, CUDA graphs"
 # CUDA graphs run last on CUDA: on the H200 (torch 2.11) that variant ended the process with no Python
 # error. It now runs in a process of its own (ISOLATED), so a crash there is its row; last, it still
 # costs nothing else if the guard itself failed.
-ISOLATED = frozenset({BUCKETS})  # variants measured in a process of their own (`measure_apart`)
+# max-autotune benchmarks every matmul's candidate kernels as it compiles, for as long as that takes:
+# in a process of its own, an overrun is stopped at the budget's end and is its row.
+ISOLATED = frozenset({BUCKETS, "compiled, max-autotune"})  # measured in a process of their own (`measure_apart`)
 ISOLATION_S = 20.0  # that process's imports and its case's weights and batches, added to its estimate
 CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, "compiled, residual bf16", *_EAGER[1:],
                                                  "compiled, loss chunks 8")] \

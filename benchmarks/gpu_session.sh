@@ -25,7 +25,8 @@
 #      base with its residual stream in bf16 (model.residual_bf16: the norm/dropout/residual kernels'
 #      bytes: 29% of the compiled base step on an H200, gpu-h200-2026-11-27; not yet measured), then CUDA
 #      graphs at 4K tokens' host-bound steps (they ended a process once: that variant now runs in a
-#      process of its own, so a crash is its row and the round goes on), then what earlier rounds left;
+#      process of its own, so a crash is its row and the round goes on), then what earlier rounds left,
+#      and last the compiled base under max-autotune (matmul epilogues fused; its own process too);
 #   5. startup: where `ablate train`'s start-up goes, a table's first run and its next (the cache;
 #      the next run has not been reached on a GPU);
 #   6. test_gpu_sync: no host sync in the step, per variant (13 variants passed on an H200 on 2026-11-27);
@@ -66,7 +67,7 @@ else
   REST_STEPS="wmt-base-37k:eager;wmt-base-37k:compiled;wmt-base-37k:compiled, residual bf16;\
 wmt-base-37k:compiled, buckets 8, CUDA graphs;\
 wmt-base-37k:compiled, loss chunks 8;wmt-base-37k:compiled, buckets 8;\
-wmt-big-37k:compiled, all: flash, fused QKV, loss chunks 8"
+wmt-big-37k:compiled, all: flash, fused QKV, loss chunks 8;wmt-base-37k:compiled, max-autotune"
 fi
 
 # step NAME SECONDS_WANTED COMMAND...: runs COMMAND under a timeout of what is wanted or left,

@@ -120,9 +120,9 @@ def test_a_variant_whose_own_process_crashes_is_a_row_and_the_round_goes_on(tmp_
     """CUDA graphs' variant runs in a process of its own (`ISOLATED`): made to crash there below
     Python (a real SIGSEGV at its compilation, the only one of these steps that compiles), it becomes
     a row saying how its process ended, and the round measures the variants after it."""
-    from benchmarks.gpu_round import BUCKETS, ISOLATED
+    from benchmarks.gpu_round import BUCKETS, ISOLATED, VARIANTS
 
-    assert BUCKETS in ISOLATED
+    assert BUCKETS in ISOLATED and ISOLATED <= set(VARIANTS)
     monkeypatch.setenv("ABLATE_FAULT", "compile:SIGSEGV")
     code, err = bench_here(capfd, "--quick", "--threads", "1", "--only", "gpu_round", "--steps",
                            f"tiny:eager, buckets 8;tiny:{BUCKETS};tiny:eager", "--out", str(tmp_path))
