@@ -269,7 +269,8 @@ def test_a_bucketed_run_killed_mid_epoch_resumes_with_the_losses_of_an_uninterru
     whole = train(tmp_path / "whole", small_corpus, None, *buckets)
     assert whole.returncode == 0, whole.stderr[-3000:]
     results = json.loads((tmp_path / "whole" / "results.json").read_text())
-    assert results["data"]["shape_buckets"] == 4 and 7 < results["data"]["train_batches"] < 16 * 4
+    # the step-6 checkpoint the kill leaves lies inside an epoch (TINY's 300 pairs: epochs of a few batches)
+    assert results["data"]["shape_buckets"] == 4 and 6 % results["data"]["train_batches"] != 0
     assert results["data"]["train_shapes"] <= 16
     stopped = train(tmp_path / "run", small_corpus, "train_step@7", *buckets)
     assert stopped.returncode == -9, stopped.stderr[-3000:]
