@@ -323,8 +323,8 @@ def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) 
 @dataclass
 class Part:
     """A part of a long table (`--stop-after`): a run still training at its end is stopped, and its
-    checkpoint stays on the machine, outside the archive, so a queue-only worker starts only the
-    queued runs it expects to finish in time: each row's estimate (`ablate.table3.cost`) times the pace
+    checkpoint, git-ignored, does not travel with a committed archive, so a queue-only worker starts
+    only the queued runs it expects to finish in time: each row's estimate (`ablate.table3.cost`) times the pace
     of this study's finished runs (`pace`), times the part of it still ahead (`ahead`: a stopped
     run resumes from its checkpoint). A run without an estimate always starts."""
 

@@ -303,8 +303,8 @@ def demo_part(capfd: pytest.CaptureFixture[str], tmp: Path, steps: int, stop_aft
 
 def test_a_part_starts_only_the_runs_expected_to_finish_before_it_ends(tmp_path: Path, capfd):
     """A part shorter than a run's estimate starts nothing, says why and exits 130, the run left
-    queued; a part long enough trains it. (A run stopped at a part's end keeps its checkpoint on
-    this machine only, so the part does not start it.)"""
+    queued; a part long enough trains it. (A run stopped at a part's end leaves its checkpoint out
+    of a committed archive, checkpoints being git-ignored, so the part does not start it.)"""
     long, short = tmp_path / "long", tmp_path / "short"
     first = demo_part(capfd, long, 200_000, "90s")  # estimated at over an hour
     assert first.returncode == 130, first.stderr[-2000:]
