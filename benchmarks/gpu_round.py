@@ -463,22 +463,28 @@ def case_data(case: Case, settings: Settings) -> dict[str, Any]:
     return {"batches": {0: case_batches(case, settings)}, "state": state, "results": {}}
 
 
+def variant_batches(case: Case, name: str, data: dict[str, Any], settings: Settings) -> dict[int, list[dict[str, Any]]]:
+    """The batches variant `name` trains on (by its data.shape_buckets), made once per bucket count
+    and kept in the case's `data`."""
+    buckets = shape_buckets(name)
+    if buckets not in data["batches"]:
+        data["batches"][buckets] = case_batches(case, settings, buckets)
+    return data["batches"][buckets]
+
+
 def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings, deadline: float,
                 done: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """One variant's measurement, or why it did not run (time budget, an error): never raises.
     `done`: every case's results so far (for the time estimate)."""
     left, need = deadline - time.perf_counter(), _estimate(case.name, name, done) + (PROFILE_S if settings.profile else 0)
-    if name in ISOLATED:
-        need += ISOLATION_S
+    isolated = name in ISOLATED
+    need += ISOLATION_S if isolated else 0
     if left < need:
         return {"skipped": f"time budget: {left:.0f} s left, ~{need:.0f} s needed"}
-    if name in ISOLATED:
+    if isolated:
         return measure_apart(case, name, settings, left)
     try:
-        buckets = shape_buckets(name)
-        if buckets not in data["batches"]:
-            data["batches"][buckets] = case_batches(case, settings, buckets)
-        return measure(name, case, data["batches"][buckets], data["state"], settings)
+        return measure(name, case, variant_batches(case, name, data, settings), data["state"], settings)
     except Exception as error:  # a kernel this device lacks, out of memory: a row, not a crash
         why = error_line(error)
     free_memory(settings.device)  # the failed variant's module and tensors (its traceback is gone with `error`)
@@ -524,9 +530,7 @@ def _measure_here(send: Any, case_name: str, name: str, settings: Settings, thre
     case = CASES[case_name]
     try:
         data = case_data(case, settings)
-        buckets = shape_buckets(name)
-        batches = data["batches"][0] if not buckets else case_batches(case, settings, buckets)
-        result = measure(name, case, batches, data["state"], settings)
+        result = measure(name, case, variant_batches(case, name, data, settings), data["state"], settings)
     except Exception as error:
         result = {"error": error_line(error)}
     send.send(result)

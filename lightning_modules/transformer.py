@@ -244,13 +244,18 @@ def norm_layer(c: TransformerConfig) -> nn.Module:
     return RMSNorm(c.d_model) if c.norm == "rmsnorm" else nn.LayerNorm(c.d_model)
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """Autocast's dtype where autocast is on for `device_type` ("cuda", "cpu"), else None."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 def in_autocast_dtype(x: Tensor) -> Tensor:
     """x in autocast's dtype where autocast is on for x's device, else x as it is. With
     `model.residual_bf16` the residual stream passes through this: under bf16 autocast a sub-layer's
     output is bf16 already, but x + it is promoted to fp32 by an fp32 x, and a norm's output is
     fp32 (autocast runs norms in fp32), so the stream stays fp32 unless cast."""
-    kind = x.device.type
-    return x.to(torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else x
+    dtype = autocast_dtype(x.device.type)
+    return x if dtype is None else x.to(dtype)
 
 
 class SublayerConnection(nn.Module):
@@ -446,8 +451,7 @@ class Transformer(nn.Module):
 
     def compute_dtype(self, device: torch.device) -> torch.dtype:
         """The dtype attention computes in on `device`: autocast's where it is on, else the weights'."""
-        on = torch.is_autocast_enabled(device.type)
-        return torch.get_autocast_dtype(device.type) if on else self.embedding.weight.dtype
+        return autocast_dtype(device.type) or self.embedding.weight.dtype
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """Source ids (B, S) -> memory (B, S, d_model) and its padding mask."""
