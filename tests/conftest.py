@@ -32,10 +32,14 @@ os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
+def measurements(kind: str) -> list[Path]:
+    """Every benchmarks/results/KIND-*/results.json, oldest first (its folders are dated)."""
+    return sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "results").glob(f"{kind}-*/results.json"))
+
+
 def newest_measurement(kind: str) -> tuple[Path, dict] | None:
-    """The newest benchmarks/results/KIND-*/results.json (its folders are dated, so the last by name)
-    and its figures; None when there is none."""
-    measured = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "results").glob(f"{kind}-*/results.json"))
+    """The newest of `measurements(kind)` and its figures; None when there is none."""
+    measured = measurements(kind)
     return (measured[-1], json.loads(measured[-1].read_text())) if measured else None
 
 

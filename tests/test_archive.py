@@ -262,25 +262,27 @@ def test_a_sitting_given_stop_after_ends_itself_with_its_run_checkpointed_in_the
     the worker) until the part's end has passed the stop on to it as SIGINT: still training at the
     part's end, however fast the machine."""
     from test_slurm import wait_until_stopped
-    from test_sweeps import pending
+    from test_sweeps import wait_until_pending
 
     archive = tmp_path / "archive"
     started = time.monotonic()
-    table = subprocess.Popen([sys.executable, "-m", "ablate", *sitting_args(tmp_path, archive, "--seeds", "1",
-                                                                              "--max-steps", "40", "--stop-after", "80s")],
-                             env={**os.environ, "PYTHONUNBUFFERED": "1", "ABLATE_FAULT": "train_step@7:SIGSTOP"},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "stderr.txt"  # a file, not a pipe: a full pipe would block the held table
+    with log.open("w") as sink:
+        table = subprocess.Popen([sys.executable, "-m", "ablate", *sitting_args(tmp_path, archive, "--seeds", "1",
+                                                                                  "--max-steps", "40", "--stop-after",
+                                                                                  "80s")],
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1", "ABLATE_FAULT": "train_step@7:SIGSTOP"},
+                                 stdout=subprocess.DEVNULL, stderr=sink)
     try:
         held = wait_until_stopped(table)
-        deadline = time.monotonic() + 200
-        while not pending(held, signal.SIGINT) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        assert wait_until_pending(held, signal.SIGINT, time.monotonic() + 200, table), \
+            f"the part's end never reached the trial; stderr: {log.read_text()[-2000:]}"
         os.kill(held, signal.SIGCONT)
-        _, err = table.communicate(timeout=120)
+        table.wait(timeout=120)
     finally:
         if table.poll() is None:
             table.kill()
-    elapsed = time.monotonic() - started
+    elapsed, err = time.monotonic() - started, log.read_text()
     assert table.returncode == 130, err[-2000:]
     assert "Traceback" not in err
     assert "--stop-after 1m 20s reached" in err and "stopped after 1m 20s (--stop-after)" in err, err[-2000:]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import newest_measurement
+from conftest import measurements, newest_measurement
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -180,11 +180,15 @@ def measurement_before(kind: str) -> tuple[Path, dict]:
     (the pages give both: the same code takes twice as long on one 2-core CPU as on another), which
     must exist."""
     newest, figures = measurement(kind)
-    earlier = [(path, json.loads(path.read_text())) for path in
-               sorted(newest.parent.parent.glob(f"{kind}-*/results.json"), reverse=True)]
+    earlier = ((path, json.loads(path.read_text())) for path in reversed(measurements(kind)))
     found = next(((path, f) for path, f in earlier if f["device"] != figures["device"]), None)
     assert found, f"no {kind} measurement on another device than {rel(newest.parent)}'s"
     return found
+
+
+def base_ppl(figures: dict) -> float:
+    """The base row's dev PPL in a demo measurement's figures."""
+    return next(r["dev_ppl"] for r in figures["rows"] if r["row"] == "base")
 
 
 def index_row(start: str) -> str:
@@ -233,8 +237,7 @@ def test_the_time_make_demo_is_said_to_take_is_the_newest_measured_one() -> None
     assert (f"{figures['make_demo_wall_s'] / 60:.1f} min (set-up {figures['setup_s'] / 60:.1f}, "
             f"the table {figures['table_s'] / 60:.1f})") in row and path.parent.name in row, \
         f"the index's make demo row is not {rel(path)}'s"
-    base = next(r["dev_ppl"] for r in earlier["rows"] if r["row"] == "base")
-    assert f"{earlier['make_demo_wall_s'] / 60:.1f} min and {base} on the slower CPU before" in row \
+    assert f"{earlier['make_demo_wall_s'] / 60:.1f} min and {base_ppl(earlier)} on the slower CPU before" in row \
         and before.parent.name in row, f"the index's make demo row does not give {rel(before)}'s figures"
 
 
@@ -276,7 +279,7 @@ def test_the_demo_excerpt_and_what_readme_says_of_it_are_the_newest_measured_dem
     (measured_rho,) = re.findall(r"dev PPL (-?[\d.]+) over 10 rows", measured)
     assert float(rho.replace("−", "-")) == round(float(measured_rho), 2)
     (other,) = re.findall(r"base reads ([\d.]+) on the CPU without AVX-512 of the measurement before", text)
-    assert float(other) == next(r["dev_ppl"] for r in earlier["rows"] if r["row"] == "base")
+    assert float(other) == base_ppl(earlier)
 
 
 # Each "adding" section: (page, its heading's anchor) -> the one place to change (file, top-level

@@ -80,7 +80,8 @@ def wait_until_stopped(root: subprocess.Popen, timeout: float = 300) -> int:
             return stopped[0]
         time.sleep(0.1)
     root.kill()
-    pytest.fail(f"no process stopped at the fault point; output: {root.communicate()[0][-3000:]}")
+    output = root.communicate()[0] or ""  # None where its output went elsewhere than a pipe
+    pytest.fail(f"no process stopped at the fault point; output: {output[-3000:]}")
 
 
 @contextlib.contextmanager

@@ -325,6 +325,14 @@ def pending(pid: int, sig: signal.Signals) -> bool:
     return any(int(fields[key], 16) >> (sig - 1) & 1 for key in ("ShdPnd", "SigPnd"))
 
 
+def wait_until_pending(pid: int, sig: signal.Signals, deadline: float, root: subprocess.Popen) -> bool:
+    """Wait, until `deadline` (time.monotonic) and while `root` runs, for `sig` to be sent to the
+    stopped process `pid`; whether it was."""
+    while not pending(pid, sig) and time.monotonic() < deadline and root.poll() is None:
+        time.sleep(0.1)
+    return pending(pid, sig)
+
+
 @pytest.mark.parametrize("launched", ["foreground", pytest.param("sigint-ignored", marks=pytest.mark.slow)])
 def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_path, capfd, launched):
     """The sweep signalled is a real `ablate` process (the re-run needs none: it runs in this one).
@@ -348,9 +356,9 @@ def test_sigterm_stops_the_sweep_and_rerun_resumes_the_interrupted_trial(tmp_pat
         assert trainer is not None, f"no trial process held itself at step {held}; sweep stderr: {err.read_text()[-3000:]}"
         (running,) = [t for t in load(tmp_path, "term").get_trials() if t.state == TrialState.RUNNING]
         proc.send_signal(signal.SIGTERM)
-        while not pending(trainer, signal.SIGINT) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)  # the sweep passes SIGTERM on to its worker, the worker SIGINT to the trial
-        assert pending(trainer, signal.SIGINT), f"the trial was not asked to stop; sweep stderr: {err.read_text()[-3000:]}"
+        # the sweep passes SIGTERM on to its worker, the worker SIGINT to the trial
+        assert wait_until_pending(trainer, signal.SIGINT, deadline, proc), \
+            f"the trial was not asked to stop; sweep stderr: {err.read_text()[-3000:]}"
         os.kill(trainer, signal.SIGCONT)
         assert proc.wait(timeout=120) == 130
         stderr = err.read_text()
