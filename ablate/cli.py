@@ -32,7 +32,7 @@ from typing import Any
 from pathlib import Path
 
 from lightning_modules.config import CORPORA
-from lightning_modules.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, exit_status
+from lightning_modules.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, did_you_mean, exit_status
 from lightning_modules.run.slurm import keep_notices
 from lightning_modules.base.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
@@ -61,7 +61,31 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpWithDefaults)
+        # No prefixes: `--devices 8` on a launcher would otherwise be `--devices-per-run 8`.
+        kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+
+    def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction:
+        self.has_commands = True
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        """An option this command does not have is one line naming its closest real option, before
+        anything else is said about the command line (each subcommand checks its own); left-over
+        key=value overrides come back to `parse_args`."""
+        if not getattr(self, "has_commands", False):
+            known = set(self.option_strings())
+            for item in list(args if args is not None else sys.argv[1:]):
+                if item == "--":
+                    break
+                flag = item.split("=", 1)[0]
+                if flag.startswith("--") and flag not in known:
+                    self.error(f"unknown option {flag}{did_you_mean(flag, sorted(known))}")
+        return super().parse_known_args(args, namespace)
+
+    def option_strings(self) -> list[str]:
+        """This command's options, as its --help lists them."""
+        return sorted(set(re.findall(r"(?<![\w-])--[A-Za-z][\w-]*", self.format_help())))
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"ablate: error: {message} (see {self.prog} --help)\n")

@@ -20,14 +20,24 @@ def paper_architecture(row: str, spec: dict[str, dict[str, Any]], vocab_size: in
         raise UserError(f"row {row!r}: {err}") from None
 
 
+def row_vocabulary(row: str, spec: dict[str, dict[str, Any]], vocab_size: int) -> int:
+    """The row's vocabulary when base's is `vocab_size`: its own `data.vocab_size` (at the paper's
+    scale) times `vocab_size` over the paper's, as a preset scales it (`ablations.spec`), else base's."""
+    paper = load_preset("paper")["data"]["vocab_size"]
+    data = row_settings(row, spec, ScaleConfig(), {"data.vocab_size": vocab_size / paper}).get("data", {})
+    return int(data.get("vocab_size", vocab_size))
+
+
 def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -> list[dict[str, Any]]:
-    """One entry per row: architecture, our closed-form count and the paper's (millions or None)."""
+    """One entry per row: architecture, vocabulary (`row_vocabulary`), our closed-form count and the
+    paper's (millions or None)."""
     spec = load_spec(spec_path)
     table = []
     for row, entry in spec.items():
-        c = paper_architecture(row, spec, vocab_size)
+        vocab = row_vocabulary(row, spec, vocab_size)
+        c = paper_architecture(row, spec, vocab)
         n = count_parameters(c)
-        table.append({"row": row, "group": entry.get("group", row), "N": c.n_layers, "d_model": c.d_model,
+        table.append({"row": row, "group": entry.get("group", row), "vocab": vocab, "N": c.n_layers, "d_model": c.d_model,
                       "d_ff": c.d_ff, "h": c.n_heads, "d_k": c.d_k, "d_v": c.d_v,
                       "positional": c.positional, **{key: getattr(c, key) for key in MODIFICATION_KEYS},
                       "modifications": modifications(c), "params": n, "params_M": round(n / 1e6, 1),
@@ -39,15 +49,19 @@ def format_params(table: list[dict], vocab_size: int) -> str:
     """Plain-text table of every row's architecture and parameter count (the later modifications'
     knobs in a column of their own where a row sets one)."""
     cols = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "positional", "params", "params_M", "paper_params"]
+    if any(entry["vocab"] != vocab_size for entry in table):  # a row with a vocabulary of its own
+        cols.insert(1, "vocab")
     if any(entry["modifications"] for entry in table):
         cols.insert(cols.index("params"), "modifications")
     head = {"paper_params": "paper (M)", "params_M": "ours (M)"}
     cells = [[head.get(c, c) for c in cols]]
-    cells += [["" if entry.get(c) is None else (f"{entry[c]:,}" if c == "params" else str(entry[c])) for c in cols]
+    cells += [["" if entry.get(c) is None else (f"{entry[c]:,}" if c in ("params", "vocab") else str(entry[c]))
+               for c in cols]
               for entry in table]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cols))]
     left = {0, cols.index("modifications")} if "modifications" in cols else {0}
     lines = ["  ".join(v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
              for r in cells]
     lines.insert(1, "-" * len(lines[0]))
-    return f"Parameters with a shared vocabulary of {vocab_size:,} (paper: printed values)\n" + "\n".join(lines)
+    return (f"Parameters with a shared vocabulary of {vocab_size:,} (a row's own vocabulary where it sets one; "
+            f"paper: printed values)\n" + "\n".join(lines))

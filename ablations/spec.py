@@ -164,7 +164,7 @@ def _typed_recipe(where: str, section: str, values: Any, schema: DictConfig) -> 
             raise UserError(f"{where}: unknown {section} key {key!r}{did_you_mean(str(key), known)}")
         if f"{section}.{key}" in ROW_REFUSED:
             raise UserError(f"{where}: a row cannot change {section}.{key}: {ROW_REFUSED[f'{section}.{key}']}")
-        if known[key].metadata.get("output_only"):
+        if known[key].metadata.get("not_trained") == "output":
             raise UserError(f"{where}: a row cannot change {section}.{key}: it only chooses where or how "
                             f"often output is written, never what a run trains")
     return _typed(where, section, values, schema)

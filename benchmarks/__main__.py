@@ -43,7 +43,7 @@ OPT_IN = ("reproducibility", "workers", "gpu_round", "wmt_rehearsal", "startup",
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(n for n in BENCHMARKS if n not in OPT_IN),
                         help=f"comma-separated subset of {','.join(BENCHMARKS)} (default: all but "

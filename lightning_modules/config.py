@@ -7,6 +7,7 @@ and `EvalConfig` hold everything else a run needs; `RunConfig` groups them. Vali
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, NamedTuple
 
@@ -36,10 +37,14 @@ PRECISIONS = ("auto", "transformer-engine", "transformer-engine-float16", "16-tr
 # translation. (A model alone may be smaller: the unit tests build some.)
 MIN_MAX_LEN = 16
 MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes: 0 .. 2**32 - 1
-# The marker of a field that changes only where, or how often, a run writes or shows its output
-# (logging, checkpoints, caches), never what it trains or measures: `computed_config` leaves such
-# fields out, so two runs that differ only in them are the same run of a table.
-OUTPUT_ONLY = {"output_only": True}
+# The markers of fields that never change what a run trains or measures, which `computed_config`
+# leaves out, so two runs that differ only in them are the same run of a table: where, or how
+# often, a run writes or shows its output (logging, checkpoints, caches), and where its input is
+# read from (a folder, a mirror, a file's path: two machines of one study may keep the same
+# corpus in different places; a table compares the corpus's content instead,
+# `ablate.table3.plan.check_data`).
+OUTPUT_ONLY = {"not_trained": "output"}
+LOCATION = {"not_trained": "location"}
 
 
 class CorpusEntry(NamedTuple):
@@ -58,6 +63,15 @@ def check_seed(seed: int) -> None:
     """A seed Lightning's seed_everything takes, else one line."""
     if not 0 <= seed <= MAX_SEED:
         raise UserError(f"train.seed must be between 0 and {MAX_SEED}, got {seed}")
+
+
+def _finite(owner: str, section: Any) -> None:
+    """Every number of a config section is finite: NaN passes every `<=` check (`x <= 0` is False),
+    and a NaN or infinite setting trained until its loss said so."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{owner}.{f.name} must be a finite number, got {value!r}")
 
 
 def _positive(owner: str, **values: int | float) -> None:
@@ -87,6 +101,19 @@ def parse_devices(text: str) -> str | int | list[int]:
         pass
     raise UserError(f"train.devices must be auto (every device), a count of at least 1, or a list of "
                     f"distinct device ids like 0,1; got {text!r}")
+
+
+def run_devices(train: TrainConfig) -> int:
+    """The devices one run trains on, over all its nodes ("auto" counts as one: how many it finds
+    is the machine's)."""
+    listed = parse_devices(train.devices)
+    return (len(listed) if isinstance(listed, list) else listed if isinstance(listed, int) else 1) * train.num_nodes
+
+
+def step_batches(train: TrainConfig) -> int:
+    """The batches one optimizer step is split into: one per device and accumulated batch. They
+    share the step's `data.max_tokens`, so a step trains on the same tokens on any number of devices."""
+    return run_devices(train) * train.accumulate_grad_batches
 
 
 def _unit_interval(owner: str, **values: float) -> None:
@@ -172,6 +199,7 @@ class TransformerConfig:
                 f"model.d_model={self.d_model} is not divisible by model.n_heads="
                 f"{self.n_heads}; set model.d_k and model.d_v explicitly")
         _positive("model", d_k=self.d_k, d_v=self.d_v)
+        _finite("model", self)  # after the sizes that its derived fields divide by
         _unit_interval("model", dropout=self.dropout, label_smoothing=self.label_smoothing)
         for key, choices in (("positional", POSITIONAL_KINDS), ("norm_position", NORM_POSITIONS),
                              ("norm", NORMS), ("activation", ACTIVATIONS),
@@ -219,24 +247,27 @@ class DataConfig:
     corpus: str = "ding"  # ding | files | multi30k | wmt14
     src_lang: str = "en"
     tgt_lang: str = "de"
-    ding_path: str = "/usr/share/trans/de-en"
+    ding_path: str = field(default="/usr/share/trans/de-en", metadata=LOCATION)
     ding_dictionary: bool = False  # add the dictionary's word/phrase pairs to the training split
     valid_size: int = 1000  # held-out pairs for the Ding corpus
     test_size: int = 1000
     # --data files: one source and one target file per split (plain text or .gz)
-    train_src: str | None = None
-    train_tgt: str | None = None
-    valid_src: str | None = None
-    valid_tgt: str | None = None
-    test_src: str | None = None
-    test_tgt: str | None = None
+    train_src: str | None = field(default=None, metadata=LOCATION)
+    train_tgt: str | None = field(default=None, metadata=LOCATION)
+    valid_src: str | None = field(default=None, metadata=LOCATION)
+    valid_tgt: str | None = field(default=None, metadata=LOCATION)
+    test_src: str | None = field(default=None, metadata=LOCATION)
+    test_tgt: str | None = field(default=None, metadata=LOCATION)
     # --data multi30k | wmt14: a local directory with the files, or a mirror URL
-    data_dir: str | None = None
-    base_url: str | None = None
+    data_dir: str | None = field(default=None, metadata=LOCATION)
+    base_url: str | None = field(default=None, metadata=LOCATION)
     cache_dir: str = field(default="~/.cache/ablate", metadata=OUTPUT_ONLY)
     vocab_size: int = 37000  # sentencepiece BPE vocabulary, shared by both languages
     spm_input_sentence_size: int = 2_000_000  # sentences sampled to train the BPE model
-    max_tokens: int = 25000  # tokens per batch and side, padding included (fairseq --max-tokens)
+    # tokens per side of one optimizer step, padding included (the paper's 25,000; fairseq's
+    # --max-tokens x its GPUs): shared by the devices a run trains on and its accumulated
+    # batches, so each of those holds max_tokens / (devices x train.accumulate_grad_batches)
+    max_tokens: int = 25000
     max_train_len: int = 256  # drop training pairs longer than this (in wordpieces)
     # train on a fixed random subset of this many training pairs (the same for every row and
     # seed; the dev and test sets are untouched); None = all of them
@@ -253,6 +284,7 @@ class DataConfig:
     shape_buckets: int = 0
 
     def __post_init__(self) -> None:
+        _finite("data", self)
         if self.corpus not in CORPORA:
             raise UserError(f"data.corpus must be one of {', '.join(CORPORA)}, "
                             f"got {self.corpus!r}")
@@ -280,7 +312,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
-    accumulate_grad_batches: int = 1  # reach ~25K+25K tokens per step on fewer GPUs
+    accumulate_grad_batches: int = 1  # split each device's share of a step into this many batches (memory)
     gradient_clip_val: float = 0.0  # 0 = off, as in the paper
     val_check_interval: int = 1000  # validate (dev perplexity) every this many steps
     # save a resumable checkpoint every this many steps (a resumed run trains on as if never stopped)
@@ -326,6 +358,7 @@ class TrainConfig:
     loss_chunks: int = 0
 
     def __post_init__(self) -> None:
+        _finite("train", self)
         if self.warmup_steps < 0:
             raise UserError(f"train.warmup_steps must be 0 (no warmup) or more, got {self.warmup_steps}")
         _positive("train", max_steps=self.max_steps,
@@ -371,6 +404,7 @@ class EvalConfig:
     cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
+        _finite("eval", self)
         _positive("eval", beam_size=self.beam_size, batch_tokens=self.batch_tokens)
         if not 0 <= self.length_penalty < float("inf"):  # nan too: it decoded repeated tokens
             raise UserError(f"eval.length_penalty (--alpha) must be a finite number >= 0, got {self.length_penalty}")
@@ -399,6 +433,7 @@ class ScaleConfig:
     steps: float = 1.0
 
     def __post_init__(self) -> None:
+        _finite("scale", self)
         _positive("scale", width=self.width, depth=self.depth, steps=self.steps)
 
 
@@ -438,18 +473,23 @@ def requested_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def computed_config(cfg: RunConfig) -> dict[str, Any]:
-    """`requested_config` less the fields marked OUTPUT_ONLY: what the run trains and measures.
-    Two runs with equal ones are the same run of a table (`ablate.table3.plan.identity`)."""
-    return _without_output_only(cfg, requested_config(cfg))
+    """`requested_config` less the fields marked OUTPUT_ONLY or LOCATION: what the run trains and
+    measures. Two runs with equal ones are the same run of a table (`ablate.table3.plan.identity`)."""
+    return trained_part(requested_config(cfg))
 
 
-def _without_output_only(owner: Any, values: dict[str, Any]) -> dict[str, Any]:
+def trained_part(values: dict[str, Any], owner: Any = None) -> dict[str, Any]:
+    """A configuration as stored (`requested_config`'s nesting; a study's record of one) less the
+    fields marked OUTPUT_ONLY or LOCATION; keys the config does not know stay as they are."""
+    owner = RunConfig() if owner is None else owner
+    known = {f.name: f for f in fields(owner)}
     kept = {}
-    for f in fields(owner):
-        if f.name not in values or f.metadata.get("output_only"):
+    for name, value in values.items():
+        f = known.get(name)
+        if f is not None and f.metadata.get("not_trained"):
             continue
-        value = getattr(owner, f.name)
-        kept[f.name] = _without_output_only(value, values[f.name]) if is_dataclass(value) else values[f.name]
+        part = getattr(owner, name) if f is not None else None
+        kept[name] = trained_part(value, part) if is_dataclass(part) and isinstance(value, dict) else value
     return kept
 
 

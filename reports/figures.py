@@ -307,7 +307,7 @@ def verdict_curves(frame: pd.DataFrame, curves: pd.DataFrame, group: str) -> plt
         ax.plot(paired["step"], paired["d"], color=color, linewidth=1.4, marker="o", markersize=2.5, label=label)
         ax.fill_between(paired["step"], paired["low"], paired["high"], color=color, alpha=0.15, linewidth=0)
         reach = max(reach, *paired[["d", "low", "high"]].abs().max().dropna().tolist())
-        k = max(2, math.ceil(LAST_SHARE * len(paired)))
+        k = min(len(paired), max(2, math.ceil(LAST_SHARE * len(paired))))
         start = paired["step"].iloc[-k]
         last_start = start if last_start is None else min(last_start, start)
     if last_start is not None:

@@ -20,7 +20,7 @@ def parse(argv: list[str]) -> tuple[Path, argparse.Namespace]:
     if argv[:1] == ["--out-root"]:
         root, argv = argv[1], argv[2:]
     out = Path(root) / os.environ.get("WANDB_SWEEP_ID", "no-sweep") / os.environ.get("WANDB_RUN_ID", "local")
-    parser = argparse.ArgumentParser(prog="sweeps.wandb_entry")
+    parser = argparse.ArgumentParser(prog="sweeps.wandb_entry", allow_abbrev=False)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--row", default="base")
     parser.add_argument("--config")

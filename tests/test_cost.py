@@ -157,15 +157,36 @@ def test_the_queue_holds_the_runs_in_the_plans_order(tmp_path):
     assert waiting[0] == ("big", 1) and waiting[1][0] == "C5"
 
 
-def test_tokens_per_step_count_every_device_and_accumulated_batch():
+def test_a_step_keeps_its_tokens_on_any_number_of_devices_and_device_hours_count_them(tmp_path, capsys):
+    """`data.max_tokens` is one optimizer step's tokens, shared by the devices a run trains on and
+    its accumulated batches (#70: `--devices-per-run 2` had doubled the paper's 25,000 to 50,000).
+    The plan prints that step and the device-hours of what trains: a run's hours times its devices."""
     from ablate.table3.schedule import tokens_per_step
+    from lightning_modules.config import step_batches
+    from lightning_modules.run.preflight import estimate_memory_gb
 
-    def tokens(*overrides: str) -> int:
-        return tokens_per_step(resolve("gpu", "base", None, list(overrides)))
+    def config(*overrides: str):
+        return resolve("gpu", "base", None, list(overrides))
 
-    assert tokens() == 25_000  # devices auto: counted as one
-    assert tokens("train.devices=0,1,3", "data.max_tokens=6250", "train.accumulate_grad_batches=4") == 75_000
-    assert tokens("train.devices=2", "train.num_nodes=2") == 100_000
+    assert tokens_per_step(config()) == 25_000 and step_batches(config().train) == 1  # devices auto: one
+    split = config("train.devices=0,1,3", "train.accumulate_grad_batches=4")
+    assert tokens_per_step(split) == 25_000 and step_batches(split.train) == 12
+    assert tokens_per_step(config("train.devices=2", "train.num_nodes=2")) == 25_000
+    states, activations = estimate_memory_gb(config())  # a device holds its share of the step
+    assert estimate_memory_gb(config("train.devices=2")) == pytest.approx((states, activations / 2))
+
+    one = dry_run_here(tmp_path, capsys, "--preset", "paper", "--rows", "base", "--seeds", "1", "--gpus", "0,1")
+    two = dry_run_here(tmp_path, capsys, "--preset", "paper", "--rows", "base", "--seeds", "1", "--gpus", "0,1",
+                       "--devices-per-run", "2")
+    assert one.returncode == two.returncode == 0, one.stderr + two.stderr
+    head = two.stdout.splitlines()[0].split()
+    assert "devices/run" in head and "devices/run" not in one.stdout.splitlines()[0]
+    line = dict(zip(head, row_line(two.stdout, "base")[1:]))
+    alone = dict(zip(one.stdout.splitlines()[0].split(), row_line(one.stdout, "base")[1:]))
+    assert line["tokens/step"] == alone["tokens/step"] == "25,000"
+    hours_one = float(alone["hours"])
+    assert float(line["hours"]) == pytest.approx(2 * float(line["hours/run"]), abs=0.02)
+    assert float(line["hours/run"]) < hours_one < float(line["hours"])  # faster a run, more device time
 
 
 def _finished(run: Path, tokens_per_s: float) -> None:

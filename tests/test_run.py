@@ -237,7 +237,10 @@ def test_unwritable_output_directory_is_refused_before_training(tmp_path: Path, 
 
 
 def test_two_process_ddp_run_on_cpu(tmp_path: Path):
-    """Lightning DDP (gloo, 2 processes): both ranks train, rank 0 evaluates and writes results."""
+    """Lightning DDP (gloo, 2 processes): both ranks train, rank 0 evaluates and writes results.
+    The two ranks share one step's `data.max_tokens` (#70: each had taken all of it, so a step
+    trained on twice the tokens of a one-device run): a step holds what one device's does, the
+    epoch's mean step at that budget."""
     out = tmp_path / "ddp"
     result = ablate("train", "--out", str(out), "--devices", "2", "--accelerator", "cpu",
                     "--max-steps", "6", "--no-wandb", *SMALL, "train.val_check_interval=3")
@@ -245,6 +248,9 @@ def test_two_process_ddp_run_on_cpu(tmp_path: Path):
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["steps"] == 6 and results["status"] == "complete"
     assert "Starting with 2 processes" in result.stderr + result.stdout
+    per_step = results["target_tokens"] / results["steps"]  # rank 0's tokens x 2 ranks
+    one_device = results["data"]["train_tokens"] / 2 / results["data"]["train_batches"]  # a side's mean step
+    assert per_step <= 2000 and 0.75 < per_step / one_device < 1.25, (per_step, one_device)
 
 
 def test_bad_devices_value_is_a_one_line_error(tmp_path: Path, capsys):

@@ -12,6 +12,7 @@ a dry run).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -157,3 +158,72 @@ def test_the_launch_report_and_resume_walked_with_eight_workers(tmp_path):
     again = ablate(tiny(LAUNCH))
     assert again.returncode == 0 and "0 queued now" in again.stdout, again.stdout[-2000:]
     assert len(study.get_trials()) == 10  # nothing trained twice
+
+
+# --- the page's commands as a researcher varies them (#70) ------------------------------------
+
+def one_line_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    """The one stderr line of a command that must refuse `args` with exit status 2."""
+    capsys.readouterr()
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("ablate: error:"), (args, code, err)
+    return err[0]
+
+
+@pytest.mark.parametrize("args, meant", [
+    (["table3", "--preset", "paper", "--devices", "8", "--dry-run"], "--devices-per-run"),
+    (["sweep", "optuna", "--study", "s", "--space", "sweeps/example.yaml", "--devices", "2"], "--devices-per-run"),
+    (["train", "--max-step", "3"], "--max-steps"),
+    (["report", "--wandb", "online"], "--wandb-report"),
+    (["report", "--ou", "x"], "--out"),  # named before the missing --out is
+    (["translate", "runs/x", "--bem", "2"], "--beam"),
+])
+def test_no_option_is_taken_for_an_abbreviation_of_another(args, meant, capsys, tmp_path, monkeypatch):
+    """argparse takes a prefix of an option for the option: `--devices 8` on a launcher was
+    `--devices-per-run 8`, one worker whose runs trained with gloo DDP on the CPU (an 8-GPU
+    machine's table, all on its CPU). Every command refuses a prefix in one line naming the option."""
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(capsys, args)
+    assert "unknown option --" in line and f"did you mean '{meant}'?" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("setting", ["train.lr_scale=nan", "train.adam_eps=1e400", "train.gradient_clip_val=-inf",
+                                     "scale.width=.nan", "train.max_memory_gb=inf", "dropout=nan"])
+def test_a_setting_that_is_not_a_finite_number_is_refused_before_a_run_folder_exists(setting, capsys, tmp_path):
+    line = one_line_error(capsys, ["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--no-wandb", setting])
+    assert "must be a finite number" in line and setting.split("=")[0].split(".")[-1] in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1e400"])
+def test_a_spec_rows_non_finite_setting_is_refused_by_the_dry_run(value, capsys, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"base: {{group: base, model: {{}}, train_steps: 10}}\nL: {{group: l, train: {{lr_scale: {value}}}}}\n")
+    line = one_line_error(capsys, ["table3", "--preset", "demo", "--spec", str(spec), "--dry-run",
+                                   "--storage", f"sqlite:///{tmp_path}/t.db"])
+    assert "row 'L'" in line and "train.lr_scale must be a finite number" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+
+
+def test_the_plan_shows_the_value_each_run_trains_with_and_params_a_rows_vocabulary(capsys, tmp_path):
+    """A row's `train:`/`data:` numbers are written at the paper's scale and scaled by the preset's
+    own ratio to the paper's value (`ablations.spec`): the plan prints both, and the rule. A row's
+    vocabulary reaches `ablate params --spec` (it had printed base's for every row)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("base: {group: base, model: {}, train_steps: 100000}\n"
+                    "V16: {group: vocabulary, data: {vocab_size: 16000}}\n"
+                    "L2: {group: lr, train: {lr_scale: 2.0}}\n")
+    capsys.readouterr()
+    assert main(["table3", "--preset", "gpu", "--spec", str(spec), "--dry-run",
+                 "--storage", f"sqlite:///{tmp_path}/t.db"]) == 0
+    out = capsys.readouterr().out
+    # gpu: vocabulary 8,000 against the paper's 37,000; lr_scale 1.0 as the paper's
+    assert "vocab_size 16000 -> 3459" in out and "lr_scale 2.0\n" in out
+    assert "recipe: a row's train:/data: settings as its spec writes them, at the paper's scale" in out
+    assert main(["params", "--spec", str(spec), "--json"]) == 0
+    vocab = {entry["row"]: entry["vocab"] for entry in json.loads(capsys.readouterr().out)}
+    assert vocab == {"base": 37000, "V16": 16000, "L2": 37000}
+    assert main(["params", "--spec", str(spec), "--vocab-size", "8000", "--json"]) == 0
+    assert {e["row"]: e["vocab"] for e in json.loads(capsys.readouterr().out)}["V16"] == 3459

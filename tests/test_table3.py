@@ -133,6 +133,37 @@ def test_a_study_is_the_same_table_whatever_the_overrides_order_or_where_output_
         queue(replace(plan, overrides=["d_model=48", "train.max_steps=10"]))
 
 
+def test_where_a_corpus_is_kept_is_no_part_of_a_table_but_its_text_is(tmp_path):
+    """Two machines of one study may keep the same corpus in different places (#70: --data-dir or a
+    file's path made "another table"): the table compares the text the runs read (its digest, from
+    the data check before anything is queued), not where it was read from."""
+    from ablate.table3.plan import check_data
+    from test_data import synthetic_pairs, write_lines
+
+    src, tgt = synthetic_pairs(600)
+
+    def kept_in(folder: Path, targets: list[str]) -> list[str]:
+        folder.mkdir()
+        settings = ["data.corpus=files"]
+        for split, (a, b) in {"train": (0, 500), "valid": (500, 550), "test": (550, 600)}.items():
+            settings += [f"data.{split}_src={write_lines(folder / f'{split}.en', src[a:b])}",
+                         f"data.{split}_tgt={write_lines(folder / f'{split}.de', targets[a:b])}"]
+        return settings
+
+    small = ["train.max_steps=10", "d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=200",
+             "data.max_tokens=300", f"data.cache_dir={tmp_path / 'cache'}"]
+    plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"], seeds=[1],
+                      runs_dir=str(tmp_path / "runs"), overrides=small + kept_in(tmp_path / "here", tgt))
+    assert queue(plan, corpus=check_data(plan))[1] == 1
+    elsewhere = replace(plan, overrides=small + kept_in(tmp_path / "there", tgt) + ["data.data_dir=/mnt/wmt14",
+                                                                                      "data.base_url=http://mirror"])
+    assert queue(elsewhere, corpus=check_data(elsewhere))[1] == 0  # the same table: nothing queued again
+    edited = replace(plan, overrides=small + kept_in(tmp_path / "edited", [t + " ." for t in tgt]))
+    with pytest.raises(UserError, match=r"study 't' is a Table 3 trained on other text under the same corpus "
+                                        r"settings .* for base\)"):
+        queue(edited, corpus=check_data(edited))
+
+
 def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
     """Editing the settings between sittings would train the rows still queued differently: the
     table refuses and names what changed and the file that sets it (the --config file, the preset's
@@ -160,9 +191,10 @@ def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
          "train.warmup_steps: 300 -> 400; there -> here")
 
 
-def test_identity_leaves_out_exactly_the_fields_marked_output_only():
+def test_identity_leaves_out_exactly_the_fields_marked_output_only_or_location():
     """Every field of the run's configuration, this version's and any added later: changing one
-    marked output-only leaves a run's identity as it was; changing any other changes it (the
+    marked output-only or location (where input is read from) leaves a run's identity as it was;
+    changing any other changes it (the
     tokenizer's model keys excepted: `requested_config` leaves them to the tokenizer). A field a
     stored identity lacks (one added to the config since) reads as its default."""
     from dataclasses import fields, is_dataclass
@@ -187,7 +219,7 @@ def test_identity_leaves_out_exactly_the_fields_marked_output_only():
         cfg = run_config(plan, "base", 1)
         owner = cfg if part is None else getattr(cfg, part)
         setattr(owner, f.name, other(getattr(owner, f.name)))
-        output_only = bool(f.metadata.get("output_only"))
+        output_only = bool(f.metadata.get("not_trained"))
         assert (computed_config(cfg) == wanted["base-s1"]) == output_only, (part, f.name)
         marked += [f"{part}.{f.name}"] * output_only
         if part is not None and not output_only:  # stored before the field was added
@@ -195,7 +227,8 @@ def test_identity_leaves_out_exactly_the_fields_marked_output_only():
             stored = {"runs": {"base-s1": {**wanted["base-s1"], part: lacking}}}
             same = table_difference(stored, plan, wanted) is None
             assert same == (wanted["base-s1"][part][f.name] == defaults[part][f.name]), (part, f.name)
-    assert len(keys) > 60 and {"train.wandb", "train.progress_bar", "train.wandb_group"} <= set(marked)
+    assert len(keys) > 60 and {"train.wandb", "train.progress_bar", "train.wandb_group", "data.data_dir",
+                               "data.base_url", "data.cache_dir", "data.train_src"} <= set(marked)
     assert not {"train.seed", "train.max_steps", "model.d_model", "data.corpus"} & set(marked)
 
 
@@ -286,11 +319,13 @@ def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_pap
     demo`): the spec gets its own study, `modifications-tiny`, and a report with no paper column,
     no sign comparison and no rank correlation, with the verdicts of its groups. One row besides
     base shows each: a Table 3 of any size has the paper's columns and the rank correlation's line;
-    its group gets the spec's verdict, and a group with no row in the table gets none."""
+    its group gets the spec's verdict, and a group with no row in the table gets none. It is also
+    a smoke table (#70): its runs end at step 3, before their second dev evaluation, as a first
+    check on a GPU does, and its report is still written (the verdict figure had raised IndexError)."""
     shutil.copy(table / "t3.db", tmp_path / "t3.db")
     rows = ["base", "pre_ln"]
     result = ablate_here(capfd, *table3_args(tmp_path, "--spec", "ablations/modifications.yaml",
-                                             "--rows", ",".join(rows), "--seeds", "1"))
+                                             "--rows", ",".join(rows), "--seeds", "1", "--max-steps", "3"))
     assert result.returncode == 0, result.stderr[-3000:]
     assert {s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/t3.db")} == \
         {"table3-tiny", "modifications-tiny"}
@@ -304,6 +339,8 @@ def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_pap
     assert "- **normalisation, pre-LN" in md
     assert "- **feed-forward" not in md and "- **positions" not in md  # no row of those groups here
     assert "| pre_ln " in md and "norm_position pre" in md
+    assert (report / "figures" / "verdicts_normalisation.png").is_file()
+    assert all(len(t.intermediate_values) <= 1 for t in trials(tmp_path, "modifications-tiny"))
 
 
 def test_rerun_repeats_nothing(table: Path, capfd):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -26,7 +27,8 @@ from ablations.spec import load_spec, recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
 from lightning_modules.base.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
-from ablate.table3.schedule import devices, parameters, tokens_per_step, training_flops, wall_clock
+from lightning_modules.config import run_devices
+from ablate.table3.schedule import parameters, tokens_per_step, training_flops, wall_clock
 from ablate.table3.plan import Table3Plan, start_order
 
 
@@ -119,15 +121,37 @@ def estimate(plan: Table3Plan, configs: dict[str, RunConfig] | None = None,
     lines = []
     for row, cfg in configs.items():
         flops = training_flops(cfg)
-        seconds = flops / (flops_per_s * devices(cfg)) + rate.overhead_s
+        devices = parallel_devices(cfg)
+        seconds = flops / (flops_per_s * devices) + rate.overhead_s  # the run's wall-clock
         n = len(plan.seeds_of(row))
-        recipe = ", ".join(f"{key.split('.', 1)[1]} {value}" for key, value in recipe_changes(row, spec).items())
+        recipe = ", ".join(recipe_text(key, value, cfg) for key, value in recipe_changes(row, spec).items())
         lines.append({"row": row, "params": parameters(cfg), "steps": cfg.train.max_steps,
-                      "tokens/step": tokens_per_step(cfg), "PFLOP": flops / 1e15,
-                      "hours/run": seconds / 3600, "seeds": n, "hours": seconds * n / 3600,
+                      "tokens/step": tokens_per_step(cfg), "devices/run": devices, "PFLOP": flops / 1e15,
+                      "hours/run": seconds / 3600, "seeds": n, "hours": seconds * n * devices / 3600,
                       "memory GB": sum(estimate_memory_gb(cfg)), "recipe": recipe})
     table = pd.DataFrame(lines).set_index("row")
-    return (table if table["recipe"].astype(bool).any() else table.drop(columns="recipe")), rate
+    unused = [col for col, shown in (("recipe", table["recipe"].astype(bool).any()),
+                                     ("devices/run", (table["devices/run"] > 1).any())) if not shown]
+    return table.drop(columns=unused), rate
+
+
+def recipe_text(key: str, written: Any, cfg: RunConfig) -> str:
+    """A row's `train:`/`data:` setting as the spec writes it (at the paper's scale) and, where the
+    preset scales it (`ablations.spec.row_settings`), the value the run trains with: 'lr_scale 2.0 -> 1.0'."""
+    section, name = key.split(".", 1)
+    trained = getattr(getattr(cfg, section), name)
+    return f"{name} {written}" if trained == written else f"{name} {written} -> {trained}"
+
+
+RECIPE_RULE = ("recipe: a row's train:/data: settings as its spec writes them, at the paper's scale; '->' the value "
+               "this preset trains: a number the paper sets times the preset's own ratio to it (the preset's "
+               "warmup / the paper's 4,000, ...), as for every row")
+
+
+def parallel_devices(cfg: RunConfig) -> int:
+    """The devices that train one run side by side (GPUs under DDP); CPU processes share one
+    machine, whose whole rate the CPU presets measure, so they count as one."""
+    return 1 if cfg.train.accelerator == "cpu" else run_devices(cfg.train)
 
 
 def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
@@ -200,6 +224,7 @@ def describe(plan: Table3Plan, workers: Workers | None = None, device: str | Non
     source = (f"measured: {rate.measured}" if not rate.derived
               else f"{rate.derived}; measured: {rate.measured}")
     total = shown[unit.short].sum()
+    run_total = (shown[f"{unit.short}/run"] * shown["seeds"]).sum()  # device time over the devices a run takes
     wall, longest, which = schedule(plan, table, rows, workers)
     per = unit.per_hour / 3600
     base = base_config(plan, rows)
@@ -214,8 +239,9 @@ def describe(plan: Table3Plan, workers: Workers | None = None, device: str | Non
             f"{rate.overhead_s:.0f} s per run for start-up and decoding; {source}). "
             f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.\n"
             f"On {workers.what}, longest first as the launcher queues them: about {wall * per:.1f} "
-            f"{unit.name} wall-clock (the total / {workers.count} = {total * workers.share / workers.count:.1f}; "
+            f"{unit.name} wall-clock (the runs' time / {workers.count} = {run_total * workers.share / workers.count:.1f}; "
             f"the longest run, {which}, {longest * per:.1f}).\n"
             f"Disk: {data}; checkpoints up to {checkpoints:.1f} GB if every run's are kept "
             f"(3 x weights and Adam states a run). Memory: up to {table['memory GB'].max():.1f} GB per "
-            f"device for training ({peak}; a float32 estimate, lower in bf16).")
+            f"device for training ({peak}; a float32 estimate, lower in bf16)."
+            + (f"\n{RECIPE_RULE}." if "recipe" in table else ""))

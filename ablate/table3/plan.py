@@ -26,7 +26,7 @@ from optuna.trial import TrialState
 
 from ablations.resolve import load_config_file, parse_overrides, resolve
 from ablations.spec import RECIPE_SECTIONS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
-from lightning_modules.config import RunConfig, check_seed, computed_config
+from lightning_modules.config import RunConfig, check_seed, computed_config, trained_part
 from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, did_you_mean
 from lightning_modules.base.names import check_name, inside
 from lightning_modules.base.faults import inject
@@ -37,6 +37,8 @@ from ablate.table3.schedule import longest_first, training_flops
 from lightning_modules.base.schema import read, stamped
 from sweeps.storage import make_storage, safe_url
 from sweeps.study import KIND, REDO_OF, enqueue, open_study, run_name, superseded
+
+CORPUS = "corpus"  # a table study's user attribute: each row's corpus digest (`check_data`)
 
 
 @dataclass
@@ -141,19 +143,23 @@ def parse_seeds(text: str | None, default: list[int]) -> list[int]:
     return seeds
 
 
-def check_data(plan: Table3Plan) -> None:
+def check_data(plan: Table3Plan) -> dict[str, str]:
     """Prepare each distinct data setting of the planned rows once, in a scratch directory (see
     `preflight.check_data`): a table whose data leaves no pairs fails in one line before anything
-    is queued, instead of in every trial."""
+    is queued, instead of in every trial. Returns each row's corpus digest, which the study keeps
+    (`check_study`): machines of one study may read the corpus from different places, but it must
+    be the same text."""
     from lightning_modules.run.preflight import check_data as prepare  # loads the data stack
 
-    seen = set()
+    digests: dict[str, str] = {}
+    rows: dict[str, str] = {}
     for row in plan.rows:
         cfg = resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
         key = repr((cfg.data, cfg.model.max_len))
-        if key not in seen:
-            seen.add(key)
-            prepare(cfg)
+        if key not in digests:
+            digests[key] = prepare(cfg)
+        rows[row] = digests[key]
+    return rows
 
 
 def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
@@ -205,8 +211,9 @@ def table_spec(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, d
 def identity(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> dict[str, dict[str, Any]]:
     """What the table is, the one answer to "is this the same table": for each planned (row,
     seed) (or each of `runs`), by its run's name, the configuration it trains with as requested,
-    less the fields marked as choosing only where output goes (`config.computed_config`; e.g.
-    W&B, the progress bar, checkpoint cadence), as JSON stores it."""
+    less the fields that choose only where output goes or where input is read from
+    (`config.computed_config`; e.g. W&B, checkpoint cadence, --data-dir), as JSON stores it. The
+    corpus's content is the table's too (`check_data`'s digest, in the record)."""
     planned = plan.runs() if runs is None else runs
     return identity_of(run_configs(plan, planned))
 
@@ -237,7 +244,7 @@ def table_difference(stored: dict[str, Any], plan: Table3Plan,
     defaults = computed_config(RunConfig())
     changes: dict[tuple[str, Any, Any], list[str]] = {}
     for name, config in there.items():
-        for change in _differences(_with_defaults(config, defaults), here[name]):
+        for change in _differences(_with_defaults(trained_part(config), defaults), here[name]):
             changes.setdefault(change, []).append(name)
     if not changes:
         return None
@@ -307,15 +314,17 @@ def _leaf_keys(values: dict[str, Any], prefix: str = "") -> set[str]:
 
 
 def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[str, Any]],
-                record: bool = True) -> None:
-    """Refuse a study of another table, or of a sweep (`table_difference`). With `record`, store
-    the table on a new study (`table_record`), and on an old one the runs this sitting adds."""
+                record: bool = True, corpus: dict[str, str] | None = None) -> None:
+    """Refuse a study of another table, or of a sweep (`table_difference`), or of the same
+    settings on another corpus text (`corpus`: each planned row's digest, `check_data`). With
+    `record`, store the table on a new study (`table_record`), and on an old one the runs and
+    corpus digests this sitting adds."""
     attrs = study.user_attrs
     if "kind" not in attrs:
         if study.get_trials(deepcopy=False):
             raise UserError(f"study {study.study_name!r} holds a sweep, not a Table 3: use another --study")
         if record:  # "kind" last: a launcher that reads the study meanwhile sees a new study or a whole record
-            made = table_record(plan, wanted)
+            made = {**table_record(plan, wanted), **({CORPUS: corpus} if corpus else {})}
             for key in sorted(made, key=lambda key: key == "kind"):
                 study.set_user_attr(key, made[key])
         return
@@ -325,9 +334,17 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
         what, changes = difference
         raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changes}): the "
                         f"runs still queued would not be comparable to those done. Use another --study")
+    known = attrs.get(CORPUS) or {}
+    other = sorted(row for row, digest in (corpus or {}).items() if known.get(row, digest) != digest)
+    if other:
+        raise UserError(f"study {study.study_name!r} is a Table 3 trained on other text under the same corpus "
+                        f"settings (the corpus read here differs from the one its runs read, for "
+                        f"{_some(other)}): the runs would not be comparable. Point --data-dir or --base-url "
+                        f"at the same corpus, or use another --study")
     if record:  # the runs this sitting adds, and the spec's entries of the table's rows as the report is to read them
         runs = recorded_runs(attrs["runs"], wanted)
-        for key, value in {"runs": runs, "spec": table_spec(plan, runs)}.items():
+        updates = {"runs": runs, "spec": table_spec(plan, runs), **({CORPUS: {**known, **corpus}} if corpus else {})}
+        for key, value in updates.items():
             if attrs.get(key) != value:
                 study.set_user_attr(key, value)
 
@@ -353,12 +370,13 @@ def finished(run_dir: Path) -> bool:
     return done is not None and done.complete
 
 
-def queue(plan: Table3Plan, archive: Path | None = None,
-          storage: BaseStorage | None = None) -> tuple[optuna.Study, int]:
+def queue(plan: Table3Plan, archive: Path | None = None, storage: BaseStorage | None = None,
+          corpus: dict[str, str] | None = None) -> tuple[optuna.Study, int]:
     """Validate every (row, seed), then queue those not complete, costliest first, and the redos
     the plan asks for (`ablate.table3.redo`). `archive`: the table's --archive, whose study comes into a
     storage that lacks it (`ablate.table3.archive.restore_study`) and whose entries of redone runs are
-    set aside too. Returns the study and the number queued now."""
+    set aside too; `corpus`: the rows' corpus digests (`check_data`), checked against the study's.
+    Returns the study and the number queued now."""
     spec = load_spec(plan.spec_path)
     configs = run_configs(plan)
     storage = storage or make_storage(plan.storage, None)
@@ -368,7 +386,7 @@ def queue(plan: Table3Plan, archive: Path | None = None,
         if back := restore_study(archive, storage, plan.study):
             print(f"table3 {plan.study}: the study is back from {archive / STUDY} ({back} trials)", flush=True)
     study = open_study(plan.study, storage, "ppl")
-    check_study(study, plan, identity_of(configs))
+    check_study(study, plan, identity_of(configs), corpus=corpus)
     redone = redo(plan, study, spec, archive)
     # Longest first (`ablate.table3.schedule`, which the dry run replays): the big model starts at once
     # instead of last; finished run directories the study does not know yet (restored, copied in)
@@ -492,27 +510,28 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
         kept.check_study_file(folder)  # a damaged or oversized journal
         runs = {(row, seed): Path(run_dir(plan, row, seed)) for row, seed in plan.runs()}
         kept.check_owned(runs, folder)  # no link, nothing of another kind, in an entry or run directory
-    check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
+    corpus = check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     inject("startup")
     if archive is None:
-        return _run_queue(plan, workers, devices, devices_per_run, heartbeat_s, stop_after_s, run_seconds)
+        return _run_queue(plan, queue(plan, corpus=corpus), workers, devices, devices_per_run, heartbeat_s,
+                          stop_after_s, run_seconds)
     restored = kept.restore(runs, folder)
     if restored:
         print(f"table3 {plan.study}: restored from {folder}: {', '.join(restored)}", flush=True)
     storage = make_storage(plan.storage, None)
-    study, queued = queue(plan, folder, storage)
+    study, queued = queue(plan, folder, storage, corpus)
     with kept.kept_in(runs, folder, record, (storage, plan.study)):
-        return _run_queue(plan, workers, devices, devices_per_run, heartbeat_s, stop_after_s, run_seconds,
-                          (study, queued))
+        return _run_queue(plan, (study, queued), workers, devices, devices_per_run, heartbeat_s, stop_after_s,
+                          run_seconds)
 
 
-def _run_queue(plan: Table3Plan, workers: int, devices: list[str] | None, devices_per_run: int,
-               heartbeat_s: int, stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None,
-               queued_now: tuple[optuna.Study, int] | None = None) -> Table3Outcome:
+def _run_queue(plan: Table3Plan, queued_now: tuple[optuna.Study, int], workers: int, devices: list[str] | None,
+               devices_per_run: int, heartbeat_s: int, stop_after_s: float | None = None,
+               run_seconds: dict[str, float] | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
     from sweeps.worker import WorkerSettings
 
-    study, queued = queued_now or queue(plan)
+    study, queued = queued_now
     print(f"table3 {plan.study}: {len(plan.rows)} rows x {plan.describe_seeds()}; {queued} queued now, "
           f"storage {safe_url(plan.storage)}", flush=True)
     code = 0

@@ -16,7 +16,7 @@ import heapq
 from collections.abc import Hashable, Iterable, Mapping
 from typing import TypeVar
 
-from lightning_modules.config import RunConfig, count_parameters, parse_devices
+from lightning_modules.config import RunConfig, count_parameters
 
 K = TypeVar("K", bound=Hashable)
 
@@ -26,17 +26,10 @@ def parameters(cfg: RunConfig) -> int:
     return count_parameters(cfg.model.with_vocabulary(cfg.data.vocab_size, cfg.model.pad_id))
 
 
-def devices(cfg: RunConfig) -> int:
-    """The devices one run trains on, over all its nodes (`auto` counts as one: their number is
-    unknown here)."""
-    listed = parse_devices(cfg.train.devices)
-    return (len(listed) if isinstance(listed, list) else listed if isinstance(listed, int) else 1) \
-        * cfg.train.num_nodes
-
-
 def tokens_per_step(cfg: RunConfig) -> int:
-    """The token budget of one optimizer step, every device's batch and accumulated batch."""
-    return cfg.data.max_tokens * cfg.train.accumulate_grad_batches * devices(cfg)
+    """The token budget of one optimizer step: `data.max_tokens`, however many devices and
+    accumulated batches share it (`lightning_modules.config.step_batches`)."""
+    return cfg.data.max_tokens
 
 
 def training_flops(cfg: RunConfig) -> float:

@@ -53,17 +53,17 @@ class TranslationDataModule(TranslationData, pl.LightningDataModule):
         self.setup()
         replicas, rank = self._shards()
         self.train_sampler = TokenBucketBatchSampler(
-            self.train_set.src_lengths, self.train_set.tgt_lengths, self.cfg.max_tokens,
+            self.train_set.src_lengths, self.train_set.tgt_lengths, self.batch_tokens,
             shuffle=True, seed=self.seed, num_replicas=replicas, rank=rank,
             pad_multiple=self.pad_multiple, buckets=self.buckets)
         return self._loader(self.train_set, self.train_sampler, ResumableLoader)  # resumes mid-epoch
 
     def val_dataloader(self) -> DataLoader:
-        """Dev-set batches in a fixed order (same max_tokens), for perplexity."""
+        """Dev-set batches in a fixed order (the training batches' budget), for perplexity."""
         self.setup()
         replicas, rank = self._shards()
         sampler = TokenBucketBatchSampler(
-            self.valid_set.src_lengths, self.valid_set.tgt_lengths, self.cfg.max_tokens,
+            self.valid_set.src_lengths, self.valid_set.tgt_lengths, self.batch_tokens,
             shuffle=False, seed=self.seed, num_replicas=replicas, rank=rank,
             pad_multiple=self.pad_multiple)
         return self._loader(self.valid_set, sampler)

@@ -141,6 +141,8 @@ class TranslationData:
         self.max_len = max_len
         self.pad_id = PAD_ID
         self.stats: dict[str, Any] = {}
+        # the batches one optimizer step is split into (devices x accumulation, `split_steps`)
+        self.micro_batches = 1
         self.train_sampler: TokenBucketBatchSampler | None = None
         self.buckets: ShapeBuckets | None = None
         self._corpus: Corpus | None = None
@@ -174,6 +176,13 @@ class TranslationData:
         if id(split) not in self._digests:
             self._digests[id(split)] = cache.texts_digest(split.src) + cache.texts_digest(split.tgt)
         return self._digests[id(split)]
+
+    def corpus_digest(self) -> str:
+        """A digest of the corpus's text as this run reads it (every split, both sides): what a
+        table's runs are trained and scored on, wherever its files are kept."""
+        corpus = self._load()
+        parts = (corpus.train, corpus.extra_train, corpus.valid, corpus.test)
+        return cache.key("corpus", *(self._digest(part) if part is not None else b"" for part in parts))
 
     def _bpe_entry(self, corpus: Corpus) -> Path:
         """The cache entry of the BPE model these training texts and settings train."""
@@ -317,16 +326,32 @@ class TranslationData:
         keep = (pairs.src_lengths <= limit) & (pairs.tgt_lengths <= limit)
         return pairs.select(keep), int(len(pairs) - keep.sum())
 
+    @property
+    def batch_tokens(self) -> int:
+        """Tokens per side of one batch: the step's `data.max_tokens` over the batches it is split
+        into (one per device and accumulated batch)."""
+        return self.cfg.max_tokens // self.micro_batches
+
+    def split_steps(self, micro_batches: int) -> None:
+        """Split each optimizer step's `data.max_tokens` into `micro_batches` batches (the devices
+        a run trains on times its accumulated batches), so that a step holds the same tokens on
+        any number of devices; every pair must still fit one of them."""
+        self.micro_batches = max(1, micro_batches)
+        for split, kept in (("training", self.train_set), ("dev", self.valid_set)):
+            self._check_budget(split, kept)
+
     def _check_budget(self, split: str, kept: EncodedPairs) -> None:
-        """Every pair must fit a batch of `data.max_tokens` tokens per side (its longer side with
+        """Every pair must fit a batch of `batch_tokens` tokens per side (its longer side with
         BOS/EOS, rounded up to `data.pad_multiple`): a wider one would make a batch of its own over
         the cap, unseen."""
         widest = int(np.maximum(kept.src_lengths, kept.tgt_lengths).max()) + 1
         widest = -(-widest // self.pad_multiple) * self.pad_multiple
-        if widest > self.cfg.max_tokens:
-            raise UserError(f"data.max_tokens={self.cfg.max_tokens} is smaller than the longest {split} pair "
-                            f"({widest} tokens on a side, with BOS/EOS); raise data.max_tokens to at least "
-                            f"{widest}, or lower data.max_train_len or model.max_len")
+        if widest > self.batch_tokens:
+            shared = (f" shared by {self.micro_batches} batches a step (devices x train.accumulate_grad_batches), "
+                      f"{self.batch_tokens} each," if self.micro_batches > 1 else "")
+            raise UserError(f"data.max_tokens={self.cfg.max_tokens}{shared} is smaller than the longest {split} "
+                            f"pair ({widest} tokens on a side, with BOS/EOS); raise data.max_tokens to at least "
+                            f"{widest * self.micro_batches}, or lower data.max_train_len or model.max_len")
 
     @staticmethod
     def _check_left(split: str, kept: EncodedPairs, dropped: int, limit: int, limited_by: str) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
-                                      parse_devices)
+                                      parse_devices, step_batches)
 from lightning_modules.base.errors import DiskFull, UserError
 from lightning_modules.base.io import is_temporary, set_aside
 from lightning_modules.base.rundir import CONFIG, MARKER, saved_config
@@ -76,17 +76,19 @@ def check_hardware(cfg: RunConfig) -> None:
                         f"({', '.join(strategies[1:])}); got {t.strategy!r}")
 
 
-def check_data(cfg: RunConfig) -> None:
+def check_data(cfg: RunConfig) -> str:
     """Prepare the data as the run would (corpus, BPE, encoding, length filter) in a scratch
     directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a
     length limit that leaves no pairs fails here, once, before a sweep or a table queues anything.
-    The BPE model and the encoded splits stay in the preparation cache (`data.cache`) for the runs."""
+    The BPE model and the encoded splits stay in the preparation cache (`data.cache`) for the runs.
+    Returns the corpus's digest (`TranslationData.corpus_digest`)."""
     from lightning_modules.data.prepared import TranslationData  # the data stack: only here
 
     with tempfile.TemporaryDirectory(prefix="ablate-data-check-") as scratch:
         data = TranslationData(cfg.data, scratch, seed=cfg.train.seed, max_len=cfg.model.max_len,
                                pad_multiple=cfg.data.pad_multiple)
         data.setup("fit")
+        return data.corpus_digest()
 
 
 def check_output_dir(out: Path) -> None:
@@ -172,10 +174,11 @@ def estimate_memory_gb(cfg: RunConfig) -> tuple[float, float]:
     Activations: per token and layer, the residual-stream tensors (~10·d_model), the FFN (2·d_ff),
     the attention projections (3·h·(d_k + d_v)), and the attention weights (h · sequence length,
     taken as 256 tokens); the decoder has two attention blocks, and the pre-softmax logits are
-    vocab_size per target token. Float32, `data.max_tokens` tokens per side. The sinusoidal
+    vocab_size per target token. Float32, one batch's tokens per side: `data.max_tokens` over the
+    batches a step is split into (`step_batches`: devices x accumulation). The sinusoidal
     position table (model.max_len x d_model) counts with the weights.
     """
-    m, tokens, seq = _model_estimate(cfg), cfg.data.max_tokens, 256
+    m, tokens, seq = _model_estimate(cfg), cfg.data.max_tokens / step_batches(cfg.train), 256
     attention = 3 * m.n_heads * (m.d_k + m.d_v) + m.n_heads * seq
     per_layer = 10 * m.d_model + 2 * m.d_ff + attention
     activations = tokens * m.n_layers * (2 * per_layer + attention) + tokens * 2 * m.vocab_size
@@ -234,8 +237,9 @@ def check_memory(cfg: RunConfig) -> None:
         raise UserError(
             f"estimated training memory {states + activations:.1f} GB exceeds {what} "
             f"(weights and Adam states {states:.1f} GB, activations ~{activations:.1f} GB at "
-            f"data.max_tokens={cfg.data.max_tokens}); lower n_heads*d_k, d_ff, d_model, n_layers or "
-            f"data.max_tokens (train.max_memory_gb sets another limit)")
+            f"data.max_tokens={cfg.data.max_tokens} over {step_batches(cfg.train)} batch(es) a step); lower "
+            f"n_heads*d_k, d_ff, d_model, n_layers or data.max_tokens, or split each step into more batches "
+            f"(train.accumulate_grad_batches; train.max_memory_gb sets another limit)")
 
 
 def decoding_memory_gb(model: TransformerConfig, beam: int, batch_tokens: int, max_len_offset: int,

@@ -297,6 +297,7 @@ def build(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None
     clock = TrainingClock(cfg.train.log_every_n_steps, startup)
     extra = [*([PromptInterruptWhileCompiling(STOP)] if compiled else []), *(callbacks or [])]
     trainer = make_trainer(cfg, out, hardware, make_loggers(cfg, out, wandb), slurm, clock, requeue, extra)
+    dm.split_steps(trainer.world_size * trainer.accumulate_grad_batches)  # a step's tokens, whatever the devices
     startup.mark("trainer")  # the Trainer, its loggers and callbacks
     return Run(cfg, out, hardware["precision"], dm, module, trainer, clock, compiled, requeue,
                resume[0] if resume else None)
@@ -411,8 +412,8 @@ def describe(cfg: RunConfig, stats: dict[str, Any], n_parameters: int, out: Path
             f"{n_parameters:,} parameters\n"
             f"data: {stats['corpus']}, {stats['train_pairs']:,} train pairs{extra}, "
             f"{stats['valid_pairs']:,} dev, {stats['test_pairs']:,} test; BPE vocabulary "
-            f"{stats['vocab_size']:,}; {stats['train_batches']:,} batches of <= {cfg.data.max_tokens:,} "
-            f"tokens, {stats['train_padding_share']:.1%} padding; {cfg.train.max_steps:,} steps\n"
+            f"{stats['vocab_size']:,}; {stats['train_batches']:,} steps an epoch of <= {cfg.data.max_tokens:,} "
+            f"tokens a side, {stats['train_padding_share']:.1%} padding; {cfg.train.max_steps:,} steps\n"
             f"data preparation: {describe_stages(stats.get('stages', []))}{describe_cached(stats.get('prepared'))}")
 
 
