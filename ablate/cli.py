@@ -297,10 +297,13 @@ def cmd_table3(args: argparse.Namespace) -> int:
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
                      redo=args.redo)
     if args.dry_run:
-        from ablate.table3.cost import Workers, describe
+        from ablate.table3.cost import Workers, describe, parts_note, run_seconds
         from ablate.table3.progress import standing
 
         print(describe(plan, Workers.of(args.workers, devices, args.machines), args.plan_for))
+        if args.stop_after is not None and (note := parts_note(run_seconds(plan, args.workers or 1, devices),
+                                                               args.stop_after)):
+            print(f"\n{note}")
         where = standing(plan, args.archive, args.workers or 1)
         if where:
             print(f"\n{where}")

@@ -115,12 +115,15 @@ def test_the_plans_and_the_shared_study_commands_run_as_dry_runs(tmp_path, capsy
 
 def test_install_and_check_lines():
     for command in commands():
-        if rule(command) == "make":
-            plan = subprocess.run(["make", "-n", "-B", *shlex.split(command)[1:]], cwd=ROOT, capture_output=True,
+        if rule(command) == "make":  # on this checkout, set up (make test did) with the pinned CPU torch (#70)
+            plan = subprocess.run(["make", "-n", *shlex.split(command)[1:]], cwd=ROOT, capture_output=True,
                                   text=True, timeout=60)
             assert plan.returncode == 0, plan.stderr
             pip = [line for line in plan.stdout.splitlines() if "pip install" in line]
-            assert pip and all('"torch"' in line and "torch==" not in line for line in pip), plan.stdout
+            assert pip and all('--upgrade "torch"' in line and "torch==" not in line for line in pip), plan.stdout
+            assert "apt-get" not in plan.stdout and "sudo" not in plan.stdout  # a GPU node without sudo
+            again = subprocess.run(["make", "-n", "setup"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert "pip install" not in again.stdout, again.stdout  # the torch it has: nothing to do
         if rule(command) == "python":
             words = shlex.split(command)
             done = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=120)
@@ -227,3 +230,24 @@ def test_the_plan_shows_the_value_each_run_trains_with_and_params_a_rows_vocabul
     assert vocab == {"base": 37000, "V16": 16000, "L2": 37000}
     assert main(["params", "--spec", str(spec), "--vocab-size", "8000", "--json"]) == 0
     assert {e["row"]: e["vocab"] for e in json.loads(capsys.readouterr().out)}["V16"] == 3459
+
+
+def test_a_part_shorter_than_a_run_says_up_front_which_runs_it_will_not_start(capfd, tmp_path):
+    """A part starts only the runs it expects to finish: with the runbook's `--stop-after 10h` the
+    paper's big row (about 18 hours) never starts. The dry run and the launcher say so first, with
+    the part length the run needs."""
+    capfd.readouterr()
+    assert main(["table3", "--preset", "paper", "--gpus", "0,1,2,3,4,5,6,7", "--dry-run", "--stop-after", "10h",
+                 "--storage", f"sqlite:///{tmp_path}/t.db"]) == 0
+    out = capfd.readouterr().out
+    note = out.strip().splitlines()[-1]
+    assert note.startswith("--stop-after 10h: a part starts only the runs it expects to finish")
+    assert "big (about 18h" in note and "need --stop-after 18h" in note and "base" not in note
+    assert main(["table3", "--preset", "paper", "--gpus", "0,1", "--dry-run", "--stop-after", "20h",
+                 "--storage", f"sqlite:///{tmp_path}/t.db"]) == 0
+    assert "--stop-after 20h" not in capfd.readouterr().out  # every run fits
+    code = main(["table3", "--preset", "demo", "--rows", "base", "--stop-after", "1s", "--no-wandb", "--no-report",
+                 "--storage", f"sqlite:///{tmp_path}/t.db", "--runs-dir", str(tmp_path / "runs")])
+    err = capfd.readouterr().err
+    assert code == 130 and "table3 table3-demo: --stop-after 1s: a part starts only the runs" in err
+    assert err.index("base (about") < err.index("--stop-after 1s reached")  # said before the workers start

@@ -16,6 +16,7 @@ Disk and memory are the run's own preflight estimates (`lightning_modules.run.pr
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -167,6 +168,23 @@ def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> di
         return {}
     share = workers if devices is None else 1
     return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
+
+
+def parts_note(seconds: dict[str, float], stop_after_s: float) -> str:
+    """What `--stop-after` leaves out (`seconds`: `run_seconds`): a part starts only the runs it
+    expects to finish (`sweeps.worker.Part`), so a row whose run takes longer than a part never
+    starts; '' when every row fits."""
+    from sweeps.worker import describe_duration
+
+    long = {row: s for row, s in seconds.items() if s > stop_after_s}
+    if not long:
+        return ""
+    runs = ", ".join(f"{row} (about {describe_duration(max(60, round(s / 60) * 60))} a run)" for row, s in sorted(long.items(), key=lambda x: -x[1]))
+    unit = 600 if max(long.values()) > 3600 else 60
+    need = describe_duration(math.ceil(max(long.values()) / unit) * unit)
+    return (f"--stop-after {describe_duration(stop_after_s)}: a part starts only the runs it expects to finish, and "
+            f"these take longer, so no part of this length starts them: {runs}; they need --stop-after {need} "
+            f"or longer (by this estimate)")
 
 
 @dataclass(frozen=True)

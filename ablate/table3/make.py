@@ -5,10 +5,11 @@ then write its report (`reports.build.build_report`, from the database). The one
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ablate.table3.cost import run_seconds
+from ablate.table3.cost import parts_note, run_seconds
 from ablate.table3.plan import Table3Outcome, Table3Plan, run_table3
 from lightning_modules.base.io import check_writable_dir
 from lightning_modules.base.rundir import refuse_foreign
@@ -28,6 +29,8 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
         check_writable_dir(folder, "the report (--report-dir)")
         refuse_foreign(folder, "report", "--report-dir")
     expected = run_seconds(plan, workers, devices) if stop_after_s is not None else None
+    if expected and (note := parts_note(expected, stop_after_s)):
+        print(f"table3 {plan.study}: {note}", file=sys.stderr, flush=True)
     outcome = run_table3(plan, workers, devices, devices_per_run, heartbeat_s, archive=archive,
                          stop_after_s=stop_after_s, run_seconds=expected)
     if outcome.interrupted or not report:
