@@ -16,12 +16,13 @@ system-deps:  ## Debian's trans-de-en: the Ding dictionary, the embedded corpus 
 	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq trans-de-en >/dev/null; } || \
 	  { echo "setup: could not install Debian's trans-de-en (the Ding corpus of make demo and make test): install it as root (apt-get install trans-de-en); make setup alone needs no Debian package (WMT14 and your own files need none)" >&2; exit 2; }; fi
 
-test-deps:  ## Debian packages the tests use for real: a PostgreSQL server, Chromium and its driver, GNU time
+test-deps:  ## Debian packages the tests use for real: PostgreSQL, Chromium and its driver, GNU time, SLURM and munge
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ ! -x /usr/bin/chromium ] \
-	    || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/time ]; then \
-	  { $(SUDO) apt-get update -qq && \
-	    $(SUDO) apt-get install -y -qq postgresql chromium chromium-driver time >/dev/null; } || \
-	  echo "test-deps: could not install postgresql/chromium/time; their tests will be skipped"; fi
+	    || [ ! -x /usr/bin/chromedriver ] || [ ! -x /usr/bin/time ] || [ ! -x /usr/sbin/slurmctld ] \
+	    || [ ! -x /usr/sbin/munged ]; then \
+	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $(SUDO) apt-get install -y -qq postgresql chromium chromium-driver time slurm-wlm munge >/dev/null; } || \
+	  echo "test-deps: could not install postgresql/chromium/time/slurm-wlm/munge; their tests will be skipped"; fi
 
 # Which torch the venv was set up with: a stamp named by TORCH's hash, so `make setup TORCH=torch`
 # on a checkout set up with the pinned CPU torch installs again (and --upgrade takes the newer torch).

@@ -1,8 +1,8 @@
 """Start a sweep's workers (one process each) and wait for them; summarise the study after.
 
 `--gpus 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>` (with `--devices-per-run 2`, a
-group like "0,1"); on CPU, `--workers K` runs K
-workers with `OMP_NUM_THREADS = max(1, cores // K)` so they share the cores instead of fighting
+group like "0,1"); on CPU, `--workers K` runs K workers with `OMP_NUM_THREADS = max(1, cores // K)`
+(a SLURM task's cores are its --cpus-per-task: `task_cores`) so they share the cores instead of fighting
 (an `OMP_NUM_THREADS` already set, e.g. on a machine shared with other jobs, caps that share).
 Ctrl-C or SIGTERM is recorded (`lightning_modules.base.stop`) and passed on to the workers as SIGTERM
 (see `sweeps.worker`); under SLURM, SIGUSR1 (the pre-emption notice) is passed on as it is.
@@ -22,7 +22,7 @@ from dataclasses import asdict
 import optuna
 
 from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError
-from lightning_modules.run.slurm import on_slurm, requeue_job
+from lightning_modules.run.slurm import on_slurm, requeue_job, task_cores
 from lightning_modules.base.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_WORKERS
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
@@ -82,7 +82,7 @@ def worker_envs(workers: int, devices: list[str] | None, devices_per_run: int = 
     base = dict(os.environ, PYTHONUNBUFFERED="1")
     if devices:
         return [{**base, "CUDA_VISIBLE_DEVICES": d} for d in devices]
-    threads = str(min(max(1, (os.cpu_count() or 1) // (workers * devices_per_run)), thread_cap()))
+    threads = str(min(max(1, task_cores() // (workers * devices_per_run)), thread_cap()))
     return [{**base, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads} for _ in range(workers)]
 
 

@@ -9,9 +9,13 @@ import io
 import os
 import random
 import re
+import subprocess
+import sys
 import tarfile
 import threading
+import time
 from collections import Counter
+from dataclasses import replace
 from importlib import import_module
 from pathlib import Path
 
@@ -760,3 +764,38 @@ def test_a_gzip_bomb_of_one_endless_line_is_one_line_of_error(tmp_path):
     assert peak < 8 * MAX_LINE_BYTES
     (tmp_path / "ok.en").write_bytes(b"x" * (MAX_LINE_BYTES - 1) + b"\n" + b"short\n")
     assert [len(line) for line in read_lines(tmp_path / "ok.en")] == [MAX_LINE_BYTES - 1, 5]
+
+
+def test_one_process_at_a_time_prepares_a_corpus_in_a_cache_and_the_others_wait(tmp_path, capfd):
+    """A SLURM array's tasks start together on a cold cache (#70: each downloaded and encoded WMT14).
+    While another process holds the cache's preparation lock, the data check says it waits, waits,
+    and then prepares; a cache folder it cannot write is no error (the check runs unlocked)."""
+    from ablations.resolve import resolve
+    from lightning_modules.run.preflight import check_data
+
+    cache_dir = tmp_path / "cache"
+    cfg = resolve("tiny", "base", None, ["data.vocab_size=300", "data.valid_size=50", "data.test_size=50",
+                                         f"data.cache_dir={cache_dir}"])
+    held = tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import filelock, pathlib, sys, time\n"
+        f"lock = filelock.FileLock({str(cache_dir / '.prepare-ding.lock')!r}); lock.acquire()\n"
+        f"pathlib.Path({str(held)!r}).touch(); time.sleep(3)\n")])
+    try:
+        deadline = time.monotonic() + 60
+        while not held.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        capfd.readouterr()
+        start = time.monotonic()
+        digest = check_data(cfg)
+        waited = time.monotonic() - start
+    finally:
+        holder.wait(timeout=60)
+    err = capfd.readouterr().err
+    assert "waiting for another process that prepares the ding corpus in" in err and ".prepare-ding.lock" in err
+    assert waited > 1.0 and len(digest) == 32
+    assert (cache_dir / "bpe").is_dir()  # prepared once the lock was free
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anyway
+        assert check_data(replace(cfg, data=replace(cfg.data, cache_dir=str(read_only / "c")))) == digest

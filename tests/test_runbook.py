@@ -12,6 +12,8 @@ a dry run).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -251,3 +253,50 @@ def test_a_part_shorter_than_a_run_says_up_front_which_runs_it_will_not_start(ca
     err = capfd.readouterr().err
     assert code == 130 and "table3 table3-demo: --stop-after 1s: a part starts only the runs" in err
     assert err.index("base (about") < err.index("--stop-after 1s reached")  # said before the workers start
+
+
+def table_commands(text: str) -> list[list[str]]:
+    """The `ablate table3` arguments of each shared-study or SLURM array line in a page or script
+    (continuation lines joined, a comment's leading '#' dropped), without what says where the study
+    lives or how many tasks take from it."""
+    text = re.sub(r"\\\n#?\s*", " ", text)
+    found = []
+    for line in text.splitlines():
+        line = line.lstrip("# ").strip()
+        if re.match(r"^(ablate table3|sbatch --array=\S+ sweeps/slurm/array\.sbatch table3) .*", line) \
+                and ("sbatch" in line or "--storage" in line):
+            words = shlex.split(line)
+            words = words[words.index("table3") + 1:]
+            found.append(sorted(w for w in words if not w.startswith("postgresql") and w != "--storage"))
+    return found
+
+
+def test_the_shared_study_and_the_slurm_array_are_one_table_wherever_they_are_written():
+    """The runbook's section 5, docs/scale-out.md and the SLURM script's own example train the same
+    table (#70: scale-out's added data.max_tokens=6250 train.accumulate_grad_batches=4, another table,
+    and since max_tokens is one step's tokens a quarter of the paper's step)."""
+    written = [command for path in (PAGE, ROOT / "docs" / "scale-out.md", ROOT / "sweeps" / "slurm" / "array.sbatch")
+               for command in table_commands(path.read_text())]
+    assert len(written) >= 5
+    plain = [[w for w in c if w not in ("--gpus", "0,1,2,3,4,5,6,7", "--no-report")] for c in written]
+    assert all(c == ["--preset", "paper"] for c in plain), written
+
+
+def test_every_option_the_pages_name_for_a_command_is_one_it_has():
+    """docs/table3.md had `ablate report --wandb`; the flag is `--wandb-report`. Every `ablate CMD
+    --option` written in README and docs/ names an option of that command."""
+    commands = ("train", "params", "table3", "report", "dashboard", "storage-proxy", "translate", "evaluate",
+                "attention", "sweep optuna", "sweep wandb")
+    known = {}
+    for command in commands:  # each command's options, as its --help lists them
+        with contextlib.redirect_stdout(io.StringIO()) as shown:
+            assert main([*command.split(), "--help"]) == 0
+        known[command] = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", shown.getvalue()))
+    wrong = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for found in re.finditer(r"ablate ((?:sweep )?[a-z3-]+)((?: [^`|\n]*?)?)(?=`|\n|$)", page.read_text()):
+            if found.group(1) in known:
+                wrong += [f"{page.name}: ablate {found.group(1)} {flag}"
+                          for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", found.group(2))
+                          if flag not in known[found.group(1)]]
+    assert wrong == []

@@ -1,6 +1,8 @@
-"""SLURM pre-emption, with SLURM simulated: the environment variables a SLURM task has, a fake
-`scontrol` on PATH that records its arguments (the one SLURM program Lightning calls), and a real
-SIGUSR1 sent from outside to real processes, as `#SBATCH --signal=USR1@90` does.
+"""SLURM pre-emption, with SLURM simulated, where a real cluster cannot reach (test_slurm_cluster.py
+runs the array recipe on a real one): a notice at a chosen moment of a process's start-up, two
+DDP ranks, a suspended run. The environment variables a SLURM task has, a fake `scontrol` on PATH
+that records its arguments (the one SLURM program Lightning calls), and a real SIGUSR1 sent from
+outside to real processes, as `#SBATCH --signal=USR1@90` does.
 
 To signal at a known step the run stops itself there with SIGSTOP (`ABLATE_FAULT=train_step@7:
 SIGSTOP`); the test sends SIGUSR1 to the stopped process (and, for a sweep, to every process of
@@ -27,8 +29,7 @@ from optuna.trial import TrialState
 
 from ablate.cli import main
 from lightning_modules.run.slurm import on_slurm
-from sweeps.storage import make_storage
-from test_faults import SMALL, lightning_log
+from test_faults import SMALL
 
 JOB = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
        "SLURM_NODEID": "0", "SLURM_JOB_NAME": "table3"}
@@ -120,37 +121,6 @@ def test_slurm_is_detected_by_lightnings_rule(monkeypatch, env: dict[str, str], 
     assert on_slurm() == SLURMEnvironment.detect() == expected
 
 
-def test_sigusr1_saves_a_checkpoint_requeues_the_job_and_the_requeued_run_resumes(tmp_path: Path, monkeypatch):
-    """SIGUSR1 to `ablate train` (a process of its own) held at step 7: it saves, requeues the job
-    and stops; the requeued run (the same command, run in this process with the task's variables)
-    resumes from that step and finishes without requeueing again."""
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "ablate", "train", "--out", str(out), *SMALL]
-    env = slurm_env(tmp_path)
-    run = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "train_step@7:SIGSTOP"},
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    pid = wait_until_stopped(run)
-    os.kill(pid, signal.SIGUSR1)
-    os.kill(pid, signal.SIGCONT)
-    output = run.communicate(timeout=300)[0]
-    assert run.returncode == 130, output[-3000:]  # stopped, as on SIGTERM: "run the same command again"
-    assert "Traceback" not in output and output.strip().splitlines()[-1].startswith("ablate: interrupted")
-    assert (tmp_path / "scontrol.log").read_text().split("\n") == ["requeue 4242", ""]
-    steps = checkpoint_steps(out / "checkpoints")
-    assert steps["hpc_ckpt_1.ckpt"] == 7  # at the end of the step that got the signal
-    assert not (out / "results.json").exists()
-
-    # the requeued run: the same command, in this process as the same SLURM task
-    with slurm_task_here(monkeypatch, env), lightning_log() as messages:
-        assert main(command[3:]) == 0
-    resumed = "\n".join(messages).split("Restored all states from the checkpoint at ")[1].split()[0]
-    assert steps[Path(resumed).name] == 7  # the newest checkpoint: hpc_ckpt_1 or the same step's interrupted
-    results = json.loads((out / "results.json").read_text())
-    assert results["status"] == "complete" and results["steps"] == 20
-    assert not list((out / "checkpoints").glob("hpc_ckpt_*")), "finished: last.ckpt holds the end"
-    assert (tmp_path / "scontrol.log").read_text().count("requeue") == 1
-
-
 HELD = 15  # seconds a run is held suspended
 
 
@@ -187,49 +157,6 @@ def test_a_run_suspended_mid_training_does_not_count_the_suspension_as_training_
     assert results["steady_tokens_per_s"] > results["target_tokens"] / HELD, results
 
 
-RECIPE = Path(__file__).resolve().parents[1] / "sweeps" / "slurm" / "array.sbatch"
-
-
-@pytest.mark.slow  # two Table 3 runs: ~40 s on 2 idle cores, 75 s on busy ones
-def test_preempted_array_task_of_the_recipe_requeues_and_the_requeued_task_finishes_the_row(tmp_path: Path):
-    """`sweeps/slurm/array.sbatch table3 ...` as an array task (a fake `srun` runs the step):
-    SIGUSR1 reaches the launcher, the worker and the trial at once; the trial saves and requeues
-    the array task, the worker re-queues the trial, everything exits 130; the requeued task (the
-    script again) resumes the row from the step-7 checkpoint and completes it."""
-    env = slurm_env(tmp_path, SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_ID="3", SLURM_SUBMIT_DIR=str(tmp_path),
-                    ABLATE=str(tmp_path / "bin" / "ablate"))
-    for name, body in (("srun", 'exec "$@"'), ("ablate", f'exec {sys.executable} -m ablate "$@"')):
-        (tmp_path / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
-        (tmp_path / "bin" / name).chmod(0o755)
-    env["PYTHONPATH"] = os.pathsep.join([str(RECIPE.parents[2]), env.get("PYTHONPATH", "")])
-    command = ["bash", str(RECIPE), "table3", "--preset", "tiny", "--rows", "base", *SMALL]
-    task = subprocess.Popen(command, env={**env, "ABLATE_FAULT": "train_step@7:SIGSTOP"}, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    trainer = wait_until_stopped(task)
-    for pid in descendants(task.pid):  # the step's processes (the batch shell: only with --signal=B:)
-        os.kill(pid, signal.SIGUSR1)
-    os.kill(trainer, signal.SIGCONT)
-    output = task.communicate(timeout=300)[0]
-    assert task.returncode == 130, output[-3000:]
-    assert "pre-empted" in output and "Traceback" not in output, output[-3000:]
-    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242_3\n"
-    storage = f"journal:///{tmp_path}/runs/sweeps.journal"  # the recipe's default
-    study = optuna.load_study(study_name="table3-tiny", storage=make_storage(storage, None))
-    first, retry = study.get_trials()
-    assert first.state == TrialState.FAIL and retry.state == TrialState.WAITING
-    assert first.user_attrs["run_dir"] == "table3-tiny/base-s1"  # relative to --runs-dir
-    run_dir = tmp_path / "runs" / "table3" / "table3-tiny" / "base-s1"
-    steps = checkpoint_steps(run_dir / "checkpoints")
-    assert steps["hpc_ckpt_1.ckpt"] == 7
-
-    again = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    first, retry = study.get_trials()
-    assert retry.state == TrialState.COMPLETE and retry.user_attrs["run_dir"] == first.user_attrs["run_dir"]
-    resumed = (run_dir / "trial.log").read_text().split("Restored all states from the checkpoint at ")[1].split()[0]
-    assert steps[Path(resumed).name] == 7
-    assert json.loads((run_dir / "results.json").read_text())["steps"] == 20
-    assert not (run_dir.parent / "report").exists()  # the recipe leaves the report to `ablate report`
 
 
 def test_notice_during_start_up_is_kept_and_requeues_at_the_first_step(tmp_path: Path):

@@ -15,16 +15,24 @@ The cache is an optimisation only. An entry that is absent, unreadable or fails 
 is derived again and written again; one that cannot be written is left unwritten. Two processes
 that derive the same entry at once write the same content, each atomically, so a reader sees one
 whole entry or none. Deleting the folder (or a kind's folder) at any time is safe.
+
+Deriving the same entries at once is safe but wasteful: eight SLURM array tasks on a cold cache
+would each download and encode WMT14 (about 5 GB each). So a launcher prepares a corpus holding
+`alone`'s lock (a file lock in the cache folder, which every machine sharing that folder sees);
+the others wait, then read what it left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import BinaryIO
+
+import filelock
 
 from lightning_modules.base.io import atomic_write_bytes
 
@@ -77,3 +85,28 @@ def store(path: Path, data: bytes | Callable[[BinaryIO], None]) -> bool:
     except OSError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def alone(cache_dir: str | Path, name: str, waiting: Callable[[Path], None]) -> Iterator[None]:
+    """Hold the cache's lock `name` (`.NAME.lock` in the cache folder) for the block: one process
+    at a time prepares what the others then read. `waiting(lock)` is called once when another
+    process holds it. A cache folder that cannot be written is no error: the block runs unlocked,
+    as the cache itself does without it."""
+    folder = Path(cache_dir).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(folder / f".{name}.lock")
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            waiting(Path(lock.lock_file))
+            lock.acquire()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import netrc
 import os
+import sys
 import shutil
 import tempfile
 import zipfile
@@ -81,10 +82,18 @@ def check_data(cfg: RunConfig) -> str:
     directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a
     length limit that leaves no pairs fails here, once, before a sweep or a table queues anything.
     The BPE model and the encoded splits stay in the preparation cache (`data.cache`) for the runs.
-    Returns the corpus's digest (`TranslationData.corpus_digest`)."""
+    One process at a time prepares a corpus in a cache folder (`data.cache.alone`): the tasks of a
+    SLURM array wait for the first, then read its download, BPE model and encoded splits. Returns
+    the corpus's digest (`TranslationData.corpus_digest`)."""
+    from lightning_modules.data import cache
     from lightning_modules.data.prepared import TranslationData  # the data stack: only here
 
-    with tempfile.TemporaryDirectory(prefix="ablate-data-check-") as scratch:
+    def waiting(lock: Path) -> None:
+        print(f"waiting for another process that prepares the {cfg.data.corpus} corpus in "
+              f"{cfg.data.cache_dir} (it holds {lock}); then reading what it prepared", file=sys.stderr, flush=True)
+
+    with cache.alone(cfg.data.cache_dir, f"prepare-{cfg.data.corpus}", waiting), \
+            tempfile.TemporaryDirectory(prefix="ablate-data-check-") as scratch:
         data = TranslationData(cfg.data, scratch, seed=cfg.train.seed, max_len=cfg.model.max_len,
                                pad_multiple=cfg.data.pad_multiple)
         data.setup("fit")

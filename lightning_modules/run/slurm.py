@@ -48,3 +48,17 @@ def requeue_job() -> str:
     job = f"{array}_{task}" if array and task else os.environ.get("SLURM_JOB_ID", "")
     subprocess.run(["scontrol", "requeue", job], check=False)
     return job
+
+
+def task_cores(env: Mapping[str, str] = os.environ) -> int:
+    """The cores this process may use: a SLURM task's `--cpus-per-task` ($SLURM_CPUS_PER_TASK),
+    else the CPUs it may run on (its affinity: a job step bound to some of a node's cores), else the
+    machine's. A node's own core count would give each of its tasks threads for the whole node."""
+    text = env.get("SLURM_CPUS_PER_TASK", "").strip()
+    if on_slurm(env) and text.isascii() and text.isdigit() and int(text) > 0:
+        return int(text)
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+

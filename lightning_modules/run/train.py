@@ -47,7 +47,7 @@ from lightning_modules.base.io import (atomic_write_json, atomic_write_text, dis
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.base.rundir import CONFIG, claim, global_rank_zero, training_lock, wait_until_ours
-from lightning_modules.run.slurm import on_slurm
+from lightning_modules.run.slurm import on_slurm, task_cores
 from lightning_modules.base.stop import REQUEUE_SIGNAL, STOP
 from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_hardware, check_memory, check_output_dir,
                                         check_same_result, check_same_run, remove_stale_temporaries,
@@ -274,6 +274,8 @@ def build(cfg: RunConfig, out: Path, hardware: dict[str, Any], wandb: str | None
     the start-up marked (`startup`; its last part ends at the first step, by the clock)."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    elif on_slurm() and "OMP_NUM_THREADS" not in os.environ:  # the task's cores, not the node's
+        torch.set_num_threads(task_cores())
     slurm, requeue = slurm_requeue(cfg)
     pl.seed_everything(cfg.train.seed, workers=True, verbose=False)
     dm = TranslationDataModule(cfg.data, out, seed=cfg.train.seed, max_len=cfg.model.max_len,
