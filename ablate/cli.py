@@ -173,7 +173,9 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: b
                            help=f"{split} {side} text file for --data files (plain or .gz)")
     p.add_argument("--data-dir", help="local directory with the corpus files (multi30k, wmt14)")
     p.add_argument("--base-url", help="mirror URL to download the corpus from (multi30k, wmt14)")
-    p.add_argument("--max-steps", type=int, help="training steps (shortcut for train.max_steps)")
+    p.add_argument("--max-steps", type=at_least(1),
+                   help="base's training steps; every row keeps its ratio to base's (the paper's big trains 3x as "
+                        "long)" if table else "training steps (shortcut for train.max_steps)")
     if not table:
         p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
     if workers:
@@ -287,12 +289,16 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
-    from ablate.table3.plan import make_plan
+    from ablate.table3.plan import base_steps_overrides, make_plan
 
     if args.machines != 1 and not args.dry_run:
         raise UserError("--machines plans for several machines (--dry-run); to run on them, start the same "
                         "command on each against one shared --storage (docs/gpus.md)")
+    if args.plan_for is not None and not args.dry_run:
+        raise UserError("--plan-for plans for a GPU (--dry-run); a table runs on the GPUs it finds (--gpus)")
+    steps, args.max_steps = args.max_steps, None  # base's steps, each row keeping its ratio to them
     overrides, devices = _sweep_run_args(args, here=not args.dry_run)
+    overrides += base_steps_overrides(steps, args.spec) if steps is not None else []
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
                      redo=args.redo)
@@ -545,9 +551,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --dry-run: plan for M machines like this one (each running the same command "
                         "against one shared --storage), --gpus on each")
     p.add_argument("--plan-for", metavar="GPU",
-                   help="with --dry-run: the GPU to plan for, by name (H100, H200): its measured rate, or the "
-                        "printout says it extrapolates and from what (default: this machine's GPU, else the "
-                        "preset's first measured device)")
+                   help="with --dry-run: the GPU to plan for, by name (H100 or H200; another is refused): its "
+                        "measured rate, or the printout says it extrapolates and from what, and which rows "
+                        "exceed its memory (default: this machine's GPU, else the preset's first measured device)")
     p.add_argument("--dry-run", action="store_true",
                    help="print each row's parameters, steps, FLOPs and estimated device time (minutes for a "
                         "table of under an hour) and, for a table that has run, what is finished and "

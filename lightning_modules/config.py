@@ -45,6 +45,7 @@ MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes
 # `ablate.table3.plan.check_data`).
 OUTPUT_ONLY = {"not_trained": "output"}
 LOCATION = {"not_trained": "location"}
+RECIPE = {"not_trained": "recipe"}  # a rule that derives other fields, which hold what it gave
 
 
 class CorpusEntry(NamedTuple):
@@ -448,7 +449,9 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    # how the preset scaled the row (widths, depth, steps): the sizes it gave are the run's, so two
+    # routes to the same sizes (a preset's rule, --max-steps on a table) are the same run
+    scale: ScaleConfig = field(default_factory=ScaleConfig, metadata=RECIPE)
 
     def __post_init__(self) -> None:
         if self.train.compile_mode == "reduce-overhead" and not self.data.shape_buckets:
@@ -473,14 +476,14 @@ def requested_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def computed_config(cfg: RunConfig) -> dict[str, Any]:
-    """`requested_config` less the fields marked OUTPUT_ONLY or LOCATION: what the run trains and
+    """`requested_config` less the fields marked OUTPUT_ONLY, LOCATION or RECIPE: what the run trains and
     measures. Two runs with equal ones are the same run of a table (`ablate.table3.plan.identity`)."""
     return trained_part(requested_config(cfg))
 
 
 def trained_part(values: dict[str, Any], owner: Any = None) -> dict[str, Any]:
     """A configuration as stored (`requested_config`'s nesting; a study's record of one) less the
-    fields marked OUTPUT_ONLY or LOCATION; keys the config does not know stay as they are."""
+    fields marked OUTPUT_ONLY, LOCATION or RECIPE; keys the config does not know stay as they are."""
     owner = RunConfig() if owner is None else owner
     known = {f.name: f for f in fields(owner)}
     kept = {}

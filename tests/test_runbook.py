@@ -300,3 +300,61 @@ def test_every_option_the_pages_name_for_a_command_is_one_it_has():
                           for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", found.group(2))
                           if flag not in known[found.group(1)]]
     assert wrong == []
+
+
+@pytest.mark.parametrize("name", ["A100", "RTX 4090", "H1", "80GB", "h100x"])
+def test_a_plan_is_made_only_for_a_gpu_by_a_known_name(name, capsys, tmp_path):
+    """`--plan-for A100` had the H100's rate unscaled, and `H1` or `80GB` matched the H100."""
+    line = one_line_error(capsys, ["table3", "--preset", "gpu", "--dry-run", "--plan-for", name,
+                                   "--storage", f"sqlite:///{tmp_path}/t.db"])
+    assert f"--plan-for {name!r} is not a GPU this project knows; plan for one of H100, H200" in line
+
+
+def test_the_plan_says_where_its_rate_comes_from_what_it_misses_and_which_rows_fit(capsys, tmp_path):
+    """The rate's device and corpus, the preset's known over-estimate of big, the memory estimate
+    against the planned GPU's; and `--plan-for` outside a dry run is refused."""
+    def plan(*args: str) -> str:
+        capsys.readouterr()
+        assert main(["table3", "--preset", "paper", "--dry-run", "--rows", "base,big", "--seeds", "1",
+                     "--storage", f"sqlite:///{tmp_path}/t.db", *args]) == 0
+        return capsys.readouterr().out
+
+    out = plan("--plan-for", "H100")
+    assert "The rate's run trained on newstest2013+2014 as a stand-in for WMT14's training side" in out
+    assert "Known to miss: big's estimate is high by up to 2.5x" in out
+    assert "every row fits the planned GPU's 80 GB" in out
+    big = plan("--plan-for", "H100", "data.max_tokens=50000")  # big's activations at a 50K step: ~80 GB
+    assert "above the planned GPU's 80 GB: big (split each step into more batches" in big
+    assert "every row fits the planned GPU's 141 GB" in plan("--plan-for", "H200", "data.max_tokens=50000")
+    assert "every row fits" in plan("--plan-for", "H100", "data.max_tokens=50000", "train.accumulate_grad_batches=2")
+    line = one_line_error(capsys, ["table3", "--preset", "paper", "--plan-for", "H100", "--storage",
+                                   f"sqlite:///{tmp_path}/t.db"])
+    assert "--plan-for plans for a GPU (--dry-run)" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_tables_max_steps_are_bases_and_every_row_keeps_its_ratio(capsys, tmp_path):
+    """`--max-steps 1000` gave big 1,000 steps too, losing its 3x; it is base's now."""
+    capsys.readouterr()
+    assert main(["table3", "--preset", "paper", "--dry-run", "--rows", "base,big", "--max-steps", "1000",
+                 "--storage", f"sqlite:///{tmp_path}/t.db"]) == 0
+    steps = {line.split()[0]: line.split()[2] for line in capsys.readouterr().out.splitlines()[2:4]}
+    assert steps == {"base": "1,000", "big": "3,000"}
+
+
+def test_a_dry_run_whose_storage_cannot_be_reached_says_so(capsys, tmp_path):
+    """Section 6 on an unreachable database had silently left out where the table stands."""
+    capsys.readouterr()
+    assert main(["table3", "--preset", "paper", "--gpus", "0,1", "--dry-run", "--rows", "base",
+                 "--storage", "postgresql+psycopg2://user:secret@127.0.0.1:1/db"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("where the table stands: not known here; the study was not read (cannot open storage")
+    assert "secret" not in last
+
+
+@pytest.mark.parametrize("size, said", [(3, "needs more than 4 pieces"), (10, "needs at least")])
+def test_a_vocabulary_too_small_for_the_corpus_is_one_line(size, said, capsys, tmp_path):
+    line = one_line_error(capsys, ["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--no-wandb",
+                                   f"data.vocab_size={size}"])
+    assert f"data.vocab_size={size} is too small for this corpus: sentencepiece {said}" in line
+    assert "INTERNAL" not in line and not (tmp_path / "run").exists()

@@ -191,9 +191,10 @@ def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
          "train.warmup_steps: 300 -> 400; there -> here")
 
 
-def test_identity_leaves_out_exactly_the_fields_marked_output_only_or_location():
+def test_identity_leaves_out_exactly_the_fields_marked_not_trained():
     """Every field of the run's configuration, this version's and any added later: changing one
-    marked output-only or location (where input is read from) leaves a run's identity as it was;
+    marked output-only, location (where input is read from) or recipe (the preset's scale rule,
+    whose results are fields of their own) leaves a run's identity as it was;
     changing any other changes it (the
     tokenizer's model keys excepted: `requested_config` leaves them to the tokenizer). A field a
     stored identity lacks (one added to the config since) reads as its default."""
@@ -219,7 +220,8 @@ def test_identity_leaves_out_exactly_the_fields_marked_output_only_or_location()
         cfg = run_config(plan, "base", 1)
         owner = cfg if part is None else getattr(cfg, part)
         setattr(owner, f.name, other(getattr(owner, f.name)))
-        output_only = bool(f.metadata.get("not_trained"))
+        section = next((s for s in fields(cfg) if s.name == part), None)  # a whole section may be marked
+        output_only = bool(f.metadata.get("not_trained") or section is not None and section.metadata.get("not_trained"))
         assert (computed_config(cfg) == wanted["base-s1"]) == output_only, (part, f.name)
         marked += [f"{part}.{f.name}"] * output_only
         if part is not None and not output_only:  # stored before the field was added
@@ -228,7 +230,7 @@ def test_identity_leaves_out_exactly_the_fields_marked_output_only_or_location()
             same = table_difference(stored, plan, wanted) is None
             assert same == (wanted["base-s1"][part][f.name] == defaults[part][f.name]), (part, f.name)
     assert len(keys) > 60 and {"train.wandb", "train.progress_bar", "train.wandb_group", "data.data_dir",
-                               "data.base_url", "data.cache_dir", "data.train_src"} <= set(marked)
+                               "data.base_url", "data.cache_dir", "data.train_src", "scale.steps"} <= set(marked)
     assert not {"train.seed", "train.max_steps", "model.d_model", "data.corpus"} & set(marked)
 
 

@@ -17,8 +17,9 @@ Disk and memory are the run's own preflight estimates (`lightning_modules.run.pr
 from __future__ import annotations
 
 import math
+import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -33,6 +34,19 @@ from ablate.table3.schedule import parameters, tokens_per_step, training_flops, 
 from ablate.table3.plan import Table3Plan, start_order
 
 
+# The GPUs a plan can be made for (`--plan-for NAME`), by the name their CUDA device name contains,
+# and each one's memory in GB (for the plan's question which rows fit): those this project has
+# measured on (benchmarks/results). A rate is known for a GPU a preset's `table3.cost` names
+# (`gpu:`); another known GPU is planned at that rate, and the plan says it extrapolates.
+GPUS = {"H100": 80, "H200": 141}
+
+
+def known_gpu(name: str | None) -> str | None:
+    """The known GPU `name` is (H100 for 'h100' or 'NVIDIA H100 80GB HBM3'), or None."""
+    words = set(re.findall(r"[A-Za-z0-9]+", (name or "").upper()))
+    return next((gpu for gpu in GPUS if gpu in words), None)
+
+
 @dataclass(frozen=True)
 class DeviceRate:
     """How fast the preset's device trains the base row (from `table3.cost` in the preset)."""
@@ -42,29 +56,42 @@ class DeviceRate:
     overhead_s: float  # per run: start-up and dev decoding
     measured: str  # the command and date behind the figures
     derived: str = ""  # how this preset's rate follows from another's measurement ('' = measured here)
+    corpus: str = ""  # what the measured run trained on
+    caveat: str = ""  # what the measurement is known to miss
+    memory_gb: float | None = None  # the planned device's memory (a known GPU's), for the rows that fit
 
     @classmethod
     def of_preset(cls, preset: str, base_params: int, device: str | None = None) -> DeviceRate:
-        """The preset's rate on `device` (a name such as H200; None: this machine's GPU, else the
-        first device the preset names) for a base row of `base_params` parameters: its own
-        measurement there, or (`derived_from: NAME`) NAME's measured FLOP rate on NAME's base row
-        carried over. `table3.cost` is one measurement or `rates:`, a list of them (one per device);
-        a device none of them names is planned at the first one's rate, and the rate says so."""
+        """The preset's rate on `device` (a known GPU's name, `GPUS`: anything else is refused; None:
+        this machine's GPU, else the first device the preset names) for a base row of `base_params`
+        parameters: its own measurement there, or (`derived_from: NAME`) NAME's measured FLOP rate on
+        NAME's base row carried over. `table3.cost` is one measurement or `rates:`, a list of them
+        (one per device); a known GPU none of them measured is planned at the first one's rate, and
+        the rate says so."""
         cost = table3_section(preset).get("cost")
         if not cost:
             raise UserError(f"preset {preset!r} states no table3.cost (device and measured "
                             f"base-row throughput), so --dry-run cannot estimate its time")
+        if device is not None and device.strip().upper().removeprefix("NVIDIA ").strip() not in GPUS:
+            raise UserError(f"--plan-for {device!r} is not a GPU this project knows; plan for one of "
+                            f"{', '.join(GPUS)} (a rate measured on one of them, or extrapolated from one, "
+                            f"and its memory): another GPU's speed and memory are unknown here")
         source = cost.get("derived_from")
         if source is None:
             entries = cost.get("rates") or [cost]
-            wanted = device or _gpu_here()
-            entry = next((e for e in entries if wanted and wanted.lower() in str(e["device"]).lower()), None)
+            wanted = known_gpu(device) or known_gpu(_gpu_here())
+            entry = next((e for e in entries if wanted and e.get("gpu") == wanted), None)
+            if entry is None and device is not None and not any(e.get("gpu") for e in entries):
+                raise UserError(f"preset {preset!r} is planned at a CPU's rate ({entries[0]['device']}); "
+                                f"--plan-for names a GPU")
             note = "" if entry is not None or not device else (
                 f"no rate of this preset is measured on {device}: extrapolated, at the rate measured on "
                 f"{entries[0]['device']}")
             entry = entry or entries[0]
+            target = wanted if device is not None or entry.get("gpu") == wanted else entry.get("gpu")
             return cls(str(entry["device"]), float(entry["base_tokens_per_s"]), float(entry["overhead_s"]),
-                       str(entry["measured"]), derived=note)
+                       str(entry["measured"]), derived=note, corpus=str(entry.get("corpus", "")),
+                       caveat=str(entry.get("caveat", "")), memory_gb=GPUS.get(target or ""))
         if source == preset or table3_section(str(source)).get("cost", {}).get("derived_from"):
             raise UserError(f"preset {preset!r}: table3.cost.derived_from must name a preset with a "
                             f"measured rate, got {source!r}")
@@ -72,10 +99,10 @@ class DeviceRate:
         theirs = cls.of_preset(str(source), their_params, device)
         flops_per_s = 6.0 * their_params * theirs.base_tokens_per_s
         extrapolated = f" ({theirs.derived})" if theirs.derived else ""
-        return cls(theirs.device, flops_per_s / (6.0 * base_params), theirs.overhead_s, theirs.measured,
-                   derived=f"derived from the {source} preset's measured rate ({theirs.base_tokens_per_s:,.0f} "
-                           f"target tokens/s on its base row, {flops_per_s / 1e12:.3g} TFLOP/s{extrapolated}) "
-                           f"taken to hold for this preset's models, and its per-run overhead")
+        return replace(theirs, base_tokens_per_s=flops_per_s / (6.0 * base_params),
+                       derived=f"derived from the {source} preset's measured rate ({theirs.base_tokens_per_s:,.0f} "
+                               f"target tokens/s on its base row, {flops_per_s / 1e12:.3g} TFLOP/s{extrapolated}) "
+                               f"taken to hold for this preset's models, and its per-run overhead")
 
 
 def _gpu_here() -> str | None:
@@ -170,6 +197,17 @@ def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> di
     return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
 
 
+def fits(table: pd.DataFrame, rate: DeviceRate) -> str:
+    """Which rows' estimated training memory (`estimate`'s, per device) exceeds the planned GPU's."""
+    if rate.memory_gb is None:
+        return ""
+    over = [str(row) for row, gb in table["memory GB"].items() if gb > rate.memory_gb]
+    if not over:
+        return f"; every row fits the planned GPU's {rate.memory_gb:g} GB"
+    return (f"; above the planned GPU's {rate.memory_gb:g} GB: {', '.join(over)} (split each step into more "
+            f"batches, train.accumulate_grad_batches=K, or more devices a run, --devices-per-run)")
+
+
 def parts_note(seconds: dict[str, float], stop_after_s: float) -> str:
     """What `--stop-after` leaves out (`seconds`: `run_seconds`): a part starts only the runs it
     expects to finish (`sweeps.worker.Part`), so a row whose run takes longer than a part never
@@ -251,15 +289,17 @@ def describe(plan: Table3Plan, workers: Workers | None = None, device: str | Non
     data = (f"about {corpus:g} GB for the {base.data.corpus} corpus in data.cache_dir on each machine"
             if corpus is not None else f"the {base.data.corpus} corpus's own files")
     peak = table["memory GB"].idxmax()
+    trained_on = f" The rate's run trained on {rate.corpus}." if rate.corpus else ""
+    caveat = f" Known to miss: {rate.caveat}." if rate.caveat else ""
     return (f"{text}\n\n{len(table)} rows x {plan.describe_seeds()}, {int(table['seeds'].sum())} runs: "
             f"about {total:.1f} device-{unit.name} on "
             f"{rate.device} (base row at {rate.base_tokens_per_s:,.0f} target tokens/s, "
             f"{rate.overhead_s:.0f} s per run for start-up and decoding; {source}). "
-            f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.\n"
+            f"FLOPs = 6 x parameters x target tokens; narrower rows run below base's rate.{trained_on}{caveat}\n"
             f"On {workers.what}, longest first as the launcher queues them: about {wall * per:.1f} "
             f"{unit.name} wall-clock (the runs' time / {workers.count} = {run_total * workers.share / workers.count:.1f}; "
             f"the longest run, {which}, {longest * per:.1f}).\n"
             f"Disk: {data}; checkpoints up to {checkpoints:.1f} GB if every run's are kept "
             f"(3 x weights and Adam states a run). Memory: up to {table['memory GB'].max():.1f} GB per "
-            f"device for training ({peak}; a float32 estimate, lower in bf16)."
+            f"device for training ({peak}; a float32 estimate, lower in bf16){fits(table, rate)}."
             + (f"\n{RECIPE_RULE}." if "recipe" in table else ""))

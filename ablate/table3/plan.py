@@ -97,6 +97,14 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
                       config=config, one_seed_rows=single, redo=again)
 
 
+def base_steps_overrides(max_steps: int, spec_path: str | None = None) -> list[str]:
+    """`ablate table3 --max-steps N`: base trains N steps and every row keeps its ratio to base's
+    steps (the paper's big trains 3x as long), by the preset's rule for steps (`scale.steps`, set so
+    that base's `train_steps` becomes N); `train.max_steps=N` where the spec's base states none."""
+    steps = load_spec(spec_path)["base"].get("train_steps")
+    return [f"scale.steps={max_steps / steps!r}"] if steps else [f"train.max_steps={max_steps}"]
+
+
 def default_study(preset: str, spec_path: str | None = None) -> str:
     """`table3-PRESET` for the paper's table, `SPEC-PRESET` for another spec (its file name without
     `.yaml`: `modifications-cpu`), so that two tables run in one storage never meet in one study

@@ -138,9 +138,10 @@ def describe(runs: list[RunProgress], table: pd.DataFrame, rate: DeviceRate, wor
              unread: str | None = None) -> str | None:
     """Per row: runs finished of planned and device time left; then the totals, the runs under
     way and the rate this table's runs trained at, in the estimate's unit (minutes for a table of
-    under an hour). None if nothing has started."""
+    under an hour). None if nothing has started and the study was read."""
     if not any(run.finished or run.failed or run.under_way for run in runs):
-        return None
+        return (f"where the table stands: not known here; the study was not read ({unread}), and no run "
+                f"directory here holds a run of it" if unread else None)
     unit = TimeUnit.of(table)
     per_run, left_col = table["hours/run"] * unit.per_hour, f"{unit.short} left"
     frame = pd.DataFrame([{"row": run.row, "finished": int(run.finished),

@@ -17,6 +17,7 @@ from lightning_modules.base.io import atomic_write_bytes, set_aside
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _TOO_LARGE = re.compile(r"[Vv]ocabulary size (?:is )?too high \((\d+)\).*?<=\s*(\d+)", re.S)
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
 def load(model_path: str | Path) -> spm.SentencePieceProcessor:
@@ -74,6 +75,12 @@ def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
             if match:
                 raise UserError(f"data.vocab_size={vocab_size} is too large for this corpus: "
                                 f"sentencepiece allows at most {match.group(2)}") from None
+            match = _TOO_SMALL.search(str(err))
+            if match or "insert_id(" in str(err):  # below the 4 special pieces spm names no size
+                need = f"at least {int(match.group(2)) + 4:,}" if match else "more than 4"
+                raise UserError(f"data.vocab_size={vocab_size} is too small for this corpus: sentencepiece "
+                                f"needs {need} pieces (one per character it covers, and pad, unk, bos and "
+                                f"eos)") from None
             if "sentences_.empty()" in str(err):
                 raise UserError("sentencepiece found no sentence to train the BPE on: every training line "
                                 "is empty or longer than its limit of 4,192 bytes") from None
