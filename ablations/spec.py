@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 WIDTH_KEYS = ("d_model", "d_ff", "d_k", "d_v")  # what scale.width multiplies
+# The keys each scale setting sets in a row (`row_settings`)
+SCALED_KEYS = {"scale.width": {f"model.{key}" for key in WIDTH_KEYS}, "scale.depth": {"model.n_layers"},
+               "scale.steps": {"train.max_steps"}}
 MAX_ROWS = 1000  # rows a spec may have (the paper's Table 3 has 24)
 
 

@@ -292,9 +292,11 @@ def test_bad_trial_is_pruned_on_one_process_and_under_ddp(tmp_path, capfd, devic
 
 @pytest.mark.parametrize("set_to, cap", [(None, None), ("1", 1), ("999", None), ("x", None)])  # cap: what binds
 def test_cpu_workers_share_the_cores_within_a_thread_count_already_set(monkeypatch, set_to, cap):
+    """The cores shared are the task's: here a SLURM task's 8 (--cpus-per-task), whatever the node has."""
     from sweeps.launch import worker_envs
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    for key, value in {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "table3", "SLURM_CPUS_PER_TASK": "8"}.items():
+        monkeypatch.setenv(key, value)
     if set_to is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:

@@ -101,10 +101,17 @@ def _check_entry(place: Path) -> None:
 
 
 def check_owned(runs: dict[tuple[str, int], Path], archive: Path) -> None:
-    """Before anything is restored or saved: the archive's own files and every planned run's
-    entry and run directory are ours to write (one line naming the first that is not)."""
+    """Before anything is restored or saved: the archive is new, empty or an archive of ours (it
+    holds `table3.json`: a folder of the user's, a copy of a run of theirs say, is never written),
+    and its own files and every planned run's entry and run directory are ours to write (one line
+    naming the first that is not)."""
     if not archive.is_dir():
         return
+    held = sorted(p.name for p in archive.iterdir())
+    if held and IDENTITY not in held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise UserError(f"--archive {archive} is not a table's archive (it holds {shown} and no {IDENTITY}): "
+                        f"give an empty or new folder, or the archive a table made")
     check_kinds(archive, (IDENTITY, STUDY))
     for (row, seed), run_dir in runs.items():
         _check_entry(entry(archive, row, seed))

@@ -25,7 +25,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from ablations.resolve import load_config_file, parse_overrides, resolve
-from ablations.spec import RECIPE_SECTIONS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
+from ablations.spec import RECIPE_SECTIONS, SCALED_KEYS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
 from lightning_modules.config import RunConfig, check_seed, computed_config, trained_part
 from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, did_you_mean
 from lightning_modules.base.names import check_name, inside
@@ -312,7 +312,9 @@ def _changed_by(plan: Table3Plan, stored: dict[str, Any], keys: set[str]) -> str
 
 
 def _override_keys(items: list[Any]) -> set[str]:
-    return _leaf_keys(parse_overrides([str(item) for item in items]))
+    """The keys overrides set, the rows' keys a scale override sets among them (`SCALED_KEYS`)."""
+    keys = _leaf_keys(parse_overrides([str(item) for item in items]))
+    return keys.union(*(SCALED_KEYS.get(key, set()) for key in keys))
 
 
 def _leaf_keys(values: dict[str, Any], prefix: str = "") -> set[str]:

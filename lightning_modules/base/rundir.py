@@ -115,6 +115,33 @@ def refuse_foreign(out: Path, kind: str = "run", option: str = "--out") -> None:
                         f"give an empty or new {option}")
 
 
+def run_above(path: Path) -> Path | None:
+    """The run directory of ours that `path` sits inside (a folder above it holding our marker), or None."""
+    for parent in Path(path).absolute().parents:
+        if is_ours(parent):
+            return parent
+    return None
+
+
+def check_apart(places: list[tuple[str, Path]]) -> None:
+    """The folders one command writes (each with the option that names it: `--archive`, `--out`,
+    `--report-dir`, or a table's run directories as `--runs-dir`): none may name, contain or sit
+    inside a folder given by another option, or sit inside a run directory of ours. Otherwise a
+    save into one would empty the other: an archive pointed at the table's own run directories
+    removed their checkpoints, and a run nested in another run's `checkpoints/` would be deleted
+    with them."""
+    resolved = [(option, Path(path).absolute().resolve()) for option, path in places]
+    for i, (option, path) in enumerate(resolved):
+        if (above := run_above(path)) is not None:
+            raise UserError(f"{option} {places[i][1]} is inside the run directory {above}: give a folder "
+                            f"outside every run directory")
+        for other, there in resolved[i + 1:]:
+            if other != option and (path == there or there in path.parents or path in there.parents):
+                how = "is" if path == there else "is inside" if there in path.parents else "holds"
+                raise UserError(f"{option} {places[i][1]} {how} the {other} folder {there}: each must be a "
+                                f"folder of its own, apart from the others")
+
+
 def saved_config(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's `config.yaml` as saved, in the current version's shape (`schema.read`;
     one line for a newer version): a mapping, or None where it is missing, unreadable or not a

@@ -46,7 +46,7 @@ from lightning_modules.base.faults import inject
 from lightning_modules.base.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
-from lightning_modules.base.rundir import CONFIG, claim, global_rank_zero, training_lock, wait_until_ours
+from lightning_modules.base.rundir import CONFIG, check_apart, claim, global_rank_zero, training_lock, wait_until_ours
 from lightning_modules.run.slurm import on_slurm, task_cores
 from lightning_modules.base.stop import REQUEUE_SIGNAL, STOP
 from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_hardware, check_memory, check_output_dir,
@@ -196,6 +196,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     startup.mark("imports")  # Python, the imports, the command line
     inject("startup")
     out = Path(out)
+    check_apart([("--out", out)])  # not inside another run's folder, which a rerun of that one may empty
     hardware = resolve_hardware(cfg)  # bad or missing hardware fails before any work
     check_memory(cfg)
     wandb = wandb_mode(cfg.train.wandb, cfg.train.wandb_on_error)  # a missing W&B key fails here, not later
