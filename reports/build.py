@@ -11,7 +11,6 @@ one run logs the table (`wandb.Table`), every figure, report.html, and the repor
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
@@ -33,9 +32,10 @@ from reports.attention import group_attention_pictures
 from reports.collect import Table3Data, load_table3
 from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
 from reports import trajectory
-from reports.significance import check_bootstrap_budget, missing_sentences, sentence_draws
+from reports.agreement import N_PERMUTATIONS, spearman
+from reports.significance import ALPHA, check_bootstrap_budget, family_size, missing_sentences, sentence_draws
 from reports.seeds import PAPER_THRESHOLD
-from reports.table3 import display_frame, has_paper, spearman, table3_frame, to_latex, to_markdown
+from reports.table3 import display_frame, has_paper, table3_frame, to_latex, to_markdown
 from reports.verdicts import headline, verdicts
 
 
@@ -118,14 +118,11 @@ def summary(frame: pd.DataFrame) -> list[tuple[str, str]]:
     out += [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
     if not has_paper(frame):
         return out  # a spec without the paper's numbers (ablations/modifications.yaml): nothing to rank against
-    ranks = []
-    for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU")):
-        rho, n = spearman(frame, metric, f"paper_{metric}")
-        ranks.append(f"{name} {'n/a' if math.isnan(rho) else f'{rho:+.3f}'} over {n} rows")
+    ranks = [f"{name} {spearman(frame, metric, f'paper_{metric}').text()}"
+             for metric, name in (("ppl", "dev PPL"), ("bleu", "dev BLEU"))]
     converged = frame[frame["convergence"] == "converged"] if "convergence" in frame else frame.iloc[:0]
     if len(converged) >= 3:
-        rho, n = spearman(converged, "ppl", "paper_ppl")
-        ranks[0] += f" ({'n/a' if math.isnan(rho) else f'{rho:+.3f}'} over the {n} converged rows only)"
+        ranks[0] += f" ({spearman(converged, 'ppl', 'paper_ppl').text('converged rows only')})"
     out.append(("rank correlation", f"Spearman rank correlation with the paper's: {'; '.join(ranks)}."))
     return out
 
@@ -148,10 +145,19 @@ def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int,
     out.append("± is the 95% t interval of the mean over seeds; Δ [95% CI] is the difference to base with "
                "that test's interval, never narrower than the seeds' own, so no difference within seed "
                "noise is called beyond noise.")
+    if (family := family_size(frame)):
+        out.append(f"Multiple comparisons: the family is every comparison of a row with base that has an interval, "
+                   f"{family} here (rows × dev PPL and dev BLEU); each one's p is its test's two-sided t p-value, "
+                   f"and q its Benjamini–Hochberg adjusted p over the family (scipy), shown beside 'beyond noise'. "
+                   f"The headline's first counts are each comparison's own 95% interval; its next, those with "
+                   f"q < {ALPHA}, of which at most 5% are expected to be no difference at all.")
     if has_paper(frame):
-        out[-1] += (f" 'sign = paper' compares our ΔPPL's sign with the paper's where the paper's "
-                    f"|ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within what a "
-                    f"second single run could change).")
+        out.append(f"'sign = paper' compares our ΔPPL's sign with the paper's where the paper's "
+                   f"|ΔPPL| ≥ {PAPER_THRESHOLD['ppl']} (smaller printed differences are within what a "
+                   f"second single run could change). Its baselines: a table where every change is worse than "
+                   f"base agrees on exactly the rows the paper found worse, and random signs reach k of n with the "
+                   f"binomial probability (one-sided). Spearman's ρ has a one-sided permutation p "
+                   f"({N_PERMUTATIONS} random pairings of our values with the paper's, seeded).")
     if n_bootstrap and (why := missing_sentences(data, draws or {})):
         out.append(f"{why}.")
     if "convergence" in frame and frame["convergence"].notna().any():
@@ -159,7 +165,7 @@ def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int,
                    "class over a row's seeds (with how many seeds had it); in report.html its cell is coloured: green "
                    "converged, yellow still improving, orange overfitting, red unstable or diverged, grey unknown.")
     if "verdict_moving" in frame and frame["verdict_moving"].notna().any():
-        out.append(f"Verdict still moving (figures verdicts_*.png): {trajectory.rule()}.")
+        out += trajectory.rules()
     if why := unclassified(data.runs):
         out.append(f"{why}.")
     signatures = sorted(set(data.runs["sacrebleu_signature"].dropna()))
@@ -214,7 +220,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     out = Path(out)
     draws = sentence_draws(data, bootstrap) if bootstrap else {}
     frame = table3_frame(data, draws)
-    title = f"{'Table 3 replica' if has_paper(frame) else 'Ablation table'}: {data.study}"
+    title = f"{'Table 3 ablation' if has_paper(frame) else 'Ablation table'} at {data.preset} scale: {data.study}"
     cap = caption(data, frame)
     summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data)
     method_lines = methods(data, frame, bootstrap, draws)

@@ -19,21 +19,27 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-PAPER_THRESHOLD = {"ppl": 0.15, "bleu": 0.3}  # |paper row − paper base| that counts as a difference
+from scipy import stats
 
-# Two-sided 95% quantiles of Student's t, t_{0.975, df}, df = 1..30 (standard tables); above 30
-# the normal quantile 1.96 is within 4% of the true value.
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+PAPER_THRESHOLD = {"ppl": 0.15, "bleu": 0.3}  # |paper row − paper base| that counts as a difference
 
 
 def t_quantile(df: float) -> float:
-    """t_{0.975} for `df` degrees of freedom (fractional df, as Welch gives, round down)."""
+    """t_{0.975} for `df` degrees of freedom (scipy's Student t; a fractional df, as Welch gives, is
+    rounded down, as a t table is read: the interval is never the narrower for it)."""
     if df < 1:
         return math.nan
-    k = int(math.floor(df))
-    return _T975[k - 1] if k <= len(_T975) else 1.96
+    return float(stats.t.ppf(0.975, math.floor(df)))
+
+
+def t_p_value(mean: float, se: float, df: float) -> float:
+    """Two-sided p of the t test whose 95% interval is mean ± t_quantile(df) * se: below 0.05
+    exactly when that interval excludes zero (nan without degrees of freedom)."""
+    if df < 1 or math.isnan(mean) or math.isnan(se):
+        return math.nan
+    if se == 0:
+        return 0.0 if mean else 1.0
+    return float(2 * stats.t.sf(abs(mean) / se, math.floor(df)))
 
 
 @dataclass(frozen=True)

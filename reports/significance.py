@@ -31,11 +31,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from sacrebleu.metrics import BLEU
+from scipy import stats
 
 from lightning_modules.base.errors import UserError
 from reports.collect import Table3Data
-from reports.seeds import Interval, difference_ci, t_quantile
+from reports.seeds import Interval, difference_ci, t_p_value, t_quantile
 
 SEED = 12345  # sacreBLEU's own default resampling seed (SACREBLEU_SEED)
 
@@ -43,12 +45,23 @@ SEED = 12345  # sacreBLEU's own default resampling seed (SACREBLEU_SEED)
 @dataclass(frozen=True)
 class Difference:
     """A row's difference to base: the interval of the one test, how the seed level was paired,
-    and the two standard errors it sums (sentence_se None: the sentence level was not measured)."""
+    the two standard errors it sums (sentence_se None: the sentence level was not measured) and
+    the seed level's degrees of freedom, which the interval's t has."""
 
     interval: Interval
     method: str
     seed_se: float
     sentence_se: float | None
+    df: float = math.nan
+
+    @property
+    def p(self) -> float:
+        """The test's two-sided p-value: below 0.05 exactly when the interval excludes zero (nan
+        where there is no interval)."""
+        if math.isnan(self.interval.low):
+            return math.nan
+        se = math.sqrt(self.seed_se ** 2 + (self.sentence_se or 0.0) ** 2)
+        return t_p_value(self.interval.mean, se, self.df)
 
     @property
     def beyond_noise(self) -> bool | None:
@@ -56,6 +69,37 @@ class Difference:
         if math.isnan(self.interval.low):
             return None
         return self.interval.excludes_zero
+
+
+ALPHA = 0.05  # every interval is 95%; after correction, a difference is beyond noise where its q is below this
+METRICS = {"ppl": "dev PPL", "bleu": "dev BLEU"}
+
+
+def add_corrected(frame: pd.DataFrame) -> None:
+    """Multiple comparisons: the family is every comparison of a row with base that has a p-value
+    (`ppl_p`, `bleu_p`: rows × the two metrics, base and the rows without an interval left out).
+    Adds each one's Benjamini–Hochberg q over that family (`ppl_q`, `bleu_q`; scipy's
+    `false_discovery_control`). A difference is beyond noise after
+    correction where q < ALPHA: of the differences so called, at most 5% are expected to be none."""
+    cells = [(row, metric) for metric in METRICS for row in frame.index
+             if row != "base" and f"{metric}_p" in frame and not pd.isna(frame.loc[row, f"{metric}_p"])]
+    for metric in METRICS:
+        frame[f"{metric}_q"] = math.nan
+    if cells:
+        q = stats.false_discovery_control([float(frame.loc[row, f"{metric}_p"]) for row, metric in cells], method="bh")
+        for (row, metric), value in zip(cells, q):
+            frame.loc[row, f"{metric}_q"] = float(value)
+
+
+def corrected(frame: pd.DataFrame, metric: str) -> pd.Series:
+    """Per row, whether its `metric` difference is beyond noise after correction (q < ALPHA)."""
+    column = f"{metric}_q"
+    return frame[column] < ALPHA if column in frame else pd.Series(False, index=frame.index)
+
+
+def family_size(frame: pd.DataFrame) -> int:
+    """How many comparisons the correction was over (the q values the table holds)."""
+    return int(sum(frame[f"{m}_q"].notna().sum() for m in METRICS if f"{m}_q" in frame))
 
 
 BOOTSTRAP_BUDGET_BYTES = 2 ** 30  # sacreBLEU's resampling indices: resamples x sentences x 8 bytes
@@ -92,11 +136,11 @@ def difference(row: Mapping[int, float], base: Mapping[int, float],
         theirs = np.mean([base_draws[s] for s in sorted(base)], axis=0)
         sentence_se = float(np.std(ours - theirs, ddof=1)) if len(ours) > 1 else 0.0
     if math.isnan(seed_se):
-        return Difference(seeds, method, seed_se, sentence_se)
+        return Difference(seeds, method, seed_se, sentence_se, df)
     se = math.sqrt(seed_se ** 2 + (sentence_se or 0.0) ** 2)
     q = t_quantile(df)
     return Difference(Interval(seeds.mean, seeds.mean - q * se, seeds.mean + q * se, seeds.n), method,
-                      seed_se, sentence_se)
+                      seed_se, sentence_se, df)
 
 
 def _seed_df(row: Mapping[int, float], base: Mapping[int, float], method: str) -> float:

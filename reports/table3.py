@@ -1,4 +1,4 @@
-"""The Table 3 replica as pandas frames: the paper's configuration columns, our dev PPL/BLEU,
+"""The Table 3 ablation as pandas frames: the paper's configuration columns, our dev PPL/BLEU,
 parameters, time and throughput beside the paper's values, and each row's change against base.
 """
 
@@ -15,8 +15,8 @@ from ablations.spec import recipe_changes
 from lightning_modules.config import modifications
 from reports.collect import Table3Data
 from reports.seeds import mean_ci, sign_agrees
-from reports.significance import by_row, difference
-from reports.trajectory import add_moving
+from reports.significance import add_corrected, by_row, difference
+from reports.trajectory import add_moving, percent
 
 
 def table3_frame(data: Table3Data, draws: Mapping[tuple[str, int], Any] | None = None) -> pd.DataFrame:
@@ -55,6 +55,8 @@ def table3_frame(data: Table3Data, draws: Mapping[tuple[str, int], Any] | None =
             # Relative change: our scale's PPL/BLEU and the paper's differ by an order of magnitude.
             frame[f"d_{col}_pct"] = 100 * frame[f"d_{col}"] / base if base else math.nan
     add_seed_statistics(frame, runs, draws or {})
+    if "base" in frame.index:
+        add_corrected(frame)
     add_moving(frame, data.curves)
     return frame
 
@@ -116,6 +118,7 @@ def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame,
             # one seed on both sides (no interval) claims nothing either way
             beyond = test.beyond_noise if row != "base" else None
             frame.loc[row, "beyond_noise" if metric == "ppl" else "bleu_beyond_noise"] = beyond
+            frame.loc[row, f"{metric}_p"] = test.p if row != "base" else math.nan
             if metric == "ppl":
                 frame.loc[row, "ci_method"] = test.method if row != "base" else None
             else:
@@ -124,16 +127,6 @@ def add_seed_statistics(frame: pd.DataFrame, runs: pd.DataFrame,
             frame.loc[row, f"{metric}_sign_agrees"] = agrees if row != "base" else None
         if "convergence" in runs:
             frame.loc[row, "convergence"] = convergence_summary(runs.loc[runs["row"] == row, "convergence"])
-
-
-def spearman(frame: pd.DataFrame, ours: str, paper: str) -> tuple[float, int]:
-    """Spearman's rho between our values and the paper's over the rows that have both (rank, then
-    Pearson on the ranks; ties get their average rank)."""
-    both = frame[[ours, paper]].dropna()
-    if len(both) < 3 or both[ours].nunique() < 2 or both[paper].nunique() < 2:
-        return math.nan, len(both)
-    ranks = both.rank()
-    return float(ranks[ours].corr(ranks[paper])), len(both)
 
 
 def _num(value: Any, digits: int, sign: str = "") -> str:
@@ -183,12 +176,33 @@ def _seeds(r: pd.Series) -> str:
     return f"{int(r.seeds)} of {int(planned)}" if short else str(int(r.seeds))
 
 
+def _beyond(verdict: Any, q: Any) -> str:
+    """'yes' or 'no' by the comparison's own interval, with its q over the family of comparisons
+    ('yes (q 0.012)'); empty where there is no interval."""
+    text = {True: "yes", False: "no"}.get(verdict, "")
+    if not text or q is None or pd.isna(q):
+        return text
+    return f"{text} (q {'< 0.001' if q < 0.001 else f'{q:.3f}'})"
+
+
+def _since(r: pd.Series) -> str:
+    """When the row's PPL verdict was reached, as a share of training ('5%', '80% (late)',
+    '96% (still moving)'); empty for base and a row not judged."""
+    share = r.get("verdict_since_share")
+    if share is None or pd.isna(share):
+        return ""
+    flag = " (still moving)" if r.get("verdict_moving") == True else " (late)" if r.get("verdict_late") == True else ""  # noqa: E712
+    return f"{percent(share)}{flag}"
+
+
 def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
     """The table as text cells, narrow enough for a normal window: the paper configuration as the
     row's changes from base, then ours with the paper's value in parentheses (columns named
     '... (paper)'; a table without the paper's numbers has neither, nor 'sign = paper'). ± is the
     95% confidence interval over seeds; Δ is against base with the interval of the one test
-    (`reports.significance`) in brackets, and 'beyond noise' says whether it excludes zero."""
+    (`reports.significance`) in brackets, 'beyond noise' says whether it excludes zero (with the
+    comparison's q over the family of comparisons), and 'PPL verdict since' when the row's PPL
+    verdict was reached, as a share of training (`reports.trajectory`), flagged late or still moving."""
     pm = r" $\pm$ " if tex else " ± "
     paper = " (paper)" if has_paper(frame) else ""
 
@@ -214,20 +228,26 @@ def display_frame(frame: pd.DataFrame, tex: bool = False) -> pd.DataFrame:
         "row": row, "changes from base": changes(r, base), "seeds": _seeds(r),
         f"PPL{paper}": ours_paper(r.ppl, r.get("ppl_ci"), r.paper_ppl, 2, 2),
         f"{d}PPL [95% CI]{paper}": delta(r, "ppl", 2),
-        "PPL beyond noise": {True: "yes", False: "no"}.get(r.get("beyond_noise"), ""),
+        "PPL beyond noise": _beyond(r.get("beyond_noise"), r.get("ppl_q")),
+        "PPL verdict since": _since(r),
         "sign = paper": {True: "yes", False: "no"}.get(r.get("ppl_sign_agrees"), ""),
         "converged": str(r.get("convergence") or ""),
         f"BLEU{paper}": ours_paper(r.bleu, r.get("bleu_ci"), r.paper_bleu, 2, 1),
         # (the paper's BLEU is in the column before: its Δ would widen the table past a window)
         f"{d}BLEU [95% CI]": delta(r, "bleu", 2, with_paper=False),
-        "BLEU beyond noise": {True: "yes", False: "no"}.get(r.get("bleu_beyond_noise"), ""),
+        "BLEU beyond noise": _beyond(r.get("bleu_beyond_noise"), r.get("bleu_q")),
         f"params {x6}{paper}": ours_paper(r.params_m, None, r.paper_params_m, 2, 0),
         "train s": _num(r.train_time_s, 0),
     } for row, r in frame.iterrows()])
     if not paper:
         table = table.drop(columns="sign = paper", errors="ignore")
+    if "verdict_since_share" not in frame or frame["verdict_since_share"].isna().all():
+        table = table.drop(columns="PPL verdict since")  # no curves compared
     if tex:
         table.columns = [c.replace("_", r"\_") if "$" not in c else c for c in table.columns]
+        for column in ("PPL verdict since", "PPL beyond noise", "BLEU beyond noise"):
+            if column in table:
+                table[column] = table[column].str.replace("%", r"\%").str.replace("<", "$<$")
         table["changes from base"] = table["changes from base"].str.replace("_", r"\_")
     return table
 

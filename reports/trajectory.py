@@ -1,14 +1,21 @@
-"""Verdicts over training: has a row's verdict against base settled, or is it still moving?
+"""Verdicts over training: when was a row's verdict against base reached, and is it still moving?
 
 At every dev evaluation that a row and base both have (the same step in every seed of both, within 1% of the evaluation interval), the
 row's dev PPL difference to base is tested as the table's is (`reports.significance.difference`,
 the seed level: a curve holds no per-sentence PPL), and read as a verdict: beyond noise above
-base, beyond noise below, or within noise. A row's verdict is *still moving* when that verdict
-is not the same at each of the last `LAST_SHARE` of those evaluations (at least two): a sign
-beyond noise reversed, or the difference entered or left noise. This looks at the comparison;
-the convergence rule looks at one run's curve alone. A row that trains longer than base (big) is
-compared only where base has evaluations, which end before its own training does, so it is not
-judged (None).
+base, beyond noise below, or within noise. Two rules read that sequence:
+
+- *reached*: the step from which the row's final verdict has held at every shared evaluation, and
+  its share of training (that step over the last shared evaluation's). A verdict that has held for
+  less than `LATE_SHARE` of training (reached after its first half) is a *late* verdict: a
+  shorter budget would have given another one.
+- *still moving*: the verdict is not the same at each of the last `LAST_SHARE` of those
+  evaluations (at least two): a sign beyond noise reversed, or the difference entered or left
+  noise, just before training ended.
+
+These look at the comparison; the convergence rule looks at one run's curve alone. A row that
+trains longer than base (big) is compared only where base has evaluations, which end before its
+own training does, so it is not judged (None).
 """
 
 from __future__ import annotations
@@ -20,15 +27,21 @@ import pandas as pd
 
 from reports.significance import difference
 
-LAST_SHARE = 0.2  # the last part of training the rule looks at (of the shared evaluations)
+LAST_SHARE = 0.2  # the last part of training the 'still moving' rule looks at (of the shared evaluations)
+LATE_SHARE = 0.5  # a verdict held for less than this share of training is late
 
 
-def rule() -> str:
-    return (f"a row's verdict is still moving when its dev PPL verdict against base (beyond noise above, "
-            f"beyond noise below, or within noise, by the same test at each evaluation that it and base "
-            f"both have) is not the same at each of the last {LAST_SHARE:.0%} of those evaluations "
-            f"(at least two); a row trained longer than base is compared only where base has evaluations "
-            f"and is not judged")
+def rules() -> list[str]:
+    """The two rules, one sentence each, as the report's methods state them."""
+    return [f"Verdict reached (column 'PPL verdict since'; figures verdicts_*.png mark its step): at every dev "
+            f"evaluation that a row and base both have, the row's dev PPL difference to base is read by the "
+            f"table's test as beyond noise above base, below it, or within noise, and the row's verdict was "
+            f"reached at the step from which that reading has been its final one at every such evaluation, "
+            f"given as that step's share of training; a verdict held for less than {LATE_SHARE:.0%} of training "
+            f"is late.",
+            f"Verdict still moving: that reading is not the same at each of the last {LAST_SHARE:.0%} of those "
+            f"evaluations (at least two); a row trained longer than base is compared only where base has "
+            f"evaluations and is judged by neither rule."]
 
 
 def on_grid(curve: pd.DataFrame, grid: list[int]) -> pd.DataFrame:
@@ -75,14 +88,47 @@ def still_moving(paired: pd.DataFrame, own_last_step: float | None = None) -> bo
     return bool(last.nunique() > 1)
 
 
+def reached(paired: pd.DataFrame, own_last_step: float | None = None) -> tuple[int, float] | None:
+    """The step from which the final verdict has held at every shared evaluation, and that step's
+    share of training (over the last shared evaluation's step); None where `still_moving` judges
+    nothing (an evaluation without an interval, fewer than two, or a row trained past base)."""
+    if still_moving(paired, own_last_step) is None or paired["verdict"].isna().any():
+        return None
+    verdicts, steps = paired["verdict"].tolist(), paired["step"].tolist()
+    first = len(verdicts) - 1
+    while first > 0 and verdicts[first - 1] == verdicts[-1]:
+        first -= 1
+    return int(steps[first]), steps[first] / steps[-1]
+
+
+def percent(share: float) -> str:
+    """A share of training in whole percent, rounded down: a verdict reached at step 23,999 of
+    24,000 was reached at 99%, not 100%."""
+    return f"{math.floor(100 * share + 1e-9)}%"
+
+
+def late(share: float) -> bool:
+    """Whether a verdict reached at `share` of training has held for less than LATE_SHARE of it."""
+    return 1 - share < LATE_SHARE
+
+
 def add_moving(frame: pd.DataFrame, curves: pd.DataFrame) -> None:
-    """Adds `verdict_moving` to the frame: whether each row's verdict against base is still moving
-    (`still_moving` of its paired curve; the figures draw that curve themselves)."""
+    """Adds to the frame, per row, when its verdict against base was reached (`verdict_since_step`,
+    `verdict_since_share`), whether it is late (`verdict_late`) and whether it is still moving
+    (`verdict_moving`), from its paired curve (the figures draw that curve themselves); empty for
+    base and for a row not judged."""
     if curves is None or curves.empty or "base" not in frame.index:
         return
+    for column in ("verdict_since_step", "verdict_since_share"):
+        frame[column] = math.nan
+    for column in ("verdict_late", "verdict_moving"):
+        frame[column] = pd.Series(None, index=frame.index, dtype=object)
     for row in frame.index:
         if row == "base":
-            frame.loc[row, "verdict_moving"] = None
             continue
         own = curves.loc[curves["row"] == row, "step"].max() if (curves["row"] == row).any() else None
-        frame.loc[row, "verdict_moving"] = still_moving(paired_curves(curves, row), own)
+        paired = paired_curves(curves, row)
+        frame.loc[row, "verdict_moving"] = still_moving(paired, own)
+        if (since := reached(paired, own)) is not None:
+            frame.loc[row, "verdict_since_step"], frame.loc[row, "verdict_since_share"] = since
+            frame.loc[row, "verdict_late"] = late(since[1])

@@ -8,6 +8,12 @@ import math
 
 import pandas as pd
 
+from reports.agreement import signs
+from reports.significance import ALPHA, corrected, family_size
+from reports.trajectory import LAST_SHARE, LATE_SHARE, percent
+
+_BEYOND = {"ppl": "beyond_noise", "bleu": "bleu_beyond_noise"}
+
 GROUP_TOPICS = {"A": "number of heads at constant compute", "B": "smaller key size d_k",
                 "C": "model size (N, d_model, d_ff)", "D": "regularisation (dropout, label smoothing)",
                 "E": "learned instead of sinusoidal positions", "big": "the big model",
@@ -57,12 +63,20 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
         if len(bleu):
             parts.append("BLEU beyond noise: " + ", ".join(
                 f"{row} {r.d_bleu:+.2f} [{r.d_bleu_low:+.2f}, {r.d_bleu_high:+.2f}]" for row, r in bleu.iterrows()))
+    if lost := [f"{row} {name}" for metric, name in (("ppl", "PPL"), ("bleu", "BLEU"))
+                for row, r in rows.iterrows()
+                if r.get(_BEYOND[metric]) == True and not corrected(rows, metric)[row]]:  # noqa: E712
+        parts.append(f"not beyond noise after correcting for the {family_size(frame)} comparisons "
+                     f"(Benjamini–Hochberg, q < {ALPHA}): " + ", ".join(lost))
     comparable = rows["ppl_sign_agrees"].dropna()
     if len(comparable):
         parts.append(f"signs agree with the paper for {int(comparable.sum())} of {len(comparable)} rows "
                      "where the paper's difference is large enough to compare")
-    if "verdict_moving" in rows and (moving := [row for row, r in rows.iterrows() if r.get("verdict_moving") == True]):  # noqa: E712
-        parts.append("verdict still moving over the last part of training: " + ", ".join(moving))
+    if late := [row for row, r in rows.iterrows() if r.get("verdict_late") == True]:  # noqa: E712
+        parts.append(f"late PPL verdict (held for less than {LATE_SHARE:.0%} of training): " + ", ".join(
+            f"{row} since step {int(rows.loc[row, 'verdict_since_step']):,} ({percent(rows.loc[row, 'verdict_since_share'])}"
+            + (", still moving over the last part of training)" if rows.loc[row].get("verdict_moving") == True  # noqa: E712
+               else ")") for row in late))
     if unconverged:
         parts.append("not converged (read with care): " + ", ".join(
             f"{row} ({rows.loc[row].convergence})" for row in unconverged))
@@ -85,32 +99,44 @@ def _count(rows: pd.DataFrame, column: str, delta: str) -> tuple[int, int, int]:
 
 def headline(frame: pd.DataFrame) -> str | None:
     """The report's first sentence, counted from the table: how many rows differ from base beyond
-    noise in dev PPL and in dev BLEU and in which direction, how many of the paper's clear signs
-    ours agree with (where the table has the paper's numbers), how many rows pass the convergence
-    rule, and how many verdicts are still moving (where the curves were compared). None without a
-    base row."""
+    noise in dev PPL and in dev BLEU and in which direction (each test on its own, with how many
+    PPL verdicts of these are late), then how many of them hold after correcting for the family
+    of comparisons; how many of the paper's clear signs ours agree with, beside what a table where
+    every change is worse than base and random signs would score (where the table has the paper's
+    numbers); how many rows pass the convergence rule; and in how many rows the verdict was
+    reached late and is still moving (where the curves were compared). None without a base row."""
     if "beyond_noise" not in frame or "base" not in frame.index:
         return None
     rows = frame.drop(index="base")
-    parts = []
-    for column, delta, name in (("beyond_noise", "d_ppl", "dev PPL"), ("bleu_beyond_noise", "d_bleu", "dev BLEU")):
+    late = rows["verdict_late"] == True if "verdict_late" in rows else pd.Series(False, index=rows.index)  # noqa: E712
+    parts, kept = [], []
+    for metric, delta, name in (("ppl", "d_ppl", "dev PPL"), ("bleu", "d_bleu", "dev BLEU")):
+        column = _BEYOND[metric]
         if column not in rows:
             continue
         n, higher, lower = _count(rows, column, delta)
-        parts.append(f"{n} in {name} ({higher} higher, {lower} lower)")
-    text = f"Beyond noise, {parts[0].replace(' in ', f' of the {len(rows)} rows differ from base in ', 1)}"
+        text = f"{n} in {name} ({higher} higher, {lower} lower"
+        if metric == "ppl" and late.any():
+            text += f"; {int((late & (rows[column] == True)).sum())} of these verdicts late"  # noqa: E712
+        parts.append(text + ")")
+        if f"{metric}_q" in rows:
+            kept.append(f"{int(corrected(rows, metric).sum())} in {name}")
+    text = (f"Beyond noise by each comparison's own 95% interval, "
+            f"{parts[0].replace(' in ', f' of the {len(rows)} rows differ from base in ', 1)}")
     text += "".join(f" and {part}" for part in parts[1:])
     if (open_ := int(rows["beyond_noise"].isna().sum())):
         text += f" ({open_} without an interval)"
-    comparable = rows["ppl_sign_agrees"].dropna() if "ppl_sign_agrees" in rows else pd.Series(dtype=bool)
-    if len(comparable):
-        text += (f"; our PPL change has the paper's sign for {int(comparable.sum())} of the {len(comparable)} "
-                 "rows where the paper's difference is clear")
+    if kept and (family := family_size(frame)):
+        text += (f"; after correcting for all {family} comparisons (Benjamini–Hochberg, q < {ALPHA}), "
+                 + " and ".join(kept))
+    if agreement := signs(frame):
+        text += f"; {agreement.sentence()}"
     if "convergence" in frame and frame["convergence"].notna().any():
         converged = int((frame["convergence"] == "converged").sum())
         text += f"; {converged} of the {len(frame)} rows (base included) pass the convergence rule"
     if "verdict_moving" in rows and rows["verdict_moving"].notna().any():
         moving = int((rows["verdict_moving"] == True).sum())  # noqa: E712
-        text += (f"; the PPL verdict is still moving over the last part of training in {moving} of the "
-                 f"{int(rows['verdict_moving'].notna().sum())} rows judged")
+        text += (f"; the PPL verdict was reached late (held for less than {LATE_SHARE:.0%} of training) in "
+                 f"{int(late.sum())} of the {int(rows['verdict_moving'].notna().sum())} rows judged, and is "
+                 f"still moving over the last {LAST_SHARE:.0%} of evaluations in {moving}")
     return text + "."

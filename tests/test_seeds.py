@@ -6,15 +6,17 @@ import math
 
 import pytest
 
-from reports.seeds import difference_ci, mean_ci, sign_agrees, t_quantile
+from reports.seeds import difference_ci, mean_ci, sign_agrees, t_p_value, t_quantile
+
+T2 = 4.302653  # t_{0.975} with 2 degrees of freedom, to six decimals (the tables' 4.303)
 
 
 def test_mean_ci_three_seeds_by_hand():
-    # values 10, 12, 14: mean 12, sample sd 2, se 2/sqrt(3) = 1.1547, t(2) = 4.303 -> ±4.9687
+    # values 10, 12, 14: mean 12, sample sd 2, se 2/sqrt(3) = 1.1547, t(2) = 4.302653 -> ±4.96828
     ci = mean_ci([10.0, 12.0, 14.0])
     assert ci.mean == 12.0 and ci.n == 3
-    assert ci.half_width == pytest.approx(4.303 * 2 / math.sqrt(3), rel=1e-9)
-    assert ci.low == pytest.approx(12 - 4.96867, abs=1e-4) and ci.high == pytest.approx(16.96867, abs=1e-4)
+    assert ci.half_width == pytest.approx(T2 * 2 / math.sqrt(3), rel=1e-6)
+    assert ci.low == pytest.approx(12 - 4.96828, abs=1e-4) and ci.high == pytest.approx(16.96828, abs=1e-4)
     assert ci.excludes_zero
 
 
@@ -27,11 +29,11 @@ def test_one_seed_has_no_interval_and_claims_nothing():
 
 def test_one_seed_row_against_base_seeds_uses_base_noise_by_hand():
     # base 10, 12, 14: mean 12, sd 2; a new run's 95% prediction half-width is
-    # t(2) * 2 * sqrt(1 + 1/3) = 4.303 * 2.3094 = 9.9373
+    # t(2) * 2 * sqrt(1 + 1/3) = 4.302653 * 2.3094 = 9.93656
     diff, method = difference_ci({1: 23.0}, {1: 10.0, 2: 12.0, 3: 14.0})
     assert method == "base noise" and diff.mean == pytest.approx(11.0) and diff.n == 1
-    assert diff.half_width == pytest.approx(4.303 * 2 * math.sqrt(4 / 3), rel=1e-9)
-    assert diff.low == pytest.approx(11.0 - 9.93727, abs=1e-4) and diff.excludes_zero
+    assert diff.half_width == pytest.approx(T2 * 2 * math.sqrt(4 / 3), rel=1e-6)
+    assert diff.low == pytest.approx(11.0 - 9.93656, abs=1e-4) and diff.excludes_zero
     near, _ = difference_ci({2: 20.0}, {1: 10.0, 2: 12.0, 3: 14.0})  # +8 < 9.94: within noise
     assert near.low < 0 < near.high and not near.excludes_zero
 
@@ -41,7 +43,7 @@ def test_paired_difference_by_hand():
     row, base = {1: 6.0, 2: 6.4, 3: 5.8}, {1: 5.0, 2: 5.2, 3: 5.0}
     diff, method = difference_ci(row, base)
     assert method == "paired" and diff.mean == pytest.approx(1.0)
-    assert diff.half_width == pytest.approx(4.303 * 0.2 / math.sqrt(3), rel=1e-6)
+    assert diff.half_width == pytest.approx(T2 * 0.2 / math.sqrt(3), rel=1e-6)
     assert diff.excludes_zero
     # differences 1, -1, 0.3: the interval straddles zero
     noisy, _ = difference_ci({1: 6.0, 2: 4.0, 3: 5.3}, {1: 5.0, 2: 5.0, 3: 5.0})
@@ -50,15 +52,22 @@ def test_paired_difference_by_hand():
 
 def test_welch_difference_by_hand():
     # a: 10, 12, 14 (var 4), b: 8, 9 (var 0.5). va = 4/3, vb = 0.25, se = sqrt(1.58333) = 1.25831
-    # df = 1.58333^2 / ((4/3)^2/2 + 0.25^2/1) = 2.50694 / 0.95139 = 2.635 -> t(2) = 4.303
+    # df = 1.58333^2 / ((4/3)^2/2 + 0.25^2/1) = 2.50694 / 0.95139 = 2.635 -> t(2), rounded down
     diff, method = difference_ci({1: 10.0, 2: 12.0, 3: 14.0}, {4: 8.0, 5: 9.0})
     assert method == "welch" and diff.mean == pytest.approx(3.5)
-    assert diff.half_width == pytest.approx(4.303 * math.sqrt(4 / 3 + 0.25), rel=1e-6)
+    assert diff.half_width == pytest.approx(T2 * math.sqrt(4 / 3 + 0.25), rel=1e-6)
 
 
-def test_t_quantiles_and_sign_agreement():
-    assert t_quantile(1) == 12.706 and t_quantile(2.9) == 4.303 and t_quantile(200) == 1.96
+def test_t_quantiles_p_values_and_sign_agreement():
+    # the tables' values: t(1) 12.706, t(30) 2.042, t(200) 1.972 (1.96 is the normal's)
+    assert t_quantile(1) == pytest.approx(12.7062, abs=1e-4) and t_quantile(2.9) == pytest.approx(T2, abs=1e-6)
+    assert t_quantile(30) == pytest.approx(2.0423, abs=1e-4) and t_quantile(200) == pytest.approx(1.9719, abs=1e-4)
     assert math.isnan(t_quantile(0.5))
+    # p is below 0.05 exactly when the interval mean ± t_quantile(df) * se excludes zero
+    assert t_p_value(T2, 1.0, 2) == pytest.approx(0.05, abs=1e-6)
+    assert t_p_value(1.01 * t_quantile(2), 1.0, 2) < 0.05 < t_p_value(0.99 * t_quantile(2), 1.0, 2)
+    assert t_p_value(-3.0, 1.0, 2.9) == t_p_value(3.0, 1.0, 2)  # two-sided, df rounded down as the interval's
+    assert t_p_value(1.0, 0.0, 2) == 0.0 and t_p_value(0.0, 0.0, 2) == 1.0 and math.isnan(t_p_value(1.0, 1.0, 0))
     assert sign_agrees(+0.4, +1.19) is True  # C1: both worse than base
     assert sign_agrees(-0.2, +0.83) is False
     assert sign_agrees(+0.5, -0.04) is None  # the paper's A3 vs base: below the 0.15 threshold
@@ -86,11 +95,16 @@ def test_without_translations_bleus_test_is_the_seed_interval_and_says_beyond_no
     data = Table3Data(study="s", storage="x", preset="cpu", spec=load_spec(), overrides=[], setup={}, runs=runs)
     frame = table3_frame(data)
     shown = display_frame(frame).set_index("row")
-    # BLEU differences by seed -1.39, -2.05, -0.35: mean -1.2633, sd 0.85710, ±4.303 * 0.85710 / √3 = ±2.1292
-    # PPL differences 1.52, 2.10, 0.33: mean 1.3167, sd 0.90240, ±2.2417; the paper: C5 4.66 vs 4.92 PPL
+    # BLEU differences by seed -1.39, -2.05, -0.35: mean -1.2633, sd 0.85710, ±4.3027 * 0.85710 / √3 = ±2.1291
+    # PPL differences 1.52, 2.10, 0.33: mean 1.3167, sd 0.90240, ±2.2416; the paper: C5 4.66 vs 4.92 PPL
     assert shown.loc["C5", "ΔBLEU [95% CI]"] == "-1.26 [-3.39, +0.87]"
-    assert shown.loc["C5", "ΔPPL [95% CI] (paper)"] == "+1.32 [-0.93, +3.56] (-0.26)"
-    assert shown.loc["C5", "PPL beyond noise"] == "no" and shown.loc["C5", "BLEU beyond noise"] == "no"
+    assert shown.loc["C5", "ΔPPL [95% CI] (paper)"] == "+1.32 [-0.92, +3.56] (-0.26)"  # -0.92494: 4.303 gave -0.93
+    # t = 2.5273 (PPL) and -2.5529 (BLEU) on 2 df: p 0.1273 and 0.1253. Benjamini-Hochberg over the
+    # two: the larger p stays, the smaller is raised to it (0.1253 * 2 / 1 > 0.1273): q 0.127 both
+    assert frame.loc["C5", "ppl_p"] == pytest.approx(0.12734, abs=1e-4)
+    assert frame.loc["C5", "bleu_p"] == pytest.approx(0.12525, abs=1e-4)
+    assert frame.loc["C5", "ppl_q"] == frame.loc["C5", "bleu_q"] == pytest.approx(0.12734, abs=1e-4)
+    assert shown.loc["C5", "PPL beyond noise"] == "no (q 0.127)" and shown.loc["C5", "BLEU beyond noise"] == "no (q 0.127)"
     assert pd.isna(frame.loc["C5", "bleu_sentence_se"])  # not measured, and not counted as zero
 
 
