@@ -102,9 +102,9 @@ def reached(paired: pd.DataFrame, own_last_step: float | None = None) -> tuple[i
 
 
 def percent(share: float) -> str:
-    """A share of training in whole percent, rounded down: a verdict reached at step 23,999 of
-    24,000 was reached at 99%, not 100%."""
-    return f"{math.floor(100 * share + 1e-9)}%"
+    """A share of training in whole percent, never 100% short of the end: a verdict reached at step
+    23,999 of 24,000 was reached at 99%."""
+    return f"{min(round(100 * share), 99) if share < 1 else 100}%"
 
 
 def late(share: float) -> bool:

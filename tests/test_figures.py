@@ -11,6 +11,7 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from reports.figures import (FIGURES, change_vs_base_figure, figures, group_colors, group_legend, kept_range, png,
                              ppl_vs_time_figure, robust_limits, scatter_figure, verdict_curves)
@@ -163,20 +164,69 @@ def _committed(folder: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _overlapping_labels(fig: plt.Figure) -> list[tuple[str, str]]:
-    """Pairs of drawn texts (tick labels, row labels, legend entries, titles) whose boxes overlap."""
+    """Pairs of drawn texts (tick labels, row labels, legend entries, titles) whose boxes overlap,
+    and row labels that cover a point's marker (a Line2D whose gid is 'marker:ROW')."""
     renderer = fig.canvas.get_renderer()
     fig.draw(renderer)
     texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
-    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+    pairs = [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+    labels = [(t.get_text(), t.get_window_extent(renderer)) for ax in fig.axes for t in ax.texts]
+    return pairs + [(name, marker) for name, box in labels for marker, other in _marker_boxes(fig) if box.overlaps(other)]
+
+
+def _marker_boxes(fig: plt.Figure) -> list[tuple[str, Bbox]]:
+    """Each drawn point's marker (gid 'marker:ROW') as a display box, from its data point and size."""
+    out = []
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if not str(line.get_gid()).startswith("marker:"):
+                continue
+            half = line.get_markersize() / 2 * fig.dpi / 72
+            for x, y in line.get_transform().transform(line.get_xydata()):
+                out.append((line.get_gid(), Bbox.from_extents(x - half, y - half, x + half, y + half)))
+    return out
+
+
+def _whiskers(ax: plt.Axes) -> list[tuple[float, float, float]]:
+    """Every whisker drawn on `ax` as (x, low, high) in data coordinates."""
+    out = []
+    for container in ax.containers:
+        if isinstance(container, ErrorbarContainer):
+            for segment in container.lines[2][0].get_segments():
+                (x, low), (_, high) = sorted(segment.tolist(), key=lambda p: p[1])
+                out.append((x, low, high))
+    return out
+
+
+def _whole_or_marked_cut(fig: plt.Figure) -> list[str]:
+    """Whiskers of a scatter figure that run past the axis, or end at its edge without the cut mark
+    (a triangle, gid 'cut whisker:ROW', at that x on that edge)."""
+    ax = fig.axes[0]
+    low_limit, high_limit = ax.get_ylim()
+    cuts = {(round(float(line.get_xdata()[0]), 9), float(line.get_ydata()[0])) for line in ax.get_lines()
+            if str(line.get_gid()).startswith("cut whisker:")}
+    bad = []
+    for x, low, high in _whiskers(ax):
+        if low < low_limit - 1e-9 or high > high_limit + 1e-9:
+            bad.append(f"whisker at {x} runs off the axis: {low}..{high}")
+        for end, limit in ((low, low_limit), (high, high_limit)):
+            if abs(end - limit) < 1e-9 and (round(x, 9), limit) not in cuts:
+                bad.append(f"whisker at {x} cut at {limit} without a mark")
+    return bad
 
 
 @pytest.mark.parametrize("folder", ["cpu-converged-2026-11-22", "cpu-modifications-2026-11-26"])
 def test_no_label_covers_another_in_any_figure_of_a_committed_report(folder: str):
     """Every figure of both committed reports, drawn from their committed table and archived
-    curves: no two texts overlap (the cpu table's BLEU-vs-parameters once piled A2 on E, A1 on D4);
-    the change chart carries a whisker per row with an interval and cuts no bar; the learning
-    curves label at least three values between 20 and 30 PPL, where the rows separate."""
+    curves: no two texts overlap (the cpu table's BLEU-vs-parameters once piled A2 on E, B1 on B2),
+    no row label covers a marker, and no two markers overlap (base's was hidden among the nine rows
+    of its size, whose whiskers merged into one); every whisker of the scatter figures is whole or
+    marked as cut (the modifications' ran off the axes); the change chart carries a whisker per row
+    with an interval, cuts no bar, bounds BLEU's intervals at -100% and has a tick at or beyond
+    each side's farthest bar or whisker (D1's +418% had none above +100); the learning curves
+    draw one line per row (the mean over its seeds) with a band for a row of several seeds, and
+    label at least three values between 20 and 30 PPL, where the rows separate."""
     frame, curves = _committed(folder)
     drawn = figures(frame, curves)
     groups = [g for g in dict.fromkeys(frame["group"]) if g != "base"]
@@ -187,26 +237,88 @@ def test_no_label_covers_another_in_any_figure_of_a_committed_report(folder: str
             low, high = fig.axes[0].get_ylim()
             labelled = [t for t in fig.axes[0].get_yticks() if 20 <= t <= 30 and low <= t <= high]
             assert len(labelled) >= 3 or high < 22 or low > 28, (name, labelled)
+            group = name[len("curves_"):-len(".png")]
+            rows = [r for r in frame.index if frame.loc[r, "group"] == group] + ["base"]
+            lines = [line for line in fig.axes[0].get_lines() if line.get_label() and not line.get_label().startswith("_")]
+            assert len(lines) == len(rows), (name, [line.get_label() for line in lines])
+            several = [r for r in rows if frame.loc[r, "seeds"] > 1]
+            assert len(fig.axes[0].collections) == len(several), name  # a band per row of several seeds
+    for name in ("bleu_vs_params.png", "ppl_vs_time.png"):
+        fig = drawn[name]
+        markers = [box for _, box in _marker_boxes(fig)]
+        assert len(markers) == len(frame)
+        assert not [(a, b) for i, a in enumerate(markers) for b in markers[i + 1:] if a.overlaps(b)], name
+        assert not _whole_or_marked_cut(fig), (name, _whole_or_marked_cut(fig))
     change = drawn["change_vs_base.png"]
     rows = [r for r in frame.index if r != "base"]
     for ax, metric in zip(change.axes, ("ppl", "bleu")):
         whiskers = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
         assert len(whiskers) == frame.loc[rows, f"d_{metric}_low"].notna().sum()
         low, high = ax.get_ylim()
+        drawn_values = [y for _, a, b in _whiskers(ax) for y in (a, b)]
+        drawn_values += [p.get_height() for c in ax.containers if isinstance(c, BarContainer) for p in c.patches]
+        assert min(drawn_values) >= -100 - 1e-9  # nothing, BLEU's intervals included, below -100%
+        ticks = ax.get_yticks()
+        assert max(ticks) >= max(drawn_values) and min(ticks) <= min(drawn_values), (metric, ticks)
         for r in rows:
             base = frame.loc["base", metric]
-            for v in (frame.loc[r, f"d_{metric}_pct"], 100 * frame.loc[r, f"d_{metric}_low"] / base,
+            for v in (frame.loc[r, f"d_{metric}_pct"], max(100 * frame.loc[r, f"d_{metric}_low"] / base, -100),
                       100 * frame.loc[r, f"d_{metric}_high"] / base):
                 assert pd.isna(v) or low < v < high, (r, metric, v)
     for fig in drawn.values():
         plt.close(fig)
 
 
-def test_the_verdict_figure_names_the_rows_still_moving():
+def test_a_whisker_far_beyond_the_points_is_cut_at_the_edge_and_marked():
+    """A two-seed row's whisker reaching ten times the other rows' spread would flatten the axis:
+    it is cut at the edge and ends in a triangle there, the title says so; the others are whole.
+    Rows of one size stand side by side, in the order of their size, each with a tick at its own."""
+    frame = pd.DataFrame({"group": ["base", "A", "A", "B"], "params_m": [0.478, 0.478, 0.478, 0.42],
+                          "bleu": [4.0, 4.2, 3.8, 3.9], "bleu_ci": [0.3, 0.2, 9.0, 0.4]},
+                         index=["base", "A1", "A2", "B1"])
+    fig = scatter_figure(frame, "params_m", "bleu", "bleu_ci", "parameters", "BLEU", "t")
+    ax = fig.axes[0]
+    cuts = [line.get_gid() for line in ax.get_lines() if str(line.get_gid()).startswith("cut whisker:")]
+    assert sorted(cuts) == ["cut whisker:A2", "cut whisker:A2"]  # both ends
+    assert not _whole_or_marked_cut(fig) and "a whisker cut at the axis" in ax.get_title()
+    low, high = ax.get_ylim()
+    assert high - low < 3  # the axis keeps to the points, not to A2's +-9
+    x = {line.get_gid()[len("marker:"):]: float(line.get_xdata()[0]) for line in ax.get_lines()
+         if str(line.get_gid()).startswith("marker:")}
+    assert x["B1"] < x["base"] < x["A1"] < x["A2"]  # spread, in order of size (ties: the table's order)
+    own = [line for line in ax.get_lines() if str(line.get_gid()).startswith("own x:")]
+    assert {line.get_gid() for line in own} == {"own x:base", "own x:A2"}  # A1, in the middle, stays at its own
+    assert all(float(line.get_xdata()[0]) == frame.loc[line.get_gid()[len("own x:"):], "params_m"] for line in own)
+    assert not _overlapping_labels(fig)
+    plt.close(fig)
+
+
+def test_dodge_keeps_the_order_and_spreads_only_what_is_too_close():
+    from reports.figures import dodge
+
+    assert dodge([0.0, 5.0, 10.0], 1.0) == [0.0, 5.0, 10.0]  # nothing too close: nothing moves
+    spread = dodge([2.0, 2.0, 2.0, 0.0], 1.0)
+    assert spread == [1.0, 2.0, 3.0, 0.0]  # three at one place, centred on it; 0 stays
+    chained = dodge([0.0, 0.5, 1.0, 3.0], 1.0)  # a group that grows reaches the next one
+    assert chained == sorted(chained) and min(b - a for a, b in zip(chained, chained[1:])) >= 1.0 - 1e-9
+
+
+def test_the_verdict_figure_marks_when_each_verdict_was_reached():
+    """Each row's legend entry gives the share of training from which its verdict held, late or
+    still moving; a ring sits on its line at that step; half of training is marked."""
+    from reports.trajectory import percent
+
     frame, curves = _committed("cpu-converged-2026-11-22")
     fig = verdict_curves(frame, curves, "A")
     names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     for row in ("A1", "A2", "A3", "A4"):
-        state = {True: "verdict still moving", False: "verdict held"}.get(frame.loc[row, "verdict_moving"], "not judged")
-        assert f"{row} ({state})" in names
+        r = frame.loc[row]
+        since = percent(r.verdict_since_share)
+        state = (f"late, still moving; since {since}" if r.verdict_moving == True  # noqa: E712
+                 else f"{'late: ' * (r.verdict_late == True)}held since {since}")  # noqa: E712
+        assert f"{row} ({state})" in names, names
+        (ring,) = [line for line in fig.axes[0].get_lines() if line.get_gid() == f"reached:{row}"]
+        assert float(ring.get_xdata()[0]) == r.verdict_since_step
+    assert "A3 (late, still moving; since 99%)" in names  # beyond noise only at its last two evaluations
+    assert any(t.startswith("50% of training") for t in names)
     plt.close(fig)
