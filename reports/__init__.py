@@ -1,1 +1,1 @@
-"""Reports built from stored results: the Table 3 replica, figures and dashboards."""
+"""Reports built from stored results: the Table 3 ablation, figures and dashboards."""

@@ -336,7 +336,7 @@ def test_the_modifications_table_runs_beside_table_3_and_reports_without_the_pap
     frame = pd.read_csv(report / "table3.csv", index_col="row")
     assert list(frame.index) == rows and frame["paper_ppl"].isna().all()
     md = (report / "table3.md").read_text()
-    assert md.startswith("# Ablation table: modifications-tiny")
+    assert md.startswith("# Ablation table at tiny scale: modifications-tiny")
     assert "(paper" not in md and "sign = paper" not in md and "Spearman" not in md
     assert "- **normalisation, pre-LN" in md
     assert "- **feed-forward" not in md and "- **positions" not in md  # no row of those groups here
@@ -550,7 +550,8 @@ def test_report_html_colours_the_convergence_class_cells(browser, tmp_path: Path
 
 
 def test_report_html_fits_a_1280_px_window_with_the_widest_rows_of_a_full_table(browser, tmp_path: Path):
-    """The cpu table's widest cells (big's five changes, D1's ΔPPL) in every column of the report:
+    """The cpu table's widest cells (big's five changes, D1's ΔPPL, a q beside 'yes', a verdict still
+    moving) in every column of the report:
     cells wrap only between their parts (the changes between items, an interval as a whole), and
     the page needs no horizontal scroll in a 1,280-px window."""
     from selenium.webdriver.common.by import By
@@ -565,12 +566,14 @@ def test_report_html_fits_a_1280_px_window_with_the_widest_rows_of_a_full_table(
         "PPL (paper)": ["24.15 ± 0.83 (4.92)", "25.47 ± 1.59 (4.66)", "125.01 (5.77)", "29.88 (4.33)"],
         "ΔPPL [95% CI] (paper)": ["+0.00 [+0.00, +0.00] (+0.00)", "+1.32 [-0.91, +3.54] (-0.26)",
                                   "+100.86 [+99.20, +102.51] (+0.85)", "+5.73 [+4.07, +7.39] (-0.59)"],
-        "PPL beyond noise": ["", "no", "yes", "yes"], "sign = paper": ["", "no", "yes", "no"],
+        "PPL beyond noise": ["", "no (q 0.207)", "yes (q < 0.001)", "yes (q 0.047)"],
+        "PPL verdict since": ["", "15%", "99% (still moving)", "85% (late)"], "sign = paper": ["", "no", "yes", "no"],
         "converged": ["converged", "still improving (2/3)", "overfitting", "converged"],
         "BLEU (paper)": ["4.36 ± 0.62 (25.8)", "3.10 ± 1.61 (26.0)", "1.98 (24.6)", "0.50 (26.4)"],
         "ΔBLEU [95% CI]": ["+0.00 [+0.00, +0.00]", "-1.26 [-3.39, +0.87]", "-2.38 [-3.63, -1.13]",
                            "-3.86 [-5.11, -2.61]"],
-        "BLEU beyond noise": ["", "no", "yes", "yes"], "params ×10⁶ (paper)": ["0.48 (65)", "1.25 (168)", "0.48", "1.64 (213)"],
+        "BLEU beyond noise": ["", "no (q 0.241)", "yes (q 0.097)", "yes (q 0.047)"],
+        "params ×10⁶ (paper)": ["0.48 (65)", "1.25 (168)", "0.48", "1.64 (213)"],
         "train s": ["5024", "6464", "3324", "33761"]}
     page = tmp_path / "report.html"
     page.write_text(render("t", "c", pd.DataFrame(rows), {}))
@@ -586,7 +589,7 @@ def test_report_html_fits_a_1280_px_window_with_the_widest_rows_of_a_full_table(
     assert cells[2][4].get_attribute("innerHTML") == ('+100.86&nbsp;[+99.20,&nbsp;+102.51] '
                                                       '<span class="paper">(+0.85)</span>')
     assert text_lines(browser, cells[2][4]) == 2 and cells[2][4].text == "+100.86 [+99.20, +102.51]\n(+0.85)"
-    assert cells[1][7].get_attribute("innerHTML") == "still&nbsp;improving (2/3)"
+    assert cells[1][8].get_attribute("innerHTML") == "still&nbsp;improving (2/3)"
 
 
 def text_lines(browser, element) -> int:
