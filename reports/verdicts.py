@@ -121,11 +121,12 @@ def headline(frame: pd.DataFrame) -> str | None:
         parts.append(text + ")")
         if f"{metric}_q" in rows:
             kept.append(f"{int(corrected(rows, metric).sum())} in {name}")
-    text = (f"Beyond noise by each comparison's own 95% interval, "
-            f"{parts[0].replace(' in ', f' of the {len(rows)} rows differ from base in ', 1)}")
+    text = f"Beyond noise, {parts[0].replace(' in ', f' of the {len(rows)} rows differ from base in ', 1)}"
     text += "".join(f" and {part}" for part in parts[1:])
     if (open_ := int(rows["beyond_noise"].isna().sum())):
         text += f" ({open_} without an interval)"
+    if kept:
+        text += ", each comparison by its own 95% interval"
     if kept and (family := family_size(frame)):
         text += (f"; after correcting for all {family} comparisons (Benjamini–Hochberg, q < {ALPHA}), "
                  + " and ".join(kept))
