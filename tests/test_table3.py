@@ -731,6 +731,34 @@ def test_a_killed_trial_process_and_a_killed_table3_command_are_each_resumed_by_
     assert json.loads((run_dir / "results.json").read_text())["steps"] == 40
 
 
+def test_a_launcher_whose_worker_is_killed_sees_its_trial_fail_at_the_heartbeat_and_trains_it_again(tmp_path: Path):
+    """#72: after its worker and the trial's process were SIGKILLed, the launcher waited for ever
+    for "base seed 1, trained by another launcher": it watched the study without a heartbeat, so
+    the dead trial never failed. With the heartbeat (2 s here) the trial fails, its retry copy is
+    queued, and the launcher's next worker resumes it to the end: exit status 0."""
+    from test_slurm import descendants
+
+    args = table3_args(tmp_path, "--rows", "base", "--no-report", "--max-steps", "150", "--heartbeat", "2")
+    with open(tmp_path / "launcher.log", "w+") as log:
+        launcher = subprocess.Popen([sys.executable, "-m", "ablate", *args], stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            polled = watch(lambda: optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{tmp_path}/t3.db"))
+            assert wait_for_running_trial(polled, lambda t: 10 in t.intermediate_values) is not None
+            for pid in descendants(launcher.pid):  # its worker and the worker's trial process
+                os.kill(pid, signal.SIGKILL)
+            launcher.wait(timeout=300)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+        log.seek(0)
+        output = log.read()
+    assert launcher.returncode == 0, output[-3000:]
+    assert "waiting for base seed 1, trained by another launcher" in output
+    assert sorted(t.state.name for t in trials(tmp_path)) == ["COMPLETE", "FAIL"]
+    assert json.loads((tmp_path / "runs" / "table3-tiny" / "base-s1" / "results.json").read_text())["steps"] == 150
+
+
 def test_each_rows_configuration_resolved_once_is_the_runs_own():
     """`run_configs` resolves a row once and sets each seed: the same configuration as resolving the
     (row, seed) with its seed override, for every run of both shipped specs."""

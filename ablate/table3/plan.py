@@ -585,6 +585,9 @@ def wait_for_others(study: optuna.Study, plan: Table3Plan, heartbeat_s: int) -> 
     running = running_elsewhere(study, plan)
     if running:
         print(f"table3 {plan.study}: waiting for {', '.join(running)}, trained by another launcher", flush=True)
+        # with the workers' heartbeat: a trial whose worker died (its heartbeat stopped) fails
+        # and is queued again after the heartbeat's grace, whoever's worker it was
+        study = optuna.load_study(study_name=study.study_name, storage=make_storage(plan.storage, heartbeat_s))
     while running:
         time.sleep(min(5.0, heartbeat_s / 4))
         fail_stale_trials(study)
