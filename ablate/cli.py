@@ -37,8 +37,10 @@ from lightning_modules.run.slurm import keep_notices
 from lightning_modules.base.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
 
-# $ABLATE_STORAGE keeps a database password off the command line (and out of `ps`).
-DEFAULT_STORAGE = os.environ.get("ABLATE_STORAGE", "sqlite:///runs/sweeps.db")
+def default_storage() -> str:
+    """$ABLATE_STORAGE (it keeps a database password off the command line, and out of `ps`), else
+    a SQLite file under runs/; read when the command line is parsed."""
+    return os.environ.get("ABLATE_STORAGE", "sqlite:///runs/sweeps.db")
 STORAGE_HELP = ("Optuna storage (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db): an RDB URL "
                 "(postgresql+psycopg2://user:pass@host/db for several machines), a journal file on a "
                 "shared file system (journal:///runs/sweeps.journal, or a path ending .journal), or "
@@ -108,16 +110,23 @@ def duration(text: str) -> float:
     return seconds
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= `minimum`, else a one-line error naming the option."""
+MAX_COUNT = 10 ** 12  # no count an option takes is larger (`lightning_modules.config.MAX_NUMBER`)
+MAX_WORKERS = 1024  # worker processes a launcher starts on one machine (each holds torch: ~0.5 GB)
+
+
+def at_least(minimum: int, maximum: int = MAX_COUNT) -> Callable[[str], int]:
+    """An argparse type: a whole number in [`minimum`, `maximum`], else a one-line error naming the
+    option. Only ASCII digits: `str.isdigit` takes a superscript two for a digit."""
 
     def whole_number(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        digits = text.strip().removeprefix("-")
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {minimum:,} to {maximum:,}, got {text[:40]!r}")
+        value = int(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, got {value:,}")
         return value
 
     return whole_number
@@ -136,6 +145,17 @@ def finite_at_least(minimum: float) -> Callable[[str], float]:
         return value
 
     return number
+
+
+def storage_url(text: str) -> str:
+    """An argparse type: a storage URL (`sweeps.storage.check_url`), checked before anything opens
+    it; $ABLATE_STORAGE, the default, is checked the same way."""
+    from sweeps.storage import check_url
+
+    try:
+        return check_url(text)
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err) + (" ($ABLATE_STORAGE)" if text == os.environ.get("ABLATE_STORAGE") else "")) from None
 
 
 def study_name(text: str) -> str:
@@ -173,16 +193,16 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: b
                            help=f"{split} {side} text file for --data files (plain or .gz)")
     p.add_argument("--data-dir", help="local directory with the corpus files (multi30k, wmt14)")
     p.add_argument("--base-url", help="mirror URL to download the corpus from (multi30k, wmt14)")
-    p.add_argument("--max-steps", type=at_least(1),
+    p.add_argument("--max-steps", type=at_least(1, 10 ** 9),
                    help="base's training steps; every row keeps its ratio to base's (the paper's big trains 3x as "
                         "long)" if table else "training steps (shortcut for train.max_steps)")
     if not table:
-        p.add_argument("--seed", type=int, help="random seed (shortcut for train.seed)")
+        p.add_argument("--seed", type=at_least(0, 2 ** 32 - 1), help="random seed (shortcut for train.seed)")
     if workers:
         p.add_argument("--gpus", metavar="IDS",
                        help="GPU ids to spread the workers over, one worker per id (or per --devices-per-run "
                             "ids), e.g. 0,1,2,3,4,5,6,7 (default: --workers K on this machine's CPU)")
-        p.add_argument("--devices-per-run", type=at_least(1), default=1, metavar="D",
+        p.add_argument("--devices-per-run", type=at_least(1, 1024), default=1, metavar="D",
                        help="devices each run trains on with Lightning DDP (GPUs from --gpus, else CPU processes)")
         p.add_argument("--stop-after", type=duration, metavar="DURATION",
                        help="stop the workers this long after they start, e.g. 2h30m, 90m, 5400s: each "
@@ -435,7 +455,7 @@ def _add_use_options(p: argparse.ArgumentParser) -> None:
                    help="the weights: the newest checkpoint (default), the one with the lowest logged dev "
                         "PPL, or the parameter mean of the K newest (train.keep_checkpoints=K keeps them)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the first GPU, else cpu)")
-    p.add_argument("--beam", type=at_least(1), help="beam size (default: the run's eval.beam_size)")
+    p.add_argument("--beam", type=at_least(1, 1024), help="beam size (default: the run's eval.beam_size)")
     p.add_argument("--alpha", type=finite_at_least(0.0),
                    help="length penalty alpha (default: the run's eval.length_penalty)")
     p.add_argument("--max-len-offset", type=at_least(0),
@@ -484,9 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "--storage: re-running the same command resumes it, and workers on other machines can "
                  "join it through PostgreSQL.")
     o.add_argument("--study", required=True, type=study_name, help="study name (re-running the same command resumes it)")
-    o.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
-    o.add_argument("--n-trials", type=at_least(1), default=20, help="finished trials the study should reach (default 20)")
-    o.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
+    o.add_argument("--storage", default=default_storage(), type=storage_url, help=STORAGE_HELP)
+    o.add_argument("--n-trials", type=at_least(1, 10 ** 6), default=20, help="finished trials the study should reach (default 20)")
+    o.add_argument("--workers", type=at_least(1, MAX_WORKERS), help="worker processes on this machine (default 1)")
     o.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler")
     o.add_argument("--objective", choices=["ppl", "bleu"], default="ppl",
                    help="minimise dev perplexity or maximise dev BLEU (default ppl)")
@@ -497,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trials that finish before any is pruned (default 5)")
     o.add_argument("--prune-warmup-steps", type=at_least(0), default=0, metavar="S",
                    help="training steps before a trial can be pruned (default 0)")
-    o.add_argument("--heartbeat", type=at_least(1), default=60,
+    o.add_argument("--heartbeat", type=at_least(1, 86400), default=60,
                    help="seconds between trial heartbeats; a trial silent for twice that is retried")
     w = _command(kinds, "wandb", "write (and optionally launch) a W&B sweep",
                  "The same search space as a W&B sweep YAML whose runs are `ablate train` with the sampled "
@@ -535,10 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "dev translations, or under older code): each run once, the same command resumes; "
                         "the runs they replace stay in the study (trial N) and as ROW-sSEED.superseded-tN "
                         "beside the new ones (run directory and archive), and the report names them")
-    p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
-    p.add_argument("--workers", type=at_least(1), help="worker processes on this machine (default 1)")
+    p.add_argument("--storage", default=default_storage(), type=storage_url, help=STORAGE_HELP)
+    p.add_argument("--workers", type=at_least(1, MAX_WORKERS), help="worker processes on this machine (default 1)")
     p.add_argument("--runs-dir", default="runs/table3", help="parent of the run directories (default runs/table3)")
-    p.add_argument("--heartbeat", type=at_least(1), default=60,
+    p.add_argument("--heartbeat", type=at_least(1, 86400), default=60,
                    help="seconds between trial heartbeats; a run silent for twice that is retried")
     p.add_argument("--archive", metavar="DIR",
                    help="keep what a fresh machine needs to go on in DIR (commit or sync it): each "
@@ -547,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "every 10 minutes and at the end")
     p.add_argument("--report-dir", help="where the report goes (default RUNS_DIR/STUDY/report)")
     p.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    p.add_argument("--machines", type=at_least(1), default=1, metavar="M",
+    p.add_argument("--machines", type=at_least(1, 10_000), default=1, metavar="M",
                    help="with --dry-run: plan for M machines like this one (each running the same command "
                         "against one shared --storage), --gpus on each")
     p.add_argument("--plan-for", metavar="GPU",
@@ -566,13 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "report", "write the Table 3 report (md, csv, tex, html, figures) from a study",
                  "Reads the Optuna database only (never writes to it): every complete run of the study, "
                  "the paper's numbers beside ours, seed intervals, changes against base and verdicts.")
-    p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
+    p.add_argument("--storage", default=default_storage(), type=storage_url, help=STORAGE_HELP)
     p.add_argument("--study", help="the Table 3 study (default: the only one in the storage)")
     p.add_argument("--out", required=True, help="directory for table3.md/.csv/.tex, report.html and figures")
     p.add_argument("--runs-dir", default="runs/table3",
                    help="where the table's run directories are (default runs/table3): only the A group's "
                         "attention figure reads them; everything else comes from the database")
-    p.add_argument("--bootstrap", type=int, default=1000,
+    p.add_argument("--bootstrap", type=at_least(0, 100_000), default=1000,
                    help="paired-bootstrap resamples for BLEU against base (default 1000; 0 = none)")
     p.add_argument("--wandb-report", choices=["auto", "online", "offline", "off"], default="off",
                    help="also log the report's table and figures to W&B")
@@ -582,9 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "The studies, trials, their learning curves and user attributes in a browser. It has no "
                  "authentication and can edit studies: it listens on this machine only unless --host says "
                  "otherwise.")
-    p.add_argument("--storage", default=DEFAULT_STORAGE, help=STORAGE_HELP)
+    p.add_argument("--storage", default=default_storage(), type=storage_url, help=STORAGE_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--port", type=at_least(1, 65535), default=8080, help="port to listen on (default 8080)")
     p.set_defaults(func=cmd_dashboard)
 
     p = _command(sub, "storage-proxy", "serve an RDB storage to workers as grpc://HOST:PORT "
@@ -592,11 +612,11 @@ def build_parser() -> argparse.ArgumentParser:
                  "Hundreds of workers then hold one proxy connection each instead of one database "
                  "connection each. It has no authentication: it listens on this machine only unless "
                  "--host says otherwise.")
-    p.add_argument("--storage", default=DEFAULT_STORAGE,
+    p.add_argument("--storage", default=default_storage(), type=storage_url,
                    help="the RDB it serves (default $ABLATE_STORAGE, else sqlite:///runs/sweeps.db)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; no authentication: trusted networks only)")
-    p.add_argument("--port", type=int, default=13000, help="port to listen on (default 13000)")
+    p.add_argument("--port", type=at_least(1, 65535), default=13000, help="port to listen on (default 13000)")
     p.add_argument("--create", action="store_true",
                    help="create the database when it does not exist yet (by default it must exist and "
                         "hold Optuna's tables, as for ablate dashboard: a mistyped path is an error)")
@@ -605,7 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "params", "parameter count of every Table 3 row",
                  "The closed-form count of each row's model at the paper's scale, beside the paper's "
                  "printed value (no model is built).")
-    p.add_argument("--vocab-size", type=int, default=37000, help="shared vocabulary size (default 37000)")
+    p.add_argument("--vocab-size", type=at_least(1), default=37000, help="shared vocabulary size (default 37000)")
     p.add_argument("--spec", help="ablation spec YAML (default: ablations/table3.yaml)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_params)

@@ -18,13 +18,14 @@ BLEU settings (`eval`), the seed (the table's), where a run trains, and output-o
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import fields
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_modules.config import DataConfig, ScaleConfig, TrainConfig, TransformerConfig
+from lightning_modules.config import MAX_NUMBER, DataConfig, ScaleConfig, TrainConfig, TransformerConfig
 from lightning_modules.base.errors import UserError, did_you_mean
 from lightning_modules.base.names import check_name
 from lightning_modules.base.io import check_readable_file
@@ -207,6 +208,12 @@ def _typed(where: str, section: str, values: dict[str, Any], schema: DictConfig)
         typed = OmegaConf.merge(schema, values)
     except OmegaConfBaseException as err:
         raise UserError(f"{where}: {section}.{err.full_key}: {str(err).splitlines()[0]}") from None
+    for key in values:  # before a preset's ratio multiplies it (a 401-digit warmup overflowed the float)
+        value = typed[key]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not (abs(value) <= MAX_NUMBER and (isinstance(value, int) or math.isfinite(value))):
+            raise UserError(f"{where}: {section}.{key} must be a finite number of at most {MAX_NUMBER:.0e} in size, "
+                            f"got {str(value)[:20]}{'...' if len(str(value)) > 20 else ''}")
     return {key: typed[key] for key in values}
 
 

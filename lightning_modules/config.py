@@ -66,13 +66,28 @@ def check_seed(seed: int) -> None:
         raise UserError(f"train.seed must be between 0 and {MAX_SEED}, got {seed}")
 
 
+MAX_NUMBER = 10 ** 12  # no setting of a run is larger (a 401-digit warmup overflowed the float estimates)
+# Counts bounded by what one run can use whatever the machine: each of these costs a process, a
+# thread, a pass over a batch or a row of the beam, and their checks or the memory estimates
+# would not stop a value of billions in time (a hang, a crash below Python, or a traceback).
+COUNT_LIMITS = {"train.accumulate_grad_batches": 4096, "train.threads": 4096, "data.num_workers": 256,
+                "eval.beam_size": 1024}
+
+
 def _finite(owner: str, section: Any) -> None:
-    """Every number of a config section is finite: NaN passes every `<=` check (`x <= 0` is False),
-    and a NaN or infinite setting trained until its loss said so."""
+    """Every number of a config section is finite and at most `MAX_NUMBER` in size: NaN passes
+    every `<=` check (`x <= 0` is False), and a NaN or infinite setting trained until its loss said
+    so; and every count of `COUNT_LIMITS` is within its limit."""
     for f in fields(section):
         value = getattr(section, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"{owner}.{f.name} must be a finite number, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_NUMBER:
+            raise UserError(f"{owner}.{f.name} must be at most {MAX_NUMBER:.0e} in size, got {str(value)[:20]}"
+                            f"{'...' if len(str(value)) > 20 else ''}")
+        limit = COUNT_LIMITS.get(f"{owner}.{f.name}")
+        if limit is not None and isinstance(value, int) and value > limit:
+            raise UserError(f"{owner}.{f.name} must be at most {limit:,}, got {value:,}")
 
 
 def _positive(owner: str, **values: int | float) -> None:

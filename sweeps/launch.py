@@ -40,9 +40,14 @@ def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
     per = devices_per_run
     if per < 1:
         raise UserError(f"--devices-per-run must be at least 1, got {per}")
-    if gpus and workers:
+    if gpus is not None and workers:
         raise UserError("use --workers K (CPU) or --gpus 0,1,... (one worker per GPU), not both")
-    listed = gpu_ids(gpus) if gpus else None
+    listed = gpu_ids(gpus) if gpus is not None else None
+    cores = task_cores()
+    if here and listed is None and (workers or 1) * per > max(CPU_PROCESSES_PER_CORE * cores, 8):
+        raise UserError(f"--workers {workers or 1} x --devices-per-run {per} training processes on this "
+                        f"machine's {cores} cores: at most {max(CPU_PROCESSES_PER_CORE * cores, 8)} "
+                        f"({CPU_PROCESSES_PER_CORE} a core; more only contend for them and for memory)")
     overrides: list[str] = []
     groups = None
     if listed:
@@ -61,12 +66,19 @@ def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
 
 
 def gpu_ids(gpus: str) -> list[str]:
-    """The GPU ids of `--gpus 0,1` (one worker per id, or per --devices-per-run ids)."""
-    listed = [d.strip() for d in gpus.split(",") if d.strip()]
-    if not listed or not all(d.isdigit() for d in listed) or len(set(listed)) != len(listed):
-        raise UserError(f"--gpus takes distinct GPU ids like 0,1 (one worker per id; --workers K on "
-                        f"the CPU); got {gpus!r}")
-    return listed
+    """The GPU ids of `--gpus 0,1` (one worker per id, or per --devices-per-run ids), as written
+    without leading zeros: ASCII digits only (`str.isdigit` takes a superscript two), each id once
+    (0 and 00 are one GPU), at most `MAX_GPU_IDS` of them."""
+    listed = [d.strip() for d in gpus.split(",")]
+    if not listed or not all(d.isascii() and d.isdigit() and len(d) <= 6 for d in listed) \
+            or len({int(d) for d in listed}) != len(listed) or len(listed) > MAX_GPU_IDS:
+        raise UserError(f"--gpus takes distinct GPU ids like 0,1 (one worker per id, at most {MAX_GPU_IDS}; "
+                        f"--workers K on the CPU); got {gpus[:40]!r}")
+    return [str(int(d)) for d in listed]
+
+
+MAX_GPU_IDS = 1024
+CPU_PROCESSES_PER_CORE = 4  # training processes a launcher starts per core, at most (workers x devices a run)
 
 
 def thread_cap(environ: dict[str, str] = os.environ) -> int:

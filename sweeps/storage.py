@@ -179,7 +179,28 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False)
     return _open_rdb(url, heartbeat_s, existing)
 
 
+def check_url(url: str) -> str:
+    """`url` if it names a storage (`make_storage`'s kinds), checked without opening it: a journal
+    file that is a regular file if it exists (a device, a FIFO or a folder would be read without end
+    or hang), a proxy's HOST:PORT, or a database URL whose dialect SQLAlchemy has; else one line."""
+    journal = journal_path(url)
+    if journal is not None:
+        if journal.exists() and not journal.is_file():
+            raise UserError(f"storage {url}: {journal} is not a regular file (a journal is one file that "
+                            f"every process appends to)")
+        return url
+    if grpc_address(url) is not None:
+        return url
+    try:
+        sqlalchemy.engine.make_url(url).get_dialect()
+    except Exception:  # noqa: BLE001 (ArgumentError, NoSuchModuleError: not a database URL we can open)
+        raise UserError(f"storage {safe_url(url)[:80]!r} is not a storage URL: give sqlite:///FILE, "
+                        f"postgresql+psycopg2://USER@HOST/DB, journal:///FILE or grpc://HOST:PORT") from None
+    return url
+
+
 def _open_journal(path: Path, heartbeat_s: int | None) -> BaseStorage:
+    check_url(f"{JOURNAL_SCHEME}{path}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return journal_storage(str(path), heartbeat_s)

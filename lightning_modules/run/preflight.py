@@ -77,6 +77,24 @@ def check_hardware(cfg: RunConfig) -> None:
                         f"({', '.join(strategies[1:])}); got {t.strategy!r}")
 
 
+def check_cores(cfg: RunConfig) -> None:
+    """What this machine's cores can run, checked where a run is about to train (a plan made on a
+    laptop for a cluster is not held to the laptop): CPU training processes (`train.devices` as a
+    count, off the GPU), threads and data-loading processes, each at most the cores this process
+    may use (`slurm.task_cores`: a SLURM task's --cpus-per-task). Beyond them they only contend:
+    `train.devices=99` had started 99 processes on 2 cores."""
+    from lightning_modules.run.slurm import task_cores
+
+    cores = task_cores()
+    devices = parse_devices(cfg.train.devices)
+    asked = {"train.threads": cfg.train.threads or 0, "data.num_workers": cfg.data.num_workers,
+             "train.devices": devices if isinstance(devices, int) and not uses_gpu(cfg) else 0}  # on this node
+    for key, count in asked.items():
+        if count > cores:
+            raise UserError(f"{key}={count} asks for more than the {cores} cores this process may use "
+                            f"(one {'process' if key != 'train.threads' else 'thread'} a core at most)")
+
+
 def check_data(cfg: RunConfig) -> str:
     """Prepare the data as the run would (corpus, BPE, encoding, length filter) in a scratch
     directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a

@@ -49,7 +49,7 @@ from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.base.rundir import CONFIG, check_apart, claim, global_rank_zero, training_lock, wait_until_ours
 from lightning_modules.run.slurm import on_slurm, task_cores
 from lightning_modules.base.stop import REQUEUE_SIGNAL, STOP
-from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_hardware, check_memory, check_output_dir,
+from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_cores, check_hardware, check_memory, check_output_dir,
                                         check_same_result, check_same_run, remove_stale_temporaries,
                                         resume_checkpoint, uses_gpu, wandb_mode)
 from lightning_modules.config import to_yaml
@@ -71,6 +71,7 @@ warnings.filterwarnings("ignore", message=r"`weights_only` was not set, defaulti
 def resolve_hardware(cfg: RunConfig) -> dict[str, Any]:
     """Trainer device settings; 'auto' precision is bf16-mixed on a GPU that has it, else fp32."""
     check_hardware(cfg)
+    check_cores(cfg)
     t = cfg.train
     precision = t.precision
     if precision == "auto":
