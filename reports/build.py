@@ -96,10 +96,15 @@ def redone(data: Table3Data) -> list[str]:
     return out
 
 
-def caveats(data: Table3Data) -> list[str]:
+def caveats(data: Table3Data, frame: pd.DataFrame | None = None) -> list[str]:
     """What a reader must know before reading the numbers, shown first in the report: a table still
-    running, one without base, the preset's own word on what its table is (demo: a smoke test)."""
+    running, one without base, rows whose PPL is not comparable with base's, the preset's own word
+    on what its table is (demo: a smoke test)."""
     out = []
+    if other := (frame.attrs.get("other_vocabulary") if frame is not None else None):
+        rows = ", ".join(f"{row} ({size:,} against {base:,})" for row, (size, base) in other.items())
+        out.append(f"Not comparable in PPL: {rows} trained with another BPE vocabulary than base's, so a "
+                   f"wordpiece is another unit; their PPL is not compared with base's (their BLEU is).")
     if (planned := sum(data.planned.values())) > len(data.runs):
         out.append(f"In progress: {len(data.runs)} of the {planned} runs queued are complete; a row "
                    f"short of its seeds shows 'k of n' in 'seeds', and its mean and interval are over "
@@ -222,7 +227,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     frame = table3_frame(data, draws)
     title = f"{'Table 3 ablation' if has_paper(frame) else 'Ablation table'} at {data.preset} scale: {data.study}"
     cap = caption(data, frame)
-    summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data)
+    summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data, frame)
     method_lines = methods(data, frame, bootstrap, draws)
     pictures = {**figs.render_all(frame, data.curves), **group_attention_pictures(data.runs, runs_dir)}
 

@@ -9,8 +9,7 @@ run's convergence class is decided here, by the current rule, from the inputs th
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import optuna
@@ -19,10 +18,10 @@ from optuna.trial import TrialState
 
 from lightning_modules.convergence import classify_stored
 from lightning_modules.base.errors import UserError
+from lightning_modules.base.records import FinitePair, unpack_lines, validated
 from lightning_modules.run.results import RunResult
-from lightning_modules.base.schema import read
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import KIND, REDO_OF, aside_name, run_name, superseded, unpack_lines
+from sweeps.study import KIND, REDO_OF, aside_name, read_table, run_name, superseded
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
 
@@ -72,7 +71,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         raise UserError(f"no Table 3 study {study_name!r} in {safe_url(storage_url)} "
                         f"(Table 3 studies there: {', '.join(names) or 'none'})")
     study = optuna.load_study(study_name=study_name, storage=storage)
-    attrs = read("table", study.user_attrs, f"study {study_name!r}")
+    attrs = read_table(study.user_attrs, f"study {study_name!r}")
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
     queued: dict[str, set[int]] = {}
     trials = study.get_trials(deepcopy=False)
@@ -82,7 +81,9 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         return t.number not in replaced, t.number
 
     for trial in trials:
-        key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
+        if trial.user_attrs.get("row") is None:
+            continue
+        key = run_key(trial, study_name)
         if key[0] is None:
             continue
         queued.setdefault(key[0], set()).add(key[1])
@@ -91,20 +92,19 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     redone = in_table_order(redone_runs(trials, latest), attrs["spec"])
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
-        check_numbers(trial, row, seed, study_name)
+        source = f"study {study_name!r}: trial {trial.number} ({row} seed {seed})"
+        result = stored_result(trial, source)
         verdict = classify_stored(trial.user_attrs)  # None (unclassified): no inputs, whatever class it recorded
-        a = {**trial.user_attrs, "convergence": verdict and verdict.label,
-             "convergence_reason": verdict and verdict.reason}
-        record = {"row": row, "group": a.get("group", row), "seed": seed,
-                  **{c: a.get(c) for c in RUN_COLUMNS},
-                  "sacrebleu_signature": a.get("sacrebleu_signature"), "device": a.get("device"),
-                  "setup": setup_key(a.get("environment")), "run_dir": a.get("run_dir")}
-        record.update({f"model.{k}": v for k, v in (a.get("model") or {}).items()})
+        record = {"row": row, "group": trial.user_attrs.get("group", row), "seed": seed,
+                  **{c: getattr(result, c) for c in RUN_COLUMNS}, "convergence": verdict and verdict.label,
+                  "sacrebleu_signature": result.sacrebleu_signature, "device": result.device,
+                  "setup": setup_key(result.environment), "run_dir": trial.user_attrs.get("run_dir")}
+        record.update({f"model.{k}": v for k, v in (result.model or {}).items()})
         records.append(record)
         curve_points += [{"row": row, "seed": seed, "step": step, "ppl": ppl,
-                          "convergence": a.get("convergence")} for step, ppl in a.get("dev_ppl_curve") or []]
-        if "dev_hyp" in a and "dev_ref" in a:
-            translations[(row, seed)] = (unpack_lines(a["dev_hyp"]), unpack_lines(a["dev_ref"]))
+                          "convergence": verdict and verdict.label} for step, ppl in result.dev_ppl_curve or []]
+        if "dev_hyp" in trial.user_attrs and "dev_ref" in trial.user_attrs:
+            translations[(row, seed)] = stored_translations(trial, source)
     runs = pd.DataFrame.from_records(records, columns=None if records else ["row", "group", "seed"])
     if records:
         runs = in_table_order(runs, attrs["spec"])
@@ -115,21 +115,34 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
                       planned={row: len(seeds) for row, seeds in queued.items()}, redone=redone)
 
 
-NUMBER_COLUMNS = tuple(c for c in RUN_COLUMNS if c != "convergence")  # what a report computes with
+RESULT_KEYS = {f.name for f in fields(RunResult)}
 
 
-def check_numbers(trial: optuna.trial.FrozenTrial, row: str, seed: Any, study: str) -> None:
-    """A complete run's numbers as a report computes with them: finite numbers or none. A value a
-    run cannot have written (the text "high" for BLEU, Infinity for PPL: an edited database) is one
-    line naming the trial, not a traceback from the formatting or the statistics."""
-    for key in NUMBER_COLUMNS:
-        value = trial.user_attrs.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise UserError(f"study {study!r}: trial {trial.number} ({row} seed {seed}) holds {key} = "
-                            f"{str(value)[:40]!r}, not a finite number; a run never writes that (was the "
-                            f"database edited?): correct or delete the trial")
+def run_key(trial: optuna.trial.FrozenTrial, study: str) -> tuple[str, int]:
+    """A trial's (row, seed), typed (`lightning_modules.base.records`): a seed stored as "3" is 3."""
+    source = f"study {study!r}: trial {trial.number}"
+    return (validated(str, trial.user_attrs.get("row"), f"{source}: row"),
+            validated(int, trial.user_attrs.get("seed"), f"{source}: seed"))
+
+
+def stored_result(trial: optuna.trial.FrozenTrial, source: str) -> RunResult:
+    """A complete trial's results, typed once: finite numbers, a finite (step, dev PPL) curve, the
+    mappings as mappings; else one line naming the trial and field (a run never writes otherwise:
+    the database was edited or damaged)."""
+    result = validated(RunResult, {k: v for k, v in trial.user_attrs.items() if k in RESULT_KEYS}, source)
+    validated(list[FinitePair], result.dev_ppl_curve or [], f"{source}: dev_ppl_curve")
+    return result
+
+
+def stored_translations(trial: optuna.trial.FrozenTrial, source: str) -> tuple[list[str], list[str]]:
+    """A trial's dev translations and references (packed: `lightning_modules.base.records.unpack_lines`),
+    one of each a sentence: a translation for every reference, or one line."""
+    hyp = unpack_lines(trial.user_attrs["dev_hyp"], f"{source}: dev_hyp")
+    ref = unpack_lines(trial.user_attrs["dev_ref"], f"{source}: dev_ref")
+    if len(hyp) != len(ref):
+        raise UserError(f"{source}: {len(hyp):,} dev translations for {len(ref):,} references; a run stores "
+                        f"one for each (was the database edited?): correct or delete the trial")
+    return hyp, ref
 
 
 def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:

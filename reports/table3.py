@@ -56,9 +56,29 @@ def table3_frame(data: Table3Data, draws: Mapping[tuple[str, int], Any] | None =
             frame[f"d_{col}_pct"] = 100 * frame[f"d_{col}"] / base if base else math.nan
     add_seed_statistics(frame, runs, draws or {})
     if "base" in frame.index:
+        set_apart_other_vocabularies(frame, runs)
         add_corrected(frame)
     add_moving(frame, data.curves)
     return frame
+
+
+PPL_COMPARISONS = ("d_ppl", "d_ppl_pct", "d_ppl_low", "d_ppl_high", "ppl_p")  # against base's
+
+
+def set_apart_other_vocabularies(frame: pd.DataFrame, runs: pd.DataFrame) -> None:
+    """A row whose runs' BPE vocabulary is not base's measures PPL per another wordpiece: its PPL
+    is not compared with base's (no difference, test or sign; BLEU is), and the frame says which
+    rows (`frame.attrs["other_vocabulary"]`: row -> (its vocabulary, base's))."""
+    if "model.vocab_size" not in runs:
+        return
+    sizes = runs.groupby("row", sort=False)["model.vocab_size"].first()
+    base = sizes.get("base")
+    other = {row: (int(size), int(base)) for row, size in sizes.items()
+             if row in frame.index and base is not None and not pd.isna(size) and size != base}
+    for row in other:
+        frame.loc[row, list(PPL_COMPARISONS)] = math.nan
+        frame.loc[row, ["beyond_noise", "ppl_sign_agrees"]] = None
+    frame.attrs["other_vocabulary"] = other
 
 
 def has_paper(frame: pd.DataFrame) -> bool:

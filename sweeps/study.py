@@ -9,17 +9,18 @@ same run directory) for the next worker.
 
 from __future__ import annotations
 
-import base64
-import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import optuna
+from pydantic import BaseModel, ConfigDict
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from lightning_modules.base.errors import UserError
+from lightning_modules.base.records import pack_lines, validated
+from lightning_modules.base.schema import read
 from ablations.resolve import parse_overrides
 from sweeps.space import SearchSpace
 
@@ -34,6 +35,27 @@ def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
 
 
 KIND = "table3"  # a Table 3 study's `kind`; the table (`ablate.table3`) and its report (`reports.collect`) name runs as below
+
+
+class TableRecord(BaseModel):
+    """A table's record as stored (a study's user attributes, an archive's table3.json): what the
+    table and its report read from it, typed (`lightning_modules.base.records`)."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: str
+    preset: str
+    spec: dict[str, dict[str, Any]]
+    overrides: list[str] = []
+    config: str | None = None
+    setup: dict[str, Any] = {}
+    runs: dict[str, dict[str, Any]] = {}
+    corpus: dict[str, str] = {}
+
+
+def read_table(stored: dict[str, Any], source: str) -> dict[str, Any]:
+    """A table's record of any version (`schema.read`), typed once: one line naming `source` and
+    the field that is not what a table writes."""
+    return validated(TableRecord, read("table", stored, source), source).model_dump()
 
 
 def run_name(row: str, seed: int) -> str:
@@ -83,15 +105,6 @@ def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> op
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup_steps))
     return optuna.pruners.NopPruner()
-
-
-def pack_lines(lines: list[str]) -> str:
-    """Sentences as one compact string for a user attribute (zlib, base64)."""
-    return base64.b64encode(zlib.compress("\n".join(lines).encode("utf-8"), 9)).decode("ascii")
-
-
-def unpack_lines(packed: str) -> list[str]:
-    return zlib.decompress(base64.b64decode(packed)).decode("utf-8").split("\n")
 
 
 def translation_attrs(run_dir: Path) -> dict[str, str] | None:

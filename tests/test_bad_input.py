@@ -702,23 +702,94 @@ def test_a_full_disk_is_one_line_exit_1_and_leaves_nothing_half_written(command:
     assert report["after"] == report["before"], report["after"]
 
 
-def test_a_report_on_numbers_no_run_writes_is_one_line(tmp_path: Path, capsys):
-    """A study whose base trial holds the text "high" for BLEU, or Infinity for PPL (an edited
-    database): one line naming the trial, exit 2, no report written (tracebacks from the
-    formatting and from pandas' statistics)."""
-    for key, value in (("bleu", '"high"'), ("ppl", "Infinity")):
-        db = tmp_path / f"{key}.db"
-        fake_table3_study(db, ["base", "A1"])
-        study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{db}")
-        base = next(t for t in study.get_trials() if t.user_attrs["row"] == "base")
-        with closing(sqlite3.connect(db)) as con, con:  # the edit
-            con.execute("UPDATE trial_user_attributes SET value_json = ? WHERE trial_id = ? AND key = ?",
-                        (value, base._trial_id, key))
-        out = tmp_path / f"r-{key}"
-        assert main(["report", "--storage", f"sqlite:///{db}", "--out", str(out)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and f"trial {base.number} (base seed 1) holds {key} = " in err[0], err
-        assert not out.exists()
+def packed(data: bytes) -> str:
+    import base64
+    import zlib
+    return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+
+
+# (case id, trial attribute, its stored JSON, what the one line says); the trial is base's
+DAMAGED_TRIALS = [
+    ("bleu-text", "bleu", '"high"', "bleu: input should be a valid number (it holds 'high')"),
+    ("ppl-infinite", "ppl", "Infinity", "ppl: input should be a finite number"),
+    ("curve-nan", "dev_ppl_curve", "[[5, NaN]]", "dev_ppl_curve[0][1]: input should be a finite number"),
+    ("curve-text", "dev_ppl_curve", '"falling"', "dev_ppl_curve: input should be a valid list"),
+    ("curve-triples", "dev_ppl_curve", "[[5, 10.0, 3]]", "dev_ppl_curve[0]: list should have at most 2 items"),
+    ("environment-text", "environment", '"a laptop"', "environment: input should be a valid dictionary"),
+    ("seed-not-a-number", "seed", '"first"', "seed: input should be a valid integer"),
+    ("hyp-not-base64", "dev_hyp", '"!!!"', "dev_hyp: the packed sentences are damaged (Error"),
+    ("hyp-not-zlib", "dev_hyp", '"aGVsbG8="', "dev_hyp: the packed sentences are damaged (zlib"),
+    ("hyp-not-utf8", "dev_hyp", json.dumps(packed(b"\xff\xfe")), "dev_hyp: the packed sentences are damaged (UnicodeDecodeError"),
+    ("hyp-a-zlib-bomb", "dev_hyp", json.dumps(packed(bytes(300 * 2 ** 20))), "dev_hyp: the packed sentences inflate to more than 256 MiB"),
+    ("hyp-fewer-lines", "dev_hyp", json.dumps(packed(b"sentence 0")), "1 dev translations for 3 references"),
+    ("ref-two-million-lines", "dev_ref", json.dumps(packed(b"r\n" * 2_000_000)), "3 dev translations for 2,000,001 references"),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGED_TRIALS, ids=[c[0] for c in DAMAGED_TRIALS])
+def test_a_report_on_a_damaged_trial_is_one_line_naming_it(case, tmp_path: Path, capsys):
+    """A study whose base trial holds what no run writes (an edited or damaged database): one line
+    naming the trial and the field, exit 2, no report written, within the memory of a report (a
+    small attribute that inflates to gigabytes is stopped at 256 MiB)."""
+    name, key, value, said = case
+    db = tmp_path / "t.db"
+    fake_table3_study(db, ["base", "A1"], dev_lines=3)
+    study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{db}")
+    base = next(t for t in study.get_trials() if t.user_attrs["row"] == "base")
+    with closing(sqlite3.connect(db)) as con, con:  # the edit
+        con.execute("DELETE FROM trial_user_attributes WHERE trial_id = ? AND key = ?", (base._trial_id, key))
+        con.execute("INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (?, ?, ?)",
+                    (base._trial_id, key, value))
+    assert main(["report", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"study 'table3-tiny': trial {base.number}" in err[0] and said in err[0], err
+    assert not (tmp_path / "r").exists()
+
+
+def test_rows_trained_with_another_vocabulary_are_not_compared_in_ppl(tmp_path: Path, capsys):
+    """A1 and B1 trained with a 500-piece vocabulary, base with 4,000: their PPL is per another
+    wordpiece, so the report says so first and compares their BLEU alone (it had crashed)."""
+    db = tmp_path / "t.db"
+    fake_table3_study(db, ["base", "A1", "B1"])
+    study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{db}")
+    with closing(sqlite3.connect(db)) as con, con:
+        for trial in study.get_trials():
+            size = 4000 if trial.user_attrs["row"] == "base" else 500
+            con.execute("INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (?, 'model', ?)",
+                        (trial._trial_id, json.dumps({"vocab_size": size, "d_model": 64})))
+    assert main(["report", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "r")]) == 0
+    md = (tmp_path / "r" / "table3.md").read_text()
+    assert "Not comparable in PPL: A1 (500 against 4,000), B1 (500 against 4,000)" in md
+    frame = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:]] for line in md.splitlines()
+             if line.startswith("| A1 ") or line.startswith("| B1 ")}
+    assert all(cells[3] == "" for cells in frame.values())  # no PPL change against base
+    assert all(cells[8] == "-1.00" or cells[8] == "-2.00" for cells in frame.values())  # the BLEU change is there
+
+
+def test_a_seed_stored_as_text_reads_as_its_number(tmp_path: Path, capsys):
+    db = tmp_path / "t.db"
+    fake_table3_study(db, ["base", "A1"])
+    study = optuna.load_study(study_name="table3-tiny", storage=f"sqlite:///{db}")
+    base = next(t for t in study.get_trials() if t.user_attrs["row"] == "base")
+    with closing(sqlite3.connect(db)) as con, con:
+        con.execute("UPDATE trial_user_attributes SET value_json = ? WHERE trial_id = ? AND key = 'seed'",
+                    ('"1"', base._trial_id))
+    assert main(["report", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "r")]) == 0
+    assert "| base " in (tmp_path / "r" / "table3.md").read_text()
+
+
+@pytest.mark.parametrize("key, value, said", [("spec", '["base"]', "spec: input should be a valid dictionary"),
+                                              ("overrides", '"d_model=64"', "overrides: input should be a valid list"),
+                                              ("schema", "2", "is of schema version 2, newer than")])
+def test_a_report_on_a_damaged_study_record_is_one_line(key, value, said, tmp_path: Path, capsys):
+    db = tmp_path / "t.db"
+    fake_table3_study(db, ["base", "A1"])
+    with closing(sqlite3.connect(db)) as con, con:
+        con.execute("UPDATE study_user_attributes SET value_json = ? WHERE key = ?", (value, key))
+    assert main(["report", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "study 'table3-tiny'" in err[0] and said in err[0], err
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_deleted_working_directory_is_one_line(tmp_path: Path):
@@ -881,7 +952,7 @@ def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny", dev_lin
     the numbers a report reads; `dev_lines` dev translations each, none by default: no bootstrap)."""
     from ablations.spec import load_spec
     from lightning_modules.base.schema import SCHEMA
-    from sweeps.study import pack_lines
+    from lightning_modules.base.records import pack_lines
 
     dev = {"dev_hyp": pack_lines([f"sentence {i}" for i in range(dev_lines)]),
            "dev_ref": pack_lines([f"sentence {i}" for i in range(dev_lines)])} if dev_lines else {}

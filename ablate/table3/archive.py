@@ -61,7 +61,7 @@ from lightning_modules.base.io import (atomic_write_bytes, atomic_write_json, ch
                                      not_a_link)
 from lightning_modules.base.rundir import CONFIG, check_entries, mark, refuse_foreign
 from lightning_modules.run.results import RESULTS, read_results
-from lightning_modules.base.schema import read
+from sweeps.study import read_table
 
 SAVE_EVERY_S = 600.0
 MAX_JOURNAL_BYTES = 256 * 2 ** 20  # a study journal unpacked (a 50-run table's: 3.5 MB)
@@ -306,7 +306,7 @@ def stored_identity(archive: Path) -> dict[str, Any] | None:
         raise UserError(f"{path} is not readable ({err}); is --archive a table's archive?") from None
     if not isinstance(stored, dict):
         raise UserError(f"{path} is not a table's record; is --archive a table's archive?")
-    return read("table", stored, str(path))
+    return read_table(stored, str(path))
 
 
 def restore(runs: dict[tuple[str, int], Path], archive: Path) -> list[str]:

@@ -34,9 +34,9 @@ from lightning_modules.base.io import check_writable_dir
 from lightning_modules.run.results import read_results
 from ablate.table3.redo import aside, redo_requests
 from ablate.table3.schedule import longest_first, training_flops
-from lightning_modules.base.schema import read, stamped
+from lightning_modules.base.schema import stamped
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import KIND, REDO_OF, enqueue, open_study, run_name, superseded
+from sweeps.study import KIND, REDO_OF, enqueue, open_study, read_table, run_name, superseded
 
 CORPUS = "corpus"  # a table study's user attribute: each row's corpus digest (`check_data`)
 
@@ -338,7 +338,7 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
             for key in sorted(made, key=lambda key: key == "kind"):
                 study.set_user_attr(key, made[key])
         return
-    attrs = read("table", attrs, f"study {study.study_name!r}")
+    attrs = read_table(attrs, f"study {study.study_name!r}")
     difference = table_difference(attrs, plan, wanted)
     if difference is not None:
         what, changes = difference

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_modules.base.errors import UserError
+from lightning_modules.base.records import STRICT, Finite, Pair, validated
 from lightning_modules.base.schema import read, stamped
 
 RESULTS = "results.json"
@@ -35,24 +36,24 @@ class RunResult:
     preset: str | None = _f("scale preset", trial=True)
     corpus: str | None = _f("corpus name (data.corpus)", trial=True)
     params: int | None = _f("parameters of the model as built", trial=True, column=True, summary=True)
-    bleu: float | None = _f("dev BLEU (sacreBLEU, beam search), as in Table 3", trial=True, column=True,
+    bleu: Finite | None = _f("dev BLEU (sacreBLEU, beam search), as in Table 3", trial=True, column=True,
                             summary=True)
-    ppl: float | None = _f("dev perplexity per wordpiece, as in Table 3", trial=True, column=True,
+    ppl: Finite | None = _f("dev perplexity per wordpiece, as in Table 3", trial=True, column=True,
                            summary=True)
-    test_bleu: float | None = _f("test BLEU (None when the test split is not decoded)", trial=True,
+    test_bleu: Finite | None = _f("test BLEU (None when the test split is not decoded)", trial=True,
                                  summary=True)
     sacrebleu_signature: str | None = _f("sacreBLEU's signature of the dev score", trial=True)
-    train_time_s: float | None = _f("training seconds, validation and stretches stopped excluded", trial=True,
+    train_time_s: Finite | None = _f("training seconds, validation and stretches stopped excluded", trial=True,
                                    column=True)
-    tokens_per_s: float | None = _f("target tokens per training second", trial=True, column=True)
-    steady_tokens_per_s: float | None = _f("target tokens/s after the first log window (no compile or "
+    tokens_per_s: Finite | None = _f("target tokens per training second", trial=True, column=True)
+    steady_tokens_per_s: Finite | None = _f("target tokens/s after the first log window (no compile or "
                                            "warm-up)", trial=True)
-    startup_s: float | None = _f("process start to the first training step, seconds", trial=True)
+    startup_s: Finite | None = _f("process start to the first training step, seconds", trial=True)
     startup: list[dict[str, Any]] | None = _f("where startup_s went, [{part, s}]: imports (Python, the imports, "
                                               "the command line), checks, data, model, trainer (the Trainer, "
                                               "loggers, callbacks) and fit (its set-up to the first step)",
                                               trial=True)
-    first_step_s: float | None = _f("the first training step (compilation included), seconds", trial=True)
+    first_step_s: Finite | None = _f("the first training step (compilation included), seconds", trial=True)
     compiled: bool | None = _f("whether the training step ran through torch.compile", trial=True)
     compiled_graphs: int | None = _f("graphs torch.compile built (a recompilation storm shows here)",
                                      trial=True)
@@ -63,8 +64,8 @@ class RunResult:
     steps: int | None = _f("optimizer steps", trial=True, column=True)
     seed: int | None = _f("random seed (train.seed)", trial=True)
     beam_size: int | None = _f("beam size of the dev/test decoding")
-    length_penalty: float | None = _f("GNMT length penalty alpha of the decoding")
-    padding_share: float | None = _f("share of padding in the training batches")
+    length_penalty: Finite | None = _f("GNMT length penalty alpha of the decoding")
+    padding_share: Finite | None = _f("share of padding in the training batches")
     data: dict[str, Any] | None = _f("corpus and batching statistics")
     model: dict[str, Any] | None = _f("the architecture as built (TransformerConfig, every value)",
                                       trial=True)
@@ -80,16 +81,18 @@ class RunResult:
                                  "classifies again from the rule's inputs below", trial=True, column=True,
                                  summary=True)
     convergence_reason: str | None = _f("the numbers behind the convergence class", trial=True)
-    dev_ppl_curve: list[list[float]] | None = _f("[step, dev PPL] at every validation (an input of the "
+    dev_ppl_curve: list[Pair] | None = _f("[step, dev PPL] at every validation (an input of the "
                                                  "convergence rule)", trial=True)
-    train_loss_curve: list[list[float]] | None = _f("[step, window-mean training loss] at every log window "
+    train_loss_curve: list[Pair] | None = _f("[step, window-mean training loss] at every log window "
                                                     "(an input of the convergence rule)", trial=True)
     warmup_steps: int | None = _f("learning-rate warmup steps (train.warmup_steps; an input of the "
                                   "convergence rule)", trial=True)
-    unigram_ppl: float | None = _f("perplexity of the training targets' unigram distribution (an input "
+    unigram_ppl: Finite | None = _f("perplexity of the training targets' unigram distribution (an input "
                                    "of the convergence rule)", trial=True, column=True)
     status: str | None = _f("complete or failed")
     reason: str | None = _f("why a failed run failed (e.g. a NaN loss)")
+
+    __pydantic_config__ = STRICT  # how `validated` reads one back (`lightning_modules.base.records`)
 
     @property
     def complete(self) -> bool:
@@ -111,7 +114,7 @@ class RunResult:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise UserError(f"{source}: unknown keys {', '.join(unknown)}; not a run's results.json")
-        return cls(**data)
+        return validated(cls, data, source)
 
     @classmethod
     def keys(cls, where: str) -> tuple[str, ...]:
