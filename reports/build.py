@@ -275,6 +275,9 @@ def write_whole(out: Path, files: dict[str, str | bytes]) -> list[Path]:
     return written
 
 
+WANDB_INIT_TIMEOUT_S = 30.0  # W&B's own init_timeout is 90 s
+
+
 def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str,
                  figure_names: Sequence[str], caveat_lines: Sequence[str]) -> None:
     """The report in one W&B run of the project: the numeric table as a `wandb.Table`, every
@@ -288,10 +291,22 @@ def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str,
     import wandb
 
     lines = [("caveat", line) for line in caveat_lines] + summary(frame)  # the report's opening, in its order
-    run = wandb.init(project="transformer-ablations", name=f"report-{data.study}", job_type="report",
-                     group=data.study, mode=mode, dir=str(out), reinit="finish_previous",
-                     notes="\n".join(text for _, text in lines) or None,
-                     config={"study": data.study, "preset": data.preset, "overrides": data.overrides})
+    run = None
+    for attempt in (mode, "offline") if mode == "online" else (mode,):
+        try:  # online within W&B's init_timeout (it had retried for 109 s), else offline in the report's folder
+            settings = (wandb.Settings(init_timeout=WANDB_INIT_TIMEOUT_S)
+                        if attempt == "online" and not os.environ.get("WANDB_INIT_TIMEOUT") else None)
+            run = wandb.init(project="transformer-ablations", name=f"report-{data.study}", job_type="report",
+                             group=data.study, mode=attempt, dir=str(out), reinit="finish_previous",
+                             notes="\n".join(text for _, text in lines) or None, settings=settings,
+                             config={"study": data.study, "preset": data.preset, "overrides": data.overrides})
+            break
+        except Exception as err:  # noqa: BLE001 (the report is written: W&B is an extra)
+            then = "logging offline instead" if attempt == "online" else "the report is written without it"
+            print(f"ablate: warning: W&B {attempt} could not start ({' '.join(str(err).split())[:160]}); {then}",
+                  file=sys.stderr, flush=True)
+    if run is None:
+        return
     try:
         run.log({"table3": wandb.Table(dataframe=frame.reset_index()),
                  "notes": wandb.Table(columns=["kind", "text"], data=[list(line) for line in lines]),

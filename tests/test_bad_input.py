@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -1277,3 +1278,52 @@ def test_two_commands_on_one_run_train_it_once(wait: bool, tmp_path: Path, small
     rows = [tuple(line.split(",")) for line in (out / "logs" / "metrics.csv").read_text().splitlines()[1:]]
     assert rows and len(rows) == len(set(rows)), "a window logged twice"
     assert not list((out / "checkpoints").glob("*-v1*")), list((out / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize("damage", ["wandb-a-file", "wandb-id-outside"])
+def test_wandb_that_cannot_start_is_one_warning_and_the_run_completes(damage: str, tmp_path: Path, capfd):
+    """W&B is never fatal (#72): a `wandb` in the run directory that is a file, or a wandb_id.txt
+    that holds `../../outside`, had ended a trained run in a traceback without results.json. The
+    first trains without W&B, the second under a new W&B run id, each with one warning line; nothing
+    is written outside the run directory."""
+    run = tmp_path / "work" / "run"
+    run.mkdir(parents=True)
+    from lightning_modules.base.rundir import mark
+
+    mark(run)
+    if damage == "wandb-a-file":
+        (run / "wandb").write_text("not a folder")
+    else:
+        (run / "wandb_id.txt").write_text("../../outside")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = ablate_here(capfd, "train", "--preset", "tiny", "--out", str(run), "--wandb", "offline", *FAST[1:])
+    assert result.returncode == 0, result.stderr[-2000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("ablate: warning: W&B")]
+    assert len(warnings) == 1 and "Traceback" not in result.stderr, warnings
+    assert json.loads((run / "results.json").read_text())["status"] == "complete"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and not (tmp_path / "outside").exists()
+    if damage == "wandb-id-outside":
+        assert "holds no W&B run id ('../../outside')" in warnings[0]
+        new_id = (run / "wandb_id.txt").read_text().strip()
+        assert re.fullmatch(r"[a-z0-9]+", new_id) and any(run.glob(f"wandb/offline-run-*-{new_id}"))
+
+
+def test_a_report_to_wandb_online_without_a_network_is_written_and_logged_offline(tmp_path: Path):
+    """`ablate report --wandb-report online` with no way to reach W&B had waited 109 s, then printed
+    a traceback: now W&B's init_timeout bounds the wait ($WANDB_INIT_TIMEOUT: 2 s here), one warning
+    line, the report written and its W&B run kept offline in the report's folder; exit 0."""
+    import time
+
+    db = tmp_path / "t.db"
+    fake_table3_study(db, ["base", "A1"])
+    env = {**os.environ, "WANDB_API_KEY": "a" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_INIT_TIMEOUT": "2",
+           "HOME": str(tmp_path / "home"), "WANDB_SILENT": "true"}
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "ablate", "report", "--storage", f"sqlite:///{db}", "--out",
+                             str(tmp_path / "r"), "--wandb-report", "online"], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    warned = [line for line in result.stderr.splitlines() if line.startswith("ablate: warning: W&B online could not start")]
+    assert len(warned) == 1 and "logging offline instead" in warned[0]
+    assert (tmp_path / "r" / "table3.md").is_file() and list((tmp_path / "r" / "wandb").glob("offline-run-*"))
+    assert time.monotonic() - start < 120

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import socket
 import sys
@@ -111,18 +112,44 @@ def deterministic(cfg: RunConfig) -> bool:
 
 
 def make_loggers(cfg: RunConfig, out: Path, mode: str | None) -> list[Logger]:
-    """CSV always; W&B in `mode` ('online' or 'offline'; None: off)."""
+    """CSV always; W&B in `mode` ('online' or 'offline'; None: off), started here, before training.
+    W&B is an extra: one that cannot start (its folder not writable, not a folder) is one warning
+    line and the run trains without it, its curves in logs/metrics.csv."""
     loggers: list[Logger] = [CSVLogger(out, name="logs", version="")]
     if mode:
-        id_file = out / "wandb_id.txt"
-        run_id = id_file.read_text().strip() if id_file.is_file() else None
-        logger = _wandb_logger(cfg, out, mode, run_id)
-        if mode == "online":
-            logger = _online_or_offline(logger, cfg, out, run_id)
-        if run_id is None:
-            atomic_write_text(id_file, logger.experiment.id)
-        loggers.append(logger)
+        try:
+            loggers.append(_started_wandb(cfg, out, mode))
+        except Exception as err:  # noqa: BLE001 (whatever W&B raises: a run never fails for it)
+            wandb_warning(f"could not start ({_first_words(err)}); this run logs to logs/metrics.csv without W&B")
     return loggers
+
+
+WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _started_wandb(cfg: RunConfig, out: Path, mode: str) -> WandbLogger:
+    """The run's W&B logger, its run started (`wandb.init`); the run id it resumes is kept in
+    wandb_id.txt (one that is no W&B id, `../../outside` say, is replaced by a new run's)."""
+    id_file = out / "wandb_id.txt"
+    run_id = id_file.read_text(errors="replace").strip() if id_file.is_file() else None
+    if run_id is not None and not WANDB_ID.fullmatch(run_id):
+        wandb_warning(f"{id_file} holds no W&B run id ({run_id[:40]!r}); a new W&B run is started")
+        run_id = None
+    logger = _wandb_logger(cfg, out, mode, run_id)
+    if mode == "online":
+        logger = _online_or_offline(logger, cfg, out, run_id)
+    logger.experiment  # noqa: B018 (starts the run now, not at the first log inside training)
+    if run_id is None:
+        atomic_write_text(id_file, logger.experiment.id)
+    return logger
+
+
+def wandb_warning(text: str) -> None:
+    print(f"ablate: warning: W&B {text}", file=sys.stderr, flush=True)
+
+
+def _first_words(err: BaseException) -> str:
+    return " ".join(str(err).split())[:160] or type(err).__name__
 
 
 WANDB_INIT_TIMEOUT_S = 30.0  # W&B's own init_timeout (90 s by default) unless $WANDB_INIT_TIMEOUT says
@@ -151,9 +178,8 @@ def _online_or_offline(logger: WandbLogger, cfg: RunConfig, out: Path, run_id: s
         logger.experiment  # noqa: B018 (starts the run: wandb.init)
         return logger
     except (wandb.errors.Error, TimeoutError, OSError) as err:
-        first = " ".join(str(err).split())[:160] or type(err).__name__
-        print(f"ablate: warning: W&B online could not start ({first}); logging offline instead, in "
-              f"{out / 'wandb'} (upload it later with `wandb sync`)", file=sys.stderr, flush=True)
+        wandb_warning(f"online could not start ({_first_words(err)}); logging offline instead, in "
+                      f"{out / 'wandb'} (upload it later with `wandb sync`)")
     return _wandb_logger(cfg, out, "offline", run_id)
 
 
@@ -217,7 +243,15 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
             started()
             fit(run)
             produced = evaluate(run)
-            return None if produced is None else record(run, "complete", group=group or cfg.row, **produced)
+            if produced is None:
+                return None
+            results = record(run, "complete", group=group or cfg.row, **produced)  # results first, then W&B
+            if (run.out / ATTENTION_FILE).is_file():
+                try:
+                    log_attention(run.trainer.loggers, run.out / ATTENTION_FILE, cfg.row, run.trainer.global_step)
+                except Exception as err:  # noqa: BLE001 (the run is complete and recorded: W&B is an extra)
+                    wandb_warning(f"did not take the attention figure ({_first_words(err)}); the run is complete")
+            return results
 
 
 def finished(cfg: RunConfig, out: Path) -> RunResult | None:
@@ -371,9 +405,7 @@ def evaluate(run: Run) -> dict[str, Any] | None:
         test_bleu = None
         if cfg.eval.decode_test and dm.corpus.test.src:
             test_bleu, _ = evaluate_split(module, dm, cfg, "test", run.out)
-        saved_attention = save_run_attention(module.model, dm, cfg.eval, run.out)  # one dev sentence's heads
-    if saved_attention:
-        log_attention(trainer.loggers, run.out / ATTENTION_FILE, cfg.row, trainer.global_step)
+        save_run_attention(module.model, dm, cfg.eval, run.out)  # one dev sentence's heads (W&B takes it after record)
     return {"ppl": round(metrics["val/ppl"], 3), "bleu": bleu, "sacrebleu_signature": signature,
             "test_bleu": test_bleu, "device": device, **convergence}
 
