@@ -145,7 +145,8 @@ def test_a_sitting_stopped_between_a_redos_moves_sets_nothing_aside_twice(tmp_pa
     from dataclasses import replace
 
     from ablate.table3.archive import restore
-    from ablate.table3.plan import Table3Plan, queue, run_dir
+    from ablate.table3.plan import Table3Plan, identity, queue, run_dir, table_record
+    from lightning_modules.base.io import atomic_write_json
 
     plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
                       seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=["train.max_steps=10"])
@@ -156,12 +157,13 @@ def test_a_sitting_stopped_between_a_redos_moves_sets_nothing_aside_twice(tmp_pa
     for folder in (runs["base", 1], archive / "base-s1"):
         folder.mkdir(parents=True)
         (folder / "results.json").write_text('{"status": "complete", "ppl": 20.0}')
+    atomic_write_json(archive / "table3.json", table_record(plan, identity(plan)))  # an archive of ours
     (archive / "base-s1").rename(archive / f"base-s1.superseded-t{trial.number}")  # then stopped
 
     assert restore(runs, archive) == []
     study, queued = queue(replace(plan, redo=["base"]), archive)
     assert queued == 1
     assert sorted(p.name for p in runs["base", 1].parent.iterdir()) == [f"base-s1.superseded-t{trial.number}"]
-    assert sorted(p.name for p in archive.iterdir()) == [f"base-s1.superseded-t{trial.number}"]
+    assert sorted(p.name for p in archive.iterdir()) == [f"base-s1.superseded-t{trial.number}", "table3.json"]
     assert [t.user_attrs.get("redo_of") for t in study.trials] == [None, trial.number]
     assert queue(replace(plan, redo=["base"]), archive)[1] == 0  # asked once

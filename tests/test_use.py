@@ -284,7 +284,9 @@ def test_model_use_arguments_are_checked_in_one_line(run_dir: Path, tmp_path: Pa
     _fails(capsys, ["evaluate", str(run_dir), "--checkpoint", "average:abc"], "last, best or average:K")
     _fails(capsys, ["translate", str(run_dir), "--checkpoint", "average:٣", "--input", dev], "last, best or average:K")
     _fails(capsys, ["translate", str(run_dir), "--beam", "100000000", "--input", dev, "--device", "cpu"],
-           "beam search with --beam 100000000 would need")
+           "--beam: must be at most 1,024")  # a beam's range (#72); one that fits it but not memory: next
+    _fails(capsys, ["translate", str(run_dir), "--beam", "1024", "--batch-tokens", "100000000", "--input", dev,
+                    "--device", "cpu"], "beam search with --beam 1024 would need")
     _fails(capsys, ["translate", str(run_dir), "--batch-tokens", "1000000000000", "--input", dev, "--device", "cpu"],
            "lower --beam or --batch-tokens")
     for alpha in ("nan", "inf", "-1"):
