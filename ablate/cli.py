@@ -23,6 +23,7 @@ run is used on (`translate`, `evaluate`, `attention`). `--wandb` is the training
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -682,6 +683,11 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return args
 
 
+# A write that the world refuses (a full disk or device: `ablate params > /dev/full`), once the
+# library's own writes have said so themselves (`lightning_modules.base.errors.DiskFull`)
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     keep_notices()  # under SLURM a pre-emption notice during start-up is kept, not fatal
     hangup_as_sigterm()  # a closed terminal stops a run as SIGTERM does, with its checkpoint
@@ -697,10 +703,19 @@ def main(argv: Sequence[str] | None = None) -> int:
               "cd to an existing folder and run the command again", file=sys.stderr)
         return EXIT_FAILED
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a full or closed output: said here, not at the interpreter's exit
+        return code
     except UserError as err:
         print(f"ablate: error: {err}", file=sys.stderr)
         return exit_status(err)
+    except OSError as err:
+        if err.errno not in UNWRITABLE:
+            raise
+        sys.stdout = open(os.devnull, "w")  # what is left unflushed goes nowhere, quietly
+        where = f"{err.filename}" if err.filename else "the output (stdout)"
+        print(f"ablate: error: cannot write to {str(where)[:200]}: {err.strerror}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt as err:
         detail = f" ({err})" if str(err) else ""
         print(f"ablate: interrupted{detail}; run the same command again to resume", file=sys.stderr)

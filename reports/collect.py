@@ -58,7 +58,7 @@ def setup_key(environment: dict[str, Any] | None) -> str | None:
 
 def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     """The study's runs as a DataFrame (latest complete trial of each row and seed)."""
-    storage = make_storage(storage_url, None, existing=True)  # reading creates or changes no database
+    storage = make_storage(storage_url, None, read_only=True)  # reading creates or changes no database
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
              if s.user_attrs.get("kind") == KIND]
     if study_name is None:

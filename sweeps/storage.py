@@ -15,8 +15,11 @@ becomes FAIL and is queued again as a copy (`sweeps.optuna_api`).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sqlite3
+import tempfile
 import time
 from contextlib import closing
 from pathlib import Path
@@ -159,24 +162,33 @@ def _not_optuna(where: object, tables: set[str]) -> UserError:
                      f"Table 3 run")
 
 
-def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False) -> BaseStorage:
+def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
+                 read_only: bool = False) -> BaseStorage:
     """The storage of `url`; with a heartbeat, stale trials become FAIL and are re-queued as copies.
 
     `existing`: the storage must already hold Optuna's data (the report and the dashboard: reading
     one must not create one, nor add Optuna's tables to another SQLite file or server database).
+    `read_only` (implies `existing`): an SQLite file is opened read-only, so a backup on a
+    read-only disk or folder can be reported (the report and the dry run only read).
     """
+    existing = existing or read_only
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:
         if existing and not journal.is_file():
             raise UserError(f"no database {journal} (a journal file): give the --storage of a sweep or Table 3 run")
-        return _open_journal(journal, heartbeat_s)
+        try:
+            return _open_journal(journal, heartbeat_s)
+        except UserError:
+            if not read_only:
+                raise
+            return _open_journal(_snapshot(journal), None)  # a journal that cannot be opened for writing
     if proxy is not None:
         return _open_grpc(*proxy, heartbeat_s)
     if in_memory_sqlite(url):
         raise UserError(f"storage {url} is an in-memory SQLite database: the worker processes cannot "
                         f"share it and it is gone when the command ends; give a file, e.g. "
                         f"sqlite:///runs/sweeps.db")
-    return _open_rdb(url, heartbeat_s, existing)
+    return _open_rdb(url, heartbeat_s, existing, read_only)
 
 
 def check_url(url: str) -> str:
@@ -197,6 +209,16 @@ def check_url(url: str) -> str:
         raise UserError(f"storage {safe_url(url)[:80]!r} is not a storage URL: give sqlite:///FILE, "
                         f"postgresql+psycopg2://USER@HOST/DB, journal:///FILE or grpc://HOST:PORT") from None
     return url
+
+
+def _snapshot(journal: Path) -> Path:
+    """A copy of a read-only journal in a temporary folder of this process (removed at its exit):
+    Optuna's journal backend opens its file, and its lock, for writing."""
+    folder = Path(tempfile.mkdtemp(prefix="ablate-journal-"))
+    atexit.register(shutil.rmtree, folder, True)
+    copy = folder / journal.name
+    shutil.copyfile(journal, copy)
+    return copy
 
 
 def _open_journal(path: Path, heartbeat_s: int | None) -> BaseStorage:
@@ -226,19 +248,23 @@ def _open_grpc(host: str, port: int, heartbeat_s: int | None) -> BaseStorage:
                         f"start it with: ablate storage-proxy --storage URL --host HOST --port {port}") from None
 
 
-def _open_rdb(url: str, heartbeat_s: int | None, existing: bool) -> BaseStorage:
+def _open_rdb(url: str, heartbeat_s: int | None, existing: bool, read_only: bool = False) -> BaseStorage:
     path = sqlite_path(url)
     engine_kwargs: dict[str, Any] = {}
     if path is not None:
         check_sqlite_file(path, existing)
-        check_writable_dir(path.parent, f"the database {path.name}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if read_only:  # a backup on a read-only disk or folder (SQLite's mode=ro)
+            url = f"sqlite:///file:{path.absolute()}?mode=ro&uri=true"
+        else:
+            check_writable_dir(path.parent, f"the database {path.name}")
+            path.parent.mkdir(parents=True, exist_ok=True)
         engine_kwargs = {"connect_args": {"timeout": 60}}  # several workers write to one file
     try:
         if path is None and existing and not OPTUNA_TABLES <= (tables := _server_tables(url)):
             raise _not_optuna(safe_url(url), tables)  # a reading command must not create Optuna's tables
-        storage = _retry_open(url, heartbeat_s, engine_kwargs, 1 if path is None else SQLITE_OPEN_ATTEMPTS)
-        if path is not None:
+        storage = _retry_open(url, heartbeat_s, engine_kwargs, 1 if path is None else SQLITE_OPEN_ATTEMPTS,
+                              skip_table_creation=existing)
+        if path is not None and not read_only:
             _serialize_sqlite_transactions(storage.engine)
         return storage
     except UserError:
@@ -250,7 +276,8 @@ def _open_rdb(url: str, heartbeat_s: int | None, existing: bool) -> BaseStorage:
         raise UserError(f"cannot open storage {safe_url(url)}: {str(err).splitlines()[0]}") from None
 
 
-def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any], attempts: int) -> BaseStorage:
+def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any], attempts: int,
+                skip_table_creation: bool = False) -> BaseStorage:
     """Optuna's RDB storage, tried `attempts` times. Processes that open a new SQLite file at once
     (the workers of two commands, a test watching a sweep start) all create Optuna's tables and
     version row; Python's sqlite3 commits each CREATE TABLE on its own, so all but one fail ("table
@@ -258,10 +285,12 @@ def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any]
     database is complete."""
     for attempt in range(1, attempts):
         try:
-            return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)
+            return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs,
+                                     skip_table_creation=skip_table_creation)
         except (sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError):
             time.sleep(0.5 * attempt)
-    return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs)  # its error is the caller's
+    return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs,
+                             skip_table_creation=skip_table_creation)  # its error is the caller's
 
 
 def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:

@@ -1327,3 +1327,68 @@ def test_a_report_to_wandb_online_without_a_network_is_written_and_logged_offlin
     assert len(warned) == 1 and "logging offline instead" in warned[0]
     assert (tmp_path / "r" / "table3.md").is_file() and list((tmp_path / "r" / "wandb").glob("offline-run-*"))
     assert time.monotonic() - start < 120
+
+
+@contextmanager
+def immutable(*paths: Path) -> Iterator[None]:
+    """Folders and files no one may write, root included (`chattr +i`: a read-only disk or backup)."""
+    done = subprocess.run(["chattr", "+i", *map(str, paths)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"chattr +i is not available here: {done.stderr.decode()[:80]}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_reading_commands_read_a_database_and_folders_they_cannot_write(kind: str, tmp_path: Path, capsys,
+                                                                          monkeypatch):
+    """Read-only means read-only (#72): a report on a backup of a study that cannot be written, and
+    a dry run from a folder that cannot be written; each had been refused because it wanted to write."""
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    fake_table3_study(tmp_path / "t.db", ["base", "A1"])
+    if kind == "sqlite":
+        shutil.copy(tmp_path / "t.db", backup / "t.db")
+        url = f"sqlite:///{backup / 't.db'}"
+    else:
+        url = f"journal:///{backup / 't.journal'}"
+        optuna.copy_study(from_study_name="table3-tiny", from_storage=f"sqlite:///{tmp_path / 't.db'}",
+                          to_storage=optuna.storages.JournalStorage(
+                              optuna.storages.journal.JournalFileBackend(str(backup / "t.journal"))))
+    before = snapshot_of(backup)
+    with immutable(*backup.iterdir(), backup):
+        assert main(["report", "--storage", url, "--out", str(tmp_path / "r")]) == 0, capsys.readouterr().err
+        monkeypatch.chdir(backup)
+        assert main(["table3", "--preset", "demo", "--dry-run", "--storage", url]) == 0, capsys.readouterr().err
+    assert (tmp_path / "r" / "table3.md").is_file() and snapshot_of(backup) == before
+
+
+def snapshot_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("command", [["params"], ["params", "--json"]])
+def test_a_full_output_is_one_line(command: list[str], tmp_path: Path):
+    """`ablate params > /dev/full`: one line, exit 1 (a traceback before)."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "ablate", *command], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip() == \
+        "ablate: error: cannot write to the output (stdout): No space left on device", done.stderr
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, "\u00e9" * 250])
+def test_a_folder_name_the_file_system_cannot_hold_is_one_line(name: str, tmp_path: Path, capsys):
+    line_of = one_line_error(capsys, ["train", "--preset", "tiny", "--out", str(tmp_path / name), "--no-wandb"])
+    assert "is longer than the file system allows (255 bytes a name" in line_of
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    """The one stderr line of a command that refuses `args` with exit status 2."""
+    capsys.readouterr()
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("ablate: error:"), (args, code, err)
+    return err[0]

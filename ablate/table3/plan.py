@@ -85,7 +85,6 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
     base = resolve(preset, "base", config, overrides, spec_path)
     check_hardware(base)
-    check_writable_dir(runs_dir, "the run directories (--runs-dir)")
     seed_list = parse_seeds(seeds, default_seeds(preset) or [base.train.seed])
     single = [] if every_seed else [row for row in one_seed_rows(preset, spec) if row in chosen]
     again = [] if redo is None else select_rows(redo, spec, None, with_base=False, option="--redo")
@@ -513,6 +512,7 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     expected to finish before then (`sweeps.worker.Part`; without it every queued run starts)."""
     from ablate.table3 import archive as kept
 
+    check_writable_dir(plan.runs_dir, "the run directories (--runs-dir)")  # a dry run writes none
     if archive is not None:  # checked before anything is written (the data's cache included)
         folder = Path(archive)
         record = check_archive(folder, plan, identity(plan))

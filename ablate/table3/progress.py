@@ -79,7 +79,7 @@ def finished_in_study(plan: Table3Plan, wanted: dict[str, Any]) -> tuple[set[tup
     if local is not None and not local.is_file():
         return set(), set(), None  # no table has run with this storage here
     try:
-        study = optuna.load_study(study_name=plan.study, storage=make_storage(plan.storage, None, existing=True))
+        study = optuna.load_study(study_name=plan.study, storage=make_storage(plan.storage, None, read_only=True))
     except UserError as err:
         return set(), set(), str(err)
     except KeyError:

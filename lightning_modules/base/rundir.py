@@ -123,6 +123,18 @@ def run_above(path: Path) -> Path | None:
     return None
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one name and of a whole path (Linux's limits)
+
+
+def check_path_length(path: Path, option: str) -> None:
+    """A folder the file system can name: no name of it over 255 bytes, the whole under 4096."""
+    full = str(Path(path).absolute())
+    longest = max(Path(full).parts, key=lambda part: len(part.encode("utf-8", "surrogateescape")))
+    if len(longest.encode("utf-8", "surrogateescape")) > NAME_MAX or len(full.encode("utf-8", "surrogateescape")) >= PATH_MAX:
+        raise UserError(f"{option} {full[:60]}... is longer than the file system allows ({NAME_MAX} bytes a "
+                        f"name, {PATH_MAX} a path); give a shorter one")
+
+
 def check_apart(places: list[tuple[str, Path]]) -> None:
     """The folders one command writes (each with the option that names it: `--archive`, `--out`,
     `--report-dir`, or a table's run directories as `--runs-dir`): none may name, contain or sit
@@ -130,6 +142,8 @@ def check_apart(places: list[tuple[str, Path]]) -> None:
     save into one would empty the other: an archive pointed at the table's own run directories
     removed their checkpoints, and a run nested in another run's `checkpoints/` would be deleted
     with them."""
+    for option, path in places:
+        check_path_length(path, option)
     resolved = [(option, Path(path).absolute().resolve()) for option, path in places]
     for i, (option, path) in enumerate(resolved):
         if (above := run_above(path)) is not None:
