@@ -10,8 +10,11 @@ and are not read; `read_rows` gives the run's one history in step order.
 from __future__ import annotations
 
 import csv
+import io
 import re
 from pathlib import Path
+
+from lightning_modules.base.errors import UserError
 
 METRICS = "metrics.csv"
 _PART = re.compile(r"metrics\.part-(\d+)\.until-(\d+)\.csv$")
@@ -38,8 +41,28 @@ def set_aside(log_dir: Path, step: int) -> Path | None:
 
 
 def _read(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    """A log's rows, each with a whole-number step and numbers (or nothing) in every other column,
+    or one line naming the file: a damaged log is no traceback in whatever reads it."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+        text = text[:text.rfind("\n") + 1]  # a line still being written (a run logging now) is not read yet
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise _damaged(path, f"not CSV text ({type(err).__name__})") from None
+    for line, row in enumerate(rows, start=2):
+        if not row.get("step"):
+            raise _damaged(path, f"line {line} has no step")
+        for column, value in row.items():
+            try:
+                int(value) if column == "step" else float(value) if value else None
+            except (TypeError, ValueError):  # TypeError: a row with more fields than the header
+                raise _damaged(path, f"line {line}: {str(value)[:20]!r} is not a number") from None
+    return rows
+
+
+def _damaged(path: Path, what: str) -> UserError:
+    return UserError(f"{path} is damaged ({what}); a run writes it: move it away (the run's checkpoints and "
+                     f"results.json do not need it) and run the command again")
 
 
 def read_rows(log_dir: str | Path) -> list[dict[str, str]]:

@@ -231,3 +231,15 @@ class RunningTrial:
     def should_prune(self) -> bool:
         """The study's pruner's decision on the values reported so far."""
         return self.pruner.prune(self.study, self.storage.get_trial(self._id))
+
+
+@contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Without Optuna's INFO lines ("A new study created", "Using an existing study"): a command
+    says in its own lines what it opened, and an error after them is then its one line."""
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)

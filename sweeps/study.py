@@ -22,6 +22,7 @@ from lightning_modules.base.errors import UserError
 from lightning_modules.base.records import pack_lines, validated
 from lightning_modules.base.schema import read
 from ablations.resolve import parse_overrides
+from sweeps.optuna_api import quiet_optuna
 from sweeps.space import SearchSpace
 
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
@@ -71,7 +72,8 @@ def aside_name(name: str, number: int) -> str:
 def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl") -> optuna.Study:
     """Create the study, or load it if it exists (its direction must match `objective`)."""
     direction = OBJECTIVES[objective]
-    study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
+    with quiet_optuna():
+        study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
     if study.direction.name.lower() != direction:
         raise UserError(f"study {name!r} exists and is {study.direction.name.lower()}d; "
                         f"--objective {objective} needs {direction}: use another --study")

@@ -1392,3 +1392,15 @@ def one_line_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("ablate: error:"), (args, code, err)
     return err[0]
+
+
+def test_a_table_on_a_study_of_a_newer_schema_is_one_line(tmp_path: Path, capfd):
+    """It had been two: Optuna's "Using an existing study" line before ours."""
+    db = tmp_path / "t.db"
+    fake_table3_study(db, ["base", "A1"])
+    with closing(sqlite3.connect(db)) as con, con:
+        con.execute("UPDATE study_user_attributes SET value_json = '2' WHERE key = 'schema'")
+    result = ablate_here(capfd, "table3", "--preset", "tiny", "--rows", "base", "--storage", f"sqlite:///{db}",
+                         "--runs-dir", str(tmp_path / "runs"), *FAST)
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "is of schema version 2, newer than" in lines[0], lines

@@ -349,3 +349,16 @@ def test_attention_on_a_full_disk_is_one_line_exit_1_and_leaves_no_folder(run_di
     lines = report["stderr"].strip().splitlines()
     assert report["code"] == 1 and len(lines) == 1 and "the disk is full" in lines[0], report["stderr"][-3000:]
     assert report["after"] == report["before"]
+
+
+@pytest.mark.parametrize("damage, said", [(b"step,val/ppl\n\xff\xfe,1\n", "not CSV text (UnicodeDecodeError)"),
+                                          (b"step,val/ppl\n3,abc\n", "line 2: 'abc' is not a number"),
+                                          (b"step,val/ppl\n3,5.0,7\n", "line 2: \"['7']\" is not a number"),
+                                          (b"step,val/ppl\n,5.0\n", "line 2 has no step")])
+def test_a_damaged_log_is_one_line_naming_it(damage: bytes, said: str, run_dir: Path, tmp_path: Path, capsys):
+    """`evaluate --checkpoint best` reads the dev PPL the run logged: a damaged logs/metrics.csv had
+    been a traceback (#72); a line still being written at its end is not read."""
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "logs" / "metrics.csv").write_bytes(damage)
+    _fails(capsys, ["evaluate", str(run), "--checkpoint", "best", "--device", "cpu"], f"metrics.csv is damaged ({said}")

@@ -61,6 +61,7 @@ from lightning_modules.base.io import (atomic_write_bytes, atomic_write_json, ch
                                      not_a_link)
 from lightning_modules.base.rundir import CONFIG, check_entries, mark, refuse_foreign
 from lightning_modules.run.results import RESULTS, read_results
+from sweeps.optuna_api import quiet_optuna
 from sweeps.study import read_table
 
 SAVE_EVERY_S = 600.0
@@ -188,16 +189,6 @@ def save(runs: dict[tuple[str, int], Path], archive: Path, identity: dict[str, A
             save_run(run_dir, entry(archive, row, seed))
 
 
-@contextmanager
-def _quiet_optuna() -> Iterator[None]:
-    """Without Optuna's INFO line for each study a copy creates."""
-    level = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(level)
-
 
 @contextmanager
 def archived_study(archive: Path) -> Iterator[tuple[JournalStorage, str] | None]:
@@ -262,7 +253,7 @@ def save_study(storage: BaseStorage, name: str, archive: Path) -> None:
     with archived_study(archive) as kept:
         if kept is not None and study_content(*kept) == study_content(storage, name):
             return
-    with tempfile.TemporaryDirectory(prefix="ablate-study-") as tmp, _quiet_optuna():
+    with tempfile.TemporaryDirectory(prefix="ablate-study-") as tmp, quiet_optuna():
         path = Path(tmp) / "study.journal"
         optuna.copy_study(from_study_name=name, from_storage=storage,
                           to_storage=JournalStorage(JournalFileBackend(str(path))))
@@ -281,7 +272,7 @@ def restore_study(archive: Path, storage: BaseStorage, name: str) -> int:
         if kept is None or name in optuna.get_all_study_names(storage):
             return 0
         try:
-            with _quiet_optuna():
+            with quiet_optuna():
                 optuna.copy_study(from_study_name=kept[1], from_storage=kept[0], to_storage=storage,
                                   to_study_name=name)
         except optuna.exceptions.DuplicatedStudyError:  # another launcher of the table copied it just now
