@@ -25,6 +25,7 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
     Here rather than in `run_table3`, which runs the table alone: a report callback passed to it
     would leave every caller to wire the two together."""
     folder = Path(report_dir) if report_dir is not None else Path(plan.runs_dir) / plan.study / "report"
+    check_writable_dir(plan.runs_dir, "the run directories (--runs-dir)")  # here: a dry run writes none
     check_apart([("--runs-dir", Path(run_dir(plan, *run))) for run in plan.runs()]
                 + ([("--archive", Path(archive))] if archive is not None else [])
                 + ([("--report-dir", folder)] if report else []))

@@ -512,7 +512,6 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     expected to finish before then (`sweeps.worker.Part`; without it every queued run starts)."""
     from ablate.table3 import archive as kept
 
-    check_writable_dir(plan.runs_dir, "the run directories (--runs-dir)")  # a dry run writes none
     if archive is not None:  # checked before anything is written (the data's cache included)
         folder = Path(archive)
         record = check_archive(folder, plan, identity(plan))
