@@ -184,10 +184,7 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
             return _open_journal(_snapshot(journal), None)  # a journal that cannot be opened for writing
     if proxy is not None:
         return _open_grpc(*proxy, heartbeat_s)
-    if in_memory_sqlite(url):
-        raise UserError(f"storage {url} is an in-memory SQLite database: the worker processes cannot "
-                        f"share it and it is gone when the command ends; give a file, e.g. "
-                        f"sqlite:///runs/sweeps.db")
+    check_url(url)  # an in-memory database, a URL of no dialect: one line before anything opens
     return _open_rdb(url, heartbeat_s, existing, read_only)
 
 
@@ -203,6 +200,10 @@ def check_url(url: str) -> str:
         return url
     if grpc_address(url) is not None:
         return url
+    if in_memory_sqlite(url):
+        raise UserError(f"storage {url} is an in-memory SQLite database: the worker processes cannot "
+                        f"share it and it is gone when the command ends; give a file, e.g. "
+                        f"sqlite:///runs/sweeps.db")
     try:
         sqlalchemy.engine.make_url(url).get_dialect()
     except Exception:  # noqa: BLE001 (ArgumentError, NoSuchModuleError: not a database URL we can open)
