@@ -280,7 +280,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
         return 0
     from ablations.resolve import resolve
     from lightning_modules.base.io import check_writable_dir
-    from lightning_modules.run.preflight import check_data, check_hardware
+    from lightning_modules.run.preflight import check_hardware, prepare_data
     from sweeps.space import load_space
     from sweeps.storage import make_storage
     from sweeps.study import open_study
@@ -296,7 +296,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     from sweeps.worker import WorkerSettings
 
     check_writable_dir(args.runs_dir, "the trials' run directories (--runs-dir)")
-    check_data(fixed)  # the fixed settings' data; a sampled data key is checked by each trial
+    prepare_data(fixed)  # the fixed settings' data; a sampled data key is checked by each trial
     open_study(args.study, make_storage(args.storage, None), args.objective)
     settings = WorkerSettings(study=args.study, storage=args.storage, space=str(args.space),
                               n_trials=args.n_trials, runs_dir=args.runs_dir, preset=args.preset,

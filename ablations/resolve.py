@@ -9,9 +9,8 @@ dataclasses; `row` and `preset` are chosen by their options, not by overrides.
 
 from __future__ import annotations
 
-import json
-from dataclasses import fields
-from functools import lru_cache
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,26 +130,85 @@ def _merge(base, update: dict[str, Any], source: str):
         raise UserError(f"{source}: {key + ': ' if key else ''}{message}") from None
 
 
-def _preset_config(preset: str):
-    """The defaults with `preset` merged in (its `table3:` section left out: its rows, not settings).
-    Built once per version of the preset file (a table's dry run resolves ~150 runs); every merge
-    after it makes a new object, so the cached one is never changed."""
-    settings = {k: v for k, v in load_preset(preset).items() if k != "table3"}
-    return _preset_merged(preset, json.dumps(settings, sort_keys=True))
+@dataclass(frozen=True)
+class Recipe:
+    """What a run is made from: a scale preset, a row of an ablation spec (`spec`: its file; None:
+    Table 3's), a `--config` file and `key=value` overrides, later winning (see the module's
+    docstring). The one type a command, a table's plan, a sweep worker and a W&B sweep's run pass
+    on; `Resolver` makes configurations of it."""
+
+    preset: str = "tiny"
+    row: str = "base"
+    config: str | None = None
+    spec: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "overrides", tuple(str(item) for item in self.overrides))
+
+    def plus(self, *overrides: str, row: str | None = None) -> Recipe:
+        """This recipe with more overrides (they win), for `row` where given."""
+        return replace(self, row=row or self.row, overrides=(*self.overrides, *overrides))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "overrides": list(self.overrides)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Recipe:
+        return cls(**{**data, "overrides": tuple(data.get("overrides") or ())})
+
+    def resolve(self) -> RunConfig:
+        """The complete, validated configuration of this recipe's run."""
+        return Resolver(self).resolve(self.row)
 
 
-@lru_cache(maxsize=8)
-def _preset_merged(preset: str, settings: str):
-    cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), requested_config(RunConfig()))
-    cfg = _merge(cfg, {"preset": preset}, "arguments")
-    return _merge(cfg, json.loads(settings), f"preset {preset}")
+class Resolver:
+    """The configurations of one recipe's rows: its preset, spec and --config file are read and
+    its overrides parsed once, however many rows (and seeds: `extra` overrides) it resolves."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.spec = load_spec(recipe.spec)
+        preset = {k: v for k, v in load_preset(recipe.preset).items() if k != "table3"}  # its rows, not settings
+        self.preset = _merge(_merge(_defaults(), {"preset": recipe.preset}, "arguments"), preset,
+                             f"preset {recipe.preset}")
+        self.later = [(str(recipe.config), load_config_file(recipe.config))] if recipe.config else []
+        self.later += [("override", parse_overrides(list(recipe.overrides)))] if recipe.overrides else []
+        self.paper: dict[str, Any] | None = None
+
+    def resolve(self, row: str | None = None, extra: Sequence[str] = ()) -> RunConfig:
+        """The configuration of `row` (default: the recipe's), `extra` overrides after the recipe's."""
+        row = row or self.recipe.row
+        later = self.later + ([("override", parse_overrides(list(extra)))] if extra else [])
+        # The defaults as asked for (head sizes not set: they follow the final d_model and h), the preset
+        cfg = _merge(self.preset, {"row": row}, "arguments")
+        for source, values in later:  # a scale given there scales the row too (it would do nothing after it)
+            cfg = _merge(cfg, {"scale": values.get("scale") or {}}, source)
+        scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
+        ratios = recipe_ratios(_recipe(cfg), self.paper_recipe())
+        cfg = _merge(cfg, row_settings(row, self.spec, scale, ratios), f"row {row}")
+        for source, values in later:
+            cfg = _merge(cfg, values, source)
+        try:
+            return OmegaConf.to_object(cfg)
+        except OmegaConfBaseException as err:
+            raise UserError(str(err).splitlines()[0]) from None
+        except UserError as err:  # the model the row makes cannot be built (n_kv_heads: 3 of 8 heads): name it
+            spec = f", spec {self.recipe.spec}" if self.recipe.spec else ""
+            raise UserError(f"row {row!r} (preset {self.recipe.preset}{spec}): {err}") from None
+
+    def paper_recipe(self) -> dict[str, Any]:
+        """The paper's training and data settings (the `paper` preset): what a row's numbers are
+        read against (`ablations.spec.recipe_ratios`)."""
+        if self.paper is None:
+            paper = {k: v for k, v in load_preset("paper").items() if k != "table3"}
+            self.paper = _recipe(_merge(_defaults(), paper, "preset paper"))
+        return self.paper
 
 
-@lru_cache(maxsize=1)
-def _paper_recipe() -> dict[str, Any]:
-    """The paper's training and data settings (the `paper` preset): what a row's numbers are read
-    against (`ablations.spec.recipe_ratios`)."""
-    return _recipe(_preset_config("paper"))
+def _defaults():
+    """The configuration's defaults as asked for (`requested_config`), as OmegaConf checks types."""
+    return OmegaConf.merge(OmegaConf.structured(RunConfig), requested_config(RunConfig()))
 
 
 def _recipe(cfg) -> dict[str, Any]:
@@ -160,21 +218,6 @@ def _recipe(cfg) -> dict[str, Any]:
 
 def resolve(preset: str = "tiny", row: str = "base", config_file: str | Path | None = None,
             overrides: list[str] | None = None, spec_path: str | Path | None = None) -> RunConfig:
-    """The complete, validated configuration of one run."""
-    # The defaults as asked for (head sizes not set: they follow the final d_model and h), the preset
-    cfg = _merge(_preset_config(preset), {"row": row}, "arguments")
-    later = [(str(config_file), load_config_file(config_file))] if config_file else []
-    later += [("override", parse_overrides(overrides))] if overrides else []
-    for source, values in later:  # a scale given there scales the row too (it would do nothing after it)
-        cfg = _merge(cfg, {"scale": values.get("scale") or {}}, source)
-    scale = ScaleConfig(**OmegaConf.to_container(cfg.scale))
-    ratios = recipe_ratios(_recipe(cfg), _paper_recipe())
-    cfg = _merge(cfg, row_settings(row, load_spec(spec_path), scale, ratios), f"row {row}")
-    for source, values in later:
-        cfg = _merge(cfg, values, source)
-    try:
-        return OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as err:
-        raise UserError(str(err).splitlines()[0]) from None
-    except UserError as err:  # the model the row makes cannot be built (n_kv_heads: 3 of 8 heads): name it
-        raise UserError(f"row {row!r} (preset {preset}{', spec ' + str(spec_path) if spec_path else ''}): {err}") from None
+    """The complete, validated configuration of one run (`Recipe.resolve`)."""
+    return Recipe(preset, row, str(config_file) if config_file else None, str(spec_path) if spec_path else None,
+                  tuple(overrides or ())).resolve()

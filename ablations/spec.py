@@ -17,10 +17,8 @@ BLEU settings (`eval`), the seed (the table's), where a run trains, and output-o
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import fields
-from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,41 +64,18 @@ def load_preset(name: str) -> dict[str, Any]:
     path = _ablations_dir() / "presets" / f"{name}.yaml"
     if not path.is_file():
         raise UserError(f"unknown preset {name!r}; choose from {', '.join(preset_names())}")
-    return copy.deepcopy(_preset_data(*_file_version(path)))
-
-
-@lru_cache(maxsize=16)
-def _preset_data(shown: str, where: str, mtime_ns: int, size: int) -> dict[str, Any]:
-    return load_yaml(shown, "preset")
+    return load_yaml(path, "preset")
 
 
 def default_spec_path() -> Path:
     return _ablations_dir() / "table3.yaml"
 
 
-def _file_version(path: Path) -> tuple[str, str, int, int]:
-    """What identifies one version of a file to the caches below: the path as given (for
-    messages), where it is, its mtime and size."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return str(path), str(path), -1, -1  # missing: the loader says so in one line
-    return str(path), str(path.resolve()), stat.st_mtime_ns, stat.st_size
-
-
 def load_spec(path: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """The ablation rows: {row name: {group, model, train_steps, paper}}, base first, each value
-    checked against its type (model keys: TransformerConfig's, converted like '64' -> 64).
-
-    Read and checked once per version of the file (a table's dry run asks for it 44 times: 2.2 s
-    uncached, 0.01 s cached on a 2-core CPU); each caller gets its own copy."""
+    checked against its type (model keys: TransformerConfig's, converted like '64' -> 64). A table's
+    plan reads it once (`ablations.resolve.Resolver`)."""
     path = Path(path) if path else default_spec_path()
-    return copy.deepcopy(_checked_spec(*_file_version(path)))
-
-
-@lru_cache(maxsize=8)
-def _checked_spec(shown: str, where: str, mtime_ns: int, size: int) -> dict[str, dict[str, Any]]:
-    path = Path(shown)
     rows = load_yaml(path, "ablation spec")
     if len(rows) > MAX_ROWS:  # each row is checked and may be planned: a bound on the time it takes
         raise UserError(f"{path}: {len(rows):,} rows, more than the {MAX_ROWS:,} a spec may have")

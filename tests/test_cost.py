@@ -147,13 +147,13 @@ def test_longest_first_and_its_wall_clock():
 
 def test_the_queue_holds_the_runs_in_the_plans_order(tmp_path):
     """One scheduling function: the launcher's queue is the order the dry run replays."""
-    from ablate.table3.plan import run_config, start_order
+    from ablate.table3.plan import start_order
 
     plan = make_plan("gpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), [], rows="base,C,big")
     study, queued = queue(plan)
     waiting = [(t.user_attrs["row"], t.user_attrs["seed"]) for t in sorted(study.get_trials(), key=lambda t: t.number)]
     assert queued == len(plan.runs())
-    assert waiting == start_order({run: run_config(plan, *run) for run in plan.runs()})
+    assert waiting == start_order({run: plan.config_of(*run) for run in plan.runs()})
     assert waiting[0] == ("big", 1) and waiting[1][0] == "C5"
 
 

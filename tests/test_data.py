@@ -771,7 +771,7 @@ def test_one_process_at_a_time_prepares_a_corpus_in_a_cache_and_the_others_wait(
     While another process holds the cache's preparation lock, the data check says it waits, waits,
     and then prepares; a cache folder it cannot write is no error (the check runs unlocked)."""
     from ablations.resolve import resolve
-    from lightning_modules.run.preflight import check_data
+    from lightning_modules.run.preflight import prepare_data
 
     cache_dir = tmp_path / "cache"
     cfg = resolve("tiny", "base", None, ["data.vocab_size=300", "data.valid_size=50", "data.test_size=50",
@@ -787,7 +787,7 @@ def test_one_process_at_a_time_prepares_a_corpus_in_a_cache_and_the_others_wait(
             time.sleep(0.05)
         capfd.readouterr()
         start = time.monotonic()
-        digest = check_data(cfg)
+        digest = prepare_data(cfg)
         waited = time.monotonic() - start
     finally:
         holder.wait(timeout=60)
@@ -798,4 +798,4 @@ def test_one_process_at_a_time_prepares_a_corpus_in_a_cache_and_the_others_wait(
     read_only = tmp_path / "read-only"
     read_only.mkdir(mode=0o500)
     if os.geteuid() != 0:  # root writes anyway
-        assert check_data(replace(cfg, data=replace(cfg.data, cache_dir=str(read_only / "c")))) == digest
+        assert prepare_data(replace(cfg, data=replace(cfg.data, cache_dir=str(read_only / "c")))) == digest

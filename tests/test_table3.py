@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 from lightning_modules.convergence import classify_stored
 from lightning_modules.base.errors import UserError
 from ablations.spec import load_spec
-from ablate.table3.plan import Table3Plan, make_plan, parse_seeds, queue, run_config, select_rows
+from ablate.table3.plan import Table3Plan, make_plan, parse_seeds, queue, select_rows
 from conftest import start_chromium
 from here import ablate_here
 from test_sweeps import wait_for_running_trial, watch
@@ -112,9 +112,8 @@ def test_a_study_keeps_its_settings(tmp_path):
     study, queued = queue(plan)
     assert queued == 1 and queue(plan)[1] == 0  # already queued: not again
     assert study.user_attrs["kind"] == "table3" and study.user_attrs["setup"]["scale"]["width"] == 0.25
-    plan.overrides = ["train.max_steps=20"]
     with pytest.raises(UserError, match=r"differs in its overrides \(train.max_steps: 10 -> 20; there -> here\)"):
-        queue(plan)
+        queue(replace(plan, overrides=["train.max_steps=20"]))
 
 
 def test_a_study_is_the_same_table_whatever_the_overrides_order_or_where_output_goes(tmp_path):
@@ -176,14 +175,14 @@ def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
                       seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=[], config=str(config))
     study, _ = queue(plan)
     assert study.user_attrs["runs"]["base-s1"]["train"]["warmup_steps"] == 5
-    config.write_text("train: {warmup_steps: 7, max_steps: 10}\n")
+    config.write_text("train: {warmup_steps: 7, max_steps: 10}\n")  # each sitting makes its plan afresh
     with pytest.raises(UserError, match=rf"differs in its configuration from the --config file {config} "
                                         r"\(train.warmup_steps: 5 -> 7; there -> here\)"):
-        queue(plan)
+        queue(replace(plan))
     config.write_text("train: {warmup_steps: 5, max_steps: 10, log_every_n_steps: 3}\n")  # output only
-    assert queue(plan)[1] == 0
+    assert queue(replace(plan))[1] == 0
 
-    plan.config = None
+    plan = replace(plan, config=None)
     edited = identity(plan)  # as if the preset's file had said warmup_steps 300 and says 400 now
     edited["base-s1"]["train"]["warmup_steps"] = 300
     assert table_difference({"runs": edited}, plan, identity(plan)) == \
@@ -201,7 +200,7 @@ def test_identity_leaves_out_exactly_the_fields_marked_not_trained():
     from dataclasses import fields, is_dataclass
 
     from lightning_modules.config import TOKENIZER_KEYS, RunConfig, computed_config
-    from ablate.table3.plan import identity, run_config, table_difference
+    from ablate.table3.plan import identity, table_difference
 
     def other(value):  # a different value of the same kind
         if isinstance(value, bool) or value is None:
@@ -210,14 +209,14 @@ def test_identity_leaves_out_exactly_the_fields_marked_not_trained():
 
     plan = Table3Plan(study="t", storage="sqlite:///unused.db", preset="tiny", rows=["base"], seeds=[1],
                       runs_dir="runs", overrides=[])
-    wanted, resolved, defaults = identity(plan), run_config(plan, "base", 1), computed_config(RunConfig())
+    wanted, resolved, defaults = identity(plan), plan.config_of("base", 1), computed_config(RunConfig())
     assert wanted["base-s1"] == computed_config(resolved)
     keys = [(f, None) for f in fields(resolved) if not is_dataclass(getattr(resolved, f.name))]
     keys += [(f, part.name) for part in fields(resolved) if is_dataclass(getattr(resolved, part.name))
              for f in fields(getattr(resolved, part.name)) if not (part.name == "model" and f.name in TOKENIZER_KEYS)]
     marked = []
     for f, part in keys:
-        cfg = run_config(plan, "base", 1)
+        cfg = plan.config_of("base", 1)
         owner = cfg if part is None else getattr(cfg, part)
         setattr(owner, f.name, other(getattr(owner, f.name)))
         section = next((s for s in fields(cfg) if s.name == part), None)  # a whole section may be marked
@@ -760,13 +759,16 @@ def test_a_launcher_whose_worker_is_killed_sees_its_trial_fail_at_the_heartbeat_
 
 
 def test_each_rows_configuration_resolved_once_is_the_runs_own():
-    """`run_configs` resolves a row once and sets each seed: the same configuration as resolving the
-    (row, seed) with its seed override, for every run of both shipped specs."""
-    from ablate.table3.plan import run_configs
+    """The plan resolves a row once and sets each seed (`Table3Plan.config_of`): the same
+    configuration as resolving the (row, seed) with its seed override on its own, for every run of
+    both shipped specs."""
+    from ablate.table3.plan import run_configs, seed_overrides
+    from ablations.resolve import resolve
 
     for spec in (None, "ablations/modifications.yaml"):
         plan = Table3Plan(study="t", storage="sqlite:///unused.db", preset="cpu", rows=list(load_spec(spec)),
                           seeds=[1, 7], runs_dir="runs", overrides=["train.lr_scale=0.7"], spec_path=spec)
         configs = run_configs(plan)
         assert list(configs) == plan.runs()
-        assert all(configs[row, seed] == run_config(plan, row, seed) for row, seed in plan.runs())
+        assert all(configs[row, seed] == resolve("cpu", row, None, ["train.lr_scale=0.7", *seed_overrides(seed)], spec)
+                   for row, seed in plan.runs())

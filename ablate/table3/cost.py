@@ -24,8 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from ablations.resolve import resolve
-from ablations.spec import load_spec, recipe_changes, table3_section
+from ablations.resolve import Recipe
+from ablations.spec import recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
 from lightning_modules.base.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
@@ -95,7 +95,7 @@ class DeviceRate:
         if source == preset or table3_section(str(source)).get("cost", {}).get("derived_from"):
             raise UserError(f"preset {preset!r}: table3.cost.derived_from must name a preset with a "
                             f"measured rate, got {source!r}")
-        their_params = parameters(resolve(str(source), "base"))
+        their_params = parameters(Recipe(str(source)).resolve())
         theirs = cls.of_preset(str(source), their_params, device)
         flops_per_s = 6.0 * their_params * theirs.base_tokens_per_s
         extrapolated = f" ({theirs.derived})" if theirs.derived else ""
@@ -128,12 +128,7 @@ class TimeUnit:
 
 def row_configs(plan: Table3Plan) -> dict[str, RunConfig]:
     """Each planned row's configuration (its seeds differ in nothing the estimate reads)."""
-    return {row: resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path) for row in plan.rows}
-
-
-def base_config(plan: Table3Plan, rows: dict[str, RunConfig]) -> RunConfig:
-    """The base row's configuration: planned (`rows`), else resolved (a table without base)."""
-    return rows.get("base") or resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    return {row: plan.config_of(row) for row in plan.rows}
 
 
 def estimate(plan: Table3Plan, configs: dict[str, RunConfig] | None = None,
@@ -142,10 +137,10 @@ def estimate(plan: Table3Plan, configs: dict[str, RunConfig] | None = None,
     its peak training memory per device (`configs`: `row_configs`, when the caller has them;
     `device`: the device to plan for, `DeviceRate.of_preset`)."""
     configs = configs or row_configs(plan)
-    base = base_config(plan, configs)
+    base = plan.base
     rate = DeviceRate.of_preset(plan.preset, parameters(base), device)
     flops_per_s = 6.0 * parameters(base) * rate.base_tokens_per_s
-    spec = load_spec(plan.spec_path)
+    spec = plan.spec
     lines = []
     for row, cfg in configs.items():
         flops = training_flops(cfg)
@@ -283,7 +278,7 @@ def describe(plan: Table3Plan, workers: Workers | None = None, device: str | Non
     run_total = (shown[f"{unit.short}/run"] * shown["seeds"]).sum()  # device time over the devices a run takes
     wall, longest, which = schedule(plan, table, rows, workers)
     per = unit.per_hour / 3600
-    base = base_config(plan, rows)
+    base = plan.base
     checkpoints = sum(checkpoint_bytes(rows[row]) for row, _ in plan.runs()) / GB
     corpus = CORPORA[base.data.corpus].disk_gb
     data = (f"about {corpus:g} GB for the {base.data.corpus} corpus in data.cache_dir on each machine"

@@ -13,6 +13,7 @@ refused (`table_difference`) instead of mixing two tables.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -24,7 +25,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from ablations.resolve import load_config_file, parse_overrides, resolve
+from ablations.resolve import Recipe, Resolver, load_config_file, parse_overrides
 from ablations.spec import RECIPE_SECTIONS, SCALED_KEYS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
 from lightning_modules.config import RunConfig, check_seed, computed_config, trained_part
 from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, did_you_mean
@@ -41,7 +42,7 @@ from sweeps.study import KIND, REDO_OF, enqueue, open_study, read_table, run_nam
 CORPUS = "corpus"  # a table study's user attribute: each row's corpus digest (`check_data`)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Table3Plan:
     """What to run: the study, the rows and seeds, and the `ablate train` options for all of them."""
 
@@ -56,6 +57,40 @@ class Table3Plan:
     config: str | None = None
     one_seed_rows: list[str] = field(default_factory=list)  # run with the first seed only
     redo: list[str] = field(default_factory=list)  # rows whose finished runs train again (`ablate.table3.redo`)
+    # each row's configuration, resolved once (`config_of`), by the plan's own reading of its files
+    _resolver: Resolver | None = field(default=None, init=False, repr=False, compare=False)
+    _rows: dict[str, RunConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def recipe(self) -> Recipe:
+        """What every run of the table is made from, but its row and seed."""
+        return Recipe(self.preset, "base", self.config, self.spec_path, tuple(self.overrides))
+
+    @property
+    def resolver(self) -> Resolver:
+        if self._resolver is None:
+            object.__setattr__(self, "_resolver", Resolver(self.recipe))
+        return self._resolver
+
+    @property
+    def spec(self) -> dict[str, dict[str, Any]]:
+        """The ablation spec's rows, as the plan read them."""
+        return self.resolver.spec
+
+    def config_of(self, row: str, seed: int | None = None) -> RunConfig:
+        """The configuration (row, seed) trains with, its row resolved once: a seed changes
+        train.seed alone (`seed_overrides`; tests/test_table3.py checks it against resolving the
+        run with its seed override). Without a seed: the row's with the first planned seed."""
+        if row not in self._rows:
+            self._rows[row] = self.resolver.resolve(row)
+        seed = self.seeds[0] if seed is None else seed
+        check_seed(seed)
+        cfg = copy.deepcopy(self._rows[row])  # a caller's changes stay its own
+        return replace(cfg, train=replace(cfg.train, seed=seed))
+
+    @property
+    def base(self) -> RunConfig:
+        return self.config_of("base")
 
     def seeds_of(self, row: str) -> list[int]:
         return self.seeds[:1] if row in self.one_seed_rows else self.seeds
@@ -81,9 +116,10 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     from lightning_modules.run.preflight import check_hardware  # loads torch: only once a plan is made
 
     name = check_name(study or default_study(preset, spec_path), "study name")  # before anything is written
-    spec = load_spec(spec_path)
+    resolver = Resolver(Recipe(preset, "base", config, spec_path, tuple(overrides)))
+    spec = resolver.spec
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
-    base = resolve(preset, "base", config, overrides, spec_path)
+    base = resolver.resolve("base")
     check_hardware(base)
     seed_list = parse_seeds(seeds, default_seeds(preset) or [base.train.seed])
     single = [] if every_seed else [row for row in one_seed_rows(preset, spec) if row in chosen]
@@ -91,9 +127,12 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     if outside := [row for row in again if row not in chosen]:
         raise UserError(f"--redo names rows the table does not run ({', '.join(outside)}); "
                         f"its rows: {', '.join(chosen)}")
-    return Table3Plan(study=name, storage=storage, preset=preset, rows=chosen,
+    plan = Table3Plan(study=name, storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
                       config=config, one_seed_rows=single, redo=again)
+    object.__setattr__(plan, "_resolver", resolver)
+    plan._rows["base"] = base
+    return plan
 
 
 def base_steps_overrides(max_steps: int, spec_path: str | None = None) -> list[str]:
@@ -152,19 +191,19 @@ def parse_seeds(text: str | None, default: list[int]) -> list[int]:
 
 def check_data(plan: Table3Plan) -> dict[str, str]:
     """Prepare each distinct data setting of the planned rows once, in a scratch directory (see
-    `preflight.check_data`): a table whose data leaves no pairs fails in one line before anything
+    `preflight.prepare_data`): a table whose data leaves no pairs fails in one line before anything
     is queued, instead of in every trial. Returns each row's corpus digest, which the study keeps
     (`check_study`): machines of one study may read the corpus from different places, but it must
     be the same text."""
-    from lightning_modules.run.preflight import check_data as prepare  # loads the data stack
+    from lightning_modules.run.preflight import prepare_data  # loads the data stack
 
     digests: dict[str, str] = {}
     rows: dict[str, str] = {}
     for row in plan.rows:
-        cfg = resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
+        cfg = plan.config_of(row)
         key = repr((cfg.data, cfg.model.max_len))
         if key not in digests:
-            digests[key] = prepare(cfg)
+            digests[key] = prepare_data(cfg)
         rows[row] = digests[key]
     return rows
 
@@ -174,23 +213,9 @@ def run_dir(plan: Table3Plan, row: str, seed: int) -> str:
     return str(inside(plan.runs_dir, plan.study, run_name(row, seed)))
 
 
-def run_config(plan: Table3Plan, row: str, seed: int) -> RunConfig:
-    """The configuration a planned (row, seed) trains with (its queued trial's worker resolves the same)."""
-    return resolve(plan.preset, row, plan.config, [*plan.overrides, *seed_overrides(seed)], plan.spec_path)
-
-
 def run_configs(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> dict[tuple[str, int], RunConfig]:
-    """`run_config` of each planned (row, seed) (or each of `runs`), each row resolved once: a
-    seed changes train.seed alone (`seed_overrides`), so the row's configuration with that seed is
-    the same one (tests/test_table3.py checks it against `run_config`)."""
-    rows: dict[str, RunConfig] = {}
-    configs = {}
-    for row, seed in plan.runs() if runs is None else runs:
-        if row not in rows:
-            rows[row] = resolve(plan.preset, row, plan.config, plan.overrides, plan.spec_path)
-        check_seed(seed)
-        configs[row, seed] = replace(rows[row], train=replace(rows[row].train, seed=seed))
-    return configs
+    """The configuration of each planned (row, seed) (or each of `runs`): `Table3Plan.config_of`."""
+    return {(row, seed): plan.config_of(row, seed) for row, seed in (plan.runs() if runs is None else runs)}
 
 
 def table_record(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -199,7 +224,7 @@ def table_record(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str,
     spec's entries of the table's rows (those of `runs` and the plan's: a row the spec file gained
     since is no part of the table until a sitting plans it), the overrides, the --config file and
     the setup its caption names."""
-    cfg = resolve(plan.preset, "base", plan.config, plan.overrides, plan.spec_path)
+    cfg = plan.base
     setup = {"scale": asdict(cfg.scale), "corpus": cfg.data.corpus, "vocab_size": cfg.data.vocab_size,
              "max_tokens": cfg.data.max_tokens, "beam_size": cfg.eval.beam_size,
              "length_penalty": cfg.eval.length_penalty}
@@ -212,7 +237,7 @@ def table_spec(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, d
     planned) and the plan's. A row the spec file gained since is no part of the table until a
     sitting plans it, so a table re-run as it was records what it recorded."""
     rows = {str(config.get("row")) for config in runs.values()} | set(plan.rows)
-    return {row: entry for row, entry in load_spec(plan.spec_path).items() if row in rows}
+    return {row: entry for row, entry in plan.spec.items() if row in rows}
 
 
 def identity(plan: Table3Plan, runs: list[tuple[str, int]] | None = None) -> dict[str, dict[str, Any]]:
@@ -242,7 +267,7 @@ def table_difference(stored: dict[str, Any], plan: Table3Plan,
     this time or not, so a sitting of other rows or seeds is checked too. A field its
     configuration lacks (one added to the config since) reads as that field's default."""
     there = stored["runs"]
-    spec = load_spec(plan.spec_path)
+    spec = plan.spec
     gone = sorted({str(config.get("row")) for config in there.values()} - set(spec))
     if gone:
         return "rows", f"{', '.join(gone)} not in the ablation spec {plan.spec_path or default_spec_path()} here"
@@ -297,7 +322,7 @@ def _changed_by(plan: Table3Plan, stored: dict[str, Any], keys: set[str]) -> str
     lightning_modules/config.py."""
     if keys & (_override_keys(plan.overrides) | _override_keys(stored.get("overrides") or [])):
         return "overrides"
-    spec = load_spec(plan.spec_path)
+    spec = plan.spec
     row_keys = {f"model.{key}" for row in spec.values() for key in row.get("model", {})}
     row_keys |= {"train.max_steps"} if any("train_steps" in row for row in spec.values()) else set()
     row_keys |= {f"{section}.{key}" for row in spec.values() for section in RECIPE_SECTIONS
@@ -386,7 +411,7 @@ def queue(plan: Table3Plan, archive: Path | None = None, storage: BaseStorage | 
     storage that lacks it (`ablate.table3.archive.restore_study`) and whose entries of redone runs are
     set aside too; `corpus`: the rows' corpus digests (`check_data`), checked against the study's.
     Returns the study and the number queued now."""
-    spec = load_spec(plan.spec_path)
+    spec = plan.spec
     configs = run_configs(plan)
     storage = storage or make_storage(plan.storage, None)
     if archive is not None:

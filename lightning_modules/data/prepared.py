@@ -2,7 +2,7 @@
 reused, every split encoded and length-filtered, and the statistics a run records.
 
 `TranslationDataModule` (datamodule.py) serves it to Lightning; a table's or a sweep's checks
-before anything is queued (`preflight.check_data`) prepare it alone, so the command that queues
+before anything is queued (`preflight.prepare_data`) prepare it alone, so the command that queues
 a table loads no Lightning (about 3 s of its start-up on a 2-core CPU).
 """
 

@@ -1,7 +1,7 @@
 """Checks before a run does any work: the hardware it asks for, the output directory, its identity,
 memory, disk, W&B, and the checkpoints it would resume from. Each failure is one `UserError` line.
 
-Lightning is imported inside the checks that need it: `check_hardware` and `check_data`, which the
+Lightning is imported inside the checks that need it: `check_hardware` and `prepare_data`, which the
 commands that queue a table or a sweep run before queueing anything, load none (about 3 s).
 """
 
@@ -95,7 +95,7 @@ def check_cores(cfg: RunConfig) -> None:
                             f"(one {'process' if key != 'train.threads' else 'thread'} a core at most)")
 
 
-def check_data(cfg: RunConfig) -> str:
+def prepare_data(cfg: RunConfig) -> str:
     """Prepare the data as the run would (corpus, BPE, encoding, length filter) in a scratch
     directory that is then removed: a corpus that cannot be read, a vocabulary it cannot hold or a
     length limit that leaves no pairs fails here, once, before a sweep or a table queues anything.
