@@ -29,7 +29,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
 from lightning_modules.config import CORPORA
@@ -37,6 +37,11 @@ from lightning_modules.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_US
 from lightning_modules.run.slurm import keep_notices
 from lightning_modules.base.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
+
+if TYPE_CHECKING:  # the annotations only: `ablate --help` imports no configuration stack
+    from ablations.resolve import Recipe
+    from lightning_modules.config import RunConfig
+    from sweeps.space import SearchSpace
 
 def default_storage() -> str:
     """$ABLATE_STORAGE (it keeps a database password off the command line, and out of `ps`), else
@@ -251,12 +256,26 @@ def list_rows(args: argparse.Namespace) -> bool:
     return True
 
 
+def recipe_of(args: argparse.Namespace, overrides: list[str]) -> Recipe:
+    """What the command's runs are made from: its preset, row, --config and --spec, and `overrides`."""
+    from ablations.resolve import Recipe
+
+    return Recipe(args.preset, getattr(args, "row", "base"), args.config, args.spec, tuple(overrides))
+
+
+def sweep_recipe(args: argparse.Namespace, overrides: list[str]) -> tuple[Recipe, SearchSpace, RunConfig]:
+    """A sweep's recipe (`overrides`: the command's), its search space, and the configuration its
+    fixed settings make, checked before any trial samples the rest."""
+    from sweeps.space import load_space
+
+    recipe, space = recipe_of(args, overrides), load_space(args.space)
+    return recipe, space, recipe.plus(*space.fixed_overrides()).resolve()
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     if list_rows(args):
         return 0
-    from ablations.resolve import resolve
-
-    cfg = resolve(args.preset, args.row, args.config, run_overrides(args), args.spec)
+    cfg = recipe_of(args, run_overrides(args)).resolve()
     from lightning_modules.run.train import summary_table, train  # heavy (Lightning): after validation
 
     out = args.out or f"runs/{cfg.row}-{cfg.preset}-s{cfg.train.seed}"
@@ -278,16 +297,13 @@ def _sweep_run_args(args: argparse.Namespace, here: bool = True) -> tuple[list[s
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     if list_rows(args):
         return 0
-    from ablations.resolve import resolve
     from lightning_modules.base.io import check_writable_dir
     from lightning_modules.run.preflight import check_hardware, prepare_data
-    from sweeps.space import load_space
     from sweeps.storage import make_storage
     from sweeps.study import open_study
 
-    space = load_space(args.space)
     overrides, devices = _sweep_run_args(args)
-    fixed = resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
+    recipe, space, fixed = sweep_recipe(args, overrides)
     check_hardware(fixed)
     pruner = "none" if args.no_prune else args.pruner
     if args.sampler == "grid":
@@ -299,8 +315,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     prepare_data(fixed)  # the fixed settings' data; a sampled data key is checked by each trial
     open_study(args.study, make_storage(args.storage, None), args.objective)
     settings = WorkerSettings(study=args.study, storage=args.storage, space=str(args.space),
-                              n_trials=args.n_trials, runs_dir=args.runs_dir, preset=args.preset,
-                              row=args.row, config=args.config, spec=args.spec, overrides=overrides,
+                              n_trials=args.n_trials, runs_dir=args.runs_dir, recipe=recipe,
                               sampler=args.sampler, objective=args.objective, pruner=pruner,
                               prune_startup_trials=args.prune_startup_trials,
                               prune_warmup_steps=args.prune_warmup_steps,
@@ -355,13 +370,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep_wandb(args: argparse.Namespace) -> int:
-    from ablations.resolve import resolve
-    from sweeps.space import load_space
     from sweeps.wandb_sweep import launch, sweep_config, write_config
 
-    space = load_space(args.space)
     overrides = run_overrides(args)
-    resolve(args.preset, args.row, args.config, overrides + space.fixed_overrides(), args.spec)
+    _, space, _ = sweep_recipe(args, overrides)
     run_args = ["--out-root", str(Path(args.runs_dir) / "wandb"), "--preset", args.preset, "--row", args.row]
     for flag, value in (("--config", args.config), ("--spec", args.spec)):
         if value:

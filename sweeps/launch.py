@@ -12,12 +12,10 @@ with every running trial checkpointed.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict
 
 import optuna
 
@@ -26,7 +24,16 @@ from lightning_modules.run.slurm import on_slurm, requeue_job, task_cores
 from lightning_modules.base.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_WORKERS
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
-from sweeps.worker import WorkerSettings, describe_duration, resolve_run_dir
+from sweeps.worker import WorkerSettings, resolve_run_dir
+
+
+def describe_duration(seconds: float) -> str:
+    """`2h 30m`, `90s`: a duration as a person writes it."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return " ".join(parts) or "0s"
 
 
 def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
@@ -110,10 +117,10 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
         return EXIT_INTERRUPTED
     # The settings travel in the environment, not on the command line: `ps` shows command lines
     # to every user, and the storage URL may hold a database password.
-    procs = [spawn([sys.executable, "-m", "sweeps.worker"], env={**env, WORKER_ENV: json.dumps(asdict(settings))})
+    procs = [spawn([sys.executable, "-m", "sweeps.worker"], env={**env, WORKER_ENV: settings.to_json()})
              for env in envs]
     print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "
-          f"{'the queued trials' if settings.queue_only else f'{settings.n_trials} trials'}, "
+          f"{'the queued trials' if settings.policy else f'{settings.n_trials} trials'}, "
           f"storage {safe_url(settings.storage)}", flush=True)
     deadline = None if stop_after_s is None else time.monotonic() + stop_after_s
     stopped = False

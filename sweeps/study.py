@@ -10,7 +10,6 @@ same run directory) for the next worker.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -19,7 +18,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from lightning_modules.base.errors import UserError
-from lightning_modules.base.records import pack_lines, validated
+from lightning_modules.base.records import validated
 from lightning_modules.base.schema import read
 from ablations.resolve import parse_overrides
 from sweeps.optuna_api import quiet_optuna
@@ -107,15 +106,6 @@ def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> op
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup_steps))
     return optuna.pruners.NopPruner()
-
-
-def translation_attrs(run_dir: Path) -> dict[str, str] | None:
-    """A run's dev hypotheses and references as a trial keeps them (`dev_hyp`, `dev_ref`: the
-    report's paired bootstrap), or None when the run directory lacks either file."""
-    paths = {name: Path(run_dir) / f"dev.{name}.txt" for name in ("hyp", "ref")}
-    if not all(path.is_file() for path in paths.values()):
-        return None
-    return {f"dev_{name}": pack_lines(path.read_text(encoding="utf-8").splitlines()) for name, path in paths.items()}
 
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:

@@ -22,7 +22,7 @@ from sweeps.processes import EXIT_PRUNED, JOB_ENV, die_with_parent
 
 
 def run_trial(job: dict[str, Any]) -> int:
-    """Train the trial described by `job` (storage, study, trial_id, out, overrides, ...).
+    """Train the trial described by `job` (storage, study, trial number, out, its recipe, ...).
 
     The worker's stop (SIGINT) is recorded from the start (`lightning_modules.base.stop`): the
     run saves and stops at the end of its next training step (`callbacks.StopAtStepEnd`), or at
@@ -30,13 +30,13 @@ def run_trial(job: dict[str, Any]) -> int:
     finish."""
     import optuna
 
-    from ablations.resolve import resolve
+    from ablations.resolve import Recipe
     from lightning_modules.run.train import train
     from sweeps.optuna_api import RunningTrial
     from sweeps.pruning import StepPruningCallback
     from sweeps.storage import make_storage
     from sweeps.study import make_pruner
-    cfg = resolve(job["preset"], job["row"], job.get("config"), job["overrides"], job.get("spec"))
+    cfg = Recipe.from_json(job["recipe"]).resolve()
     trial = None
     if is_rank_zero():
         storage, pruner = make_storage(job["storage"], None), make_pruner(*job["pruner"])

@@ -30,12 +30,12 @@ def parse(argv: list[str]) -> tuple[Path, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ablations.resolve import resolve
+    from ablations.resolve import Recipe
     from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, exit_status
 
     out, args = parse(list(sys.argv[1:] if argv is None else argv))
     try:
-        cfg = resolve(args.preset, args.row, args.config, args.overrides, args.spec)
+        cfg = Recipe(args.preset, args.row, args.config, args.spec, tuple(args.overrides)).resolve()
         from lightning_modules.run.train import summary_table, train  # heavy: after validation
 
         results = train(cfg, out)

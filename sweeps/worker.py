@@ -1,4 +1,4 @@
-"""A sweep worker (`python -m sweeps.worker`, settings as JSON in $ABLATE_WORKER): loops on
+"""A sweep worker (`python -m sweeps.worker`, its settings as JSON in $ABLATE_WORKER): loops on
 `study.optimize`, one trial at a time.
 
 Each trial trains in a child process (`sweeps.trial_run`) in `<runs_dir>/<study>/trial-<number>`.
@@ -25,15 +25,13 @@ claims (a spare worker's, or a copy of a row queued twice) are not failures.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +40,9 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
-from lightning_modules.base.rundir import claim, saved_config
+from ablations.resolve import Recipe
+from lightning_modules.base.rundir import claim
 from lightning_modules.base.errors import UserError, exit_status
-from lightning_modules.metrics_log import last_step
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import on_slurm
 from lightning_modules.base.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_TRIAL, StopRequest
@@ -54,23 +52,19 @@ from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_tria
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
-from sweeps.study import FINISHED, make_pruner, make_sampler, superseded, translation_attrs
+from sweeps.study import FINISHED, make_pruner, make_sampler, superseded
 
 
 @dataclass
 class WorkerSettings:
-    """Everything a worker needs, passed as JSON on its command line."""
+    """Everything a worker needs, as JSON in $ABLATE_WORKER (`sweeps.launch.run_workers`)."""
 
     study: str
     storage: str
     space: str | None  # None: no sampled keys (queued trials only)
     n_trials: int
     runs_dir: str
-    preset: str = "tiny"
-    row: str = "base"
-    config: str | None = None
-    spec: str | None = None
-    overrides: list[str] = field(default_factory=list)  # the command's run options, as key=value
+    recipe: Recipe = field(default_factory=Recipe)  # what every trial is made from, before its own overrides
     sampler: str = "tpe"
     objective: str = "ppl"
     pruner: str = "median"
@@ -78,12 +72,48 @@ class WorkerSettings:
     prune_warmup_steps: int = 0
     heartbeat_s: int = 60
     seed: int | None = None
-    queue_only: bool = False  # run queued trials only (Table 3); stop when none is waiting
-    keep_translations: bool = False  # store dev hypotheses/references in the trial (for reports)
-    # The end of a part (`--stop-after`, seconds since the epoch) and each row's estimated run time
-    # on one worker: a queue-only worker claims only the queued runs expected to finish by then.
-    finish_by: float | None = None
-    run_seconds: dict[str, float] = field(default_factory=dict)
+    # How the worker takes and reports trials, a `Policy` of the caller's: "module:Class" and its
+    # arguments (a table's: `ablate.table3.policy.TablePolicy`); None: a sampled sweep's
+    policy: str | None = None
+    policy_args: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "recipe": self.recipe.to_json()})
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSettings:
+        data = json.loads(text)
+        return cls(**{**data, "recipe": Recipe.from_json(data.get("recipe") or {})})
+
+
+class Policy:
+    """How a worker takes and reports trials; this one is a sampled sweep's: every trial, sampled
+    or queued, and nothing said beyond Optuna's own lines. A caller's own policy (a table's) is a
+    subclass the worker builds from `WorkerSettings.policy`."""
+
+    queue_only = False  # run queued trials only, and stop when none waits
+
+    def update(self, study: optuna.Study) -> None:
+        """Before the queue is looked at: what the policy learns from the study (a table's pace)."""
+
+    def takes(self, trial: optuna.trial.FrozenTrial) -> bool:
+        """Whether this worker may claim the queued `trial` now."""
+        return True
+
+    def none_taken(self, waiting: list[optuna.trial.FrozenTrial]) -> str:
+        """Why no trial of `waiting` may be claimed (the worker then stops)."""
+        return "no queued trial may be claimed"
+
+    def done(self, trial: optuna.Trial, results: RunResult, run_dir: Path) -> None:
+        """A trial that finished, its results already on it."""
+
+
+def load_policy(settings: WorkerSettings) -> Policy:
+    """The settings' policy, built here (`module:Class` and its arguments), else a sweep's."""
+    if settings.policy is None:
+        return Policy()
+    module, _, name = settings.policy.partition(":")
+    return getattr(importlib.import_module(module), name)(**settings.policy_args)
 
 
 CLAIM_POLL_S = 2.0  # how often a queue-only worker looks again at a claim without its worker
@@ -114,8 +144,9 @@ class Objective:
     """Runs one trial in a child process and returns dev ppl or BLEU; records results as user attrs."""
 
     def __init__(self, settings: WorkerSettings, space: SearchSpace, storage: optuna.storages.BaseStorage,
-                 stop: StopRequest = STOP) -> None:
+                 stop: StopRequest = STOP, policy: Policy | None = None) -> None:
         self.s, self.space, self.storage, self.stop = settings, space, storage, stop
+        self.policy = policy or Policy()
         self.current: int | None = None  # the trial being run now (an interrupt queues its retry)
         self.last: int | None = None  # the trial run last
 
@@ -141,7 +172,7 @@ class Objective:
 
     def run(self, trial: optuna.Trial) -> float:
         queued = "overrides" in trial.user_attrs or "enqueued_overrides" in trial.user_attrs
-        if self.s.queue_only and not queued:
+        if self.policy.queue_only and not queued:
             trial.set_user_attr("nothing_queued", True)
             raise NothingQueued(trial.number)
         # First of all, so that no claim stays without its worker (see sweeps.claims).
@@ -168,12 +199,10 @@ class Objective:
         row = trial.user_attrs.get("row")
         # W&B: a sweep's trials form one group; a table's rows each form one, its seeds the runs
         group = f"{self.s.study}/{row}" if row else self.s.study
+        recipe = self.s.recipe.plus(*overrides, f"train.wandb_group={group}", row=row)
         job = {"storage": self.s.storage, "study": self.s.study, "trial_number": trial.number,
                "pruner": [self.s.pruner, self.s.prune_startup_trials, self.s.prune_warmup_steps],
-               "report": self.s.objective == "ppl", "out": run_dir,
-               "preset": self.s.preset, "row": row or self.s.row,
-               "config": self.s.config, "spec": self.s.spec,
-               "overrides": [*self.s.overrides, *overrides, f"train.wandb_group={group}"]}
+               "report": self.s.objective == "ppl", "out": run_dir, "recipe": recipe.to_json()}
         code = self.train(job, Path(run_dir))
         return self.collect(trial, Path(run_dir), code)
 
@@ -210,26 +239,8 @@ class Objective:
             raise TrialFailed(f"trial {trial.number} exited with status {code}; see {run_dir}/trial.log")
         for key, value in results.select("trial").items():
             trial.set_user_attr(key, value)
-        if self.s.queue_only:  # Table 3: one line per finished row instead of Optuna's log
-            print(f"{trial.user_attrs.get('row')} seed {results.seed}: "
-                  f"{results.convergence or 'unclassified'}, dev PPL {results.ppl}, "
-                  f"dev BLEU {results.bleu}, {results.train_time_s} s training, "
-                  f"{results.params:,} parameters", flush=True)
-        if self.s.keep_translations:
-            self.keep_translations(trial, run_dir)
+        self.policy.done(trial, results, run_dir)
         return float(getattr(results, self.s.objective))
-
-    @staticmethod
-    def keep_translations(trial: optuna.Trial, run_dir: Path) -> None:
-        """The dev hypotheses and references as user attributes (the report's paired bootstrap).
-        A run restored from its results.json alone (`ablate.table3.archive`) has none: said, not failed."""
-        kept = translation_attrs(run_dir)
-        if kept is None:
-            print(f"{trial.user_attrs.get('row')} seed {trial.user_attrs.get('seed')}: no dev translations "
-                  f"in {run_dir}; the report's paired bootstrap leaves this run out", flush=True)
-            return
-        for key, value in kept.items():
-            trial.set_user_attr(key, value)
 
 
 def resolve_run_dir(runs_dir: str | Path, place: str) -> Path:
@@ -283,83 +294,6 @@ def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
     return finished + running < settings.n_trials
 
 
-def describe_duration(seconds: float) -> str:
-    """`2h 30m`, `90s`: a duration as a person writes it."""
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
-    return " ".join(parts) or "0s"
-
-
-def own_or_overall(measured: Iterable[tuple[str, float]]) -> Callable[[str], float | None]:
-    """How a table's measured runs speak for a row (`measured`: (row, value) per run): the median of
-    the row's own values, or the median over every row for a row with none (FLOPs alone miss what
-    makes a row slow: on 2 cores, A3's 16 heads of 4 dimensions trained at two thirds of A2's
-    tokens/s with the same parameters); None before any run is measured. Medians, so that one run
-    slowed by other work beside it does not speak for the rest. Both `--dry-run`'s time left at
-    each row's own rate (`ablate.table3.progress`) and a part's choice of runs that fit (`pace`) read it."""
-    by_row: dict[str, list[float]] = {}
-    for row, value in measured:
-        by_row.setdefault(row, []).append(value)
-    overall = statistics.median(v for values in by_row.values() for v in values) if by_row else None
-    own = {row: statistics.median(values) for row, values in by_row.items()}
-    return lambda row: own.get(row, overall)
-
-
-def pace(trials: list[optuna.trial.FrozenTrial], run_seconds: dict[str, float]) -> Callable[[str], float]:
-    """How many times its estimate a run of a row takes here: over this study's complete runs, the
-    ratio of a run's training seconds (`train_time_s`, its own over every part it ran in: a resumed
-    run counts whole, the time between parts not at all) to its row's estimate; the row's own
-    median, or the median over every row for a row with none (`own_or_overall`);
-    1.0 before any has finished."""
-    ratios = own_or_overall(
-        (row, float(t.user_attrs["train_time_s"]) / run_seconds[row]) for t in trials
-        if t.state == TrialState.COMPLETE and (row := t.user_attrs.get("row")) in run_seconds
-        and t.user_attrs.get("train_time_s"))
-    return lambda row: ratios(row) or 1.0
-
-
-@dataclass
-class Part:
-    """A part of a long table (`--stop-after`): a run still training at its end is stopped, and its
-    checkpoint, git-ignored, does not travel with a committed archive, so a queue-only worker starts
-    only the queued runs it expects to finish in time: each row's estimate (`ablate.table3.cost`) times the pace
-    of this study's finished runs (`pace`), times the part of it still ahead (`ahead`: a stopped
-    run resumes from its checkpoint). A run without an estimate always starts."""
-
-    finish_by: float | None
-    run_seconds: dict[str, float]
-    runs_dir: str | Path | None = None  # where a retry copy's run directory and its progress are
-    pace: Callable[[str], float] = lambda row: 1.0
-
-    def update(self, study: optuna.Study) -> None:
-        self.pace = pace(study.get_trials(deepcopy=False), self.run_seconds)
-
-    def expected_s(self, trial: optuna.trial.FrozenTrial) -> float | None:
-        row = trial.user_attrs.get("row")
-        estimate = self.run_seconds.get(row)
-        return None if estimate is None else estimate * self.pace(row) * self.ahead(trial)
-
-    def ahead(self, trial: optuna.trial.FrozenTrial) -> float:
-        """The part of a run's training still ahead: a retry copy resumes from its checkpoint, so
-        its last logged step of its `train.max_steps` is behind it (1.0 for a run never started,
-        and where its run directory is not on this machine)."""
-        place = trial.user_attrs.get("run_dir")
-        if self.runs_dir is None or not place or retried_trial_number(trial) is None:
-            return 1.0
-        run = resolve_run_dir(self.runs_dir, place)
-        try:
-            max_steps = int(saved_config(run)["train"]["max_steps"])  # type: ignore[index]
-        except (KeyError, TypeError, ValueError):  # TypeError: no config (None)
-            return 1.0
-        return max(0.0, 1.0 - last_step(run / "logs") / max_steps) if max_steps > 0 else 1.0
-
-    def fits(self, trial: optuna.trial.FrozenTrial) -> bool:
-        expected = self.expected_s(trial)
-        return self.finish_by is None or expected is None or time.time() + expected <= self.finish_by
-
-
 def _stop_child(child: subprocess.Popen, preempted: bool) -> int:
     """Pass the stop on to the trial's process (SIGUSR1 for a pre-emption notice, else SIGINT) and
     give it `STOP_GRACE_S` to save its checkpoint; its exit status."""
@@ -400,19 +334,19 @@ def run_worker(settings: WorkerSettings) -> int:
     STOP.install(*INTERRUPTS, *([REQUEUE_SIGNAL] if on_slurm() else []))
     for handler in optuna.logging.get_logger("optuna").handlers:  # records of optuna.* reach these
         handler.addFilter(_NoTrialTracebacks())
-    if settings.queue_only:
+    policy = load_policy(settings)
+    if policy.queue_only:  # its policy says what it does, instead of Optuna's lines
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(settings.space) if settings.space else SearchSpace(path="", params=())
     storage = make_storage(settings.storage, settings.heartbeat_s)
     sampler = make_sampler(settings.sampler, space, settings.seed)
-    part = Part(settings.finish_by, settings.run_seconds, settings.runs_dir)
     study = RetriesFirstStudy(study_name=settings.study, storage=storage, sampler=sampler,
                               pruner=make_pruner(settings.pruner, settings.prune_startup_trials,
-                                                 settings.prune_warmup_steps), claimable=part.fits)
-    objective = Objective(settings, space, storage)
+                                                 settings.prune_warmup_steps), claimable=policy.takes)
+    objective = Objective(settings, space, storage, policy=policy)
     unrecorded = UnrecordedClaims(2 * settings.heartbeat_s if settings.heartbeat_s else None)
     try:
-        while not STOP.requested and next_trial_needed(study, storage, settings, sampler, unrecorded, STOP, part):
+        while not STOP.requested and next_trial_needed(study, storage, settings, sampler, unrecorded, STOP, policy):
             run_one_trial(study, objective, settings)
     except Stopped:  # Optuna has recorded the trial FAIL
         pass
@@ -428,10 +362,11 @@ def run_worker(settings: WorkerSettings) -> int:
 
 def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage, settings: WorkerSettings,
                       sampler: optuna.samplers.BaseSampler, unrecorded: UnrecordedClaims,
-                      stop: StopRequest, part: Part | None = None) -> bool:
+                      stop: StopRequest, policy: Policy | None = None) -> bool:
     """Take back dead workers' trials, then say whether to run another; a queue-only worker waits
     while a claim without its worker may still be queued again (and not once asked to stop), and
-    stops when no queued run can finish before the part ends (`Part`)."""
+    stops when its policy takes none of the queued trials left (a table's part: `Policy.none_taken`)."""
+    policy = policy or Policy()
     while True:
         fail_stale_trials(study)  # before counting: a dead worker's trial is not "running"
         reclaim_dead_local_trials(study, storage)
@@ -442,21 +377,14 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
             return False
         if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
             return False
-        if not settings.queue_only:
+        if not policy.queue_only:
             return True
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if waiting and part is not None:
-            part.update(study)
-            if not any(part.fits(t) for t in waiting):
-                first = min(waiting, key=lambda t: part.expected_s(t) or 0.0)
-                row = first.user_attrs.get("row")
-                print(f"worker {os.getpid()}: the {len(waiting)} queued run(s) left cannot finish in the "
-                      f"{describe_duration(max(0.0, (part.finish_by or 0) - time.time()))} left of this part "
-                      f"(--stop-after; the shortest, {row}, is expected to take "
-                      f"{describe_duration(part.expected_s(first) or 0.0)}, {part.pace(row):.2f} x its "
-                      f"estimate); leaving them for the next part", file=sys.stderr)
-                return False
         if waiting:
+            policy.update(study)
+            if not any(policy.takes(t) for t in waiting):
+                print(f"worker {os.getpid()}: {policy.none_taken(waiting)}", file=sys.stderr)
+                return False
             return True
         if not unrecorded.pending or stop.wait(CLAIM_POLL_S):
             return False
@@ -486,7 +414,7 @@ def _requeue_interrupted(study: optuna.Study, number: int | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        return run_worker(WorkerSettings(**json.loads(args[0] if args else os.environ[WORKER_ENV])))
+        return run_worker(WorkerSettings.from_json(args[0] if args else os.environ[WORKER_ENV]))
     except UserError as err:  # e.g. the database went away
         print(f"worker {os.getpid()}: error: {err}", file=sys.stderr)
         return exit_status(err)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.preflight import check_same_result, resume_checkpoint
 from lightning_modules.run.results import RunResult, read_results
 from ablate.table3.plan import Table3Plan, queue
-from sweeps.worker import pace
+from ablate.table3.policy import pace
 from here import ablate_here
 from test_table3 import ablate, table3_args, trials
 
@@ -248,7 +248,7 @@ def test_a_run_directory_finished_elsewhere_is_queued_before_everything(tmp_path
     finished = tmp_path / "runs" / "u" / "base-s2"
     finished.mkdir(parents=True)
     (finished / "results.json").write_text(json.dumps({"status": "complete"}))
-    study, _ = queue(Table3Plan(**{**asdict(plan), "study": "u"}))
+    study, _ = queue(replace(plan, study="u"))
     assert (study.trials[0].user_attrs["row"], study.trials[0].user_attrs["seed"]) == ("base", 2)
 
 

@@ -427,7 +427,7 @@ def test_a_part_expects_a_resumed_run_to_take_only_the_steps_ahead_of_it(tmp_pat
     import optuna
 
     from sweeps.optuna_api import queue_retry
-    from sweeps.worker import Part
+    from ablate.table3.policy import TablePolicy
 
     study = optuna.create_study()
     for seed in (1, 2):
@@ -441,8 +441,9 @@ def test_a_part_expects_a_resumed_run_to_take_only_the_steps_ahead_of_it(tmp_pat
     (run / "config.yaml").write_text("train:\n  max_steps: 24000\n")
     (run / "logs" / "metrics.csv").write_text("epoch,step,train/loss\n0,100,7.0\n40,18000,3.1\n")
 
-    part = Part(time.time() + 1500, {"base": 4000.0}, tmp_path)
+    part = TablePolicy(str(tmp_path), time.time() + 1500, {"base": 4000.0})
     assert part.ahead(copy) == 0.25 and part.expected_s(copy) == 1000.0
     assert part.ahead(fresh) == 1.0 and part.expected_s(fresh) == 4000.0
-    assert part.fits(copy) and not part.fits(fresh)
-    assert Part(time.time() + 1500, {"base": 4000.0}, tmp_path / "elsewhere").ahead(copy) == 1.0  # not on this machine
+    assert part.takes(copy) and not part.takes(fresh)
+    elsewhere = TablePolicy(str(tmp_path / "elsewhere"), time.time() + 1500, {"base": 4000.0})
+    assert elsewhere.ahead(copy) == 1.0  # not on this machine

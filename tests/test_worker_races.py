@@ -32,7 +32,7 @@ from sweeps.processes import spawn
 from sweeps.space import SearchSpace
 from sweeps.storage import make_storage
 from sweeps.study import open_study
-from sweeps.worker import (NothingQueued, Objective, Stopped, TrialFailed, WorkerSettings, _NoTrialTracebacks,
+from sweeps.worker import (NothingQueued, Objective, Stopped, TrialFailed, WorkerSettings, _NoTrialTracebacks, load_policy,
                            _stop_child, counted_failures, owner_of_run_dir, should_start)
 
 
@@ -51,9 +51,12 @@ def study(tmp_path: Path) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
 def queue_only_objective(tmp_path: Path, storage: optuna.storages.BaseStorage, n_trials: int,
                          stop: StopRequest | None = None) -> tuple[WorkerSettings, Objective]:
     """A Table 3 worker's settings and objective (queued trials only) on the races study."""
+    from ablate.table3.policy import NAME
+
     settings = WorkerSettings(study="races", storage="", space=None, n_trials=n_trials,
-                              runs_dir=str(tmp_path), queue_only=True)
-    return settings, Objective(settings, SearchSpace(path="", params=()), storage, stop or StopRequest())
+                              runs_dir=str(tmp_path), policy=NAME, policy_args={"runs_dir": str(tmp_path)})
+    return settings, Objective(settings, SearchSpace(path="", params=()), storage, stop or StopRequest(),
+                               load_policy(settings))
 
 
 @contextlib.contextmanager

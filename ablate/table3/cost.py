@@ -179,7 +179,7 @@ def parallel_devices(cfg: RunConfig) -> int:
 
 def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
     """Each row's expected run time on one worker, for a part of a table (`--stop-after`,
-    `sweeps.worker.Part`): the estimate, which is of the whole device, times the workers sharing a
+    `ablate.table3.policy.TablePolicy`): the estimate, which is of the whole device, times the workers sharing a
     CPU (one GPU per worker has the whole device); empty, with a note, when the preset states no
     cost (then every queued run starts)."""
     try:
@@ -205,9 +205,9 @@ def fits(table: pd.DataFrame, rate: DeviceRate) -> str:
 
 def parts_note(seconds: dict[str, float], stop_after_s: float) -> str:
     """What `--stop-after` leaves out (`seconds`: `run_seconds`): a part starts only the runs it
-    expects to finish (`sweeps.worker.Part`), so a row whose run takes longer than a part never
+    expects to finish (`ablate.table3.policy.TablePolicy`), so a row whose run takes longer than a part never
     starts; '' when every row fits."""
-    from sweeps.worker import describe_duration
+    from sweeps.launch import describe_duration
 
     long = {row: s for row, s in seconds.items() if s > stop_after_s}
     if not long:

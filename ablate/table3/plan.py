@@ -534,7 +534,7 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     restored from before the queue is made, saved to while the workers run and when they end.
     `stop_after_s`: stop the workers that long after they start, as if interrupted; `run_seconds`
     (each row's expected time on one worker, `ablate.table3.cost.run_seconds`): start only the runs
-    expected to finish before then (`sweeps.worker.Part`; without it every queued run starts)."""
+    expected to finish before then (`ablate.table3.policy.TablePolicy`; without it every queued run starts)."""
     from ablate.table3 import archive as kept
 
     if archive is not None:  # checked before anything is written (the data's cache included)
@@ -563,6 +563,7 @@ def _run_queue(plan: Table3Plan, queued_now: tuple[optuna.Study, int], workers: 
                devices_per_run: int, heartbeat_s: int, stop_after_s: float | None = None,
                run_seconds: dict[str, float] | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
+    from ablate.table3.policy import NAME as TABLE_POLICY
     from sweeps.worker import WorkerSettings
 
     study, queued = queued_now
@@ -574,10 +575,9 @@ def _run_queue(plan: Table3Plan, queued_now: tuple[optuna.Study, int], workers: 
         n_trials = len(plan.runs()) + len(study.get_trials(deepcopy=False))
         finish_by = None if stop_after_s is None else time.time() + stop_after_s
         settings = WorkerSettings(study=plan.study, storage=plan.storage, space=None, n_trials=n_trials,
-                                  runs_dir=plan.runs_dir, preset=plan.preset, config=plan.config,
-                                  spec=plan.spec_path, overrides=plan.overrides, pruner="none",
-                                  heartbeat_s=heartbeat_s, queue_only=True, keep_translations=True,
-                                  finish_by=finish_by, run_seconds=dict(run_seconds or {}))
+                                  runs_dir=plan.runs_dir, recipe=plan.recipe, pruner="none", heartbeat_s=heartbeat_s,
+                                  policy=TABLE_POLICY, policy_args={"runs_dir": plan.runs_dir, "finish_by": finish_by,
+                                                                    "run_seconds": dict(run_seconds or {})})
         while True:
             left = None if finish_by is None else max(0.0, finish_by - time.time())
             code = run_workers(settings, workers, devices, devices_per_run, quiet=True, stop_after_s=left)
