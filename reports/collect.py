@@ -21,7 +21,8 @@ from lightning_modules.base.errors import UserError
 from lightning_modules.base.records import FinitePair, unpack_lines, validated
 from lightning_modules.run.results import RunResult
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import KIND, REDO_OF, aside_name, read_table, run_name, superseded
+from ablations.record import KIND, aside_name, read_table, run_name
+from sweeps.study import REDO_OF, superseded
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
 

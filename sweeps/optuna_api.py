@@ -23,7 +23,7 @@
 4. Optuna hands out queued trials in the order they were queued (`Study._pop_waiting_trial_id`,
    a private method that `Study.ask` calls). A retry copy is queued when its run is interrupted,
    so behind every trial queued before: a run pre-empted at 95% would wait for the whole queue,
-   and a long one (Table 3's big row) would end the table alone on one worker. `RetriesFirstStudy`
+   and a long one (a table's big row) would end the queue alone on one worker. `RetriesFirstStudy`
    overrides that one method so retry copies go first, each claimed as Optuna claims (the
    storage's atomic WAITING -> RUNNING), through public storage methods only.
    `tests/test_optuna_api.py` fails if Optuna stops calling it.

@@ -138,7 +138,7 @@ def check_sqlite_file(path: Path, existing: bool) -> None:
     creates `studies` first). Optuna would add its tables to any other database."""
     if not path.exists():
         if existing:
-            raise UserError(f"no database {path}: give the --storage of a sweep or Table 3 run")
+            raise UserError(f"no database {path}: give the --storage of a sweep or a table")
         return
     tables = _sqlite_tables(path)
     if OPTUNA_TABLES <= tables or not existing and (not tables or "studies" in tables):
@@ -159,7 +159,7 @@ def _server_tables(url: str) -> set[str]:
 def _not_optuna(where: object, tables: set[str]) -> UserError:
     held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
     return UserError(f"{where} is not an Optuna database ({held}); give the --storage of a sweep or "
-                     f"Table 3 run")
+                     f"table")
 
 
 def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
@@ -175,7 +175,7 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:
         if existing and not journal.is_file():
-            raise UserError(f"no database {journal} (a journal file): give the --storage of a sweep or Table 3 run")
+            raise UserError(f"no database {journal} (a journal file): give the --storage of a sweep or a table")
         try:
             return _open_journal(journal, heartbeat_s)
         except UserError:

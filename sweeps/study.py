@@ -1,5 +1,5 @@
-"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, the trials a redo replaces,
-and the names a table gives its study and runs.
+"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, and the trials queued to
+replace complete ones (`REDO_OF`).
 
 A study lives in a storage (`sweeps.storage`: SQLite by default, PostgreSQL, a journal file or
 the gRPC proxy). The storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's
@@ -13,59 +13,22 @@ from collections.abc import Iterable
 from typing import Any
 
 import optuna
-from pydantic import BaseModel, ConfigDict
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from lightning_modules.base.errors import UserError
-from lightning_modules.base.records import validated
-from lightning_modules.base.schema import read
 from ablations.resolve import parse_overrides
 from sweeps.optuna_api import quiet_optuna
 from sweeps.space import SearchSpace
 
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards --n-trials
-REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # the trials that count towards --n-trials
+REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces (a redo)
 
 
 def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
     """The numbers of the trials a redo (`REDO_OF`) replaces (whether or not the redo has finished)."""
     return {int(t.user_attrs[REDO_OF]) for t in trials if t.user_attrs.get(REDO_OF) is not None}
-
-
-KIND = "table3"  # a Table 3 study's `kind`; the table (`ablate.table3`) and its report (`reports.collect`) name runs as below
-
-
-class TableRecord(BaseModel):
-    """A table's record as stored (a study's user attributes, an archive's table3.json): what the
-    table and its report read from it, typed (`lightning_modules.base.records`)."""
-
-    model_config = ConfigDict(extra="allow")
-    kind: str
-    preset: str
-    spec: dict[str, dict[str, Any]]
-    overrides: list[str] = []
-    config: str | None = None
-    setup: dict[str, Any] = {}
-    runs: dict[str, dict[str, Any]] = {}
-    corpus: dict[str, str] = {}
-
-
-def read_table(stored: dict[str, Any], source: str) -> dict[str, Any]:
-    """A table's record of any version (`schema.read`), typed once: one line naming `source` and
-    the field that is not what a table writes."""
-    return validated(TableRecord, read("table", stored, source), source).model_dump()
-
-
-def run_name(row: str, seed: int) -> str:
-    """A planned run's name: its run directory's, and its key in the table's identity."""
-    return f"{row}-s{seed}"
-
-
-def aside_name(name: str, number: int) -> str:
-    """The name trial `number`'s run directory or archive entry `name` is set aside as by a redo."""
-    return f"{name}.superseded-t{number}"
 
 
 def open_study(name: str, storage: BaseStorage | str, objective: str = "ppl") -> optuna.Study:
@@ -109,7 +72,7 @@ def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> op
 
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
-    """Queue a fixed configuration (key=value overrides, and the Table 3 row in `user_attrs`)
+    """Queue a fixed configuration (key=value overrides, and what the caller keeps in `user_attrs`)
     unless the same one is queued, running or complete (and not replaced by a redo: `superseded`;
     a redo's own trial, with `redo_of` in `user_attrs`, is queued beside the trial it replaces).
 

@@ -52,7 +52,7 @@ from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_tria
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
-from sweeps.study import FINISHED, make_pruner, make_sampler, superseded
+from sweeps.study import COUNTED, make_pruner, make_sampler, superseded
 
 
 @dataclass
@@ -283,15 +283,16 @@ def counted_failures(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.tria
 
 
 def should_start(study: optuna.Study, settings: WorkerSettings) -> bool:
-    """Whether another trial is needed: finished + running < n_trials, and not failing endlessly."""
+    """Whether another trial is needed: counted (complete or pruned) + running < n_trials, and not
+    failing endlessly."""
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]
-    finished = sum(s in FINISHED for s in states)
+    counted = sum(s in COUNTED for s in states)
     running = states.count(TrialState.RUNNING)
     if len(counted_failures(trials)) >= max(settings.n_trials, 3):
         print(f"worker {os.getpid()}: too many failed trials, stopping", file=sys.stderr)
         return False
-    return finished + running < settings.n_trials
+    return counted + running < settings.n_trials
 
 
 def _stop_child(child: subprocess.Popen, preempted: bool) -> int:
@@ -393,7 +394,7 @@ def next_trial_needed(study: optuna.Study, storage: optuna.storages.BaseStorage,
 def run_one_trial(study: optuna.Study, objective: Objective, settings: WorkerSettings) -> None:
     """`study.optimize` for one trial; a trial another worker finished first is one line."""
     try:
-        study.optimize(objective, n_trials=1, callbacks=[MaxTrialsCallback(settings.n_trials, states=FINISHED)],
+        study.optimize(objective, n_trials=1, callbacks=[MaxTrialsCallback(settings.n_trials, states=COUNTED)],
                        catch=(TrialFailed, NothingQueued))
     except (UpdateFinishedTrialError, ValueError) as err:  # another worker finished it first
         if not isinstance(err, UpdateFinishedTrialError) and "Cannot tell" not in str(err):

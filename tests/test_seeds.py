@@ -119,7 +119,7 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     from reports.build import caveats, methods, summary
     from reports.collect import load_table3
     from reports.table3 import display_frame, table3_frame
-    from sweeps.study import KIND
+    from ablations.record import KIND
 
     url = f"sqlite:///{tmp_path}/t3.db"
     study = optuna.create_study(study_name="t3", storage=url)

@@ -62,7 +62,7 @@ from lightning_modules.base.io import (atomic_write_bytes, atomic_write_json, ch
 from lightning_modules.base.rundir import CONFIG, check_entries, mark, refuse_foreign
 from lightning_modules.run.results import RESULTS, read_results
 from sweeps.optuna_api import quiet_optuna
-from sweeps.study import read_table
+from ablations.record import read_table
 
 SAVE_EVERY_S = 600.0
 MAX_JOURNAL_BYTES = 256 * 2 ** 20  # a study journal unpacked (a 50-run table's: 3.5 MB)

@@ -37,9 +37,9 @@ from ablate.table3.redo import aside, redo_requests
 from ablate.table3.schedule import longest_first, training_flops
 from lightning_modules.base.schema import stamped
 from sweeps.storage import make_storage, safe_url
-from sweeps.study import KIND, REDO_OF, enqueue, open_study, read_table, run_name, superseded
+from ablations.record import CORPUS, KIND, read_table, run_name
+from sweeps.study import REDO_OF, enqueue, open_study, superseded
 
-CORPUS = "corpus"  # a table study's user attribute: each row's corpus digest (`check_data`)
 
 
 @dataclass(frozen=True)
@@ -398,7 +398,7 @@ def check_archive(archive: Path, plan: Table3Plan, wanted: dict[str, dict[str, A
     return table_record(plan, recorded_runs(stored["runs"], wanted))
 
 
-def finished(run_dir: Path) -> bool:
+def complete_in(run_dir: Path) -> bool:
     """Whether a run directory holds a complete results.json (the workers adopt it as it is)."""
     done = read_results(run_dir)
     return done is not None and done.complete
@@ -425,7 +425,7 @@ def queue(plan: Table3Plan, archive: Path | None = None, storage: BaseStorage | 
     # Longest first (`ablate.table3.schedule`, which the dry run replays): the big model starts at once
     # instead of last; finished run directories the study does not know yet (restored, copied in)
     # go before everything: adopted in seconds, they are in the study from the start.
-    done = [run for run in plan.runs() if finished(Path(run_dir(plan, *run)))]
+    done = [run for run in plan.runs() if complete_in(Path(run_dir(plan, *run)))]
     queued = 0
     for row, seed in start_order(configs, done):
         queued += enqueue(study, seed_overrides(seed), trial_attrs(plan, spec, row, seed))

@@ -27,7 +27,8 @@ import optuna
 from optuna.trial import TrialState
 
 from lightning_modules.base.errors import UserError
-from sweeps.study import REDO_OF, aside_name
+from ablations.record import aside_name
+from sweeps.study import REDO_OF
 
 
 def aside(path: Path, number: int) -> Path | None:

@@ -236,7 +236,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
         else:  # another node's process, or rank 0's child: rank 0 makes the folder ours first
             wait_until_ours(out)
         with training_lock(out, wait) if rank_zero else contextlib.nullcontext():
-            if done := finished(cfg, out):
+            if done := reusable_result(cfg, out):
                 return done
             startup.mark("checks")  # hardware, memory, W&B, the run directory and its lock
             run = build(cfg, out, hardware, wandb, callbacks, startup)
@@ -254,7 +254,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
             return results
 
 
-def finished(cfg: RunConfig, out: Path) -> RunResult | None:
+def reusable_result(cfg: RunConfig, out: Path) -> RunResult | None:
     """Under the run directory's lock: what a killed run left removed, the checks against what the
     directory holds, and its finished run of this configuration, to reuse (None: train)."""
     remove_stale_temporaries(out)
