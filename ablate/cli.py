@@ -29,6 +29,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
@@ -256,11 +257,14 @@ def list_rows(args: argparse.Namespace) -> bool:
     return True
 
 
-def recipe_of(args: argparse.Namespace, overrides: list[str]) -> Recipe:
-    """What the command's runs are made from: its preset, row, --config and --spec, and `overrides`."""
+def recipe_of(args: argparse.Namespace, overrides: list[str]) -> tuple[Recipe, RunConfig]:
+    """What the command's runs are made from (its preset, row, --config and --spec, and
+    `overrides`: the command's, then a sweep's fixed settings), and the configuration it makes:
+    each command's runs are checked before anything starts."""
     from ablations.resolve import Recipe
 
-    return Recipe(args.preset, getattr(args, "row", "base"), args.config, args.spec, tuple(overrides))
+    recipe = Recipe(args.preset, getattr(args, "row", "base"), args.config, args.spec, tuple(overrides))
+    return recipe, recipe.resolve()
 
 
 def sweep_recipe(args: argparse.Namespace, overrides: list[str]) -> tuple[Recipe, SearchSpace, RunConfig]:
@@ -268,14 +272,15 @@ def sweep_recipe(args: argparse.Namespace, overrides: list[str]) -> tuple[Recipe
     fixed settings make, checked before any trial samples the rest."""
     from sweeps.space import load_space
 
-    recipe, space = recipe_of(args, overrides), load_space(args.space)
-    return recipe, space, recipe.plus(*space.fixed_overrides()).resolve()
+    space = load_space(args.space)
+    recipe, fixed = recipe_of(args, [*overrides, *space.fixed_overrides()])
+    return replace(recipe, overrides=tuple(overrides)), space, fixed
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     if list_rows(args):
         return 0
-    cfg = recipe_of(args, run_overrides(args)).resolve()
+    _, cfg = recipe_of(args, run_overrides(args))
     from lightning_modules.run.train import summary_table, train  # heavy (Lightning): after validation
 
     out = args.out or f"runs/{cfg.row}-{cfg.preset}-s{cfg.train.seed}"

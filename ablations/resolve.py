@@ -197,6 +197,14 @@ class Resolver:
             spec = f", spec {self.recipe.spec}" if self.recipe.spec else ""
             raise UserError(f"row {row!r} (preset {self.recipe.preset}{spec}): {err}") from None
 
+    def setting(self, key: str) -> Any:
+        """A setting no row may change (`ablations.spec.ROW_REFUSED`, e.g. train.seed) as the preset,
+        the --config file and the overrides give it: no row resolved."""
+        cfg = self.preset
+        for source, values in self.later:
+            cfg = _merge(cfg, values, source)
+        return OmegaConf.select(cfg, key)
+
     def paper_recipe(self) -> dict[str, Any]:
         """The paper's training and data settings (the `paper` preset): what a row's numbers are
         read against (`ablations.spec.recipe_ratios`)."""

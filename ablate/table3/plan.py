@@ -119,9 +119,7 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     resolver = Resolver(Recipe(preset, "base", config, spec_path, tuple(overrides)))
     spec = resolver.spec
     chosen = select_rows(rows, spec, default_rows(preset) if spec_path is None else None)
-    base = resolver.resolve("base")
-    check_hardware(base)
-    seed_list = parse_seeds(seeds, default_seeds(preset) or [base.train.seed])
+    seed_list = parse_seeds(seeds, default_seeds(preset) or [int(resolver.setting("train.seed"))])
     single = [] if every_seed else [row for row in one_seed_rows(preset, spec) if row in chosen]
     again = [] if redo is None else select_rows(redo, spec, None, with_base=False, option="--redo")
     if outside := [row for row in again if row not in chosen]:
@@ -131,7 +129,7 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
                       config=config, one_seed_rows=single, redo=again)
     object.__setattr__(plan, "_resolver", resolver)
-    plan._rows["base"] = base
+    check_hardware(plan.base)
     return plan
 
 
