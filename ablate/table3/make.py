@@ -10,9 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ablate.table3.cost import parts_note, run_seconds
-from ablate.table3.plan import Table3Outcome, Table3Plan, run_dir, run_table3
-from lightning_modules.base.io import check_writable_dir
-from lightning_modules.base.rundir import check_apart, refuse_foreign
+from ablate.table3.plan import Table3Outcome, Table3Plan, check_places, run_table3
 
 
 def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None, devices_per_run: int = 1,
@@ -25,16 +23,10 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
     Here rather than in `run_table3`, which runs the table alone: a report callback passed to it
     would leave every caller to wire the two together."""
     folder = Path(report_dir) if report_dir is not None else Path(plan.runs_dir) / plan.study / "report"
-    check_writable_dir(plan.runs_dir, "the run directories (--runs-dir)")  # here: a dry run writes none
-    check_apart([("--runs-dir", Path(run_dir(plan, *run))) for run in plan.runs()]
-                + ([("--archive", Path(archive))] if archive is not None else [])
-                + ([("--report-dir", folder)] if report else []))
-    if report:
-        check_writable_dir(folder, "the report (--report-dir)")
-        refuse_foreign(folder, "report", "--report-dir")
     expected = run_seconds(plan, workers, devices) if stop_after_s is not None else None
     if expected and (note := parts_note(expected, stop_after_s)):
         print(f"table3 {plan.study}: {note}", file=sys.stderr, flush=True)
+    check_places(plan, archive, folder if report else None)
     outcome = run_table3(plan, workers, devices, devices_per_run, heartbeat_s, archive=archive,
                          stop_after_s=stop_after_s, run_seconds=expected)
     if outcome.interrupted or not report:

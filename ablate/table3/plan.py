@@ -30,6 +30,7 @@ from ablations.spec import RECIPE_SECTIONS, SCALED_KEYS, default_rows, default_s
 from lightning_modules.config import RunConfig, check_seed, computed_config, trained_part
 from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, did_you_mean
 from lightning_modules.base.names import check_name, inside
+from lightning_modules.base.rundir import check_apart, refuse_foreign
 from lightning_modules.base.faults import inject
 from lightning_modules.base.io import check_writable_dir
 from lightning_modules.run.results import read_results
@@ -83,14 +84,17 @@ class Table3Plan:
         run with its seed override). Without a seed: the row's with the first planned seed."""
         if row not in self._rows:
             self._rows[row] = self.resolver.resolve(row)
-        seed = self.seeds[0] if seed is None else seed
-        check_seed(seed)
+        seed = self.seeds[0] if seed is None else seed  # checked where the seeds are read (`parse_seeds`)
         cfg = copy.deepcopy(self._rows[row])  # a caller's changes stay its own
         return replace(cfg, train=replace(cfg.train, seed=seed))
 
     @property
     def base(self) -> RunConfig:
         return self.config_of("base")
+
+    def run_dirs(self) -> dict[tuple[str, int], Path]:
+        """Each planned run's directory on this machine (`run_dir`)."""
+        return {(row, seed): Path(run_dir(self, row, seed)) for row, seed in self.runs()}
 
     def seeds_of(self, row: str) -> list[int]:
         return self.seeds[:1] if row in self.one_seed_rows else self.seeds
@@ -520,6 +524,20 @@ class Table3Outcome:
         return 1 if self.missing or self.workers_status else 0
 
 
+def check_places(plan: Table3Plan, archive: str | None = None, report: Path | None = None) -> None:
+    """Before a table writes anything (a dry run writes nothing, and checks none of this): the run
+    directories can be written, they, the archive and the report's folder are apart
+    (`rundir.check_apart`), and the report's folder is new, empty or a report's."""
+    places = [("--runs-dir", path) for path in plan.run_dirs().values()] \
+        + ([("--archive", Path(archive))] if archive is not None else []) \
+        + ([("--report-dir", report)] if report is not None else [])
+    check_writable_dir(plan.runs_dir, "the run directories (--runs-dir)")
+    check_apart(places)
+    if report is not None:
+        check_writable_dir(report, "the report (--report-dir)")
+        refuse_foreign(report, "report", "--report-dir")
+
+
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
                devices_per_run: int = 1, heartbeat_s: int = 60, archive: str | None = None,
                stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None) -> Table3Outcome:
@@ -540,7 +558,7 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
         record = check_archive(folder, plan, identity(plan))
         check_writable_dir(folder, "the archive (--archive)")
         kept.check_study_file(folder)  # a damaged or oversized journal
-        runs = {(row, seed): Path(run_dir(plan, row, seed)) for row, seed in plan.runs()}
+        runs = plan.run_dirs()
         kept.check_owned(runs, folder)  # no link, nothing of another kind, in an entry or run directory
     corpus = check_data(plan)  # a corpus or length limit that leaves no pairs: one line here, not per trial
     inject("startup")
