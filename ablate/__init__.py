@@ -1,5 +1,5 @@
-"""`ablate`: the command line (argparse in, library calls out: `ablate.cli`) and Table 3 (`table3/`).
+"""`ablate`: the command line (argparse in, library calls out: `ablate.cli`).
 
-Imports run one way only: ablate -> reports -> sweeps -> ablations -> lightning_modules
+Imports run one way only: ablate -> tables -> reports -> sweeps -> ablations -> lightning_modules
 (tests/test_architecture.py checks it). Nothing here is imported by the library.
 """

@@ -330,7 +330,7 @@ def cmd_sweep_optuna(args: argparse.Namespace) -> int:
 
 
 def cmd_table3(args: argparse.Namespace) -> int:
-    from ablate.table3.plan import base_steps_overrides, make_plan
+    from tables.plan import base_steps_overrides, make_plan
 
     if args.machines != 1 and not args.dry_run:
         raise UserError("--machines plans for several machines (--dry-run); to run on them, start the same "
@@ -344,8 +344,8 @@ def cmd_table3(args: argparse.Namespace) -> int:
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
                      redo=args.redo)
     if args.dry_run:
-        from ablate.table3.cost import Workers, describe, parts_note, run_seconds
-        from ablate.table3.progress import standing
+        from tables.cost import Workers, describe, parts_note, run_seconds
+        from tables.progress import standing
 
         print(describe(plan, Workers.of(args.workers, devices, args.machines), args.plan_for))
         if args.stop_after is not None and (note := parts_note(run_seconds(plan, args.workers or 1, devices),
@@ -355,7 +355,7 @@ def cmd_table3(args: argparse.Namespace) -> int:
         if where:
             print(f"\n{where}")
         return 0
-    from ablate.table3.make import make_table3
+    from tables.make import make_table3
 
     outcome = make_table3(plan, args.workers or 1, devices, args.devices_per_run, args.heartbeat,
                           archive=args.archive, stop_after_s=args.stop_after, report=not args.no_report,

@@ -1,4 +1,4 @@
-"""A table's names and record, in one place for the table (`ablate.table3`) and its report
+"""A table's names and record, in one place for the table (`tables`) and its report
 (`reports.collect`): what kind of study a table's is, what its runs are called, and the record it
 keeps of itself in its study's user attributes and its archive's table3.json (each run's
 configuration, the preset, the spec's rows, the overrides, the setup and the corpus's digests),
@@ -14,7 +14,7 @@ from lightning_modules.base.records import validated
 from lightning_modules.base.schema import read
 
 KIND = "table3"  # a table's study's `kind` user attribute (any spec's table: the name is the first one's)
-CORPUS = "corpus"  # its user attribute holding each row's corpus digest (`ablate.table3.plan.check_data`)
+CORPUS = "corpus"  # its user attribute holding each row's corpus digest (`tables.plan.check_data`)
 
 
 class TableRecord(BaseModel):

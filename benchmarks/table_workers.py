@@ -1,12 +1,12 @@
 """Benchmark (opt-in: `--only table_workers`): an 8-worker table against its plan.
 
 The path that serves eight GPUs (`ablate table3 --gpus 0,...,7`: one queue, the longest-first
-order of `ablate/table3/schedule.py`, one worker per device) is walked here on this CPU with eight
+order of `tables/schedule.py`, one worker per device) is walked here on this CPU with eight
 workers: the `demo` preset's ten rows at a few steps each, as `tests/test_runbook.py` runs the
 runbook's launch (`TINY`). Two figures side by side from one invocation: the wall-clock the dry
 run predicts for that command (`--dry-run`, the same arguments), and the wall-clock the command
 took, with every row counted (each must finish exactly once). Eight workers share the cores, so
-the plan counts each run at eight times its device time (`ablate.table3.cost.Workers`).
+the plan counts each run at eight times its device time (`tables.cost.Workers`).
 
 It needs the whole machine: anything else running measures the other job.
 

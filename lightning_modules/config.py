@@ -42,7 +42,7 @@ MAX_SEED = 2 ** 32 - 1  # numpy's seeds, which Lightning's seed_everything takes
 # often, a run writes or shows its output (logging, checkpoints, caches), and where its input is
 # read from (a folder, a mirror, a file's path: two machines of one study may keep the same
 # corpus in different places; a table compares the corpus's content instead,
-# `ablate.table3.plan.check_data`).
+# `tables.plan.check_data`).
 OUTPUT_ONLY = {"not_trained": "output"}
 LOCATION = {"not_trained": "location"}
 RECIPE = {"not_trained": "recipe"}  # a rule that derives other fields, which hold what it gave
@@ -492,7 +492,7 @@ def requested_config(cfg: RunConfig) -> dict[str, Any]:
 
 def computed_config(cfg: RunConfig) -> dict[str, Any]:
     """`requested_config` less the fields marked OUTPUT_ONLY, LOCATION or RECIPE: what the run trains and
-    measures. Two runs with equal ones are the same run of a table (`ablate.table3.plan.identity`)."""
+    measures. Two runs with equal ones are the same run of a table (`tables.plan.identity`)."""
     return trained_part(requested_config(cfg))
 
 

@@ -73,7 +73,7 @@ class WorkerSettings:
     heartbeat_s: int = 60
     seed: int | None = None
     # How the worker takes and reports trials, a `Policy` of the caller's: "module:Class" and its
-    # arguments (a table's: `ablate.table3.policy.TablePolicy`); None: a sampled sweep's
+    # arguments (a table's: `tables.policy.TablePolicy`); None: a sampled sweep's
     policy: str | None = None
     policy_args: dict[str, Any] = field(default_factory=dict)
 
@@ -260,7 +260,7 @@ def owner_of_run_dir(trials: list[optuna.trial.FrozenTrial], number: int, run_di
     """
     if run_dir is None:
         return None
-    replaced = superseded(trials)  # a redo trains where the run it replaces trained (`ablate.table3.redo`)
+    replaced = superseded(trials)  # a redo trains where the run it replaces trained (`tables.redo`)
     for t in trials:
         if t.number == number or t.number in replaced or t.user_attrs.get("run_dir") != run_dir:
             continue

@@ -31,8 +31,8 @@ from lightning_modules.base.errors import UserError
 from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.preflight import check_same_result, resume_checkpoint
 from lightning_modules.run.results import RunResult, read_results
-from ablate.table3.plan import Table3Plan, queue
-from ablate.table3.policy import pace
+from tables.plan import Table3Plan, queue
+from tables.policy import pace
 from here import ablate_here
 from test_table3 import ablate, table3_args, trials
 
@@ -115,7 +115,7 @@ def test_the_archived_study_comes_back_whole_into_a_storage_that_lacks_it(tmp_pa
     that has the study keeps its own; a save of an unchanged study leaves the journal's bytes."""
     from optuna.trial import create_trial
 
-    from ablate.table3.archive import STUDY, restore_study, save_study
+    from tables.archive import STUDY, restore_study, save_study
 
     here = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/here.db")
     optuna.create_study(study_name="other", storage=here).enqueue_trial({})
@@ -181,7 +181,7 @@ def test_the_committed_cpu_archive_is_the_table_its_results_page_runs(tmp_path: 
     trained with, has that identity too: an edit to the preset or a config default that would
     retrain its runs differently fails here first."""
     from lightning_modules.config import computed_config
-    from ablate.table3.plan import check_archive, identity, make_plan
+    from tables.plan import check_archive, identity, make_plan
 
     archive = Path(__file__).parents[1] / "reports" / "results" / "cpu-converged-2026-11-22" / "archive"
     plan = make_plan("cpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), ["train.wandb=off"],

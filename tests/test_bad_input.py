@@ -1059,7 +1059,7 @@ def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path
     anything; and a path built from names is refused once it leads outside its folder."""
     from lightning_modules.base.errors import UserError
     from lightning_modules.base.names import check_name, inside
-    from ablate.table3.plan import make_plan
+    from tables.plan import make_plan
 
     with pytest.raises(UserError, match="bad study name '../escape'"):
         make_plan("demo", f"sqlite:///{tmp_path}/s.db", str(tmp_path / "runs"), [], study="../escape")

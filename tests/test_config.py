@@ -519,7 +519,7 @@ def test_a_row_that_would_change_what_the_table_compares_on_is_refused_in_one_li
 def test_a_rows_recipe_is_part_of_the_tables_identity_and_shows_as_a_change(tmp_path, capsys):
     from ablate.cli import main
     from reports.table3 import changes, paper_configuration
-    from ablate.table3.plan import make_plan, queue
+    from tables.plan import make_plan, queue
 
     spec = tmp_path / "mine.yaml"
     spec.write_text("base: {model: {d_model: 512}, train_steps: 100000}\nnowarm: {train: {warmup_steps: 0}}\n")

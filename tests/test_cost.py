@@ -20,7 +20,7 @@ from ablations.spec import load_preset, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
 from lightning_modules.base.io import atomic_write_json
 from lightning_modules.run.results import RunResult
-from ablate.table3.plan import Table3Plan, make_plan, queue
+from tables.plan import Table3Plan, make_plan, queue
 
 
 def dry_run(tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -93,7 +93,7 @@ def test_every_preset_is_costed_and_says_which_rates_are_measured_and_which_deri
     """The paper's own preset (and tiny) have no measurement of their own: their rate is the
     measured preset's FLOP rate carried over, said so, and the hours follow from it."""
     from ablations.spec import preset_names
-    from ablate.table3.schedule import parameters
+    from tables.schedule import parameters
 
     for preset in preset_names():
         result = dry_run_here(tmp_path, capsys, "--preset", preset, "--rows", "base,big")
@@ -135,7 +135,7 @@ def test_an_eight_gpu_plan_needs_no_gpu_and_replays_the_launchers_order(tmp_path
 
 
 def test_longest_first_and_its_wall_clock():
-    from ablate.table3.schedule import longest_first, wall_clock
+    from tables.schedule import longest_first, wall_clock
 
     costs = {"a": 1.0, "b": 5.0, "c": 3.0, "d": 3.0, "e": 9.0}
     assert longest_first(costs) == ["e", "b", "c", "d", "a"]  # ties keep their order
@@ -147,7 +147,7 @@ def test_longest_first_and_its_wall_clock():
 
 def test_the_queue_holds_the_runs_in_the_plans_order(tmp_path):
     """One scheduling function: the launcher's queue is the order the dry run replays."""
-    from ablate.table3.plan import start_order
+    from tables.plan import start_order
 
     plan = make_plan("gpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), [], rows="base,C,big")
     study, queued = queue(plan)
@@ -161,7 +161,7 @@ def test_a_step_keeps_its_tokens_on_any_number_of_devices_and_device_hours_count
     """`data.max_tokens` is one optimizer step's tokens, shared by the devices a run trains on and
     its accumulated batches (#70: `--devices-per-run 2` had doubled the paper's 25,000 to 50,000).
     The plan prints that step and the device-hours of what trains: a run's hours times its devices."""
-    from ablate.table3.schedule import tokens_per_step
+    from tables.schedule import tokens_per_step
     from lightning_modules.config import step_batches
     from lightning_modules.run.preflight import estimate_memory_gb
 
@@ -328,8 +328,8 @@ def test_dry_run_with_redo_counts_the_runs_it_would_train_again_from_the_start(t
 def test_time_left_takes_each_rows_own_measured_rate_and_the_median_for_the_rest():
     """A row slower than its FLOPs say (many narrow heads) is counted at the rate its own
     finished seeds trained at; a row with none at the median over all finished runs."""
-    from ablate.table3.cost import DeviceRate
-    from ablate.table3.progress import RunProgress, describe
+    from tables.cost import DeviceRate
+    from tables.progress import RunProgress, describe
 
     rate = DeviceRate("2 cores", base_tokens_per_s=1000.0, overhead_s=0.0, measured="test")
     table = pd.DataFrame({"params": [100, 100, 50], "hours/run": [1.0, 1.0, 2.0], "hours": [2.0, 2.0, 2.0]},

@@ -1,7 +1,7 @@
 """Ownership between the folders one command writes: `--archive`, `--out`, `--report-dir` and a
 table's run directories may not name, contain or sit inside each other or a run directory, and a
 folder that is not ours is never written (`lightning_modules.base.rundir.check_apart`,
-`ablate.table3.archive.check_owned`). Each case is refused in one line before anything is
+`tables.archive.check_owned`). Each case is refused in one line before anything is
 written, and every file the user had is still there, byte for byte."""
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def test_a_folder_is_never_set_aside_over_another(tmp_path: Path):
     """`aside` moves a run to its trial's name once; a name taken already is refused in one line
     and both folders stay as they are."""
     from lightning_modules.base.errors import UserError
-    from ablate.table3.redo import aside
+    from tables.redo import aside
 
     run = tmp_path / "base-s1"
     assert aside(run, 7) is None  # nothing there: nothing moved
@@ -144,8 +144,8 @@ def test_a_sitting_stopped_between_a_redos_moves_sets_nothing_aside_twice(tmp_pa
     redo once: every copy kept, none written over."""
     from dataclasses import replace
 
-    from ablate.table3.archive import restore
-    from ablate.table3.plan import Table3Plan, identity, queue, run_dir, table_record
+    from tables.archive import restore
+    from tables.plan import Table3Plan, identity, queue, run_dir, table_record
     from lightning_modules.base.io import atomic_write_json
 
     plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],

@@ -18,8 +18,8 @@ from lightning_modules.base.errors import UserError
 from lightning_modules.run.results import RESULTS, RunResult, read_results
 from lightning_modules.base.rundir import CONFIG, saved_config
 from lightning_modules.base.schema import KEY, SCHEMA, STEPS, upgrade
-from ablate.table3.archive import IDENTITY, stored_identity
-from ablate.table3.plan import Table3Plan, queue
+from tables.archive import IDENTITY, stored_identity
+from tables.plan import Table3Plan, queue
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -427,7 +427,7 @@ def test_a_part_expects_a_resumed_run_to_take_only_the_steps_ahead_of_it(tmp_pat
     import optuna
 
     from sweeps.optuna_api import queue_retry
-    from ablate.table3.policy import TablePolicy
+    from tables.policy import TablePolicy
 
     study = optuna.create_study()
     for seed in (1, 2):

@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 from lightning_modules.convergence import classify_stored
 from lightning_modules.base.errors import UserError
 from ablations.spec import load_spec
-from ablate.table3.plan import Table3Plan, make_plan, parse_seeds, queue, select_rows
+from tables.plan import Table3Plan, make_plan, parse_seeds, queue, select_rows
 from conftest import start_chromium
 from here import ablate_here
 from test_sweeps import wait_for_running_trial, watch
@@ -136,7 +136,7 @@ def test_where_a_corpus_is_kept_is_no_part_of_a_table_but_its_text_is(tmp_path):
     """Two machines of one study may keep the same corpus in different places (#70: --data-dir or a
     file's path made "another table"): the table compares the text the runs read (its digest, from
     the data check before anything is queued), not where it was read from."""
-    from ablate.table3.plan import check_data
+    from tables.plan import check_data
     from test_data import synthetic_pairs, write_lines
 
     src, tgt = synthetic_pairs(600)
@@ -167,7 +167,7 @@ def test_a_study_refuses_an_edited_config_or_preset_file_and_names_it(tmp_path):
     """Editing the settings between sittings would train the rows still queued differently: the
     table refuses and names what changed and the file that sets it (the --config file, the preset's
     file). Output-only settings in the file do not make another table."""
-    from ablate.table3.plan import identity, table_difference
+    from tables.plan import identity, table_difference
 
     config = tmp_path / "recipe.yaml"
     config.write_text("train: {warmup_steps: 5, max_steps: 10}\n")
@@ -200,7 +200,7 @@ def test_identity_leaves_out_exactly_the_fields_marked_not_trained():
     from dataclasses import fields, is_dataclass
 
     from lightning_modules.config import TOKENIZER_KEYS, RunConfig, computed_config
-    from ablate.table3.plan import identity, table_difference
+    from tables.plan import identity, table_difference
 
     def other(value):  # a different value of the same kind
         if isinstance(value, bool) or value is None:
@@ -369,9 +369,9 @@ def test_report_is_regenerated_identically_from_the_database_alone(table: Path, 
 
 
 def test_a_table_made_from_python_writes_its_report_when_asked(table: Path, tmp_path: Path):
-    """`ablate.table3.make.make_table3`, the library entry point `ablate table3` calls: the same table
+    """`tables.make.make_table3`, the library entry point `ablate table3` calls: the same table
     from Python (nothing left to run) writes the same report where asked, and none when not."""
-    from ablate.table3.make import make_table3
+    from tables.make import make_table3
 
     overrides = [item for item in SMALL if "=" in item] + ["train.max_steps=10", "train.wandb=off"]
     plan = make_plan("tiny", f"sqlite:///{table}/t3.db", str(table / "runs"), overrides, rows=",".join(ROWS),
@@ -390,7 +390,7 @@ def test_a_table_made_from_python_checks_its_data_before_anything_is_queued(tmp_
     """A length limit that leaves no training pairs: from Python as from `ablate table3`, the
     same one line before any study or report folder is made."""
     from ablate.cli import main
-    from ablate.table3.make import make_table3
+    from tables.make import make_table3
     from test_bad_input import LETTERS, corpus
 
     files = corpus(tmp_path)
@@ -762,7 +762,7 @@ def test_each_rows_configuration_resolved_once_is_the_runs_own():
     """The plan resolves a row once and sets each seed (`Table3Plan.config_of`): the same
     configuration as resolving the (row, seed) with its seed override on its own, for every run of
     both shipped specs."""
-    from ablate.table3.plan import run_configs, seed_overrides
+    from tables.plan import run_configs, seed_overrides
     from ablations.resolve import resolve
 
     for spec in (None, "ablations/modifications.yaml"):

@@ -51,7 +51,7 @@ def study(tmp_path: Path) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
 def queue_only_objective(tmp_path: Path, storage: optuna.storages.BaseStorage, n_trials: int,
                          stop: StopRequest | None = None) -> tuple[WorkerSettings, Objective]:
     """A Table 3 worker's settings and objective (queued trials only) on the races study."""
-    from ablate.table3.policy import NAME
+    from tables.policy import NAME
 
     settings = WorkerSettings(study="races", storage="", space=None, n_trials=n_trials,
                               runs_dir=str(tmp_path), policy=NAME, policy_args={"runs_dir": str(tmp_path)})

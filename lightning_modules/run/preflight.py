@@ -173,7 +173,7 @@ def check_same_run(out: Path, cfg: RunConfig) -> None:
 
 def check_same_result(out: Path, done: RunResult, cfg: RunConfig) -> None:
     """A finished run's results.json is reused only by the configuration that produced it: one
-    restored or copied into a run directory without its config.yaml (`ablate.table3.archive`) is checked
+    restored or copied into a run directory without its config.yaml (`tables.archive`) is checked
     against the preset, corpus, seed, steps and model asked for."""
     asked = {"preset": cfg.preset, "corpus": cfg.data.corpus, "seed": cfg.train.seed,
              "steps": cfg.train.max_steps}

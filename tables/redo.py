@@ -14,7 +14,7 @@ the queue, so the same command resumes an interrupted redo instead of starting i
 sitting stopped between the moves leaves no folder to set aside twice: the archive entry goes
 first, so the run directory the next sitting finds is still the old run (not one restored from
 the archive over a moved one). The history travels with the table's archive: the archive keeps
-the whole study (`ablate.table3.archive`, `study.journal.xz`), and a study made afresh beside it is that
+the whole study (`tables.archive`, `study.journal.xz`), and a study made afresh beside it is that
 study, trial numbers and `redo_of` included, so the report names the same redos on any machine.
 """
 
@@ -34,7 +34,7 @@ from sweeps.study import REDO_OF
 def aside(path: Path, number: int) -> Path | None:
     """Move a run directory or archive entry to `<name>.superseded-t<number>`, returning where it
     went; None if there is nothing at `path`. A name taken already is refused, never written over
-    (a redo sets each trial's run aside once: `ablate.table3.plan.redo`)."""
+    (a redo sets each trial's run aside once: `tables.plan.redo`)."""
     if not path.exists():
         return None
     target = path.with_name(aside_name(path.name, number))
@@ -48,7 +48,7 @@ def aside(path: Path, number: int) -> Path | None:
 def redo_requests(study: optuna.Study, keys: Iterable[tuple[str, int]],
                   latest: dict[tuple[str, int], optuna.trial.FrozenTrial | None]) -> dict[tuple[str, int], int]:
     """For each (row, seed) in `keys` not yet redone, the number of its complete trial to replace
-    (`latest`: the current trial of each planned (row, seed), as `ablate.table3.plan.status` gives)."""
+    (`latest`: the current trial of each planned (row, seed), as `tables.plan.status` gives)."""
     asked = {(t.user_attrs.get("row"), t.user_attrs.get("seed"))
              for t in study.get_trials(deepcopy=False) if t.user_attrs.get(REDO_OF) is not None}
     out = {}

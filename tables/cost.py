@@ -10,7 +10,7 @@ measurement (`derived_from: gpu`: that preset's base-row FLOP rate, taken to hol
 preset's models too; the printout says which). Rows narrower than base run below base's FLOP rate,
 so they take somewhat longer than estimated.
 
-The wall-clock on N workers replays the launcher's own order (`ablate.table3.schedule`: longest first).
+The wall-clock on N workers replays the launcher's own order (`tables.schedule`: longest first).
 Disk and memory are the run's own preflight estimates (`lightning_modules.run.preflight`).
 """
 
@@ -30,8 +30,8 @@ from lightning_modules.config import CORPORA, RunConfig
 from lightning_modules.base.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
 from lightning_modules.config import run_devices
-from ablate.table3.schedule import parameters, tokens_per_step, training_flops, wall_clock
-from ablate.table3.plan import Table3Plan, start_order
+from tables.schedule import parameters, tokens_per_step, training_flops, wall_clock
+from tables.plan import Table3Plan, start_order
 
 
 # The GPUs a plan can be made for (`--plan-for NAME`), by the name their CUDA device name contains,
@@ -179,7 +179,7 @@ def parallel_devices(cfg: RunConfig) -> int:
 
 def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
     """Each row's expected run time on one worker, for a part of a table (`--stop-after`,
-    `ablate.table3.policy.TablePolicy`): the estimate, which is of the whole device, times the workers sharing a
+    `tables.policy.TablePolicy`): the estimate, which is of the whole device, times the workers sharing a
     CPU (one GPU per worker has the whole device); empty, with a note, when the preset states no
     cost (then every queued run starts)."""
     try:
@@ -205,7 +205,7 @@ def fits(table: pd.DataFrame, rate: DeviceRate) -> str:
 
 def parts_note(seconds: dict[str, float], stop_after_s: float) -> str:
     """What `--stop-after` leaves out (`seconds`: `run_seconds`): a part starts only the runs it
-    expects to finish (`ablate.table3.policy.TablePolicy`), so a row whose run takes longer than a part never
+    expects to finish (`tables.policy.TablePolicy`), so a row whose run takes longer than a part never
     starts; '' when every row fits."""
     from sweeps.launch import describe_duration
 
@@ -248,7 +248,7 @@ class Workers:
 def schedule(plan: Table3Plan, table: pd.DataFrame, rows: dict[str, RunConfig],
              workers: Workers) -> tuple[float, float, str]:
     """(wall-clock seconds, longest run's seconds, its name) of the whole table on `workers`, in
-    the order the launcher queues it (`ablate.table3.plan.start_order`; `rows`: each row's configuration,
+    the order the launcher queues it (`tables.plan.start_order`; `rows`: each row's configuration,
     whose seeds cost the same)."""
     configs = {(row, seed): rows[row] for row, seed in plan.runs()}
     seconds = {run: float(table.loc[run[0], "hours/run"]) * 3600 * workers.share for run in configs}

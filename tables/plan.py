@@ -34,8 +34,8 @@ from lightning_modules.base.rundir import check_apart, refuse_foreign
 from lightning_modules.base.faults import inject
 from lightning_modules.base.io import check_writable_dir
 from lightning_modules.run.results import read_results
-from ablate.table3.redo import aside, redo_requests
-from ablate.table3.schedule import longest_first, training_flops
+from tables.redo import aside, redo_requests
+from tables.schedule import longest_first, training_flops
 from lightning_modules.base.schema import stamped
 from sweeps.storage import make_storage, safe_url
 from ablations.record import CORPUS, KIND, read_table, run_name
@@ -57,7 +57,7 @@ class Table3Plan:
     spec_path: str | None = None
     config: str | None = None
     one_seed_rows: list[str] = field(default_factory=list)  # run with the first seed only
-    redo: list[str] = field(default_factory=list)  # rows whose finished runs train again (`ablate.table3.redo`)
+    redo: list[str] = field(default_factory=list)  # rows whose finished runs train again (`tables.redo`)
     # each row's configuration, resolved once (`config_of`), by the plan's own reading of its files
     _resolver: Resolver | None = field(default=None, init=False, repr=False, compare=False)
     _rows: dict[str, RunConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -386,9 +386,9 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
 
 
 def check_archive(archive: Path, plan: Table3Plan, wanted: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Refuse an `--archive` of another table (see `ablate.table3.archive`); returns the record its
+    """Refuse an `--archive` of another table (see `tables.archive`); returns the record its
     table3.json is to hold from now on (`table_record`: its runs and this sitting's)."""
-    from ablate.table3.archive import stored_identity
+    from tables.archive import stored_identity
 
     stored = stored_identity(archive)
     if stored is None:
@@ -409,22 +409,22 @@ def complete_in(run_dir: Path) -> bool:
 def queue(plan: Table3Plan, archive: Path | None = None, storage: BaseStorage | None = None,
           corpus: dict[str, str] | None = None) -> tuple[optuna.Study, int]:
     """Validate every (row, seed), then queue those not complete, costliest first, and the redos
-    the plan asks for (`ablate.table3.redo`). `archive`: the table's --archive, whose study comes into a
-    storage that lacks it (`ablate.table3.archive.restore_study`) and whose entries of redone runs are
+    the plan asks for (`tables.redo`). `archive`: the table's --archive, whose study comes into a
+    storage that lacks it (`tables.archive.restore_study`) and whose entries of redone runs are
     set aside too; `corpus`: the rows' corpus digests (`check_data`), checked against the study's.
     Returns the study and the number queued now."""
     spec = plan.spec
     configs = run_configs(plan)
     storage = storage or make_storage(plan.storage, None)
     if archive is not None:
-        from ablate.table3.archive import STUDY, restore_study
+        from tables.archive import STUDY, restore_study
 
         if back := restore_study(archive, storage, plan.study):
             print(f"table3 {plan.study}: the study is back from {archive / STUDY} ({back} trials)", flush=True)
     study = open_study(plan.study, storage, "ppl")
     check_study(study, plan, identity_of(configs), corpus=corpus)
     redone = redo(plan, study, spec, archive)
-    # Longest first (`ablate.table3.schedule`, which the dry run replays): the big model starts at once
+    # Longest first (`tables.schedule`, which the dry run replays): the big model starts at once
     # instead of last; finished run directories the study does not know yet (restored, copied in)
     # go before everything: adopted in seconds, they are in the study from the start.
     done = [run for run in plan.runs() if complete_in(Path(run_dir(plan, *run)))]
@@ -437,7 +437,7 @@ def queue(plan: Table3Plan, archive: Path | None = None, storage: BaseStorage | 
 def start_order(configs: dict[tuple[str, int], RunConfig],
                 done: list[tuple[str, int]] = ()) -> list[tuple[str, int]]:
     """The (row, seed)s in the order their trials are queued: finished ones to adopt first, then
-    longest first by training FLOPs (`ablate.table3.schedule.longest_first`)."""
+    longest first by training FLOPs (`tables.schedule.longest_first`)."""
     return longest_first({run: training_flops(cfg) for run, cfg in configs.items()}, done)
 
 
@@ -454,9 +454,9 @@ def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> 
 
 def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:
     """Queue the plan's redos not yet asked for: each old run's archive entry, then its run
-    directory, set aside first (a sitting stopped in between asks again: `ablate.table3.redo`), then its
+    directory, set aside first (a sitting stopped in between asks again: `tables.redo`), then its
     trial. Returns how many."""
-    from ablate.table3.archive import entry
+    from tables.archive import entry
 
     wanted = [(row, seed) for row, seed in plan.runs() if row in plan.redo]
     requests = redo_requests(study, wanted, status(study, plan))
@@ -506,7 +506,7 @@ def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
 @dataclass
 class Table3Outcome:
     """How a Table 3 run ended: the workers' exit status, the (row, seed) runs not complete, and
-    the report's files (`ablate.table3.make.make_table3`; none when not asked for, or interrupted)."""
+    the report's files (`tables.make.make_table3`; none when not asked for, or interrupted)."""
 
     workers_status: int
     missing: list[str]
@@ -544,14 +544,14 @@ def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = N
     """Check the planned rows' data (`check_data`: one line, before anything is queued), queue
     every planned (row, seed) not complete, run the queue-only workers until it is empty (or they
     are interrupted), and print one line per planned run. The report is built from the database
-    after it: `ablate.table3.make.make_table3` runs the table, then the report, as `ablate table3` does.
+    after it: `tables.make.make_table3` runs the table, then the report, as `ablate table3` does.
 
-    `archive`: a folder that keeps the runs for a sitting on another machine (`ablate.table3.archive`):
+    `archive`: a folder that keeps the runs for a sitting on another machine (`tables.archive`):
     restored from before the queue is made, saved to while the workers run and when they end.
     `stop_after_s`: stop the workers that long after they start, as if interrupted; `run_seconds`
-    (each row's expected time on one worker, `ablate.table3.cost.run_seconds`): start only the runs
-    expected to finish before then (`ablate.table3.policy.TablePolicy`; without it every queued run starts)."""
-    from ablate.table3 import archive as kept
+    (each row's expected time on one worker, `tables.cost.run_seconds`): start only the runs
+    expected to finish before then (`tables.policy.TablePolicy`; without it every queued run starts)."""
+    from tables import archive as kept
 
     if archive is not None:  # checked before anything is written (the data's cache included)
         folder = Path(archive)
@@ -579,7 +579,7 @@ def _run_queue(plan: Table3Plan, queued_now: tuple[optuna.Study, int], workers: 
                devices_per_run: int, heartbeat_s: int, stop_after_s: float | None = None,
                run_seconds: dict[str, float] | None = None) -> Table3Outcome:
     from sweeps.launch import run_workers
-    from ablate.table3.policy import NAME as TABLE_POLICY
+    from tables.policy import NAME as TABLE_POLICY
     from sweeps.worker import WorkerSettings
 
     study, queued = queued_now

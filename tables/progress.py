@@ -26,11 +26,11 @@ from optuna.trial import TrialState
 from lightning_modules.base.errors import UserError
 from lightning_modules.metrics_log import last_step, logged
 from lightning_modules.run.results import read_results
-from ablate.table3 import archive as kept
-from ablate.table3.cost import DeviceRate, TimeUnit, estimate
-from ablate.table3.redo import redo_requests
-from ablate.table3.plan import Table3Plan, check_archive, check_study, identity, run_dir, status
-from ablate.table3.policy import own_or_overall
+from tables import archive as kept
+from tables.cost import DeviceRate, TimeUnit, estimate
+from tables.redo import redo_requests
+from tables.plan import Table3Plan, check_archive, check_study, identity, run_dir, status
+from tables.policy import own_or_overall
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def shares(runs: list[RunProgress], params: pd.Series, rate: DeviceRate, workers
 
 def left_at_own_rate(left: pd.Series, found: pd.Series) -> float:
     """Device time left (`left`: per row, at the preset's rate, in any unit) at each row's own
-    measured share (`found`, indexed by row; `ablate.table3.policy.own_or_overall`)."""
+    measured share (`found`, indexed by row; `tables.policy.own_or_overall`)."""
     share = own_or_overall(found.items())
     return float(sum(time / share(row) for row, time in left.items()))
 

@@ -9,8 +9,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ablate.table3.cost import parts_note, run_seconds
-from ablate.table3.plan import Table3Outcome, Table3Plan, check_places, run_table3
+from tables.cost import parts_note, run_seconds
+from tables.plan import Table3Outcome, Table3Plan, check_places, run_table3
 
 
 def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None, devices_per_run: int = 1,

@@ -12,10 +12,10 @@ a fresh machine needs, as `DIR/<row>-s<seed>/`:
   checkpoint, from which it resumes as it would have on the old machine;
 - a failed run (a NaN loss): its `results.json` and logs, so that it stays failed.
 
-`DIR/table3.json` holds the table's identity (`ablate.table3.plan.identity`): the table refuses an
+`DIR/table3.json` holds the table's identity (`tables.plan.identity`): the table refuses an
 archive of another table. `DIR/study.journal.xz` holds the whole study as an Optuna journal file,
 xz-compressed (`save_study`): every trial with its number and user attributes, so the redos' history
-(`ablate.table3.redo`) and the failed runs travel with the runs.
+(`tables.redo`) and the failed runs travel with the runs.
 
 At a sitting's start, a storage that lacks the study gets the archived one (`restore_study`; a
 trial it holds as running had its worker on the old machine: it fails and is queued again, as a

@@ -5,7 +5,7 @@ takes the longest run left and the big model starts at once instead of last. For
 on identical workers this is Graham's LPT rule (1969): its wall-clock is within 4/3 of the best
 possible, and close to max(total / N, longest run) when the runs outnumber the workers.
 
-`ablate table3` queues its runs in this order (`ablate.table3.plan.queue`; workers take queued trials
+`ablate table3` queues its runs in this order (`tables.plan.queue`; workers take queued trials
 oldest first), and its dry run replays the same order on N workers (`wall_clock`), so the plan
 and the launcher cannot disagree about which run goes where.
 """

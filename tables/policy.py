@@ -33,7 +33,7 @@ def own_or_overall(measured: Iterable[tuple[str, float]]) -> Callable[[str], flo
     makes a row slow: A3's 16 heads of 4 dimensions train below A2's tokens/s with the same
     parameters); None before any run is measured. Medians, so that one run slowed by other work
     beside it does not speak for the rest. Both `--dry-run`'s time left at each row's own rate
-    (`ablate.table3.progress`) and a part's choice of runs that fit (`pace`) read it."""
+    (`tables.progress`) and a part's choice of runs that fit (`pace`) read it."""
     by_row: dict[str, list[float]] = {}
     for row, value in measured:
         by_row.setdefault(row, []).append(value)
@@ -67,7 +67,7 @@ def translation_attrs(run_dir: Path) -> dict[str, str] | None:
 class TablePolicy(Policy):
     """A table's runs: queued ones only. With a part's end (`finish_by`, `--stop-after`, seconds
     since the epoch) and each row's expected run time on one worker (`run_seconds`,
-    `ablate.table3.cost.run_seconds`), a worker claims only the queued runs it expects to finish in
+    `tables.cost.run_seconds`), a worker claims only the queued runs it expects to finish in
     time: a run still training at a part's end is stopped, and its checkpoint, git-ignored, does not
     travel with a committed archive. A run's expectation is its row's estimate times the pace of this
     study's finished runs (`pace`), times the part of it still ahead (`ahead`: a stopped run resumes
@@ -117,7 +117,7 @@ class TablePolicy(Policy):
 
     def done(self, trial: optuna.Trial, results: RunResult, run_dir: Path) -> None:
         """One line per finished run, and its dev translations on the trial (a run restored from its
-        results.json alone, `ablate.table3.archive`, has none: said, not failed)."""
+        results.json alone, `tables.archive`, has none: said, not failed)."""
         row = trial.user_attrs.get("row")
         print(f"{row} seed {results.seed}: {results.convergence or 'unclassified'}, dev PPL {results.ppl}, "
               f"dev BLEU {results.bleu}, {results.train_time_s} s training, {results.params:,} parameters",
