@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
 from lightning_modules.config import CORPORA
-from lightning_modules.base.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, did_you_mean, exit_status
+from foundation.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, UserError, did_you_mean, exit_status
 from lightning_modules.run.slurm import keep_notices
-from lightning_modules.base.stop import hangup_as_sigterm
+from foundation.stop import hangup_as_sigterm
 from sweeps import PRUNERS, SAMPLERS
 
 if TYPE_CHECKING:  # the annotations only: `ablate --help` imports no configuration stack
@@ -166,8 +166,8 @@ def storage_url(text: str) -> str:
 
 
 def study_name(text: str) -> str:
-    """An argparse type: a study name, which names its runs' folder (`lightning_modules.base.names`)."""
-    from lightning_modules.base.names import name_problem
+    """An argparse type: a study name, which names its runs' folder (`foundation.names`)."""
+    from foundation.names import name_problem
 
     problem = name_problem(text)
     if problem:
@@ -302,7 +302,7 @@ def _sweep_run_args(args: argparse.Namespace, here: bool = True) -> tuple[list[s
 def cmd_sweep_optuna(args: argparse.Namespace) -> int:
     if list_rows(args):
         return 0
-    from lightning_modules.base.io import check_writable_dir
+    from foundation.io import check_writable_dir
     from lightning_modules.run.preflight import check_hardware, prepare_data
     from sweeps.storage import make_storage
     from sweeps.study import open_study
@@ -444,7 +444,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     import shutil
 
-    from lightning_modules.base.io import check_writable_dir, disk_full_ends_the_run, first_missing
+    from foundation.io import check_writable_dir, disk_full_ends_the_run, first_missing
     from lightning_modules.run.use import attention_dir, checkpoint_choice, load_run
     from reports.attention import dev_line, write_attention
 
@@ -701,7 +701,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
 
 
 # A write that the world refuses (a full disk or device: `ablate params > /dev/full`), once the
-# library's own writes have said so themselves (`lightning_modules.base.errors.DiskFull`)
+# library's own writes have said so themselves (`foundation.errors.DiskFull`)
 UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.config import MODIFICATION_KEYS, ScaleConfig, TransformerConfig, count_parameters, modifications
 from ablations.spec import load_preset, load_spec, row_settings
 

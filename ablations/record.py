@@ -2,7 +2,7 @@
 (`reports.collect`): what kind of study a table's is, what its runs are called, and the record it
 keeps of itself in its study's user attributes and its archive's table3.json (each run's
 configuration, the preset, the spec's rows, the overrides, the setup and the corpus's digests),
-typed once where it is read (`lightning_modules.base.records`)."""
+typed once where it is read (`foundation.records`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from lightning_modules.base.records import validated
-from lightning_modules.base.schema import read
+from foundation.records import validated
+from foundation.schema import read
 
 KIND = "table3"  # a table's study's `kind` user attribute (any spec's table: the name is the first one's)
 CORPUS = "corpus"  # its user attribute holding each row's corpus digest (`tables.plan.check_data`)

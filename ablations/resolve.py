@@ -19,9 +19,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ablations.spec import RECIPE_SECTIONS, load_preset, load_spec, load_yaml, recipe_ratios, row_settings
 from lightning_modules.config import TOKENIZER_KEYS, RunConfig, ScaleConfig, requested_config
-from lightning_modules.base.errors import UserError, did_you_mean
-from lightning_modules.base.schema import read
-from lightning_modules.base.yaml_input import parse_yaml
+from foundation.errors import UserError, did_you_mean
+from foundation.schema import read
+from foundation.yaml_input import parse_yaml
 
 # Keys that the tokenizer decides; a flat `vocab_size=` means the BPE vocabulary (data.vocab_size).
 TOKENIZER_PATHS = {f"model.{key}" for key in TOKENIZER_KEYS}
@@ -114,7 +114,7 @@ def _suggest(key: str) -> str:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """A `--config` file (a run's saved config.yaml too, of any version: `lightning_modules.base.schema`):
+    """A `--config` file (a run's saved config.yaml too, of any version: `foundation.schema`):
     its keys as asked for."""
     return read("config", load_yaml(path, "config file"), f"config file {path}")
 

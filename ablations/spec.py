@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_modules.config import MAX_NUMBER, DataConfig, ScaleConfig, TrainConfig, TransformerConfig
-from lightning_modules.base.errors import UserError, did_you_mean
-from lightning_modules.base.names import check_name
-from lightning_modules.base.io import check_readable_file
-from lightning_modules.base.yaml_input import read_yaml
+from foundation.errors import UserError, did_you_mean
+from foundation.names import check_name
+from foundation.io import check_readable_file
+from foundation.yaml_input import read_yaml
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -45,7 +45,7 @@ def _ablations_dir() -> Path:
 
 def load_yaml(path: str | Path, what: str = "file") -> dict[str, Any]:
     """A YAML mapping from `path`, or a one-line UserError. Every YAML file a command reads comes
-    through here (`lightning_modules.base.yaml_input`: size, alias and depth limits, and a key given
+    through here (`foundation.yaml_input`: size, alias and depth limits, and a key given
     twice is refused in every file)."""
     path = check_readable_file(path, what)
     data = read_yaml(path)

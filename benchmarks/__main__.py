@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import DEFAULT_CACHE, REPO, Section, Settings, machine_info, render_section
-from lightning_modules.base.io import atomic_write_json, atomic_write_text
+from foundation.io import atomic_write_json, atomic_write_text
 
 # name -> module of benchmarks/ whose run(settings) it is; imported when run, so that a GPU machine
 # without the sweep packages (optuna, omegaconf) runs the benchmarks that do not need them

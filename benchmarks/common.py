@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_modules.base.io import atomic_write_json, atomic_write_text
+from foundation.io import atomic_write_json, atomic_write_text
 from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data.batching import TokenBucketBatchSampler, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
@@ -296,7 +296,7 @@ def share_bpe(model: Path, run_dir: Path) -> None:
     `ablate train` there reuses it instead of training its own: runs differ only in arithmetic.
     The folder is made a run directory of ours first (its marker), as `ablate train` requires of a
     folder that already holds files."""
-    from lightning_modules.base.rundir import mark
+    from foundation.rundir import mark
 
     run_dir.mkdir(parents=True, exist_ok=True)
     mark(run_dir)

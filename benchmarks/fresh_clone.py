@@ -112,7 +112,7 @@ def machine() -> dict[str, str]:
 def write(out: str, result_json: str, markdown: str, **more: str) -> None:
     """results.json, results.md and the files of `more` (name -> text) in folder `out` (made if
     missing), each atomically; the markdown printed."""
-    from lightning_modules.base.io import atomic_write_text
+    from foundation.io import atomic_write_text
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)

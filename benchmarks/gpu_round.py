@@ -78,7 +78,7 @@ from benchmarks.common import (BASE, BIG, TINY, Case, Section, Settings, bare_st
 from lightning_modules.compiling import compiled_graphs, recompile_reasons
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, collate
-from lightning_modules.base.io import atomic_write_text
+from foundation.io import atomic_write_text
 from lightning_modules.translation import TranslationModule
 
 COMPILED = {"train.compile": True}

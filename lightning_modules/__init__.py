@@ -3,5 +3,5 @@
 No knowledge of Table 3, sweeps or the command line. Modules: `config` (dataclasses),
 `transformer` (the model), `search` and `evaluate` (decoding, BLEU), `translation` (the Lightning
 module), `callbacks`, `compiling`, `data/`, `run/` (one training run), `base/` (its plumbing).
-Nothing is imported here, so `import lightning_modules.base.errors` does not load torch.
+Nothing is imported here, so `import foundation.errors` does not load torch.
 """

@@ -16,8 +16,8 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_modules.base.faults import inject
-from lightning_modules.base.stop import REQUEUE_SIGNAL, StopRequest
+from foundation.faults import inject
+from foundation.stop import REQUEUE_SIGNAL, StopRequest
 from lightning_modules.stopwatch import StartUp, Stopwatch
 
 

@@ -83,7 +83,7 @@ def _with_fault_point(backend: str | Callable[..., Any]) -> Callable[..., Any]:
                  ) -> Callable[..., Any]:
         from torch._dynamo import lookup_backend
 
-        from lightning_modules.base.faults import inject
+        from foundation.faults import inject
 
         inject("compile")
         if backend != "inductor":

@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.schema import stamped
+from foundation.errors import UserError
+from foundation.schema import stamped
 
 POSITIONAL_KINDS = ("sinusoidal", "learned", "rope")
 # The later modifications' knobs (docs/modifications.md); each tuple's first value is the paper's.
@@ -550,5 +550,5 @@ def count_parameters(c: TransformerConfig) -> int:
 
 def to_yaml(cfg: RunConfig) -> str:
     """config.yaml: the configuration as asked for (`requested_config`), no derived value, and the
-    schema version (`lightning_modules.base.schema`)."""
+    schema version (`foundation.schema`)."""
     return yaml.safe_dump(stamped(requested_config(cfg)), sort_keys=False)

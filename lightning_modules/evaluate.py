@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from lightning_modules.config import EvalConfig
 from lightning_modules.data.batching import cut_points
-from lightning_modules.base.faults import inject
+from foundation.faults import inject
 from lightning_modules.search import beam_search
 from lightning_modules.transformer import Transformer
 

@@ -14,7 +14,7 @@ import io
 import re
 from pathlib import Path
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 
 METRICS = "metrics.csv"
 _PART = re.compile(r"metrics\.part-(\d+)\.until-(\d+)\.csv$")

@@ -15,7 +15,7 @@ from lightning_modules.callbacks import TrainingClock
 from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.loss import label_smoothed_nll, projected_label_smoothed_nll
-from lightning_modules.base.faults import corrupt_loss, inject
+from foundation.faults import corrupt_loss, inject
 from lightning_modules.transformer import Transformer, count_parameters
 
 

@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.run.attention_figures import (ATTENTION_FILE, attention_figure, group_attention_figure, png_bytes,
                                                      saved_row)
-from lightning_modules.base.io import atomic_write_bytes, check_writable_dir
+from foundation.io import atomic_write_bytes, check_writable_dir
 
 if TYPE_CHECKING:  # torch: imported where a model is used, not by the report that imports this
     from lightning_modules.run.use import LoadedRun

@@ -22,11 +22,11 @@ from typing import Any
 import pandas as pd
 
 from lightning_modules.convergence import ConvergenceRule
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from ablations.spec import table3_section
-from lightning_modules.base.names import inside
-from lightning_modules.base.io import check_writable_dir, disk_full_ends_the_run, first_missing, not_a_link
-from lightning_modules.base.rundir import mark, refuse_foreign
+from foundation.names import inside
+from foundation.io import check_writable_dir, disk_full_ends_the_run, first_missing, not_a_link
+from foundation.rundir import mark, refuse_foreign
 from reports import figures as figs
 from reports.attention import group_attention_pictures
 from reports.collect import Table3Data, load_table3

@@ -17,8 +17,8 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from lightning_modules.convergence import classify_stored
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.records import FinitePair, unpack_lines, validated
+from foundation.errors import UserError
+from foundation.records import FinitePair, unpack_lines, validated
 from lightning_modules.run.results import RunResult
 from sweeps.storage import make_storage, safe_url
 from ablations.record import KIND, aside_name, read_table, run_name
@@ -120,7 +120,7 @@ RESULT_KEYS = {f.name for f in fields(RunResult)}
 
 
 def run_key(trial: optuna.trial.FrozenTrial, study: str) -> tuple[str, int]:
-    """A trial's (row, seed), typed (`lightning_modules.base.records`): a seed stored as "3" is 3."""
+    """A trial's (row, seed), typed (`foundation.records`): a seed stored as "3" is 3."""
     source = f"study {study!r}: trial {trial.number}"
     return (validated(str, trial.user_attrs.get("row"), f"{source}: row"),
             validated(int, trial.user_attrs.get("seed"), f"{source}: seed"))
@@ -136,7 +136,7 @@ def stored_result(trial: optuna.trial.FrozenTrial, source: str) -> RunResult:
 
 
 def stored_translations(trial: optuna.trial.FrozenTrial, source: str) -> tuple[list[str], list[str]]:
-    """A trial's dev translations and references (packed: `lightning_modules.base.records.unpack_lines`),
+    """A trial's dev translations and references (packed: `foundation.records.unpack_lines`),
     one of each a sentence: a translation for every reference, or one line."""
     hyp = unpack_lines(trial.user_attrs["dev_hyp"], f"{source}: dev_hyp")
     ref = unpack_lines(trial.user_attrs["dev_ref"], f"{source}: dev_ref")

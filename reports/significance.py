@@ -35,7 +35,7 @@ import pandas as pd
 from sacrebleu.metrics import BLEU
 from scipy import stats
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from reports.collect import Table3Data
 from reports.seeds import Interval, difference_ci, t_p_value, t_quantile
 

@@ -14,7 +14,7 @@ Three ways a RUNNING trial's worker can be gone, and who takes the trial back:
   live worker records itself at once), measured on the watching worker's own clock.
 
 SIGTERM/SIGINT, and under SLURM the pre-emption notice (SIGUSR1), are only recorded
-(`lightning_modules.base.stop`) and acted on between claims, so an interrupt or a pre-emption never
+(`foundation.stop`) and acted on between claims, so an interrupt or a pre-emption never
 leaves a claim without its record, or a trial failed without its retry copy.
 """
 

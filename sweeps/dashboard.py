@@ -13,8 +13,8 @@ import sys
 import threading
 from wsgiref.simple_server import WSGIServer, make_server
 
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.stop import INTERRUPTS, STOP
+from foundation.errors import UserError
+from foundation.stop import INTERRUPTS, STOP
 from sweeps.storage import exposure_warning, make_storage, safe_url
 
 
@@ -57,7 +57,7 @@ def _server_class(host: str) -> type[WSGIServer]:
 
 
 def serve_until_stopped(server: WSGIServer) -> None:
-    """Serve in a thread until SIGINT or SIGTERM is recorded (`lightning_modules.base.stop`), then
+    """Serve in a thread until SIGINT or SIGTERM is recorded (`foundation.stop`), then
     shut the server down between requests.
 
     Not by KeyboardInterrupt: wsgiref's request handler catches every exception raised while it

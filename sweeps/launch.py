@@ -4,7 +4,7 @@
 group like "0,1"); on CPU, `--workers K` runs K workers with `OMP_NUM_THREADS = max(1, cores // K)`
 (a SLURM task's cores are its --cpus-per-task: `task_cores`) so they share the cores instead of fighting
 (an `OMP_NUM_THREADS` already set, e.g. on a machine shared with other jobs, caps that share).
-Ctrl-C or SIGTERM is recorded (`lightning_modules.base.stop`) and passed on to the workers as SIGTERM
+Ctrl-C or SIGTERM is recorded (`foundation.stop`) and passed on to the workers as SIGTERM
 (see `sweeps.worker`); under SLURM, SIGUSR1 (the pre-emption notice) is passed on as it is.
 `--stop-after` does the same at a set time, so a sitting on a machine lent for a few hours ends
 with every running trial checkpointed.
@@ -19,9 +19,9 @@ from collections import Counter
 
 import optuna
 
-from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError
+from foundation.errors import EXIT_INTERRUPTED, UserError
 from lightning_modules.run.slurm import on_slurm, requeue_job, task_cores
-from lightning_modules.base.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_WORKERS
+from foundation.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_WORKERS
 from sweeps.processes import WORKER_ENV, spawn
 from sweeps.storage import make_storage, safe_url
 from sweeps.worker import WorkerSettings, resolve_run_dir

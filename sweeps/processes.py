@@ -12,7 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from lightning_modules.base.stop import hold_stop_signals
+from foundation.stop import hold_stop_signals
 
 WORKER_ENV = "ABLATE_WORKER"  # the worker's settings (JSON)
 JOB_ENV = "ABLATE_TRIAL_JOB"  # a trial's job (JSON), read by sweeps.trial_run
@@ -36,7 +36,7 @@ def _start_child() -> None:
 
 def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
     """A child process in its own session that dies with this process; its stop signals are held
-    back until it records them (`lightning_modules.base.stop`)."""
+    back until it records them (`foundation.stop`)."""
     out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
     try:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,

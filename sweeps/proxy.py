@@ -12,8 +12,8 @@ import os
 import socket
 import sys
 
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.stop import INTERRUPTS, interrupting
+from foundation.errors import UserError
+from foundation.stop import INTERRUPTS, interrupting
 from sweeps.dashboard import cannot_listen
 from sweeps.optuna_api import serve_grpc_proxy
 from sweeps.storage import GRPC_SCHEME, GRPC_HINT, exposure_warning, journal_path, make_storage, safe_url

@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from ablations.resolve import check_override_types, parse_overrides
 from ablations.spec import load_yaml
 

@@ -31,8 +31,8 @@ import sqlalchemy
 from optuna.storages import BaseStorage
 from sqlalchemy.engine import make_url
 
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.io import check_writable_dir
+from foundation.errors import UserError
+from foundation.io import check_writable_dir
 from sweeps.optuna_api import grpc_storage, heartbeat_storage, journal_storage
 
 JOURNAL_SCHEME, GRPC_SCHEME = "journal:///", "grpc://"

@@ -16,7 +16,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from ablations.resolve import parse_overrides
 from sweeps.optuna_api import quiet_optuna
 from sweeps.space import SearchSpace

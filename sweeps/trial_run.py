@@ -17,14 +17,14 @@ import sys
 from typing import Any
 
 from lightning_modules.run.slurm import keep_notices
-from lightning_modules.base.stop import INTERRUPTS, STOP
+from foundation.stop import INTERRUPTS, STOP
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, die_with_parent
 
 
 def run_trial(job: dict[str, Any]) -> int:
     """Train the trial described by `job` (storage, study, trial number, out, its recipe, ...).
 
-    The worker's stop (SIGINT) is recorded from the start (`lightning_modules.base.stop`): the
+    The worker's stop (SIGINT) is recorded from the start (`foundation.stop`): the
     run saves and stops at the end of its next training step (`callbacks.StopAtStepEnd`), or at
     its first one if the stop came while it started; one after training lets the evaluation
     finish."""
@@ -58,7 +58,7 @@ def is_rank_zero() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lightning_modules.base.errors import UserError
+    from foundation.errors import UserError
 
     args = sys.argv[1:] if argv is None else argv
     STOP.install(*INTERRUPTS)  # held since the process started (sweeps.processes.spawn)

@@ -31,7 +31,7 @@ def parse(argv: list[str]) -> tuple[Path, argparse.Namespace]:
 
 def main(argv: list[str] | None = None) -> int:
     from ablations.resolve import Recipe
-    from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, exit_status
+    from foundation.errors import EXIT_INTERRUPTED, UserError, exit_status
 
     out, args = parse(list(sys.argv[1:] if argv is None else argv))
     try:

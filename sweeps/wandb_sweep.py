@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.io import atomic_write_text, check_writable_file, disk_full_ends_the_run
+from foundation.errors import UserError
+from foundation.io import atomic_write_text, check_writable_file, disk_full_ends_the_run
 from sweeps.space import Param, SearchSpace
 
 METHODS = {"tpe": "bayes", "random": "random", "grid": "grid"}

@@ -11,7 +11,7 @@ The worker stops when the finished (COMPLETE + PRUNED) plus running trials reach
 workers from overshooting), when a grid is exhausted, or after `n_trials` failures.
 
 SIGTERM/SIGINT, and under SLURM SIGUSR1 (the pre-emption notice of `#SBATCH --signal=USR1@90`),
-are only recorded (`lightning_modules.base.stop`); the worker acts on them where stopping cuts
+are only recorded (`foundation.stop`); the worker acts on them where stopping cuts
 nothing in two: before it claims a trial, while it waits, and while a trial's process trains. Then
 the process gets SIGINT (SIGUSR1 for a pre-emption: it also requeues the job,
 `lightning_modules/run/slurm.py`) and saves a checkpoint at the end of its step; Optuna records the
@@ -41,11 +41,11 @@ from optuna.study import MaxTrialsCallback
 from optuna.trial import TrialState
 
 from ablations.resolve import Recipe
-from lightning_modules.base.rundir import claim
-from lightning_modules.base.errors import UserError, exit_status
+from foundation.rundir import claim
+from foundation.errors import UserError, exit_status
 from lightning_modules.run.results import RunResult, read_results
 from lightning_modules.run.slurm import on_slurm
-from lightning_modules.base.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_TRIAL, StopRequest
+from foundation.stop import INTERRUPTS, POLL_S, REQUEUE_SIGNAL, STOP, TO_TRIAL, StopRequest
 from sweeps.claims import UnrecordedClaims, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_trial, queue_retry, retried_numbers,
                                retried_trial_number)
@@ -195,7 +195,7 @@ class Objective:
         if retried is not None:
             trial.set_user_attr("retry_of", retried)
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        claim(Path(run_dir))  # ours before its trial.log is written (lightning_modules/base/rundir.py)
+        claim(Path(run_dir))  # ours before its trial.log is written (foundation/rundir.py)
         row = trial.user_attrs.get("row")
         # W&B: a sweep's trials form one group; a table's rows each form one, its seeds the runs
         group = f"{self.s.study}/{row}" if row else self.s.study

@@ -54,12 +54,12 @@ from optuna.storages import BaseStorage
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.metrics_log import METRICS, read_rows
 from lightning_modules.run.attention_figures import ATTENTION_FILE
-from lightning_modules.base.io import (atomic_write_bytes, atomic_write_json, check_kinds, check_writable_dir,
+from foundation.io import (atomic_write_bytes, atomic_write_json, check_kinds, check_writable_dir,
                                      not_a_link)
-from lightning_modules.base.rundir import CONFIG, check_entries, mark, refuse_foreign
+from foundation.rundir import CONFIG, check_entries, mark, refuse_foreign
 from lightning_modules.run.results import RESULTS, read_results
 from sweeps.optuna_api import quiet_optuna
 from ablations.record import read_table

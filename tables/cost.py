@@ -27,7 +27,7 @@ import pandas as pd
 from ablations.resolve import Recipe
 from ablations.spec import recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
 from lightning_modules.config import run_devices
 from tables.schedule import parameters, tokens_per_step, training_flops, wall_clock

@@ -28,15 +28,15 @@ from optuna.trial import TrialState
 from ablations.resolve import Recipe, Resolver, load_config_file, parse_overrides
 from ablations.spec import RECIPE_SECTIONS, SCALED_KEYS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
 from lightning_modules.config import RunConfig, check_seed, computed_config, trained_part
-from lightning_modules.base.errors import EXIT_INTERRUPTED, UserError, did_you_mean
-from lightning_modules.base.names import check_name, inside
-from lightning_modules.base.rundir import check_apart, refuse_foreign
-from lightning_modules.base.faults import inject
-from lightning_modules.base.io import check_writable_dir
+from foundation.errors import EXIT_INTERRUPTED, UserError, did_you_mean
+from foundation.names import check_name, inside
+from foundation.rundir import check_apart, refuse_foreign
+from foundation.faults import inject
+from foundation.io import check_writable_dir
 from lightning_modules.run.results import read_results
 from tables.redo import aside, redo_requests
 from tables.schedule import longest_first, training_flops
-from lightning_modules.base.schema import stamped
+from foundation.schema import stamped
 from sweeps.storage import make_storage, safe_url
 from ablations.record import CORPUS, KIND, read_table, run_name
 from sweeps.study import REDO_OF, enqueue, open_study, superseded

@@ -16,8 +16,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from lightning_modules.base.records import pack_lines
-from lightning_modules.base.rundir import saved_config
+from foundation.records import pack_lines
+from foundation.rundir import saved_config
 from lightning_modules.metrics_log import last_step
 from lightning_modules.run.results import RunResult
 from sweeps.launch import describe_duration

@@ -23,7 +23,7 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.metrics_log import last_step, logged
 from lightning_modules.run.results import read_results
 from tables import archive as kept

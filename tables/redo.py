@@ -26,7 +26,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from ablations.record import aside_name
 from sweeps.study import REDO_OF
 

@@ -22,7 +22,7 @@ def ablate_here(capfd: pytest.CaptureFixture[str], *args: str, cwd: Path | None 
     """What `ablate ARGS` typed in `cwd` (default: here) would return: its exit status, and what it
     and the processes it started printed, read at the file descriptors."""
     from ablate.cli import main
-    from lightning_modules.base.stop import STOP
+    from foundation.stop import STOP
 
     assert not STOP.requested, STOP.signals  # a stop recorded earlier in this process would pass on
     capfd.readouterr()  # what came before is not this command's

@@ -27,7 +27,7 @@ import torch
 from optuna.trial import FrozenTrial, TrialState
 
 from ablations.resolve import resolve
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.metrics_log import read_rows
 from lightning_modules.run.preflight import check_same_result, resume_checkpoint
 from lightning_modules.run.results import RunResult, read_results

@@ -328,7 +328,7 @@ CASES: list[Case] = [
     ("train-spec-row-n-kv-heads-3", lambda t: ["train", "--row", "X", "--spec",
                                                spec(t, "{model: {}}\nX: {model: {n_kv_heads: 3}}"), *FAST],
      "row 'X' (preset tiny", {}),
-    # Input limits (lightning_modules/base/yaml_input.py: one loader for every YAML file): no alias,
+    # Input limits (foundation/yaml_input.py: one loader for every YAML file): no alias,
     # no key twice, at most 64 levels, 1 MiB, 1,000 rows
     ("spec-yaml-alias", lambda t: ["params", "--spec", files(t, rows_yaml="base: &b {model: {}}\nX: *b\n")["rows_yaml"]],
      "aliases (*name) are not accepted", {}),
@@ -401,7 +401,7 @@ CASES: list[Case] = [
     ("preset-as-override", lambda t: ["table3", "preset=paper", *FAST], "choose the preset with --preset", {}),
     ("space-samples-the-row", lambda t: sweep(t, "params:\n  row: {type: categorical, choices: [base, A1]}\n"),
      "choose the row with --row", {}),
-    # Names that become paths (one rule, lightning_modules/base/names.py): checked before anything is written
+    # Names that become paths (one rule, foundation/names.py): checked before anything is written
     ("spec-row-walks-out", lambda t: ["table3", "--spec", spec(t, "{model: {}}\n'../../../../x': {model: {}}"), *FAST],
      "bad row name '../../../../x'", {}),
     ("spec-row-absolute", lambda t: ["table3", "--spec", spec(t, f"{{model: {{}}}}\n'{t}/x': {{model: {{}}}}"), *FAST],
@@ -572,7 +572,7 @@ def test_damaged_corpus_archive_is_one_line_naming_it(damage: str, tmp_path: Pat
     """A downloaded .tgz that is damaged (cached from an interrupted copy, say) is a UserError
     naming it, whichever way gzip fails."""
     from lightning_modules.data.corpora import fetch_wmt14_train
-    from lightning_modules.base.errors import UserError
+    from foundation.errors import UserError
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -952,8 +952,8 @@ def fake_table3_study(path: Path, rows: list[str], preset: str = "tiny", dev_lin
     """A Table 3 study as `ablate table3` leaves it, with one complete run of each of `rows` (and
     the numbers a report reads; `dev_lines` dev translations each, none by default: no bootstrap)."""
     from ablations.spec import load_spec
-    from lightning_modules.base.schema import SCHEMA
-    from lightning_modules.base.records import pack_lines
+    from foundation.schema import SCHEMA
+    from foundation.records import pack_lines
 
     dev = {"dev_hyp": pack_lines([f"sentence {i}" for i in range(dev_lines)]),
            "dev_ref": pack_lines([f"sentence {i}" for i in range(dev_lines)])} if dev_lines else {}
@@ -1057,8 +1057,8 @@ def test_every_option_shows_its_default_and_table3_says_its_preset(capsys):
 def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path):
     """The library entry point checks the study name as the command line does, before it writes
     anything; and a path built from names is refused once it leads outside its folder."""
-    from lightning_modules.base.errors import UserError
-    from lightning_modules.base.names import check_name, inside
+    from foundation.errors import UserError
+    from foundation.names import check_name, inside
     from tables.plan import make_plan
 
     with pytest.raises(UserError, match="bad study name '../escape'"):
@@ -1076,7 +1076,7 @@ def test_a_notebook_gets_the_same_name_rule_and_paths_stay_inside(tmp_path: Path
 
 
 # --- Ownership: a command writes, replaces and deletes only its own files, in folders of its own,
-# and never through a symbolic link (lightning_modules/base/io.py: not_a_link, check_kinds;
+# and never through a symbolic link (foundation/io.py: not_a_link, check_kinds;
 # rundir.check_entries, rundir.refuse_foreign)
 
 def snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
@@ -1288,7 +1288,7 @@ def test_wandb_that_cannot_start_is_one_warning_and_the_run_completes(damage: st
     is written outside the run directory."""
     run = tmp_path / "work" / "run"
     run.mkdir(parents=True)
-    from lightning_modules.base.rundir import mark
+    from foundation.rundir import mark
 
     mark(run)
     if damage == "wandb-a-file":

@@ -19,7 +19,7 @@ from lightning_modules.config import DataConfig, RunConfig, TrainConfig, Transfo
 from lightning_modules.data.batching import (ShapeBuckets, TokenBucketBatchSampler, batch_shapes, bucket_lengths, collate,
                                              padding_share)
 from lightning_modules.data.tokenizer import EOS_ID, PAD_ID
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.transformer import Transformer
 

@@ -18,7 +18,7 @@ import yaml
 from ablate.cli import main
 from lightning_modules.config import ACCELERATORS, PRECISIONS, ScaleConfig, TrainConfig, TransformerConfig
 from lightning_modules.data.corpora import WMT14_SPLITS
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from ablations.resolve import parse_overrides, resolve
 from ablations.spec import load_preset, load_spec, row_settings
 from lightning_modules.transformer import Transformer, count_parameters

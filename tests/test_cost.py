@@ -18,7 +18,7 @@ from ablate.cli import main
 from ablations.resolve import resolve
 from ablations.spec import load_preset, load_spec, one_seed_rows
 from lightning_modules.config import count_parameters
-from lightning_modules.base.io import atomic_write_json
+from foundation.io import atomic_write_json
 from lightning_modules.run.results import RunResult
 from tables.plan import Table3Plan, make_plan, queue
 

@@ -29,7 +29,7 @@ from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.data.ding import (extract_ding, extract_ding_cached, is_sentence, parse_ding_line,
                                          split_alternatives)
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_or_load
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 
 DING = Path("/usr/share/trans/de-en")
 # The embedded default corpus is part of the set-up (make setup): its absence is a failure.

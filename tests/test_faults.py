@@ -1,5 +1,5 @@
 """Fault injection with real processes and real signals: SIGKILL/SIGTERM at named points of a run
-(`ABLATE_FAULT`, see lightning_modules/base/faults.py), a damaged checkpoint, a NaN loss. After each,
+(`ABLATE_FAULT`, see foundation/faults.py), a damaged checkpoint, a NaN loss. After each,
 running the same command again finishes the work from what was saved, and no half-written file
 is ever read. (The run that is killed is a process of its own; the same command run after it
 runs in the test's process where only what it reads and writes is checked; so does the run

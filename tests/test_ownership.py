@@ -1,6 +1,6 @@
 """Ownership between the folders one command writes: `--archive`, `--out`, `--report-dir` and a
 table's run directories may not name, contain or sit inside each other or a run directory, and a
-folder that is not ours is never written (`lightning_modules.base.rundir.check_apart`,
+folder that is not ours is never written (`foundation.rundir.check_apart`,
 `tables.archive.check_owned`). Each case is refused in one line before anything is
 written, and every file the user had is still there, byte for byte."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ablate.cli import main
-from lightning_modules.base.rundir import mark
+from foundation.rundir import mark
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

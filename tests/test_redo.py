@@ -121,7 +121,7 @@ def test_redo_of_a_row_outside_the_table_is_one_line_and_queues_nothing(tmp_path
 def test_a_folder_is_never_set_aside_over_another(tmp_path: Path):
     """`aside` moves a run to its trial's name once; a name taken already is refused in one line
     and both folders stay as they are."""
-    from lightning_modules.base.errors import UserError
+    from foundation.errors import UserError
     from tables.redo import aside
 
     run = tmp_path / "base-s1"
@@ -146,7 +146,7 @@ def test_a_sitting_stopped_between_a_redos_moves_sets_nothing_aside_twice(tmp_pa
 
     from tables.archive import restore
     from tables.plan import Table3Plan, identity, queue, run_dir, table_record
-    from lightning_modules.base.io import atomic_write_json
+    from foundation.io import atomic_write_json
 
     plan = Table3Plan(study="t", storage=f"sqlite:///{tmp_path}/t3.db", preset="tiny", rows=["base"],
                       seeds=[1], runs_dir=str(tmp_path / "runs"), overrides=["train.max_steps=10"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from lightning_modules.run.results import RESULTS, RunResult, read_results
-from lightning_modules.base.schema import SCHEMA
+from foundation.schema import SCHEMA
 from reports.collect import RUN_COLUMNS
 
 

@@ -22,7 +22,7 @@ import yaml
 from ablate.cli import main
 from here import ablate_here
 from lightning_modules.metrics_log import read_rows
-from lightning_modules.base.io import atomic_write_json
+from foundation.io import atomic_write_json
 
 # A model small enough to train in seconds; dev/test cut to 100 pairs so decoding is quick.
 SMALL = ["d_model=32", "d_ff=64", "n_heads=4", "n_layers=1", "data.vocab_size=500",
@@ -160,8 +160,8 @@ def test_a_run_directory_written_before_markers_is_claimed_and_a_folder_whose_co
     """A folder without the marker is ours only when its config.yaml is a run's (a mapping with
     preset, model, train and data): a list, a mapping missing a section, or text that is not YAML
     leaves it someone else's, refused in one line with nothing written."""
-    from lightning_modules.base.errors import UserError
-    from lightning_modules.base.rundir import MARKER, claim
+    from foundation.errors import UserError
+    from foundation.rundir import MARKER, claim
 
     old = tmp_path / "old"
     old.mkdir()

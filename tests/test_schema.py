@@ -1,4 +1,4 @@
-"""One schema version (`lightning_modules.base.schema`): config.yaml, results.json and the table record
+"""One schema version (`foundation.schema`): config.yaml, results.json and the table record
 each carry it; a file of each older shape reads, through its reader, as the current one; a newer
 version is refused in one line (as a command: test_bad_input.py); upgrading is idempotent; the
 committed archives were migrated once and are at the current version."""
@@ -14,10 +14,10 @@ import yaml
 
 from ablations.resolve import resolve
 from lightning_modules.config import TransformerConfig, to_yaml
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.run.results import RESULTS, RunResult, read_results
-from lightning_modules.base.rundir import CONFIG, saved_config
-from lightning_modules.base.schema import KEY, SCHEMA, STEPS, upgrade
+from foundation.rundir import CONFIG, saved_config
+from foundation.schema import KEY, SCHEMA, STEPS, upgrade
 from tables.archive import IDENTITY, stored_identity
 from tables.plan import Table3Plan, queue
 

@@ -115,7 +115,7 @@ def test_a_table_in_progress_says_how_many_seeds_each_row_has_of_those_queued(tm
     from optuna.trial import TrialState, create_trial
 
     from ablations.spec import load_spec
-    from lightning_modules.base.schema import SCHEMA
+    from foundation.schema import SCHEMA
     from reports.build import caveats, methods, summary
     from reports.collect import load_table3
     from reports.table3 import display_frame, table3_frame

@@ -21,7 +21,7 @@ import torch
 import yaml
 from optuna.trial import TrialState
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from ablations.resolve import resolve
 from sweeps.space import load_space
 from sweeps.storage import make_storage

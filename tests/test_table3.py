@@ -28,7 +28,7 @@ import yaml
 from optuna.trial import TrialState
 
 from lightning_modules.convergence import classify_stored
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from ablations.spec import load_spec
 from tables.plan import Table3Plan, make_plan, parse_seeds, queue, select_rows
 from conftest import start_chromium

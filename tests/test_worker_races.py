@@ -25,7 +25,7 @@ import pytest
 from optuna.trial import TrialState
 
 from lightning_modules.callbacks import PromptInterruptWhileCompiling
-from lightning_modules.base.stop import INTERRUPTS, REQUEUE_SIGNAL, StopRequest
+from foundation.stop import INTERRUPTS, REQUEUE_SIGNAL, StopRequest
 from sweeps.claims import UnrecordedClaims, pid_alive, reclaim_dead_local_trials, worker_record
 from sweeps.optuna_api import frozen_trial, queue_retry
 from sweeps.processes import spawn
@@ -299,7 +299,7 @@ def test_a_duplicate_copy_records_its_worker_and_ends_as_an_empty_claim(tmp_path
 
 CHILD = """
 import sys
-from lightning_modules.base.stop import INTERRUPTS, REQUEUE_SIGNAL, STOP
+from foundation.stop import INTERRUPTS, REQUEUE_SIGNAL, STOP
 STOP.install(*INTERRUPTS, REQUEUE_SIGNAL)
 STOP.wait(60)
 print(sorted(STOP.signals), flush=True)
@@ -333,7 +333,7 @@ def test_a_preemption_wins_over_an_interrupt_and_is_passed_on_once(tmp_path: Pat
 def test_an_interrupt_while_a_child_starts_waits_until_it_can_be_handled(tmp_path: Path):
     """A worker or trial process signalled while Python starts (or while it exits) printed a
     KeyboardInterrupt traceback; a spawned child holds interrupts until it accepts them."""
-    code = ("import sys, time\ntime.sleep(1)\nfrom lightning_modules.base.stop import INTERRUPTS, STOP\n"
+    code = ("import sys, time\ntime.sleep(1)\nfrom foundation.stop import INTERRUPTS, STOP\n"
             "STOP.install(*INTERRUPTS)\nsys.exit(130 if STOP.wait(30) else 0)\n")
     root = str(Path(__file__).resolve().parents[1])
     child = spawn([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}, log=tmp_path / "log")

@@ -34,7 +34,7 @@ from typing import BinaryIO
 
 import filelock
 
-from lightning_modules.base.io import atomic_write_bytes
+from foundation.io import atomic_write_bytes
 
 TEXT_CHUNK = 50_000  # texts hashed at a time (joined, then hashed: far faster than one update each)
 

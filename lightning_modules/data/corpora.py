@@ -28,8 +28,8 @@ from importlib import import_module
 from pathlib import Path
 
 from lightning_modules.config import CORPORA, DataConfig
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.io import check_readable_file
+from foundation.errors import UserError
+from foundation.io import check_readable_file
 from lightning_modules.stopwatch import Stages
 
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"

@@ -14,7 +14,7 @@ from pathlib import Path
 from lightning_modules.config import DataConfig
 from lightning_modules.data import cache
 from lightning_modules.data.corpora import Corpus, ParallelText
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.stopwatch import Stages
 
 _ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>")  # {m} {pl} [coll.] <variant>

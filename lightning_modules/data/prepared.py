@@ -27,7 +27,7 @@ from lightning_modules.data.batching import (ShapeBuckets, TokenBucketBatchSampl
                                              padding_share)
 from lightning_modules.data.corpora import Corpus, ParallelText, load_corpus
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.stopwatch import Stages
 
 

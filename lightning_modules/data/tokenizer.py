@@ -12,8 +12,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from lightning_modules.data import cache
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.io import atomic_write_bytes, set_aside
+from foundation.errors import UserError
+from foundation.io import atomic_write_bytes, set_aside
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 _TOO_LARGE = re.compile(r"[Vv]ocabulary size (?:is )?too high \((\d+)\).*?<=\s*(\d+)", re.S)

@@ -114,7 +114,7 @@ def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:
 
     import numpy as np
 
-    from lightning_modules.base.io import atomic_write_bytes
+    from foundation.io import atomic_write_bytes
     from lightning_modules.evaluate import translate
 
     sources = data.encode(list(data.corpus.valid.src))

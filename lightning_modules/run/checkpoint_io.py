@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightning_modules.base.io import atomic_write_bytes
+from foundation.io import atomic_write_bytes
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -22,9 +22,9 @@ import torch
 
 from lightning_modules.config import (RunConfig, TransformerConfig, count_parameters, model_identity,
                                       parse_devices, step_batches)
-from lightning_modules.base.errors import DiskFull, UserError
-from lightning_modules.base.io import is_temporary, set_aside
-from lightning_modules.base.rundir import CONFIG, MARKER, saved_config
+from foundation.errors import DiskFull, UserError
+from foundation.io import is_temporary, set_aside
+from foundation.rundir import CONFIG, MARKER, saved_config
 from lightning_modules.run.results import RunResult
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)

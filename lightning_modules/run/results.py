@@ -5,7 +5,7 @@ Each field says where it goes (`metadata`): `trial` (stored on the Optuna trial,
 needs only the database), `column` (a numeric column of the report's runs), `summary` (the W&B
 sweep run's summary). Adding a metric is one field here.
 
-results.json carries the schema version (`lightning_modules.base.schema`); reading upgrades a file of
+results.json carries the schema version (`foundation.schema`); reading upgrades a file of
 an older version, refuses a newer one in one line, and a key it lacks reads as None.
 """
 
@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.base.errors import UserError
-from lightning_modules.base.records import STRICT, Finite, Pair, validated
-from lightning_modules.base.schema import read, stamped
+from foundation.errors import UserError
+from foundation.records import STRICT, Finite, Pair, validated
+from foundation.schema import read, stamped
 
 RESULTS = "results.json"
 
@@ -92,7 +92,7 @@ class RunResult:
     status: str | None = _f("complete or failed")
     reason: str | None = _f("why a failed run failed (e.g. a NaN loss)")
 
-    __pydantic_config__ = STRICT  # how `validated` reads one back (`lightning_modules.base.records`)
+    __pydantic_config__ = STRICT  # how `validated` reads one back (`foundation.records`)
 
     @property
     def complete(self) -> bool:

@@ -26,7 +26,7 @@ import os
 import subprocess
 from collections.abc import Mapping
 
-from lightning_modules.base.stop import REQUEUE_SIGNAL, STOP
+from foundation.stop import REQUEUE_SIGNAL, STOP
 
 def on_slurm(env: Mapping[str, str] = os.environ) -> bool:
     """Whether this process is a SLURM task, by Lightning's rule (`SLURMEnvironment.detect`):

@@ -35,7 +35,7 @@ from lightning_modules.config import RunConfig, parse_devices
 from lightning_modules.convergence import classify_run
 from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
-from lightning_modules.base.errors import DiskFull, RunFailed, UserError
+from foundation.errors import DiskFull, RunFailed, UserError
 from lightning_modules.evaluate import corpus_bleu, translate
 from lightning_modules.metrics_log import set_aside
 from lightning_modules.resume import CountBatches, RandomState, StepCountsAfterResume
@@ -43,13 +43,13 @@ from lightning_modules.run.attention import save_run_attention
 from lightning_modules.run.attention_figures import ATTENTION_FILE, run_attention_png
 from lightning_modules.run.checkpoint_io import AtomicCheckpointIO
 from lightning_modules.run.environment import cpu_model, environment
-from lightning_modules.base.faults import inject
-from lightning_modules.base.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
+from foundation.faults import inject
+from foundation.io import (atomic_write_json, atomic_write_text, disk_full_ends_the_run, first_missing,
                                      write_lines)
 from lightning_modules.run.results import RESULTS, RunResult, read_results
-from lightning_modules.base.rundir import CONFIG, check_apart, claim, global_rank_zero, training_lock, wait_until_ours
+from foundation.rundir import CONFIG, check_apart, claim, global_rank_zero, training_lock, wait_until_ours
 from lightning_modules.run.slurm import on_slurm, task_cores
-from lightning_modules.base.stop import REQUEUE_SIGNAL, STOP
+from foundation.stop import REQUEUE_SIGNAL, STOP
 from lightning_modules.run.preflight import (check_decoding_memory, check_disk_space, check_cores, check_hardware, check_memory, check_output_dir,
                                         check_same_result, check_same_run, remove_stale_temporaries,
                                         resume_checkpoint, uses_gpu, wandb_mode)
@@ -216,7 +216,7 @@ def train(cfg: RunConfig, out: str | Path, group: str | None = None,
     other than 0, which do not evaluate): the checks, then build -> fit -> evaluate -> record.
 
     `callbacks` are added to the Trainer's (a sweep passes its pruning callback here). `out` must
-    be new, empty or one of our run directories (`base/rundir.py`); while it trains it is locked,
+    be new, empty or one of our run directories (`foundation/rundir.py`); while it trains it is locked,
     and another command on it stops in one line, or with `wait` waits for the lock.
     """
     startup = StartUp()

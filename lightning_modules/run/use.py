@@ -30,12 +30,12 @@ import torch
 
 from lightning_modules.config import DataConfig, EvalConfig, TransformerConfig
 from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, load
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 from lightning_modules.evaluate import corpus_bleu, length_batches, translate
-from lightning_modules.base.io import atomic_write_json, check_readable_file, check_writable_file, write_lines
+from foundation.io import atomic_write_json, check_readable_file, check_writable_file, write_lines
 from lightning_modules.run.preflight import resume_checkpoint
 from lightning_modules.run.results import read_results
-from lightning_modules.base.rundir import CONFIG, saved_config
+from foundation.rundir import CONFIG, saved_config
 from lightning_modules.transformer import Transformer
 
 _AVERAGE = re.compile(r"average:([0-9]+)")

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from lightning_modules.base.errors import DiskFull, UserError
-from lightning_modules.base.faults import inject
+from foundation.errors import DiskFull, UserError
+from foundation.faults import inject
 
 _UMASK = os.umask(0o022)  # read once, at import (setting the umask to read it is not thread-safe)
 os.umask(_UMASK)

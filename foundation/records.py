@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypeVar
 from annotated_types import Len
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 
 T = TypeVar("T")
 Finite = Annotated[float, Field(allow_inf_nan=False, strict=True)]  # a number, not its text or a bool

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 
 MAX_LENGTH = 64
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")

@@ -36,10 +36,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lightning_modules.base.errors import RunFailed, UserError
-from lightning_modules.base.schema import read
-from lightning_modules.base.yaml_input import read_yaml
-from lightning_modules.base.io import atomic_write_json, check_kinds, is_temporary, not_a_link
+from foundation.errors import RunFailed, UserError
+from foundation.schema import read
+from foundation.yaml_input import read_yaml
+from foundation.io import atomic_write_json, check_kinds, is_temporary, not_a_link
 
 MARKER = "ablate-run.json"  # a run directory's; a report directory has `ablate-report.json`
 LOCK = ".ablate-run.lock"

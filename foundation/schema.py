@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 
 SCHEMA = 1
 KEY = "schema"

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from lightning_modules.base.errors import UserError
+from foundation.errors import UserError
 
 MAX_BYTES = 1 << 20  # 1 MiB: the largest file of ours (a preset) is under 4 KB
 MAX_DEPTH = 64  # levels of nested mappings and lists (ours use 4)
