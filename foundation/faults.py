@@ -12,9 +12,10 @@ default) when it reaches `point` (at global step `step`, where given). Points:
 - `compile`: inside torch.compile's compilation of the training step (after tracing, before
   code generation);
 - `decode`: in the middle of the final beam search over the dev set;
-- `checkpoint_write@N`: half of the checkpoint of step N written to its temporary file;
+- `checkpoint_write@N`: the checkpoint of step N written to its temporary file, not yet renamed;
 - `results_write`: results.json written to its temporary file, not yet renamed;
-- `nan_loss@N`: not a signal: the training loss of step N becomes NaN (a numerical fault).
+- `nan_grad@N`: not a signal: the gradients of step N become NaN, so the weights and every later
+  loss do (a numerical fault).
 
 With `:SIGSTOP` the process holds itself at the point until a test has sent it another signal
 (SLURM's pre-emption notice, `tests/test_slurm.py`) and SIGCONT. Unset (the normal case) this is
@@ -26,10 +27,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the annotation only: io and the reports import this module without torch
-    from torch import Tensor
 
 FAULT_ENV = "ABLATE_FAULT"
 # The kernel hands a signal sent to a stopped process to any of its threads once it is continued;
@@ -37,7 +34,7 @@ FAULT_ENV = "ABLATE_FAULT"
 # Without a pause, SLURM's notice sent while held at step N would be handled in step N+1 now and then.
 HELD_SIGNALS_LAND_S = 0.5
 POINTS = ("startup", "train_step", "train_forward", "validation", "compile", "decode", "checkpoint_write",
-          "results_write", "nan_loss")
+          "results_write", "nan_grad")
 
 
 def _parse(spec: str) -> tuple[str, int | None, signal.Signals]:
@@ -60,9 +57,7 @@ def inject(point: str, step: int | None = None) -> None:
             time.sleep(HELD_SIGNALS_LAND_S)
 
 
-def corrupt_loss(loss: Tensor, step: int) -> Tensor:
-    """The loss, or NaN if `ABLATE_FAULT=nan_loss@step`."""
+def armed(point: str, step: int | None = None) -> bool:
+    """Whether `ABLATE_FAULT` names `point` (and `step`): for the faults that are not a signal."""
     spec = os.environ.get(FAULT_ENV)
-    if spec and _parse(spec)[:2] == ("nan_loss", step):
-        return loss * float("nan")
-    return loss
+    return bool(spec) and _parse(spec)[:2] == (point, step)

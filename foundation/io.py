@@ -76,7 +76,8 @@ def atomic_write_bytes(path: str | Path, data: bytes | Callable[[BinaryIO], None
     held whole in memory), to a temporary file beside `path`, fsync it (unless not `sync`), then
     rename it over `path`.
 
-    `fault` names the fault-injection point hit between writing half of `data` and the rest (see `faults`).
+    `fault` names the fault-injection point hit once the temporary file holds everything, before it
+    is renamed (see `faults`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,13 +87,10 @@ def atomic_write_bytes(path: str | Path, data: bytes | Callable[[BinaryIO], None
             if callable(data):
                 data(handle)
             else:
-                half = len(data) // 2
-                handle.write(data[:half])
-                if fault:
-                    handle.flush()
-                    inject(fault, step)
-                handle.write(data[half:])
+                handle.write(data)
             handle.flush()
+            if fault:
+                inject(fault, step)
             if sync:
                 os.fsync(handle.fileno())
         os.chmod(tmp, _mode_for(path))

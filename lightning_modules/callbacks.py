@@ -15,8 +15,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
 
-from foundation.faults import inject
+from foundation.faults import armed, inject
 from foundation.stop import REQUEUE_SIGNAL, StopRequest
 from lightning_modules.stopwatch import StartUp, Stopwatch
 
@@ -123,7 +124,16 @@ class TrainingClock(pl.Callback):
 
 
 class FaultPoints(pl.Callback):
-    """Calls `faults.inject` at the training and validation points it names (tests only)."""
+    """The training and validation points of `foundation.faults` (tests only; nothing when unset)."""
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor) -> None:
+        inject("train_forward", trainer.global_step + 1)  # between a step's forward and its backward
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if armed("nan_grad", trainer.global_step + 1):
+            for parameter in pl_module.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.fill_(float("nan"))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:

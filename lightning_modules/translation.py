@@ -15,7 +15,6 @@ from lightning_modules.callbacks import TrainingClock
 from lightning_modules.compiling import compile_dynamic
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.loss import label_smoothed_nll, projected_label_smoothed_nll
-from foundation.faults import corrupt_loss, inject
 from lightning_modules.transformer import Transformer, count_parameters
 
 
@@ -104,8 +103,6 @@ class TranslationModule(pl.LightningModule):
         loss, nll, n_tokens = self._forward_loss_fn(batch["src"], batch["tgt_in"], batch["tgt_out"],
                                                     self.model_config.label_smoothing)
         n = n_tokens.clamp(min=1)
-        loss = corrupt_loss(loss, self.global_step + 1)  # fault injection; a no-op normally
-        inject("train_forward", self.global_step + 1)  # (tests: a signal between forward and step)
         self._accumulate(torch.stack([loss.detach().float(), nll.detach().float(), n_tokens.float(),
                                       loss.new_ones((), dtype=torch.float32), loss.new_zeros((), dtype=torch.float32)]))
         return loss / n

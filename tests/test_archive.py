@@ -157,7 +157,7 @@ def failed_sitting(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("failed")
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as env, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        env.setenv("ABLATE_FAULT", "nan_loss@7")  # the trial's, through its worker
+        env.setenv("ABLATE_FAULT", "nan_grad@7")  # the trial's, through its worker
         code = main(sitting_args(tmp, tmp / "archive", "--seeds", "1"))
     return subprocess.CompletedProcess(["ablate"], code, out.getvalue(), err.getvalue()), tmp / "archive"
 

@@ -570,21 +570,26 @@ def test_real_process_prints_no_traceback(args: list[str], tmp_path: Path):
 @pytest.mark.parametrize("damage", ["deflate", "truncated"])  # (tar stops before gzip checks its CRC)
 def test_damaged_corpus_archive_is_one_line_naming_it(damage: str, tmp_path: Path):
     """A downloaded .tgz that is damaged (cached from an interrupted copy, say) is a UserError
-    naming it, whichever way gzip fails."""
-    from lightning_modules.data.corpora import fetch_wmt14_train
+    naming it, whichever way gzip fails: WMT14 read as the product reads it, from its cache."""
     from foundation.errors import UserError
+    from lightning_modules.config import DataConfig
+    from lightning_modules.data.corpora import WMT14_TRAIN_ARCHIVES, load_corpus
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for lang in ("en", "de"):
-            info = tarfile.TarInfo(f"corpus.de-en.{lang}")
+            info = tarfile.TarInfo(f"{WMT14_TRAIN_ARCHIVES[0][1]}.{lang}")
             info.size = len(TEXT)
             tar.addfile(info, io.BytesIO(TEXT))
     cache = tmp_path / "wmt14"
     cache.mkdir()
-    (cache / "corpus.tgz").write_bytes(damaged_gzip(buffer.getvalue(), damage))
-    with pytest.raises(UserError, match="corpus.tgz: not a valid archive") as err:
-        fetch_wmt14_train(cache, [("http://127.0.0.1:9/corpus.tgz", "corpus.de-en")])  # cached: not fetched
+    names = [url.rsplit("/", 1)[-1] for url, _ in WMT14_TRAIN_ARCHIVES]
+    (cache / names[0]).write_bytes(damaged_gzip(buffer.getvalue(), damage))
+    for name in [*names[1:], *(f"newstest201{k}.{lang}" for k in (3, 4) for lang in ("en", "de"))]:
+        (cache / name).write_bytes(TEXT)  # cached: nothing is fetched (the mirror is unreachable)
+    config = DataConfig(corpus="wmt14", base_url="http://127.0.0.1:9", cache_dir=str(tmp_path))
+    with pytest.raises(UserError, match=f"{names[0]}: not a valid archive") as err:
+        load_corpus(config)
     assert "\n" not in str(err.value) and not (cache / "train.en").exists()
 
 

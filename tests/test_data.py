@@ -24,7 +24,7 @@ import torch
 
 from lightning_modules.config import CORPORA, DataConfig
 from lightning_modules.data.batching import TokenBucketBatchSampler, batch_shapes, collate, padding_share
-from lightning_modules.data.corpora import WMT14_TRAIN_ARCHIVES, fetch_wmt14_train, load_corpus, read_parallel, subset
+from lightning_modules.data.corpora import WMT14_TRAIN_ARCHIVES, load_corpus, read_parallel, subset
 from lightning_modules.data.datamodule import TranslationDataModule
 from lightning_modules.data.ding import (extract_ding, extract_ding_cached, is_sentence, parse_ding_line,
                                          split_alternatives)
@@ -661,33 +661,47 @@ def test_wmt14_data_dir(tmp_path):
         "wmt14", 30, 4, 3)
 
 
-def test_wmt14_training_archives_from_local_server(http_root, tmp_path):
-    root, url, _ = http_root
-    archives = []
-    expected = {"en": [], "de": []}
-    for k, prefix in enumerate(("training/europarl-v7.de-en", "commoncrawl.de-en")):
+def wmt14_mirror(root: Path, members: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """A WMT14 mirror in `root` as `data.base_url` expects it: the three training archives under
+    their statmt.org names (each with its pair's members and another language's), newstest2013 and
+    2014; returns the training text the archives hold, per language, in archive order."""
+    expected: dict[str, list[str]] = {"en": [], "de": []}
+    for k, (url, prefix) in enumerate(WMT14_TRAIN_ARCHIVES):
         src, tgt = synthetic_pairs(10 + k, seed=k)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        with tarfile.open(root / url.rsplit("/", 1)[-1], mode="w:gz") as tar:
             for lang, lines in (("en", src), ("de", tgt), ("fr", src)):
                 data = "\n".join(lines).encode()  # no final newline: must still concatenate
-                info = tarfile.TarInfo(f"{prefix}.{lang}")
+                info = tarfile.TarInfo(f"{(members or {}).get(prefix, prefix)}.{lang}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-            expected["en"] += src
-            expected["de"] += tgt
-        name = f"archive{k}.tgz"
-        (root / name).write_bytes(buffer.getvalue())
-        archives.append((url.rsplit("/task1", 1)[0] + "/" + name, prefix))
-    cache = tmp_path / "wmt14"
-    fetch_wmt14_train(cache, archives)
-    text = read_parallel(cache / "train.en", cache / "train.de")
-    assert text.src == expected["en"] and text.tgt == expected["de"]
-    os.utime(cache / "train.en", ns=(0, 0))
-    fetch_wmt14_train(cache, archives)  # present: not rebuilt
-    assert (cache / "train.en").stat().st_mtime_ns == 0
-    with pytest.raises(UserError, match="lacks"):
-        fetch_wmt14_train(tmp_path / "other", [(archives[0][0], "training/news-commentary")])
+        expected["en"] += src
+        expected["de"] += tgt
+    for stem, n in (("newstest2013", 4), ("newstest2014", 3)):
+        src, tgt = synthetic_pairs(n)
+        write_lines(root / f"{stem}.en", src)
+        write_lines(root / f"{stem}.de", tgt)
+    return expected
+
+
+def test_wmt14_training_archives_from_local_server(http_root, tmp_path):
+    """WMT14 as the product fetches it from a mirror: the archives downloaded and extracted once."""
+    root, url, _ = http_root
+    expected = wmt14_mirror(root)
+    config = DataConfig(corpus="wmt14", base_url=url.rsplit("/task1", 1)[0], cache_dir=str(tmp_path / "cache"))
+    corpus = load_corpus(config)
+    assert corpus.train.src == expected["en"] and corpus.train.tgt == expected["de"]
+    assert (len(corpus.valid), len(corpus.test)) == (4, 3)
+    train_en = tmp_path / "cache" / "wmt14" / "train.en"
+    os.utime(train_en, ns=(0, 0))
+    load_corpus(config)  # present: not rebuilt
+    assert train_en.stat().st_mtime_ns == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    wmt14_mirror(other, {"commoncrawl.de-en": "commoncrawl.fr-en"})
+    for name in os.listdir(other):
+        os.replace(other / name, root / name)
+    with pytest.raises(UserError, match="training-parallel-commoncrawl.tgz lacks commoncrawl.de-en.de"):
+        load_corpus(DataConfig(corpus="wmt14", base_url=config.base_url, cache_dir=str(other / "cache")))
 
 
 def _tgz(path: Path, members: list[tuple[str, list[str]]]) -> None:

@@ -73,7 +73,7 @@ FAULTS = [
     pytest.param("train_step@13:SIGTERM", signal.SIGTERM, 13, id="SIGTERM@13", marks=SLOW),  # interrupted ckpt
     pytest.param("train_step@13:SIGHUP", signal.SIGHUP, 13, id="SIGHUP@13"),  # a closed terminal = SIGTERM
     pytest.param("validation@10", signal.SIGKILL, 10, id="validation@10", marks=SLOW),  # during validation
-    pytest.param("checkpoint_write@15", signal.SIGKILL, 10, id="checkpoint_write@15"),  # half a checkpoint written
+    pytest.param("checkpoint_write@15", signal.SIGKILL, 10, id="checkpoint_write@15"),  # a checkpoint written, not yet renamed
     pytest.param("decode", signal.SIGKILL, 20, id="decode", marks=SLOW),  # during the final beam search
     pytest.param("results_write", signal.SIGKILL, 20, id="results_write", marks=SLOW),  # results.json not renamed
 ]
@@ -102,7 +102,7 @@ def test_killed_run_is_finished_by_the_same_command(tmp_path: Path, fault: str, 
                                                     saved_step: int, capsys):
     """Killed at `fault` (a process of its own, a real signal), then the same command (in this
     process: what is tested is what it reads of what the killed process left). Killed while the
-    checkpoint of step 15 is half written, the run also has its newest checkpoint damaged before it
+    checkpoint of step 15 is written but not yet renamed, the run also has its newest checkpoint damaged before it
     is resumed (last.ckpt cut in half, as if copied in half): the damaged file is set aside as
     last.ckpt.corrupt with a warning, and the run resumes from the intact step10.ckpt."""
     out = tmp_path / "run"
@@ -155,12 +155,12 @@ def test_checkpoint_of_another_model_is_refused_with_one_line(tmp_path: Path):
 
 
 def test_nan_loss_fails_the_run_with_its_reason_recorded(tmp_path: Path, capfd, monkeypatch):
-    """A NaN loss at step 3 fails the run: exit status 1, the reason as the last line of stderr
+    """NaN gradients at step 3 (a NaN loss from then on) fail the run: exit status 1, the reason as the last line of stderr
     and in results.json, no traceback; the same command then refuses the failed run. (Both run in
     this process: what is checked is the status, the output and the file, not a process's own.)"""
     out = tmp_path / "run"
     with monkeypatch.context() as env:
-        env.setenv("ABLATE_FAULT", "nan_loss@3")
+        env.setenv("ABLATE_FAULT", "nan_grad@3")
         result = ablate_here(capfd, "train", "--out", str(out), *SMALL)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and "the training loss became nan" in lines[-1], result.stderr[-3000:]

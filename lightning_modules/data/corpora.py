@@ -327,13 +327,6 @@ def extract_train(cache: Path, archives: Sequence[tuple[Path, str]],
             os.replace(Path(tmp) / f"train.{lang}", cache / f"train.{lang}")
 
 
-def fetch_wmt14_train(cache: Path, archives: Sequence[tuple[str, str]] = WMT14_TRAIN_ARCHIVES,
-                      langs: Sequence[str] = ("en", "de")) -> None:
-    """Build `cache/train.LANG` from the statmt archives (downloaded, then extracted), unless built."""
-    if not _wmt14_train_ready(cache, langs):
-        extract_train(cache, download_archives(cache, archives), langs)
-
-
 def _append_lines(source, out) -> None:
     """Copy a file object's bytes, ending them with a newline (archives are concatenated)."""
     last = b""
