@@ -184,6 +184,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # A crash below Python (a segfault or abort in a CUDA graph capture or a kernel) prints its Python
-    # stack instead of ending the command without a word (the H200 round's CUDA-graph variant did).
+    # stack instead of ending the command without a word (a GPU round's CUDA-graph variant has).
     faulthandler.enable()
     sys.exit(main())

@@ -7,17 +7,12 @@ Why. With exact lengths (`data.shape_buckets` 0, every preset's default) nearly 
 run's first epoch has a shape the process has not met: on the `gpu` preset's data (1M WMT-length
 pairs, 25,000 tokens) 1,178 of an epoch's 1,441 batches. The token buckets' boundaries are the same
 in every epoch, so no later epoch adds one. PyTorch puts cuDNN's attention first on sm90 and sm100
-(H100, H200, B200) with a recent cuDNN (on the H200 with torch 2.11 the eager default's first losses
-equal "attention cudnn"'s exactly: gpu-round-2-h200-2026-11-26), and cuDNN builds an execution plan
-per problem (batch, heads, lengths, strides, mask), forward and backward, and caches it: host time
-that `gpu_round`, which repeats six batches, never shows. Decoding with growing key/value caches
-meets a new key length at every step. Such builds would explain the ~20 s first repetitions of the
-H200's generation run, and the 40 s its start-up run spent after start-up on two steps and 200 dev
-sentences. The GPU round's warm-ups already hint at it (gpu-round-2-h200-2026-11-26, call 1: 12
-batches, eager base): "eager, attention efficient", whose attention problems were all new to its
-kernel, warmed up in 0.65 s, about its 12 steps; "fused QKV" and "buckets 8", whose self-attention
-or every problem was new to cuDNN (fused, the query, key and value strides change), took 3.0 and 4.0
-s. New matmul shapes came with them, so the split is not known: this benchmark measures it.
+(H100, H200, B200) with a recent cuDNN, and cuDNN builds an execution plan per problem (batch,
+heads, lengths, strides, mask), forward and backward, and caches it: host time that `gpu_round`,
+which repeats six batches, never shows. Decoding with growing key/value caches meets a new key
+length at every step. Such builds would explain slow first repetitions seen in the GPU rounds
+(their results pages); new matmul shapes come with them, so the split is not known: this benchmark
+measures it.
 
 Method.
 - Shapes (counted; no device needed): `gpu_round.wmt_like_lengths` over `SHAPE_POOL` pairs, bucketed

@@ -120,8 +120,8 @@ _EAGER = [name for name, overrides in VARIANTS.items() if not overrides.get("tra
 # the cheap eager variants, then big, then each knob compiled on its own. What the budget leaves out
 # is a row saying so. A variant added to VARIANTS runs after these (before CUDA graphs) unless placed here.
 BUCKETS = "compiled, buckets 8, CUDA graphs"
-# CUDA graphs run last on CUDA: on the H200 (torch 2.11) that variant ended the process with no Python
-# error. It now runs in a process of its own (ISOLATED), so a crash there is its row; last, it still
+# CUDA graphs run last on CUDA: that variant has ended the process with no Python error (the GPU
+# round's results page). It runs in a process of its own (ISOLATED), so a crash there is its row; last, it still
 # costs nothing else if the guard itself failed.
 # max-autotune benchmarks every matmul's candidate kernels as it compiles, for as long as that takes:
 # in a process of its own, an overrun is stopped at the budget's end and is its row.

@@ -39,10 +39,9 @@ from benchmarks.wmt_rehearsal import Sampler, vocabularies, write_pairs
 BASE = ["n_layers=6", "d_model=512", "d_ff=2048", "n_heads=8"]
 TINY = ["n_layers=1", "d_model=32", "d_ff=64", "n_heads=4"]
 TARGET_S = 15.0
-# The dev set and its decoding are kept short: on the H200 (2026-11-27) the first run spent 41 s after
-# its 22.6 s start-up on 2 steps and greedy decoding of 200 dev pairs (an untrained model decodes to
-# source + max_len_offset, each step a new key length: `attention_shapes` measures what that costs),
-# and the next run no longer fitted in the session's step.
+# The dev set and its decoding are kept short: an untrained model decodes to source + max_len_offset,
+# each step a new key length (`attention_shapes` measures what that costs), and a longer dev set's
+# decoding takes longer than the start-up measured (its GPU results page).
 DEV_PAIRS, DECODE_OFFSET = 20, 5
 IMPORTS = "import ablate.cli; from lightning_modules.run.train import train"  # what `ablate train` imports first
 TOP_PACKAGES = 8  # packages named in the split; the rest are one row

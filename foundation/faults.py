@@ -4,7 +4,7 @@ Set `ABLATE_FAULT=<point>[@<step>][:<SIGNAL>]` and the process sends itself SIGN
 default) when it reaches `point` (at global step `step`, where given). Points:
 
 - `startup`: as `ablate train` or `ablate table3` starts its work (before any check: the window
-  in which SLURM's pre-emption notice used to kill a process);
+  in which SLURM's pre-emption notice could kill a process);
 - `train_step@N`: after optimizer step N (its periodic checkpoint, if one is due, is written);
 - `train_forward@N`: after the forward pass of step N, before its backward and optimizer step
   (where a Ctrl-C usually lands);

@@ -2,11 +2,11 @@
 search spaces, a run's `config.yaml`, key=value override values): small hostile input cannot
 exhaust memory or time, and YAML's silent surprises are refused.
 
-- size: a file over `MAX_BYTES` is refused before it is parsed (a 50 MB spec took minutes and
-  gigabytes);
+- size: a file over `MAX_BYTES` is refused before it is parsed (a large one takes minutes and
+  gigabytes to parse);
 - aliases (`*name`): refused, so a "billion laughs" document cannot expand to gigabytes (no
   file of ours needs one: write the value out);
-- nesting: deeper than `MAX_DEPTH` levels is refused while it is read (10,000 levels ended in a
+- nesting: deeper than `MAX_DEPTH` levels is refused while it is read (deep enough, it ends in a
   RecursionError);
 - a key given twice in one mapping is refused (YAML keeps the last value without a word).
 

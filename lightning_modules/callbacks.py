@@ -156,7 +156,7 @@ class PromptInterruptWhileCompiling(pl.Callback):
     A stop waits for the end of the current step (Lightning's own SIGTERM handling, and
     `StopAtStepEnd` for the requests in `base.stop.STOP`), so that no checkpoint holds a half-
     applied optimizer step; but a compiled run's first batch compiles for minutes, and a later
-    batch may recompile (a guard that fails; seen on an H100: ~50 s for the base model), longer
+    batch may recompile (a guard that fails: most of a minute for the base model on a GPU), longer
     than a sweep worker waits for its trial's clean stop. From every batch's start until its
     optimizer step (no weight has changed yet) SIGTERM and SIGINT record the request and raise
     Lightning's own `SIGTERMException` at once; from the optimizer step on, the handlers that

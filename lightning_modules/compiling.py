@@ -3,8 +3,8 @@
 - `torch.fx.experimental._config.use_duck_shape` (private): by default dynamo assumes that
   dimensions of equal size on the first call are the same symbol ("duck sizing"). A first batch
   whose source and target happen to have the same length then guards `src.size(1) ==
-  tgt_in.size(1)`, and the next batch recompiles the whole step (1-2 minutes for the base model
-  on an H100 host; seen as a third graph in benchmarks/results). Source and target lengths are
+  tgt_in.size(1)`, and the next batch recompiles the whole step (minutes for the base model; the
+  GPU pages of benchmarks/README.md). Source and target lengths are
   independent, so duck sizing is switched off while the step is traced.
 - `torch._dynamo.lookup_backend(name)`: the backend (Inductor unless asked), wrapped so that the
   fault point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
@@ -15,10 +15,10 @@
   patch): Inductor's mix-order reduction fusion (GPU Triton only: sibling reductions over rows
   and columns, as in LayerNorm's backward) checked `rows * columns >= 5 * 2**20` on the symbolic
   sizes, i.e. `512*src.size()[0]*src.size()[1] >= 5242880` for the base model, a guard that
-  compiled the step again for a batch on the other side of it (benchmarks/results/
-  gpu-h100-2026-11-23). Non-strict mode skips those size checks ("could be helpful to avoid
-  recompilations", torch's own comment) and fuses at every size. On an H200, 12 batch shapes on
-  both sides of the threshold built one graph (benchmarks/results/gpu-h200-2026-11-27).
+  compiled the step again for a batch on the other side of it. Non-strict mode skips those size
+  checks ("could be helpful to avoid recompilations", torch's own comment) and fuses at every
+  size: batch shapes on both sides of the threshold build one graph (the GPU pages of
+  benchmarks/README.md).
 - `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
   `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
 - `torch._dynamo.utils.guard_failures` (semi-private): why each recompilation happened, the failed

@@ -290,7 +290,7 @@ class DataConfig:
     train_pairs: int | None = None
     num_workers: int = 0
     # round each batch's lengths up to a multiple of this (fewer tensor shapes). 1 = exact lengths,
-    # faster on a GPU than multiples of 8, which pad more (benchmarks/results/gpu-h100-2026-11-22);
+    # faster on a GPU than multiples of 8, which pad more (the GPU pages of benchmarks/README.md);
     # the compiled step takes any shape.
     pad_multiple: int = 1
     # static batch shapes for CUDA graphs (train.compile_mode=reduce-overhead): each side's lengths
@@ -350,9 +350,9 @@ class TrainConfig:
     # data.shape_buckets) | max-autotune-no-cudagraphs
     compile_mode: str = "default"
     # torch.use_deterministic_algorithms (warn-only: an op without a deterministic kernel warns).
-    # None = auto: on for CPU runs, where it cost little of a step's CPU time (and no CPU op of a
-    # step needed it: benchmarks/results/reproducibility-cpu-2026-11-22); off on GPUs,
-    # where deterministic kernels can cost more (not measured yet): turn it on there to compare runs.
+    # None = auto: on for CPU runs, where it costs little (no CPU op of a step needs it: the
+    # reproducibility row of benchmarks/README.md); off on GPUs, where deterministic kernels can
+    # cost more: turn it on there to compare runs.
     deterministic: bool | None = None
     # torch's intra-op threads; None = torch's default (the cores, or $OMP_NUM_THREADS). The order
     # in which matmuls and reductions add up depends on it: pin it to reproduce a run bit for bit.

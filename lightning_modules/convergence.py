@@ -10,7 +10,7 @@ measure optimisation accidents. Classes, checked in this order:
 - `unstable`: after warmup, a dev perplexity above that unigram line, or a spike: a dev
   perplexity or a window-mean training loss above `spike_ratio` × its best value so far (a model
   collapsing towards the unigram line can leave the training loss nearly flat, since it started
-  close to that line: on an H100 a base run's dev PPL rose 772 → 1,321 while its loss went 7.0 → 7.6);
+  close to that line: a GPU base run's dev PPL nearly doubled while its loss rose by a tenth);
 - `overfitting`: the dev-perplexity spike above while the training loss kept falling (no
   training-loss spike, and its mean over the last `tail` of training more than `tolerance` below
   its mean over the evaluation interval that ended at the dev best): the gap between training and

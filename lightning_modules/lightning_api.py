@@ -8,13 +8,11 @@
    while a step compiles: Lightning's `OnExceptionCheckpoint`) restores the count one ahead (checked in
    Lightning 2.6, `_TrainingEpochLoop.reset`): from then on each window of
    `log_every_n_steps` steps is written up to a window late under a later step, and the window
-   whose write falls after an epoch's end is dropped (one training row per epoch lost; seen in the
-   `cpu` table, 2026-11-23). The same checkpoint leaves the loop's count of batches drawn across
+   whose write falls after an epoch's end is dropped (one training row per epoch lost). The same checkpoint leaves the loop's count of batches drawn across
    epochs (`batch_progress.total`, on which an integer `val_check_interval` decides when to
    validate) one ahead too: Lightning's restart puts the epoch's count back on the last completed
    batch, not the total's, so every later dev evaluation ran a step early, one more per such
-   resume (the `cpu` table's C3 seed 1, resumed inside a step five times, evaluated after step
-   23,995 instead of 24,000). `align_step_counts` sets both back, at the first batch after a
+   resume (both seen in the converged `cpu` table: its results page). `align_step_counts` sets both back, at the first batch after a
    restore (one optimizer, automatic optimization: the loop counts one stepped batch per
    optimizer step). `tests/test_reproducibility.py` resumes a run interrupted inside a step and
    fails if its rows or its dev evaluations differ from an uninterrupted run's, so a Lightning
@@ -26,8 +24,7 @@
    next one on the first pass it draws from the loader. Written after it (Ctrl-C or SIGTERM
    between steps: `OnExceptionCheckpoint`), Lightning starts the next epoch but keeps the old
    epoch's batch count (`fit_loop.epoch_loop.batch_progress.current`), so it stops that epoch
-   after one batch. Either way the next epoch's batches were skipped (found 2026-11-23, Lightning
-   2.6). The loader saves such a position as the next epoch's start (`resume.ResumableLoader`),
+   after one batch. Either way the next epoch's batches were skipped (Lightning 2.6). The loader saves such a position as the next epoch's start (`resume.ResumableLoader`),
    and `start_epoch_after_restore` zeroes the stale count when that epoch starts.
    `tests/test_reproducibility.py` resumes from both kinds of checkpoint at an epoch's end.
 

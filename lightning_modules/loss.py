@@ -14,12 +14,10 @@ at a time; compiled, in one piece (a traced step has no loop over a symbolic row
 casts Inductor fuses into each pass's kernel; either way nothing V-wide in fp32 is kept for the
 backward pass. The textbook form, a log-softmax of the whole (N, V) matrix in
 fp32 with autograd for the rest, keeps an fp32 copy of bf16 logits and of their gradient (25K
-tokens × 37,000 pieces: 3.7 GB each): in an eager base step on an H100 it took ~20 % of the GPU
-time (benchmarks/results/gpu-h100-2026-11-22b), and compiled on an H200 its kernels (the
-log-softmax forward and backward, and a zero-filled fp32 (N, V) gradient scattered into) still took
-16 % of the base step's (gpu-h200-2026-11-27). It stays in use where it costs nothing: eager fp32
-logits that fit one chunk (CPU training; there the chunked form was 4-30 % slower on 1,500 ×
-2,000-37,000 logits and 2× faster on 6,000 × 37,000).
+tokens × 37,000 pieces: 3.7 GB each), a large share of a GPU base step, eager or compiled (the GPU
+pages of benchmarks/README.md). It stays in use where it costs nothing: eager fp32 logits that fit
+one chunk (CPU training, where the chunked form is slower on small logits: the loss row of the
+index).
 """
 
 from __future__ import annotations

@@ -440,7 +440,7 @@ class Transformer(nn.Module):
         the buffer SDPA receives: a boolean mask (or a bias of another dtype) became a new,
         contiguous float bias inside SDPA, with row stride S, and torch.compile guarded on
         S % 8 and compiled the step a second time for the first source length of the other kind
-        (~50 s for the base model on an H100 host; benchmarks/README.md, the one-graph case). The rows of
+        (most of a minute for the base model; benchmarks/README.md, the one-graph case). The rows of
         this buffer lie 8·(S // 8 + 1) apart, aligned for every S.
         """
         s = src.size(1)

@@ -62,7 +62,7 @@ def serve_until_stopped(server: WSGIServer) -> None:
 
     Not by KeyboardInterrupt: wsgiref's request handler catches every exception raised while it
     serves a request (a bare `except:`, to answer 500), so a Ctrl-C raised there was lost and the
-    dashboard went on serving (seen on a loaded machine). Requests are served in another thread; the
+    dashboard went on serving. Requests are served in another thread; the
     main thread, where Python runs signal handlers, only waits for a stop request."""
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()

@@ -90,8 +90,8 @@ CPU_PROCESSES_PER_CORE = 4  # training processes a launcher starts per core, at 
 
 def thread_cap(environ: dict[str, str] = os.environ) -> int:
     """The threads a process may use by `$OMP_NUM_THREADS` (unset or not a positive whole number:
-    no cap). OpenMP threads that outnumber the cores spin against each other: two 2-thread tiny
-    runs side by side on 2 cores took 4x as long as with one thread each."""
+    no cap). OpenMP threads that outnumber the cores spin against each other and every run
+    slows down several times."""
     text = environ.get("OMP_NUM_THREADS", "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else sys.maxsize
 

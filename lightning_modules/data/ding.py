@@ -162,9 +162,8 @@ def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool =
                         ) -> tuple[list[tuple[str, str]], list[tuple[str, str]] | None]:
     """`extract_ding(path)`, kept in `cache_dir/ding/` under a digest of the dictionary's bytes
     and of this module's source, so that an edited dictionary or extraction rule is extracted
-    anew; the word/phrase pairs (368K, 17 MB as JSON) are read only when `phrases` is set, and are
-    None otherwise. Parsing the dictionary's ~200K lines is most of a short run's start-up (about
-    3 s of CPU). The cache is an optimisation only: an entry that cannot be read or is damaged is
+    anew; the word/phrase pairs (the larger part of the entry) are read only when `phrases` is set,
+    and are None otherwise. Parsing the dictionary is most of a short run's start-up. The cache is an optimisation only: an entry that cannot be read or is damaged is
     extracted again, and one that cannot be written is left unwritten."""
     path = Path(path).expanduser()
     if not path.is_file():

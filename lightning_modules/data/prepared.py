@@ -3,7 +3,7 @@ reused, every split encoded and length-filtered, and the statistics a run record
 
 `TranslationDataModule` (datamodule.py) serves it to Lightning; a table's or a sweep's checks
 before anything is queued (`preflight.prepare_data`) prepare it alone, so the command that queues
-a table loads no Lightning (about 3 s of its start-up on a 2-core CPU).
+a table loads no Lightning (seconds of its start-up on a small CPU).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the vector kernels in use, thread counts, precision and deterministic algorithms
 results.json so that a report can tell reruns on the same setup (bitwise identical on a CPU) from
 runs on another: float sums come out in another order with another thread count (matmuls,
 reductions) or other vector kernels (ATen's CPU capability, MKL's code path), and the results
-differ slightly (benchmarks/results/reproducibility-cpu-2026-11-22)."""
+differ slightly (the reproducibility row of benchmarks/README.md)."""
 
 from __future__ import annotations
 

@@ -57,10 +57,8 @@ from lightning_modules.config import to_yaml
 from lightning_modules.stopwatch import StartUp
 from lightning_modules.translation import TranslationModule
 
-# train.compile=auto compiles CUDA runs of at least this many steps. Measured on an H100
-# (benchmarks/results/gpu-h100-2026-11-22, base dims, 25K-token batches): the compiled step saves
-# ~12 ms of ~56 ms, and compilation costs ~68 s with a cold cache, ~23 s with a warm one, so it
-# pays back after ~2,000 steps with a warm cache and ~6,000 with a cold one.
+# train.compile=auto compiles CUDA runs of at least this many steps: where the time the compiled
+# step saves pays back its compilation with a warm cache (the GPU pages of benchmarks/README.md).
 COMPILE_MIN_STEPS = 2000
 
 # A first run has nothing to resume from: Lightning says so twice; that is expected.
