@@ -66,7 +66,7 @@ def on_sqlite(command: str) -> list[str]:
 def from_sbatch(command: str) -> list[str]:
     """What each array task runs (the script's own extra options), as a dry run."""
     words = shlex.split(command)
-    return [*words[words.index("sweeps/slurm/array.sbatch") + 1:], "--workers", "1", "--no-report", "--dry-run"]
+    return [*words[words.index("sweeps/slurm/array.sbatch") + 1:], "--workers", "1", "--dry-run"]
 
 
 # (pattern, how the test runs it): "dry" = `ablate` with --dry-run in this process, "make" = the

@@ -60,7 +60,7 @@ def wait(what: str, check, cluster: Cluster, timeout: float = 240):
 
 
 def submit(cluster: Cluster, tmp_path: Path, tasks: str, *options: str) -> tuple[str, Path]:
-    """`sbatch --array=TASKS sweeps/slurm/array.sbatch table3 ...` (base and E, tiny, 10 steps, one
+    """`sbatch --array=TASKS sweeps/slurm/array.sbatch table3 ... --no-report` (base and E, tiny, 10 steps, one
     worker a task, every trial held after step 7), its study's journal in `tmp_path`: the job id and
     the journal. The workers' threads are left to the task's cores (no $OMP_NUM_THREADS)."""
     journal = tmp_path / "sweeps.journal"
@@ -70,7 +70,7 @@ def submit(cluster: Cluster, tmp_path: Path, tasks: str, *options: str) -> tuple
         env.pop(key, None)
     job = cluster.sbatch(f"--array={tasks}", "--gpus-per-task=0", "--cpus-per-task=1", "--mem=1G", *options,
                          f"--output={tmp_path}/slurm-%A_%a.out", str(RECIPE), "table3", "--preset", "tiny",
-                         "--rows", ",".join(ROWS), "--seeds", "1", "--runs-dir", str(tmp_path / "runs"), *SMALL,
+                         "--rows", ",".join(ROWS), "--seeds", "1", "--runs-dir", str(tmp_path / "runs"), "--no-report", *SMALL,
                          env=env, cwd=tmp_path)
     return job, journal
 
