@@ -4,13 +4,9 @@
     python -m benchmarks --quick               # tiny sizes: a smoke check in about a minute
     python -m benchmarks --only train,padding  # a subset
     python -m benchmarks --device cuda         # on a GPU (bf16 autocast by default there, MFU)
-    python -m benchmarks --only reproducibility  # what changes a run's numbers (opt-in experiment)
-    python -m benchmarks --only workers          # how many sweep workers to run on this CPU (opt-in)
     python -m benchmarks --device cuda --only gpu_round --out DIR  # kernel variants, < 8 minutes (opt-in)
-    python -m benchmarks --only wmt_rehearsal --pairs 450000,4520620  # the gpu preset's data path (opt-in)
     python -m benchmarks --device cuda --only startup  # where start-up goes, a table's first and next run (opt-in)
     python -m benchmarks --device cuda --only attention_shapes  # what a new batch shape costs each attention kernel (opt-in)
-    python -m benchmarks --only table_workers    # an 8-worker table against its plan's wall-clock (opt-in)
 """
 
 from __future__ import annotations
@@ -31,15 +27,11 @@ from foundation.io import atomic_write_json, atomic_write_text
 # name -> module of benchmarks/ whose run(settings) it is; imported when run, so that a GPU machine
 # without the sweep packages (optuna, omegaconf) runs the benchmarks that do not need them
 BENCHMARKS = {"train": "train_step", "overhead": "overhead", "padding": "padding", "generation": "generation",
-              "scaling": "scaling", "end_to_end": "end_to_end", "reproducibility": "reproducibility",
-              "workers": "workers", "gpu_round": "gpu_round", "wmt_rehearsal": "wmt_rehearsal",
-              "startup": "startup", "attention_shapes": "attention_shapes", "table_workers": "table_workers"}
-# Run only when named in --only: an experiment (~15 minutes on 2 cores), a measurement that needs
-# the whole machine (~3 minutes on 2 cores), the GPU round (its CPU run is a smoke check), and
-# WMT14's data path at full scale (GBs of disk), two whole runs' start-up, and what new shapes cost
-# each attention kernel (a GPU's question).
-OPT_IN = ("reproducibility", "workers", "gpu_round", "wmt_rehearsal", "startup", "attention_shapes",
-          "table_workers")
+              "scaling": "scaling", "end_to_end": "end_to_end", "gpu_round": "gpu_round", "startup": "startup",
+              "attention_shapes": "attention_shapes"}
+# Run only when named in --only: the GPU round (its CPU run is a smoke check), two whole runs'
+# start-up, and what new shapes cost each attention kernel (a GPU's question).
+OPT_IN = ("gpu_round", "startup", "attention_shapes")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,23 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true",
                         help="gpu_round: after timing each variant, profile one pass per batch size (where the "
                              "step's time goes: a second table, and each pass's top kernels under OUT/profiles/)")
-    parser.add_argument("--pairs", default="",
-                        help="wmt_rehearsal: comma-separated scales in training pairs (default: "
-                             "WMT14's 4,520,620 EN-DE pairs; --quick: 20,000)")
-    parser.add_argument("--rehearsal-dir", type=Path, default=Path("/tmp/ablate-wmt-rehearsal"),
-                        help="wmt_rehearsal: where the synthetic mirrors are made once (GBs at full scale)")
-    parser.add_argument("--keep", action="store_true",
-                        help="wmt_rehearsal: keep each scale's download cache and run folder")
     args = parser.parse_args(argv)
     unknown = [name for name in args.only.split(",") if name and name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
-    try:
-        args.pairs = tuple(int(n.replace("_", "")) for n in args.pairs.split(",") if n)
-    except ValueError:
-        parser.error(f"--pairs {args.pairs}: expected comma-separated numbers of pairs")
-    if any(n < 1 for n in args.pairs):
-        parser.error("--pairs: every scale must be at least 1 pair")
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
     args.steps = tuple(tuple(s.strip().split(":", 1)) for s in args.steps.split(";") if s.strip())
@@ -155,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                         cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
                         checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
                         cases=tuple(c for c in args.cases.split(",") if c), out=args.out,
-                        budget_s=args.budget_s, steps=args.steps, pairs=args.pairs, rehearsal_dir=args.rehearsal_dir,
-                        keep=args.keep, profile=args.profile)
+                        budget_s=args.budget_s, steps=args.steps, profile=args.profile)
     warnings.filterwarnings("ignore", category=UserWarning)
     info = machine_info(settings)
     out: Path = args.out  # made by parse_args

@@ -15,7 +15,6 @@ import gc
 import math
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import time
@@ -91,9 +90,6 @@ class Settings:
     out: Path | None = None  # --out: where a benchmark that saves as it goes (gpu_round) writes
     budget_s: float | None = None  # --budget-s: gpu_round's time for its variants (None: its own)
     steps: tuple[tuple[str, str], ...] = ()  # --steps: gpu_round's (case, variant) or end_to_end's (case, run) pairs
-    pairs: tuple[int, ...] = ()  # wmt_rehearsal's scales in training pairs (empty: its default)
-    rehearsal_dir: Path = Path("/tmp/ablate-wmt-rehearsal")  # wmt_rehearsal's mirrors and runs
-    keep: bool = False  # wmt_rehearsal: keep each scale's download cache and run folder
     profile: bool = False  # --profile: gpu_round also profiles one pass of each variant
 
     def reps_or(self, default: int) -> int:
@@ -289,19 +285,6 @@ def batch_stats(batches: list[Batch], pad_id: int = 0) -> dict[str, float]:
             "src_tokens": src, "tgt_tokens": tgt,
             "padding_share": 1 - (src + tgt) / slots if slots else 0.0,
             "shapes": [[list(b["src"].shape), list(b["tgt_out"].shape)] for b in batches]}
-
-
-def share_bpe(model: Path, run_dir: Path) -> None:
-    """Put a trained sentencepiece model (`spm.model`/`.vocab`) into a run directory, so that
-    `ablate train` there reuses it instead of training its own: runs differ only in arithmetic.
-    The folder is made a run directory of ours first (its marker), as `ablate train` requires of a
-    folder that already holds files."""
-    from foundation.rundir import mark
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    mark(run_dir)
-    for suffix in (".model", ".vocab"):
-        shutil.copy(model.with_suffix(suffix), run_dir / f"spm{suffix}")
 
 
 # ----------------------------------------------------------------------------------- FLOPs

@@ -1,7 +1,7 @@
 """Benchmark 10 (opt-in): where `ablate train`'s start-up goes, for a table's first run and its next.
 
-Method: WMT-length synthetic text (`wmt_rehearsal`'s generator: lognormal lengths of ~25 words,
-Zipf-drawn words; 48,000 training pairs, the size of the newstest stand-in of the H100 start-up
+Method: WMT-length synthetic text (lognormal lengths of ~25 words, Zipf-drawn words from the Ding
+dictionary's and random syllable words; 48,000 training pairs, the size of the newstest stand-in of the H100 start-up
 figures, and `DEV_PAIRS` dev pairs; no corpus or network needed) is written as `--data files`.
 `ablate train` then runs twice as a subprocess on one empty `data.cache_dir`: the first run trains
 the BPE model and encodes the pairs, the next one (another run directory and seed, as a table's next
@@ -27,14 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks.common import REPO, Section, Settings, stopwatch
-from benchmarks.wmt_rehearsal import Sampler, vocabularies, write_pairs
 
 BASE = ["n_layers=6", "d_model=512", "d_ff=2048", "n_heads=8"]
 TINY = ["n_layers=1", "d_model=32", "d_ff=64", "n_heads=4"]
@@ -45,6 +44,69 @@ TARGET_S = 15.0
 DEV_PAIRS, DECODE_OFFSET = 20, 5
 IMPORTS = "import ablate.cli; from lightning_modules.run.train import train"  # what `ablate train` imports first
 TOP_PACKAGES = 8  # packages named in the split; the rest are one row
+DING = Path("/usr/share/trans/de-en")
+CHUNK = 100_000  # sentences generated at a time
+SYLLABLES = [c + v for c in ("b", "ch", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "sch",
+                             "st", "t", "v", "w", "z", "br", "tr", "gr")
+             for v in ("a", "e", "i", "o", "u", "ä", "ö", "ü", "au", "ei", "ie", "en", "er", "an")]
+
+
+def vocabularies(rng: np.random.Generator, extra: int = 400_000) -> dict[str, list[str]]:
+    """English and German word lists, most frequent first: the Ding dictionary's words (by their
+    count there; none if it is not installed), then `extra` random syllable words each."""
+    found: dict[str, Counter[str]] = {"en": Counter(), "de": Counter()}
+    if DING.is_file():
+        word = re.compile(r"[^\W\d_]{2,}")
+        for line in DING.read_text(encoding="utf-8", errors="replace").splitlines():
+            if " :: " in line:
+                de, en = line.split(" :: ", 1)
+                found["de"].update(word.findall(de))
+                found["en"].update(word.findall(en))
+    out = {}
+    for lang, counts in found.items():
+        words = sorted(counts, key=counts.get, reverse=True)
+        syllables = rng.integers(0, len(SYLLABLES), size=(extra, 5))
+        sizes = rng.integers(1, 6, size=extra)
+        made = {"".join(SYLLABLES[s] for s in row[:n]) for row, n in zip(syllables, sizes)}
+        out[lang] = words + sorted(made - set(counts))
+    return out
+
+
+class Sampler:
+    """Sentences of one language as bytes: Zipf-like word draws (p ∝ 1/(rank + 2.7))."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.spaced = np.array([(w + " ").encode() for w in words], dtype=object)
+        self.ended = np.array([(w + ".\n").encode() for w in words], dtype=object)
+        weights = 1.0 / (np.arange(len(words)) + 2.7)
+        self.cdf = np.cumsum(weights / weights.sum())
+
+    def text(self, rng: np.random.Generator, lengths: np.ndarray) -> bytes:
+        """One line per entry of `lengths` (words), each ending in '.'."""
+        ids = np.minimum(np.searchsorted(self.cdf, rng.random(int(lengths.sum()))), len(self.cdf) - 1)
+        tokens = self.spaced[ids]
+        ends = np.cumsum(lengths) - 1
+        tokens[ends] = self.ended[ids[ends]]
+        return b"".join(tokens.tolist())
+
+
+def lengths(rng: np.random.Generator, n: int, mu: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(English, German) words per sentence: lognormal English, German within ~15% of it."""
+    en = np.clip(np.rint(rng.lognormal(mu, sigma, n)), 1, 400).astype(np.int64)
+    de = np.clip(np.rint(en * rng.lognormal(0.0, 0.15, n)), 1, 450).astype(np.int64)
+    return en, de
+
+
+def write_pairs(folder: Path, stem: str, n: int, mu: float, sigma: float,
+                samplers: dict[str, Sampler], rng: np.random.Generator) -> dict[str, Path]:
+    """`folder/STEM.en` and `.de`: `n` aligned synthetic sentences, written in chunks."""
+    paths = {lang: folder / f"{stem}.{lang}" for lang in ("en", "de")}
+    with open(paths["en"], "wb") as en_out, open(paths["de"], "wb") as de_out:
+        for start in range(0, n, CHUNK):
+            en, de = lengths(rng, min(CHUNK, n - start), mu, sigma)
+            en_out.write(samplers["en"].text(rng, en))
+            de_out.write(samplers["de"].text(rng, de))
+    return paths
 
 
 def corpus(folder: Path, pairs: int, dev: int, seed: int = 0) -> dict[str, str]:
