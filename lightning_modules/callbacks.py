@@ -1,6 +1,6 @@
 """Callbacks of a run: what it measures (training wall time, target tokens/s), fault points, and
 how it stops at a step's end, every rank together: on a stop request (a signal recorded in
-`base.stop.STOP`, SLURM's pre-emption notice included) or a non-finite loss; and at once on SIGTERM
+`foundation.stop.STOP`, SLURM's pre-emption notice included) or a non-finite loss; and at once on SIGTERM
 while compiling."""
 
 from __future__ import annotations
@@ -151,10 +151,10 @@ class NonFiniteLoss(Exception):
 
 class PromptInterruptWhileCompiling(pl.Callback):
     """A stop during torch.compile's compilation stops the run at once: one of the two handlers
-    that raise instead of recording (`base.stop`), because waiting is impossible here.
+    that raise instead of recording (`foundation.stop`), because waiting is impossible here.
 
     A stop waits for the end of the current step (Lightning's own SIGTERM handling, and
-    `StopAtStepEnd` for the requests in `base.stop.STOP`), so that no checkpoint holds a half-
+    `StopAtStepEnd` for the requests in `foundation.stop.STOP`), so that no checkpoint holds a half-
     applied optimizer step; but a compiled run's first batch compiles for minutes, and a later
     batch may recompile (a guard that fails: most of a minute for the base model on a GPU), longer
     than a sweep worker waits for its trial's clean stop. From every batch's start until its
@@ -198,7 +198,7 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
 class StopAtStepEnd(pl.Callback):
     """Ends training at a step's end, every DDP rank together, on a non-finite loss (`NonFiniteLoss`)
-    or on the process's stop request (`base.stop`: the trial process's stop from its worker, SLURM's
+    or on the process's stop request (`foundation.stop`: the trial process's stop from its worker, SLURM's
     pre-emption notice; Lightning's `SIGTERMException`, so that `OnExceptionCheckpoint` saves the
     step just ended and the run exits as interrupted).
 

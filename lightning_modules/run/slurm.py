@@ -1,7 +1,7 @@
 """SLURM pre-emption: a run that is a SLURM job is requeued before its time runs out.
 
 With `#SBATCH --signal=USR1@90` SLURM sends SIGUSR1 90 s before the job's time limit. Every
-process of the job records it in its stop request (`base.stop.STOP`); it never kills a process.
+process of the job records it in its stop request (`foundation.stop.STOP`); it never kills a process.
 A training process acts on it at the end of a training step (`callbacks.StopAtStepEnd`, every
 DDP rank together): Lightning's `SLURMEnvironment(auto_requeue=True)` handler saves
 `checkpoints/hpc_ckpt_N.ckpt` and runs `scontrol requeue $SLURM_JOB_ID`
