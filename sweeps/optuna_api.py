@@ -28,6 +28,15 @@
    storage's atomic WAITING -> RUNNING), through public storage methods only.
    `tests/test_optuna_api.py` fails if Optuna stops calling it.
 
+5. A pruner compares a trial with every trial of the study. A table tunes each row on its own, so
+   a row's candidates compete only among themselves: `CohortStudy` is the study as the pruner
+   sees it for one cohort's trial, its `get_trials` filtered, exactly as Optuna's own
+   `HyperbandPruner` hands each bracket's `SuccessiveHalvingPruner` a filtered study
+   (`_BracketStudy`); every decision stays the pruner's. `replay` shows a finished trial's curve to
+   the pruner step by step, in a trial of its own, so that a run trained before its cohort existed
+   takes part (its rungs recorded by the pruner itself, as if it trained now), through the public
+   storage methods only.
+
 pyproject.toml bounds Optuna to the versions this was tested with (`optuna>=4,<5.1`);
 `tests/test_optuna_api.py` exercises every call below, with Optuna's warnings as errors, so an
 upgrade that breaks or deprecates one fails loudly there.
@@ -39,6 +48,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, Self
 
 import optuna
@@ -214,13 +224,27 @@ class RetriesFirstStudy(optuna.Study):
         return None
 
 
+class CohortStudy(optuna.Study):
+    """The study as its pruner sees it for a trial of one cohort: the trials `member` accepts
+    (reason 5)."""
+
+    def __init__(self, study_name: str, storage: BaseStorage, member: Callable[[FrozenTrial], bool]) -> None:
+        super().__init__(study_name=study_name, storage=storage)
+        self.member = member
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[FrozenTrial]:
+        return [t for t in super().get_trials(deepcopy=deepcopy, states=states) if self.member(t)]
+
+
 class RunningTrial:
-    """A RUNNING trial, reached from another process: `report` and `should_prune` as on `Trial`."""
+    """A RUNNING trial, reached from another process: `report` and `should_prune` as on `Trial`
+    (`among`: the trials its pruner compares it with, when not the whole study: `CohortStudy`)."""
 
     def __init__(self, study: optuna.Study, storage: BaseStorage, number: int,
-                 pruner: optuna.pruners.BasePruner) -> None:
+                 pruner: optuna.pruners.BasePruner, among: Callable[[FrozenTrial], bool] | None = None) -> None:
         self.study, self.storage, self.number, self.pruner = study, storage, number, pruner
         self._id = trial_id(storage, study.study_name, number)
+        self.seen = study if among is None else CohortStudy(study.study_name, storage, among)
 
     def report(self, value: float, step: int) -> None:
         """Record the intermediate value of `step` (a step reported before is left as it was)."""
@@ -230,7 +254,24 @@ class RunningTrial:
 
     def should_prune(self) -> bool:
         """The study's pruner's decision on the values reported so far."""
-        return self.pruner.prune(self.study, self.storage.get_trial(self._id))
+        return self.pruner.prune(self.seen, self.storage.get_trial(self._id))
+
+
+def replay(storage: BaseStorage, study_name: str, finished: FrozenTrial, pruner: optuna.pruners.BasePruner,
+           member: Callable[[FrozenTrial], bool], user_attrs: dict[str, Any]) -> int:
+    """A new trial (with `user_attrs`, which must make it a `member`) that reports `finished`'s
+    curve to `pruner` one step at a time, as `finished` would have while training, its decisions
+    left unheeded, then completes with its value (reason 5). Returns its number."""
+    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
+                           datetime_complete=None, params={}, distributions={}, user_attrs=user_attrs,
+                           system_attrs={}, intermediate_values={}, trial_id=-1)
+    new = storage.create_new_trial(storage.get_study_id_from_name(study_name), template_trial=template)
+    seen = CohortStudy(study_name, storage, member)
+    for step, value in sorted(finished.intermediate_values.items()):
+        storage.set_trial_intermediate_value(new, step, value)
+        pruner.prune(seen, storage.get_trial(new))
+    storage.set_trial_state_values(new, TrialState.COMPLETE, finished.values)
+    return storage.get_trial(new).number
 
 
 @contextmanager

@@ -9,7 +9,7 @@ same run directory) for the next worker.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import optuna
@@ -24,6 +24,11 @@ from sweeps.space import SearchSpace
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # the trials that count towards --n-trials
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces (a redo)
+# A queued trial's own pruning, in its user attributes, in place of the workers' (`--pruner`):
+# {"pruner": NAME, "min_resource": STEPS, "cohort": NAME, "reference": BOOL}. It competes only with
+# the trials of its cohort (`optuna_api.CohortStudy`); a reference reports to the pruner (its
+# values at each rung are the others' yardstick) and is never stopped by it.
+PRUNING = "pruning"
 
 
 def superseded(trials: Iterable[optuna.trial.FrozenTrial]) -> set[int]:
@@ -56,10 +61,12 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None = None) -> optu
 
 
 def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> optuna.pruners.BasePruner:
-    """Median (default), 25th-percentile, Hyperband or no pruning, on step-keyed dev perplexity.
+    """Median (default), 25th-percentile, Hyperband, successive halving or no pruning, on
+    step-keyed dev perplexity.
 
     `startup_trials`: trials that finish before any is pruned; `warmup_steps`: training steps
-    before a trial can be pruned (Hyperband: its minimum resource).
+    before a trial can be pruned (Hyperband and halving: the minimum resource, the first rung;
+    halving keeps the best third of the trials at each rung, reduction factor `HALVING`).
     """
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_steps)
@@ -68,12 +75,24 @@ def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> op
                                                n_warmup_steps=warmup_steps)
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=max(1, warmup_steps))
+    if name == "halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, warmup_steps), reduction_factor=HALVING)
     return optuna.pruners.NopPruner()
+
+
+HALVING = 3  # successive halving's reduction factor: a rung's best third goes on
+
+
+def in_cohort(cohort: str | None) -> Callable[[optuna.trial.FrozenTrial], bool] | None:
+    """Whether a trial belongs to `cohort` (`PRUNING`); None for no cohort (the whole study)."""
+    if cohort is None:
+        return None
+    return lambda trial: (trial.user_attrs.get(PRUNING) or {}).get("cohort") == cohort
 
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
     """Queue a fixed configuration (key=value overrides, and what the caller keeps in `user_attrs`)
-    unless the same one is queued, running or complete (and not replaced by a redo: `superseded`;
+    unless the same one is queued, running, complete or pruned (and not replaced by a redo: `superseded`;
     a redo's own trial, with `redo_of` in `user_attrs`, is queued beside the trial it replaces).
 
     The overrides travel in the trial's user attributes (`enqueued_overrides`); the objective
@@ -81,7 +100,7 @@ def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any
     """
     wanted = parse_overrides(overrides)
     row = (user_attrs or {}).get("row")
-    live = (TrialState.COMPLETE, TrialState.WAITING, TrialState.RUNNING)
+    live = (*COUNTED, TrialState.WAITING, TrialState.RUNNING)
     trials = study.get_trials(deepcopy=False)
     replaced = superseded(trials) | {(user_attrs or {}).get(REDO_OF)}
     for trial in trials:

@@ -35,14 +35,14 @@ def run_trial(job: dict[str, Any]) -> int:
     from sweeps.optuna_api import RunningTrial
     from sweeps.pruning import StepPruningCallback
     from sweeps.storage import make_storage
-    from sweeps.study import make_pruner
+    from sweeps.study import in_cohort, make_pruner
     cfg = Recipe.from_json(job["recipe"]).resolve()
     trial = None
     if is_rank_zero():
         storage, pruner = make_storage(job["storage"], None), make_pruner(*job["pruner"])
         study = optuna.load_study(study_name=job["study"], storage=storage, pruner=pruner)
-        trial = RunningTrial(study, storage, job["trial_number"], pruner)
-    callback = StepPruningCallback(trial, prune=job["pruner"][0] != "none")
+        trial = RunningTrial(study, storage, job["trial_number"], pruner, among=in_cohort(job.get("cohort")))
+    callback = StepPruningCallback(trial, prune=job["pruner"][0] != "none", reference=bool(job.get("reference")))
     try:
         train(cfg, job["out"], group=job["study"], callbacks=[callback] if job["report"] else [])
     except optuna.TrialPruned as pruned:

@@ -52,7 +52,7 @@ from sweeps.optuna_api import (RetriesFirstStudy, fail_stale_trials, frozen_tria
 from sweeps.processes import EXIT_PRUNED, JOB_ENV, WORKER_ENV, spawn
 from sweeps.space import SearchSpace, load_space
 from sweeps.storage import make_storage
-from sweeps.study import COUNTED, make_pruner, make_sampler, superseded
+from sweeps.study import COUNTED, PRUNING, make_pruner, make_sampler, superseded
 
 
 @dataclass
@@ -200,8 +200,11 @@ class Objective:
         # W&B: a sweep's trials form one group; a table's rows each form one, its seeds the runs
         group = f"{self.s.study}/{row}" if row else self.s.study
         recipe = self.s.recipe.plus(*overrides, f"train.wandb_group={group}", row=row)
-        job = {"storage": self.s.storage, "study": self.s.study, "trial_number": trial.number,
-               "pruner": [self.s.pruner, self.s.prune_startup_trials, self.s.prune_warmup_steps],
+        own = trial.user_attrs.get(PRUNING)  # the trial's own pruning, else the workers'
+        pruner = [own["pruner"], 0, own["min_resource"]] if own else \
+            [self.s.pruner, self.s.prune_startup_trials, self.s.prune_warmup_steps]
+        job = {"storage": self.s.storage, "study": self.s.study, "trial_number": trial.number, "pruner": pruner,
+               "cohort": (own or {}).get("cohort"), "reference": (own or {}).get("reference", False),
                "report": self.s.objective == "ppl", "out": run_dir, "recipe": recipe.to_json()}
         code = self.train(job, Path(run_dir))
         return self.collect(trial, Path(run_dir), code)

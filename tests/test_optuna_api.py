@@ -76,6 +76,50 @@ def test_running_trial_reports_and_prunes_from_another_process(tmp_path):
     assert trial_id(storage, "s", running.number) == trial_id(make_storage(url, None), "s", running.number)
 
 
+def test_successive_halving_compares_a_trial_with_its_cohort_only_and_a_replayed_run_counts(tmp_path):
+    """Reason 5: a table tunes each row on its own. A trial of cohort "a" that is worse at the first
+    rung than the best of "a" so far is pruned; the same value in cohort "b", whose first trial it is,
+    goes on, however good "a"'s trials are. A reference reports its rungs and is never stopped. A
+    run that finished outside any cohort takes part through its replay (its rung recorded by the
+    pruner itself)."""
+    from sweeps.optuna_api import replay
+    from sweeps.study import PRUNING, in_cohort
+
+    url = f"sqlite:///{tmp_path}/o.db"
+    storage, pruner = make_storage(url, None), make_pruner("halving", 0, 5)
+    study = open_study("s", storage, "ppl")
+
+    def running(cohort: str, reference: bool = False) -> RunningTrial:
+        study.enqueue_trial({}, user_attrs={PRUNING: {"cohort": cohort, "reference": reference}})
+        return RunningTrial(study, storage, study.ask().number, pruner, among=in_cohort(cohort))
+
+    first = running("a", reference=True)
+    first.report(10.0, 5)
+    assert first.should_prune() is False  # the first at its rung goes on
+    worse = running("a")
+    worse.report(12.0, 5)
+    assert worse.should_prune()
+    alone = running("b")
+    alone.report(50.0, 5)
+    assert not alone.should_prune()  # "a"'s trials are not its competitors
+    late = running("b")
+    late.report(8.0, 2)
+    assert not late.should_prune()  # before the first rung
+    # a run of "c" finished before its cohort existed: replayed, it is the yardstick at step 5
+    plain = study.ask()
+    for step, value in ((5, 20.0), (10, 15.0)):
+        plain.report(value, step)
+    study.tell(plain, 15.0)
+    number = replay(storage, "s", frozen_trial(storage, "s", plain.number), pruner, in_cohort("c"),
+                    {PRUNING: {"cohort": "c", "reference": True}})
+    stand_in = frozen_trial(storage, "s", number)
+    assert stand_in.state == TrialState.COMPLETE and stand_in.value == 15.0
+    assert stand_in.system_attrs["completed_rung_0"] == 20.0 and stand_in.intermediate_values == {5: 20.0, 10: 15.0}
+    behind = running("c")
+    behind.report(25.0, 5)
+    assert behind.should_prune()
+
+
 def test_failed_trial_is_retried_as_a_copy(tmp_path):
     url = f"sqlite:///{tmp_path}/o.db"
     assert make_storage(url, 1).get_heartbeat_interval() == 1  # the workers' storage: a heartbeat
