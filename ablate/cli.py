@@ -342,12 +342,14 @@ def cmd_table3(args: argparse.Namespace) -> int:
     overrides += base_steps_overrides(steps, args.spec) if steps is not None else []
     plan = make_plan(args.preset, args.storage, args.runs_dir, overrides, rows=args.rows, seeds=args.seeds,
                      study=args.study, spec_path=args.spec, config=args.config, every_seed=args.every_seed,
-                     redo=args.redo)
+                     redo=args.redo, tune_values=args.tune, tune_budget=args.tune_budget)
     if args.dry_run:
-        from tables.cost import Workers, describe, parts_note, run_seconds
+        from tables.cost import Workers, describe, describe_tuning, parts_note, run_seconds
         from tables.progress import standing
 
         print(describe(plan, Workers.of(args.workers, devices, args.machines), args.plan_for))
+        if plan.tuning is not None:
+            print(f"\n{describe_tuning(plan, args.plan_for)}")
         if args.stop_after is not None and (note := parts_note(run_seconds(plan, args.workers or 1, devices),
                                                                args.stop_after)):
             print(f"\n{note}")
@@ -573,6 +575,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "dev translations, or under older code): each run once, the same command resumes; "
                         "the runs they replace stay in the study (trial N) and as ROW-sSEED.superseded-tN "
                         "beside the new ones (run directory and archive), and the report names them")
+    p.add_argument("--tune", action="append", metavar="KEY=V1,V2,...",
+                   help="also run every row, base included, at its own best value of a training setting, e.g. "
+                        "train.lr_scale=0.25,0.5,1 (again for a grid with another key): each row tries its own value "
+                        "and these on the first seed, pruned by Optuna's successive halving among the row's "
+                        "candidates; the best trains the row's other seeds, and the report sets each row's verdict "
+                        "at its own value beside the one at its best (docs/table3.md)")
+    p.add_argument("--tune-budget", type=finite_at_least(0.0), metavar="SHARE",
+                   help="with --tune: the share of a row's steps a candidate trains before it is first compared "
+                        "(the halving's first rung, a dev evaluation), more than 0 and at most 1 (default: the "
+                        "row's first dev evaluation)")
     p.add_argument("--storage", default=default_storage(), type=storage_url, help=STORAGE_HELP)
     p.add_argument("--workers", type=at_least(1, MAX_WORKERS), help="worker processes on this machine (default 1)")
     p.add_argument("--runs-dir", default="runs/table3", help="parent of the run directories (default runs/table3)")

@@ -15,6 +15,10 @@ from foundation.schema import read
 
 KIND = "table3"  # a table's study's `kind` user attribute (any spec's table: the name is the first one's)
 CORPUS = "corpus"  # its user attribute holding each row's corpus digest (`tables.plan.check_data`)
+# A tuned table (`tables.tune`): a tuned run's trial attribute, its setting ({key: value}; the
+# table's own runs have none); the study's record of what was tuned (`Tuning.record`); and, once a
+# row's candidates have all finished, its record under TUNED + row (`TunedRow`)
+TUNE, TUNING, TUNED = "tune", "tuning", "tuned:"
 
 
 class TableRecord(BaseModel):
@@ -29,6 +33,41 @@ class TableRecord(BaseModel):
     setup: dict[str, Any] = {}
     runs: dict[str, dict[str, Any]] = {}
     corpus: dict[str, str] = {}
+    tuning: dict[str, Any] = {}
+
+
+class TunedCandidate(BaseModel):
+    """One candidate of a row's tuning: its setting, its trial, how it ended (complete, pruned or
+    fail) and its dev PPL then (final; at the step it was pruned at)."""
+
+    setting: dict[str, Any]
+    trial: int
+    state: str
+    ppl: float | None = None
+    step: int | None = None
+
+    def outcome(self) -> str:
+        """`24.31`, `pruned at step 1,200 (31.07)`, `fail`."""
+        ppl = "" if self.ppl is None else f"{self.ppl:.2f}"
+        if self.state == "pruned":
+            return f"pruned at step {self.step:,}" + (f" ({ppl})" if ppl else "")
+        return ppl if self.state == "complete" and ppl else self.state
+
+
+class TunedRow(BaseModel):
+    """A row's tuning once decided: the value it trains with untuned (`own`), every candidate, and
+    the one chosen (lowest final dev PPL of the complete ones; None: none completed)."""
+
+    own: dict[str, Any]
+    candidates: list[TunedCandidate]
+    chosen: dict[str, Any] | None = None
+
+
+def tuned_rows(record: dict[str, Any], source: str) -> dict[str, TunedRow]:
+    """The decided rows of a table's record (its TUNED + row entries), typed: one line naming the
+    row's entry when it is not what a table writes."""
+    return {key[len(TUNED):]: validated(TunedRow, value, f"{source}: {key}")
+            for key, value in record.items() if key.startswith(TUNED)}
 
 
 def read_table(stored: dict[str, Any], source: str) -> dict[str, Any]:
@@ -40,6 +79,22 @@ def read_table(stored: dict[str, Any], source: str) -> dict[str, Any]:
 def run_name(row: str, seed: int) -> str:
     """A planned run's name: its run directory's, and its key in the table's identity."""
     return f"{row}-s{seed}"
+
+
+def _parts(setting: dict[str, Any]) -> list[tuple[str, str]]:
+    """(`lr_scale`, `0.5`) for each key of a tuned setting."""
+    return [(key.rsplit(".", 1)[-1], f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool)
+             else str(value)) for key, value in setting.items()]
+
+
+def tuned_name(row: str, setting: dict[str, Any]) -> str:
+    """A tuned run's row as its run directory and archive entry name it: `E+lr_scale2`."""
+    return "+".join([row, *(name + value for name, value in _parts(setting))])
+
+
+def setting_label(setting: dict[str, Any] | None) -> str:
+    """A tuned setting as text: `lr_scale 0.5` (several keys joined by commas)."""
+    return ", ".join(f"{name} {value}" for name, value in _parts(setting or {}))
 
 
 def aside_name(name: str, number: int) -> str:

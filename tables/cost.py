@@ -25,12 +25,14 @@ from typing import Any
 import pandas as pd
 
 from ablations.resolve import Recipe
+from ablations.record import setting_label
 from ablations.spec import recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
 from foundation.errors import UserError
 from lightning_modules.run.preflight import GB, checkpoint_bytes, estimate_memory_gb
 from lightning_modules.config import run_devices
 from tables.schedule import parameters, tokens_per_step, training_flops, wall_clock
+from sweeps.study import HALVING
 from tables.plan import Table3Plan, start_order
 
 
@@ -298,3 +300,50 @@ def describe(plan: Table3Plan, workers: Workers | None = None, device: str | Non
             f"(3 x weights and Adam states a run). Memory: up to {table['memory GB'].max():.1f} GB per "
             f"device for training ({peak}; a float32 estimate, lower in bf16){fits(table, rate)}."
             + (f"\n{RECIPE_RULE}." if "recipe" in table else ""))
+
+
+def describe_tuning(plan: Table3Plan, device: str | None = None) -> str:
+    """The dry run's tuning plan (`--tune`, `tables.tune`), beside the untuned table's: each row's
+    value now, its candidates and their first rung, what a candidate costs trained through and
+    stopped there (its training up to the rung, and the whole per-run overhead); then the tuned
+    table (every candidate, then the row's other seeds at the chosen value) as planned and at most,
+    and both tables together, which the report compares."""
+    assert plan.tuning is not None
+    rows = row_configs(plan)
+    table, rate = estimate(plan, rows, device)
+    unit = TimeUnit.of(table)
+    overhead = rate.overhead_s / 3600
+    lines = []
+    for row, cfg in rows.items():
+        settings, full, rung = plan.tuning.candidates(plan.own(row)), float(table.loc[row, "hours/run"]), \
+            plan.tuning.first_rung(cfg)
+        lines.append({"row": row, "own": setting_label(settings[0]),
+                      "candidates": " | ".join(setting_label(s).split(" ", 1)[1] if len(s) == 1 else setting_label(s)
+                                               for s in settings),
+                      "first rung": f"{rung:,} of {cfg.train.max_steps:,}", "seeds": len(plan.seeds_of(row)),
+                      "full": full, "stopped": (full - overhead) * min(1.0, rung / cfg.train.max_steps) + overhead,
+                      "others": len(settings) - 1})
+    t = pd.DataFrame(lines).set_index("row")
+    untuned = (t["seeds"] * t["full"]).sum()
+    planned = (t["full"] + t["others"] * t["stopped"] + (t["seeds"] - 1) * t["full"]).sum()
+    most = ((t["others"] + t["seeds"]) * t["full"]).sum()
+    least_both, most_both = untuned + (t["others"] * t["stopped"]).sum(), untuned + most - t["full"].sum()
+    shown = t.drop(columns="others").rename(columns={"full": f"{unit.short}/run", "stopped": f"{unit.short} stopped"})
+    shown[[f"{unit.short}/run", f"{unit.short} stopped"]] *= unit.per_hour
+    text = shown.to_string(formatters={f"{unit.short}/run": "{:.2f}".format, f"{unit.short} stopped": "{:.2f}".format})
+    per, first, name = unit.per_hour, plan.seeds[0], unit.name
+    return (f"Tuning {', '.join(plan.tuning.values)} on seed {first}: each row tries its own value and the listed "
+            f"ones ('candidates'); Optuna's successive halving (reduction factor {HALVING}) compares each with the "
+            f"row's others at its first rung and at 3, 9, ... times that step, and stops it unless it is among the "
+            f"best third there (the row's own run, the untuned table's, is never stopped). The complete candidate "
+            f"of lowest final dev PPL is chosen: its run is the tuned table's seed {first}, and the row's other seeds "
+            f"train at its value. '{unit.short} stopped': a candidate stopped at its first rung (its training so far "
+            f"and the whole per-run overhead).\n{text}\n\n"
+            f"Untuned table: {int(t['seeds'].sum())} runs, about {untuned * per:.1f} device-{name}. Tuned table: "
+            f"{int((t['others'] + 1).sum())} candidates ({len(t)} of them the untuned table's runs on seed {first}) "
+            f"and up to {int((t['seeds'] - 1).sum())} runs of other seeds: about {planned * per:.1f} device-{name} "
+            f"as planned (one candidate a row trains through, the others stop at their first rung), "
+            f"{planned / untuned:.2f} x the untuned table's; at most {most * per:.1f} (nothing pruned), "
+            f"{most / untuned:.2f} x. Both tables, which the report compares, take from {least_both * per:.1f} "
+            f"(every row keeps its own value) to {most_both * per:.1f} device-{name} (nothing pruned and every row "
+            f"changes its value): {least_both / untuned:.2f} to {most_both / untuned:.2f} x the untuned table's.")

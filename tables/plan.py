@@ -26,7 +26,8 @@ from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from ablations.resolve import Recipe, Resolver, load_config_file, parse_overrides
-from ablations.spec import RECIPE_SECTIONS, SCALED_KEYS, default_rows, default_seeds, default_spec_path, load_preset, load_spec, one_seed_rows
+from ablations.spec import (RECIPE_SECTIONS, SCALED_KEYS, default_rows, default_seeds, default_spec_path, load_preset,
+                            load_spec, one_seed_rows, recipe_changes)
 from lightning_modules.config import RunConfig, check_seed, computed_config, trained_part
 from foundation.errors import EXIT_INTERRUPTED, UserError, did_you_mean
 from foundation.names import check_name, inside
@@ -38,8 +39,10 @@ from tables.redo import aside, redo_requests
 from tables.schedule import longest_first, training_flops
 from foundation.schema import stamped
 from sweeps.storage import make_storage, safe_url
-from ablations.record import CORPUS, KIND, read_table, run_name
-from sweeps.study import REDO_OF, enqueue, open_study, superseded
+from ablations.record import CORPUS, KIND, TUNE, TUNED, TUNING, TunedRow, read_table, run_name, tuned_name
+from sweeps.optuna_api import replay
+from sweeps.study import PRUNING, REDO_OF, enqueue, in_cohort, make_pruner, open_study, superseded
+from tables import tune
 
 
 
@@ -58,6 +61,7 @@ class Table3Plan:
     config: str | None = None
     one_seed_rows: list[str] = field(default_factory=list)  # run with the first seed only
     redo: list[str] = field(default_factory=list)  # rows whose finished runs train again (`tables.redo`)
+    tuning: tune.Tuning | None = None  # --tune: every row also at its own best value (`tables.tune`)
     # each row's configuration, resolved once (`config_of`), by the plan's own reading of its files
     _resolver: Resolver | None = field(default=None, init=False, repr=False, compare=False)
     _rows: dict[str, RunConfig] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -93,8 +97,23 @@ class Table3Plan:
         return self.config_of("base")
 
     def run_dirs(self) -> dict[tuple[str, int], Path]:
-        """Each planned run's directory on this machine (`run_dir`)."""
-        return {(row, seed): Path(run_dir(self, row, seed)) for row, seed in self.runs()}
+        """Each planned run's directory on this machine (`run_dir`), a tuned run's by its tuned row's
+        name (`tuned_name`): those a tuning may train too."""
+        named = [*self.runs(), *((tuned_name(row, setting), seed) for row, seed, setting in self.tuned_runs())]
+        return {(row, seed): Path(run_dir(self, row, seed)) for row, seed in named}
+
+    def own(self, row: str) -> dict[str, Any]:
+        """The row's value of each tuned key, as the untuned table trains it."""
+        assert self.tuning is not None
+        return self.tuning.own(self.config_of(row))
+
+    def tuned_runs(self) -> list[tuple[str, int, dict[str, Any]]]:
+        """Every run a tuning may train besides the table's own: each row's candidates but its own
+        on the tuning seed, the first (`tables.tune`), and on its other seeds (the chosen one's)."""
+        if self.tuning is None:
+            return []
+        return [(row, seed, setting) for row in self.rows for setting in self.tuning.candidates(self.own(row))[1:]
+                for seed in self.seeds_of(row)]
 
     def seeds_of(self, row: str) -> list[int]:
         return self.seeds[:1] if row in self.one_seed_rows else self.seeds
@@ -112,11 +131,13 @@ class Table3Plan:
 
 def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], rows: str | None = None,
               seeds: str | None = None, study: str | None = None, spec_path: str | None = None,
-              config: str | None = None, every_seed: bool = False, redo: str | None = None) -> Table3Plan:
+              config: str | None = None, every_seed: bool = False, redo: str | None = None,
+              tune_values: list[str] | None = None, tune_budget: float | None = None) -> Table3Plan:
     """The plan of `ablate table3`: rows (`base,A,D3`; default: the preset's, else the spec's),
     seeds (`1,2`; default: the preset's `table3.seeds`, else the resolved train.seed; rows the
     preset's one-seed rule names get the first only, unless `every_seed`), study name (default
-    `SPEC-PRESET`, `default_study`), rows to redo (`base,C5`: rows or groups of the table)."""
+    `SPEC-PRESET`, `default_study`), rows to redo (`base,C5`: rows or groups of the table), the
+    settings `--tune` tries and its `--tune-budget` (`tables.tune.parse_tuning`)."""
     from lightning_modules.run.preflight import check_hardware  # loads torch: only once a plan is made
 
     name = check_name(study or default_study(preset, spec_path), "study name")  # before anything is written
@@ -129,9 +150,13 @@ def make_plan(preset: str, storage: str, runs_dir: str, overrides: list[str], ro
     if outside := [row for row in again if row not in chosen]:
         raise UserError(f"--redo names rows the table does not run ({', '.join(outside)}); "
                         f"its rows: {', '.join(chosen)}")
+    tuning = tune.parse_tuning(tune_values, tune_budget, resolver)
+    if tuning and (own := [(row, key) for row in chosen for key in tuning.values if key in recipe_changes(row, spec)]):
+        raise UserError(f"--tune {own[0][1]}: row {own[0][0]} sets it itself (it is what the row changes); tune "
+                        f"another setting or leave the row out (--rows)")
     plan = Table3Plan(study=name, storage=storage, preset=preset, rows=chosen,
                       seeds=seed_list, runs_dir=runs_dir, overrides=overrides, spec_path=spec_path,
-                      config=config, one_seed_rows=single, redo=again)
+                      config=config, one_seed_rows=single, redo=again, tuning=tuning)
     object.__setattr__(plan, "_resolver", resolver)
     check_hardware(plan.base)
     return plan
@@ -230,8 +255,9 @@ def table_record(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str,
     setup = {"scale": asdict(cfg.scale), "corpus": cfg.data.corpus, "vocab_size": cfg.data.vocab_size,
              "max_tokens": cfg.data.max_tokens, "beam_size": cfg.eval.beam_size,
              "length_penalty": cfg.eval.length_penalty}
+    tuned = {TUNING: plan.tuning.record(plan.seeds[0])} if plan.tuning else {}
     return stamped({"kind": KIND, "preset": plan.preset, "spec": table_spec(plan, runs), "overrides": plan.overrides,
-                    "config": plan.config, "setup": setup, "runs": runs})
+                    "config": plan.config, "setup": setup, "runs": runs, **tuned})
 
 
 def table_spec(plan: Table3Plan, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -370,6 +396,9 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
         what, changes = difference
         raise UserError(f"study {study.study_name!r} is a Table 3 that differs in its {what} ({changes}): the "
                         f"runs still queued would not be comparable to those done. Use another --study")
+    if plan.tuning and attrs.get(TUNING) and attrs[TUNING] != (tuned := plan.tuning.record(plan.seeds[0])):
+        raise UserError(f"study {study.study_name!r} is a Table 3 tuned otherwise ({attrs[TUNING]} there, {tuned} "
+                        f"here): its candidates would not be comparable. Use another --study")
     known = attrs.get(CORPUS) or {}
     other = sorted(row for row, digest in (corpus or {}).items() if known.get(row, digest) != digest)
     if other:
@@ -379,7 +408,8 @@ def check_study(study: optuna.Study, plan: Table3Plan, wanted: dict[str, dict[st
                         f"at the same corpus, or use another --study")
     if record:  # the runs this sitting adds, and the spec's entries of the table's rows as the report is to read them
         runs = recorded_runs(attrs["runs"], wanted)
-        updates = {"runs": runs, "spec": table_spec(plan, runs), **({CORPUS: {**known, **corpus}} if corpus else {})}
+        updates = {"runs": runs, "spec": table_spec(plan, runs), **({CORPUS: {**known, **corpus}} if corpus else {}),
+                   **({TUNING: plan.tuning.record(plan.seeds[0])} if plan.tuning else {})}
         for key, value in updates.items():
             if attrs.get(key) != value:
                 study.set_user_attr(key, value)
@@ -431,6 +461,8 @@ def queue(plan: Table3Plan, archive: Path | None = None, storage: BaseStorage | 
     queued = 0
     for row, seed in start_order(configs, done):
         queued += enqueue(study, seed_overrides(seed), trial_attrs(plan, spec, row, seed))
+    if plan.tuning is not None:
+        queued += queue_tuned(plan, study, storage)
     return study, queued + redone
 
 
@@ -446,10 +478,65 @@ def seed_overrides(seed: int) -> list[str]:
     return [f"train.seed={seed}"]
 
 
-def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int) -> dict[str, Any]:
+def trial_attrs(plan: Table3Plan, spec: dict[str, Any], row: str, seed: int,
+                setting: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a queued (row, seed) trial carries: the report and the workers read these (`run_dir`:
-    its run directory relative to the runs directory)."""
-    return {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": f"{plan.study}/{run_name(row, seed)}"}
+    its run directory relative to the runs directory). A tuned run's (`setting`) carries that too;
+    on a tuned table's tuning seed, a run is a candidate of its row's tuning (`pruning`)."""
+    name = row if setting is None else tuned_name(row, setting)
+    attrs = {"row": row, "seed": seed, "group": spec[row].get("group", row), "run_dir": f"{plan.study}/{run_name(name, seed)}"}
+    if setting is not None:
+        attrs[TUNE] = setting
+    if plan.tuning is not None and seed == plan.seeds[0]:
+        attrs[PRUNING] = pruning(plan, row, reference=setting is None)
+    return attrs
+
+
+REPLAYS = "replays"  # a trial's attribute: the number of the finished run it replays into its cohort
+
+
+def pruning(plan: Table3Plan, row: str, reference: bool) -> dict[str, Any]:
+    """How a candidate of a row's tuning is pruned (`sweeps.study.PRUNING`): successive halving
+    among the row's candidates, from its first rung; the row's own run is the reference."""
+    assert plan.tuning is not None
+    return {"pruner": "halving", "min_resource": plan.tuning.first_rung(plan.config_of(row)),
+            "cohort": f"tune:{row}", "reference": reference}
+
+
+def queue_tuned(plan: Table3Plan, study: optuna.Study, storage: BaseStorage, candidates: bool = True) -> int:
+    """A tuned table's part of the queue (`tables.tune`): each row's candidates not yet queued (its
+    own is the table's run on the tuning seed, replayed into the cohort when it finished untuned),
+    the row's record once every candidate has finished (`tune.decide`), then its other seeds at the
+    value chosen. `candidates`: False once the workers have run (a failed one is not queued again
+    in the same sitting). Returns how many were queued."""
+    assert plan.tuning is not None
+    spec, first, queued = plan.spec, plan.seeds[0], 0
+    settings = {row: plan.tuning.candidates(plan.own(row)) for row in plan.rows}
+    for row in plan.rows if candidates else ():
+        replayed(plan, study, storage, row)
+        queued += sum(enqueue(study, tune.overrides(first, setting), trial_attrs(plan, spec, row, first, setting))
+                      for setting in settings[row][1:])
+    trials, runs = study.get_trials(deepcopy=False), status(study, plan)
+    for row, (own, *others) in settings.items():
+        decided = tune.decide(study, row, [(own, runs[(row, first)]),
+                                           *((setting, tune.latest(trials, row, first, setting)) for setting in others)])
+        if decided and decided.chosen not in (None, own):
+            queued += sum(enqueue(study, tune.overrides(seed, decided.chosen),
+                                  trial_attrs(plan, spec, row, seed, decided.chosen)) for seed in plan.seeds_of(row)[1:])
+    return queued
+
+
+def replayed(plan: Table3Plan, study: optuna.Study, storage: BaseStorage, row: str) -> None:
+    """The row's own run on the tuning seed into its cohort (`sweeps.optuna_api.replay`), when it
+    finished before the table was tuned (so it reported to no pruner), once."""
+    trials = study.get_trials(deepcopy=False)
+    own = status(study, plan)[(row, plan.seeds[0])]
+    if own is None or own.state != TrialState.COMPLETE or PRUNING in own.user_attrs \
+            or any(t.user_attrs.get(REPLAYS) == own.number for t in trials):
+        return
+    how = pruning(plan, row, reference=True)
+    replay(storage, plan.study, own, make_pruner("halving", 0, how["min_resource"]), in_cohort(how["cohort"]),
+           {PRUNING: how, REPLAYS: own.number})
 
 
 def redo(plan: Table3Plan, study: optuna.Study, spec: dict[str, Any], archive: Path | None) -> int:
@@ -475,8 +562,8 @@ def status(study: optuna.Study, plan: Table3Plan) -> dict[tuple[str, int], optun
     trials = study.get_trials(deepcopy=False)
     replaced = superseded(trials)
     for trial in trials:
-        if trial.user_attrs.get("nothing_queued") or trial.number in replaced:  # never ran, or redone
-            continue
+        if trial.user_attrs.get("nothing_queued") or trial.number in replaced or TUNE in trial.user_attrs:
+            continue  # never ran, redone, or a tuned run
         key = (trial.user_attrs.get("row"), trial.user_attrs.get("seed"))
         if key in latest and latest[key].state == TrialState.COMPLETE:
             continue
@@ -496,10 +583,31 @@ def print_summary(study: optuna.Study, plan: Table3Plan) -> list[str]:
         lines.append(f"{row:<6} {seed:>4}  {state:<8} {ppl:>8} {bleu:>8}  {run_dir(plan, row, seed)}")
         if not trial or trial.state != TrialState.COMPLETE:
             missing.append(f"{row} seed {seed} ({state})")
+    if plan.tuning is not None:
+        lines.append("")
+        missing += tuning_summary(study, plan, lines)
     print("\n".join(lines), flush=True)
     if missing:
         print(f"table3: not complete: {', '.join(missing)}; see each run directory's trial.log, "
               f"and run the same command again to resume", file=sys.stderr)
+    return missing
+
+
+def tuning_summary(study: optuna.Study, plan: Table3Plan, lines: list[str]) -> list[str]:
+    """A line per row of a tuned table's tuning, onto `lines`; what of it is not complete."""
+    assert plan.tuning is not None
+    missing, trials = [], study.get_trials(deepcopy=False)
+    for row in plan.rows:
+        if (stored := study.user_attrs.get(TUNED + row)) is None:
+            lines.append(f"{row}: tuning not finished")
+            missing.append(f"{row}'s tuning")
+            continue
+        record = TunedRow.model_validate(stored)
+        lines.append(f"{row}: {tune.describe(record)}")
+        for seed in plan.seeds_of(row)[1:] if record.chosen not in (None, record.own) else ():
+            trial = tune.latest(trials, row, seed, record.chosen)
+            if trial is None or trial.state != TrialState.COMPLETE:
+                missing.append(f"{tuned_name(row, record.chosen)} seed {seed} ({trial.state.name.lower() if trial else 'missing'})")
     return missing
 
 
@@ -587,15 +695,15 @@ def _run_queue(plan: Table3Plan, queued_now: tuple[optuna.Study, int], workers: 
           f"storage {safe_url(plan.storage)}", flush=True)
     code = 0
     if queued or study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
-        # Every queued trial, whatever the study holds already: the workers stop when none waits.
-        n_trials = len(plan.runs()) + len(study.get_trials(deepcopy=False))
         finish_by = None if stop_after_s is None else time.time() + stop_after_s
-        settings = WorkerSettings(study=plan.study, storage=plan.storage, space=None, n_trials=n_trials,
+        settings = WorkerSettings(study=plan.study, storage=plan.storage, space=None, n_trials=0,
                                   runs_dir=plan.runs_dir, recipe=plan.recipe, pruner="none", heartbeat_s=heartbeat_s,
                                   policy=TABLE_POLICY, policy_args={"runs_dir": plan.runs_dir, "finish_by": finish_by,
                                                                     "run_seconds": dict(run_seconds or {})})
         while True:
             left = None if finish_by is None else max(0.0, finish_by - time.time())
+            # Every queued trial, whatever the study holds already: the workers stop when none waits.
+            settings.n_trials = len(plan.runs()) + len(study.get_trials(deepcopy=False))
             code = run_workers(settings, workers, devices, devices_per_run, quiet=True, stop_after_s=left)
             if code == EXIT_INTERRUPTED:
                 return Table3Outcome(code, [])
@@ -603,8 +711,10 @@ def _run_queue(plan: Table3Plan, queued_now: tuple[optuna.Study, int], workers: 
                 print(f"table3 {plan.study}: this part (--stop-after) ends before the runs left could "
                       f"finish; run the same command again to go on", file=sys.stderr, flush=True)
                 return Table3Outcome(EXIT_INTERRUPTED, [])
-            if not wait_for_others(study, plan, heartbeat_s):  # nothing went back to the queue
-                break
+            if wait_for_others(study, plan, heartbeat_s):  # a run went back to the queue
+                continue
+            if plan.tuning is None or not queue_tuned(plan, study, make_storage(plan.storage, None), candidates=False):
+                break  # nothing more to train (a tuned table: no row's other seeds at its chosen value)
     return Table3Outcome(code, print_summary(study, plan))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from ablations.record import TUNE, tuned_name
 from foundation.records import pack_lines
 from foundation.rundir import saved_config
 from lightning_modules.metrics_log import last_step
@@ -118,7 +119,8 @@ class TablePolicy(Policy):
     def done(self, trial: optuna.Trial, results: RunResult, run_dir: Path) -> None:
         """One line per finished run, and its dev translations on the trial (a run restored from its
         results.json alone, `tables.archive`, has none: said, not failed)."""
-        row = trial.user_attrs.get("row")
+        row, setting = trial.user_attrs.get("row"), trial.user_attrs.get(TUNE)
+        row = row if setting is None else tuned_name(row, setting)  # a tuned run (`tables.tune`)
         print(f"{row} seed {results.seed}: {results.convergence or 'unclassified'}, dev PPL {results.ppl}, "
               f"dev BLEU {results.bleu}, {results.train_time_s} s training, {results.params:,} parameters",
               flush=True)
