@@ -30,8 +30,8 @@ from foundation.rundir import mark, refuse_foreign
 from reports import figures as figs
 from reports.attention import group_attention_pictures
 from reports.collect import Table3Data, load_table3
-from reports.html import FIGURES, METHODS, SUMMARY, TABLE, lead, render
-from reports import trajectory
+from reports.html import FIGURES, METHODS, SUMMARY, TABLE, TUNED, lead, render
+from reports import trajectory, tuning
 from reports.agreement import N_PERMUTATIONS, spearman
 from reports.significance import ALPHA, check_bootstrap_budget, family_size, missing_sentences, sentence_draws
 from reports.seeds import PAPER_THRESHOLD
@@ -111,15 +111,19 @@ def caveats(data: Table3Data, frame: pd.DataFrame | None = None) -> list[str]:
                    f"the k done.")
     if gap := missing_base(data):
         out.append(f"Incomplete: the {gap}.")
+    if data.tuning and (undecided := [row for row in data.spec if row in data.planned and row not in data.tuned_rows]):
+        out.append(f"Tuning in progress: the tuning of {', '.join(undecided)} has not finished, so the tuned "
+                   f"table leaves them out.")
     if note := preset_note(data.preset):
         out.append(note)
     return out
 
 
-def summary(frame: pd.DataFrame) -> list[tuple[str, str]]:
-    """What the report opens with ("What this table says"), as (kind, line): the headline sentence,
-    one verdict per group (`reports.verdicts`), then how our ordering of the rows agrees with the paper's."""
-    out = [("headline", line)] if (line := headline(frame)) else []
+def summary(frame: pd.DataFrame, tuned: str | None = None) -> list[tuple[str, str]]:
+    """What the report opens with ("What this table says"), as (kind, line): the headline sentence
+    (and a tuned table's count of the rows whose verdict depends on tuning: `tuned`), one verdict per
+    group (`reports.verdicts`), then how our ordering of the rows agrees with the paper's."""
+    out = [("headline", line[:-1] + f"; {tuned}." if tuned else line)] if (line := headline(frame)) else []
     out += [(f"verdict {group}", sentence) for group, sentence in verdicts(frame).items() if sentence]
     if not has_paper(frame):
         return out  # a spec without the paper's numbers (ablations/modifications.yaml): nothing to rank against
@@ -192,15 +196,17 @@ def methods(data: Table3Data, frame: pd.DataFrame, n_bootstrap: int,
 
 def markdown_report(title: str, cap: str, frame: pd.DataFrame, summary_lines: Sequence[str],
                     method_lines: Sequence[str], figure_names: Sequence[str],
-                    caveat_lines: Sequence[str] = ()) -> str:
+                    caveat_lines: Sequence[str] = (), tuned: tuple[str, pd.DataFrame] | None = None) -> str:
     """The report in markdown, in the order of report.html: caveats, what the table says, the
-    table, the figures, the methods."""
+    table (and a tuned table's tuning: `tuned`, its statement and table), the figures, the methods."""
     parts = [f"# {title}", ""]
     parts += [f"> **{line}**\n" for line in caveat_lines]
     if summary_lines:
         parts += [f"## {SUMMARY}", ""] + [f"- **{head}**: {rest}" if head else f"- {rest}"
                                            for head, rest in map(lead, summary_lines)] + [""]
     parts += [f"## {TABLE}", "", cap, "", to_markdown(frame), ""]
+    if tuned:
+        parts += [f"## {TUNED}", "", tuned[0], "", tuned[1].to_markdown(index=False, disable_numparse=True), ""]
     if figure_names:
         parts += [f"## {FIGURES}", ""] + [f"![{name}](figures/{name})" for name in figure_names] + [""]
     parts += [f"## {METHODS}", ""] + [f"- {line}" for line in method_lines] + [""]
@@ -227,19 +233,29 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
     frame = table3_frame(data, draws)
     title = f"{'Table 3 ablation' if has_paper(frame) else 'Ablation table'} at {data.preset} scale: {data.study}"
     cap = caption(data, frame)
-    summary_lines, caveat_lines = [line for _, line in summary(frame)], caveats(data, frame)
-    method_lines = methods(data, frame, bootstrap, draws)
-    pictures = {**figs.render_all(frame, data.curves), **group_attention_pictures(data.runs, runs_dir)}
+    tuned, clause = None, None
+    if data.tuned is not None and not data.tuned.runs.empty:
+        best = table3_frame(data.tuned, sentence_draws(data.tuned, bootstrap) if bootstrap else {})
+        tuned = (tuning.selection(data) + ".", tuning.tuning_frame(data, frame, best))
+        clause = tuning.headline_clause(tuned[1], list(data.tuning.get("values", {})))
+    said, caveat_lines = summary(frame, clause), caveats(data, frame)
+    summary_lines = [line for _, line in said]
+    method_lines = methods(data, frame, bootstrap, draws) + [f"{line}." for line in [tuning.cost(data)] if tuned and line]
+    pictures = {**figs.render_all(frame, data.curves), **(tuning.render(data) if tuned else {}),
+                **group_attention_pictures(data.runs, runs_dir)}
 
     files: dict[str, str | bytes] = {f"figures/{name}": png for name, png in pictures.items()}
     files["table3.csv"] = frame.to_csv(float_format="%.6g")
-    files["table3.md"] = markdown_report(title, cap, frame, summary_lines, method_lines, list(pictures), caveat_lines)
+    if tuned:
+        files["tuning.csv"] = tuned[1].to_csv(index=False)
+    files["table3.md"] = markdown_report(title, cap, frame, summary_lines, method_lines, list(pictures), caveat_lines,
+                                         tuned)
     files["table3.tex"] = to_latex(frame, cap.replace("±", r"$\pm$"))
     files["report.html"] = render(title, cap, display_frame(frame), pictures, summary=summary_lines,
-                                  methods=method_lines, caveats=caveat_lines)
+                                  methods=method_lines, caveats=caveat_lines, tuned=tuned)
     written = write_whole(out, files)
     if wandb != "off":
-        log_to_wandb(data, frame, out, wandb, list(pictures), caveat_lines)
+        log_to_wandb(data, frame, out, wandb, list(pictures), caveat_lines, said)
     return written
 
 
@@ -279,7 +295,8 @@ WANDB_INIT_TIMEOUT_S = 30.0  # W&B's own init_timeout is 90 s
 
 
 def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str,
-                 figure_names: Sequence[str], caveat_lines: Sequence[str]) -> None:
+                 figure_names: Sequence[str], caveat_lines: Sequence[str],
+                 said: Sequence[tuple[str, str]] | None = None) -> None:
     """The report in one W&B run of the project: the numeric table as a `wandb.Table`, every
     figure (learning curves per group too) as an image, report.html itself, and the lines the
     report opens with (caveats, then what the table says) as the run's notes and as a table of lines."""
@@ -290,7 +307,7 @@ def log_to_wandb(data: Table3Data, frame: pd.DataFrame, out: Path, setting: str,
         return
     import wandb
 
-    lines = [("caveat", line) for line in caveat_lines] + summary(frame)  # the report's opening, in its order
+    lines = [("caveat", line) for line in caveat_lines] + list(summary(frame) if said is None else said)  # its opening
     run = None
     for attempt in (mode, "offline") if mode == "online" else (mode,):
         try:  # online within W&B's init_timeout (it had retried for 109 s), else offline in the report's folder

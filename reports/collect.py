@@ -9,7 +9,7 @@ run's convergence class is decided here, by the current rule, from the inputs th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import optuna
@@ -21,7 +21,7 @@ from foundation.errors import UserError
 from foundation.records import FinitePair, unpack_lines, validated
 from lightning_modules.run.results import RunResult
 from sweeps.storage import make_storage, safe_url
-from ablations.record import KIND, aside_name, read_table, run_name
+from ablations.record import KIND, TUNE, TUNING, TunedRow, aside_name, read_table, run_name, tuned_rows
 from sweeps.study import REDO_OF, superseded
 
 RUN_COLUMNS = RunResult.keys("column")  # ppl, bleu, params, train_time_s, tokens_per_s, ...
@@ -44,6 +44,12 @@ class Table3Data:
     # runs a redo (`ablate table3 --redo`) replaced or is replacing: row, seed, trial, ppl, bleu,
     # by (the redo's trial number), whether the redo is complete, and the folder it set the run aside as
     redone: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # a tuned table (`ablate table3 --tune`): what was tuned (`Tuning.record`), each decided row's
+    # tuning (`ablations.record.TunedRow`), and the table at each row's chosen value (its runs there,
+    # the table's own where a row keeps its value; None for an untuned table)
+    tuning: dict[str, Any] = field(default_factory=dict)
+    tuned_rows: dict[str, TunedRow] = field(default_factory=dict)
+    tuned: Table3Data | None = None
 
 
 SETUP_KEYS = ("cpu", "cpu_flags", "cpu_capability", "variables", "gpu", "torch", "torch_threads", "precision",
@@ -74,6 +80,7 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
     study = optuna.load_study(study_name=study_name, storage=storage)
     attrs = read_table(study.user_attrs, f"study {study_name!r}")
     latest: dict[tuple[str, int], optuna.trial.FrozenTrial] = {}
+    tuned: dict[tuple[str, int, str], optuna.trial.FrozenTrial] = {}  # complete tuned runs, by their setting too
     queued: dict[str, set[int]] = {}
     trials = study.get_trials(deepcopy=False)
     replaced = superseded(trials)
@@ -87,10 +94,31 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
         key = run_key(trial, study_name)
         if key[0] is None:
             continue
+        if TUNE in trial.user_attrs:
+            if trial.state == TrialState.COMPLETE:
+                tuned[(*key, repr(trial.user_attrs[TUNE]))] = trial  # in number order: the newest wins
+            continue
         queued.setdefault(key[0], set()).add(key[1])
         if trial.state == TrialState.COMPLETE and (key not in latest or newest(trial) > newest(latest[key])):
             latest[key] = trial
     redone = in_table_order(redone_runs(trials, latest), attrs["spec"])
+    planned = {row: len(seeds) for row, seeds in queued.items()}
+    data = Table3Data(study=study_name, storage=safe_url(storage_url), preset=attrs["preset"], spec=attrs["spec"],
+                      overrides=list(attrs.get("overrides", [])), setup=dict(attrs.get("setup", {})),
+                      **complete_runs(latest, attrs["spec"], study_name), planned=planned, redone=redone)
+    if not attrs.get(TUNING):
+        return data
+    decided = tuned_rows(attrs, f"study {study_name!r}")
+    moved = {row: repr(record.chosen) for row, record in decided.items() if record.chosen not in (None, record.own)}
+    chosen = {key: trial for key, trial in latest.items() if key[0] in decided and key[0] not in moved}
+    chosen |= {(row, seed): trial for (row, seed, setting), trial in tuned.items() if moved.get(row) == setting}
+    return replace(data, tuning=attrs[TUNING], tuned_rows=decided,
+                   tuned=replace(data, **complete_runs(chosen, attrs["spec"], study_name), redone=redone.iloc[:0]))
+
+
+def complete_runs(latest: dict[tuple[str, int], optuna.trial.FrozenTrial], spec: dict[str, Any],
+                  study_name: str) -> dict[str, Any]:
+    """A table's runs, dev translations and curves (`Table3Data`'s) from its complete trials."""
     records, translations, curve_points = [], {}, []
     for (row, seed), trial in latest.items():
         source = f"study {study_name!r}: trial {trial.number} ({row} seed {seed})"
@@ -108,12 +136,8 @@ def load_table3(storage_url: str, study_name: str | None = None) -> Table3Data:
             translations[(row, seed)] = stored_translations(trial, source)
     runs = pd.DataFrame.from_records(records, columns=None if records else ["row", "group", "seed"])
     if records:
-        runs = in_table_order(runs, attrs["spec"])
-    return Table3Data(study=study_name, storage=safe_url(storage_url), preset=attrs["preset"],
-                      spec=attrs["spec"], overrides=list(attrs.get("overrides", [])),
-                      setup=dict(attrs.get("setup", {})), runs=runs,
-                      translations=translations, curves=pd.DataFrame.from_records(curve_points),
-                      planned={row: len(seeds) for row, seeds in queued.items()}, redone=redone)
+        runs = in_table_order(runs, spec)
+    return {"runs": runs, "translations": translations, "curves": pd.DataFrame.from_records(curve_points)}
 
 
 RESULT_KEYS = {f.name for f in fields(RunResult)}

@@ -13,6 +13,7 @@ from lightning_modules.convergence import CLASSES
 
 # the headings, in table3.md too
 SUMMARY, TABLE, FIGURES, METHODS = "What this table says", "The table", "Figures", "Methods"
+TUNED = "Each row at its own best value"  # a tuned table's section (`reports.tuning`)
 
 # Fits a 1,280-px window: the cells wrap only where `_breakable` lets them, so the table shrinks to
 # the window; the figures shrink to it too.
@@ -89,7 +90,7 @@ def _header(column: str, text_column: str) -> str:
     return f"<th>{html.escape(column)}</th>"
 
 
-def _table(table: pd.DataFrame, class_column: str, text_column: str) -> str:
+def _table(table: pd.DataFrame, class_column: str, text_column: str, name: str = "table3") -> str:
     """The table with each cell of `class_column` coloured by its convergence class."""
     head = "".join(_header(str(c), text_column) for c in table.columns)
     body = []
@@ -97,7 +98,7 @@ def _table(table: pd.DataFrame, class_column: str, text_column: str) -> str:
         cells = "".join(_cell(v, c, class_column, text_column) for c, v in zip(table.columns, values))
         body.append(f"<tr>{cells}</tr>")
     rows = "\n".join(body)
-    return f'<table id="table3">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>'
+    return f'<table id="{name}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>'
 
 
 def _summary_item(line: str) -> str:
@@ -107,11 +108,12 @@ def _summary_item(line: str) -> str:
 
 def render(title: str, caption: str, table: pd.DataFrame, figures: dict[str, bytes],
            summary: Sequence[str] = (), methods: Sequence[str] = (), caveats: Sequence[str] = (),
-           class_column: str = "converged", text_column: str = "changes from base") -> str:
+           class_column: str = "converged", text_column: str = "changes from base",
+           tuned: tuple[str, pd.DataFrame] | None = None) -> str:
     """The report page, in this order: `caveats` (what to read before anything else), `summary`
     (what the table says), the caption and `table` (display strings; its `class_column` cells
-    coloured by convergence class), `figures` (PNG bytes by file name), and `methods` last, in a
-    collapsed <details>."""
+    coloured by convergence class), a tuned table's statement and tuning table (`tuned`), `figures`
+    (PNG bytes by file name), and `methods` last, in a collapsed <details>."""
     warnings = "".join(f'<p class="caveat">{html.escape(c)}</p>\n' for c in caveats)
     said = ""
     if summary:
@@ -123,6 +125,9 @@ def render(title: str, caption: str, table: pd.DataFrame, figures: dict[str, byt
         for name, png in figures.items())
     shown = f'<section id="figures">\n<h2>{FIGURES}</h2>\n{images}\n</section>\n' if figures else ""
     notes = "\n".join(f"<li>{html.escape(n)}</li>" for n in methods)
+    if tuned:
+        shown = (f'<section id="tuning">\n<h2>{TUNED}</h2>\n<p class="meta">{html.escape(tuned[0])}</p>\n'
+                 f'{_table(tuned[1], "", "row", "tuning-table")}\n</section>\n{shown}')
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
             f"<h1>{html.escape(title)}</h1>\n{warnings}{said}"
