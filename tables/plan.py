@@ -512,11 +512,12 @@ def queue_tuned(plan: Table3Plan, study: optuna.Study, storage: BaseStorage, can
     assert plan.tuning is not None
     spec, first, queued = plan.spec, plan.seeds[0], 0
     settings = {row: plan.tuning.candidates(plan.own(row)) for row in plan.rows}
+    trials, runs = study.get_trials(deepcopy=False), status(study, plan)
     for row in plan.rows if candidates else ():
-        replayed(plan, study, storage, row)
+        replayed(plan, storage, row, runs[(row, first)], trials)
         queued += sum(enqueue(study, tune.overrides(first, setting), trial_attrs(plan, spec, row, first, setting))
                       for setting in settings[row][1:])
-    trials, runs = study.get_trials(deepcopy=False), status(study, plan)
+    trials, runs = study.get_trials(deepcopy=False), status(study, plan)  # with what was queued now
     for row, (own, *others) in settings.items():
         decided = tune.decide(study, row, [(own, runs[(row, first)]),
                                            *((setting, tune.latest(trials, row, first, setting)) for setting in others)])
@@ -526,11 +527,10 @@ def queue_tuned(plan: Table3Plan, study: optuna.Study, storage: BaseStorage, can
     return queued
 
 
-def replayed(plan: Table3Plan, study: optuna.Study, storage: BaseStorage, row: str) -> None:
-    """The row's own run on the tuning seed into its cohort (`sweeps.optuna_api.replay`), when it
-    finished before the table was tuned (so it reported to no pruner), once."""
-    trials = study.get_trials(deepcopy=False)
-    own = status(study, plan)[(row, plan.seeds[0])]
+def replayed(plan: Table3Plan, storage: BaseStorage, row: str, own: optuna.trial.FrozenTrial | None,
+             trials: list[optuna.trial.FrozenTrial]) -> None:
+    """The row's own run on the tuning seed (`own`) into its cohort (`sweeps.optuna_api.replay`),
+    when it finished before the table was tuned (so it reported to no pruner), once."""
     if own is None or own.state != TrialState.COMPLETE or PRUNING in own.user_attrs \
             or any(t.user_attrs.get(REPLAYS) == own.number for t in trials):
         return
@@ -719,10 +719,12 @@ def _run_queue(plan: Table3Plan, queued_now: tuple[optuna.Study, int], workers: 
 
 
 def running_elsewhere(study: optuna.Study, plan: Table3Plan) -> list[str]:
-    """The planned runs whose latest trial is running: by another launcher's workers, once ours
-    have stopped (several launchers on one study share its queue)."""
+    """The planned runs whose latest trial is running, and a tuned table's tuned runs that are: by
+    another launcher's workers, once ours have stopped (several launchers on one study share its queue)."""
     return [f"{row} seed {seed}" for (row, seed), trial in status(study, plan).items()
-            if trial is not None and trial.state == TrialState.RUNNING]
+            if trial is not None and trial.state == TrialState.RUNNING] \
+        + [f"{tuned_name(t.user_attrs['row'], t.user_attrs[TUNE])} seed {t.user_attrs['seed']}"
+           for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if TUNE in t.user_attrs]
 
 
 def wait_for_others(study: optuna.Study, plan: Table3Plan, heartbeat_s: int) -> bool:
