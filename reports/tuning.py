@@ -6,15 +6,14 @@ of each row's tuning and the two tables' frames (`reports.table3.table3_frame`),
 
 from __future__ import annotations
 
-import math
-
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FixedFormatter, FixedLocator
 
-from ablations.record import TunedRow, setting_label
+from ablations.record import setting_label
 from reports.collect import Table3Data
-from reports.figures import _edge, png, readable_log_ticks, robust_limits
+from reports.figures import png, readable_log_ticks
+from sweeps.study import HALVING
 
 OWN, BEST = "verdict at its own value", "verdict at its best value"
 
@@ -70,7 +69,7 @@ def selection(data: Table3Data) -> str:
     rung = (f"{tuning['budget']:g} of a row's steps" if tuning.get("budget") is not None
             else "the row's first dev evaluation")
     return (f"Tuning ({tried}; each row's own value too): every row, base included, tried each value on seed {seed}; "
-            f"Optuna's successive halving (reduction factor 3) compared a candidate's dev PPL with the row's others "
+            f"Optuna's successive halving (reduction factor {HALVING}) compared a candidate's dev PPL with the row's others "
             f"from its first rung ({rung}) on and stopped those behind (the row's own run, the untuned table's, never); "
             f"the complete candidate of lowest final dev PPL was chosen. The choice used the dev set this table "
             f"reports, not a held-out one. The tuned table's seed-{seed} run is the winning candidate itself, chosen "
@@ -80,8 +79,7 @@ def selection(data: Table3Data) -> str:
 
 def figures(data: Table3Data) -> dict[str, plt.Figure]:
     """Per group: dev PPL against the first tuned setting, one line per row (base among them) through
-    its complete candidates, a pruned one hollow at the dev PPL where it stopped, the chosen one
-    ringed; a value far above the rest (a diverged candidate) drawn at the top edge with its number."""
+    its complete candidates, a pruned one hollow at the dev PPL where it stopped, the chosen one ringed."""
     key = next(iter(data.tuning.get("values", {})), None)
     if key is None or not data.tuned_rows:
         return {}
@@ -91,29 +89,16 @@ def figures(data: Table3Data) -> dict[str, plt.Figure]:
         rows = ["base"] * ("base" in groups) + [row for row, g in groups.items() if g == group]
         tried = {row: [c for c in data.tuned_rows[row].candidates if c.ppl and c.state in ("complete", "pruned")]
                  for row in rows}
-        limits = robust_limits(math.log10(c.ppl) for row in rows for c in tried[row])
         fig, ax = plt.subplots(figsize=(6.4, 4.8))
-
-        def at(ppl: float) -> tuple[float, int]:
-            y, side = _edge(math.log10(ppl), limits)
-            return 10 ** y, side
-
         for i, row in enumerate(rows):
             color, record = "black" if row == "base" else plt.get_cmap("tab10")(i % 10), data.tuned_rows[row]
-            done = sorted((c.setting[key], *at(c.ppl)) for c in tried[row] if c.state == "complete")
+            done = sorted((c.setting[key], c.ppl) for c in tried[row] if c.state == "complete")
             if done:
-                ax.plot([x for x, _, _ in done], [y for _, y, _ in done], marker="o", color=color, label=row)
+                ax.plot(*zip(*done), marker="o", color=color, label=row)
             for c in tried[row]:
-                (y, side), x = at(c.ppl), c.setting[key]
-                if c.state == "pruned":
-                    ax.plot([x], [y], marker="o", markerfacecolor="none", color=color)
-                if c.setting == record.chosen:
-                    ax.plot([x], [y], marker="o", markersize=13, markerfacecolor="none", color=color)
-                if side:
-                    ax.annotate(f"{c.ppl:.3g}", (x, y), xytext=(5, -3), textcoords="offset points", fontsize=7,
-                                color=color)
-        if limits is not None:
-            ax.set_ylim(10 ** limits[0], 10 ** limits[1])
+                if c.state == "pruned" or c.setting == record.chosen:  # hollow; a ring around the chosen
+                    ax.plot([c.setting[key]], [c.ppl], marker="o", markerfacecolor="none", color=color,
+                            markersize=13 if c.state == "complete" else 6)
         values = sorted({c.setting[key] for row in rows for c in tried[row]})
         if values and min(values) > 0 and max(values) / min(values) >= 4:
             ax.set_xscale("log")
@@ -140,11 +125,11 @@ def cost(data: Table3Data) -> str | None:
     """What the tuning trained, in training FLOPs beside the untuned table's (every row's step holds
     the same tokens, so parameters x steps): its candidates but each row's own, and the chosen
     values' other seeds."""
-    if data.tuned is None or data.runs.empty:
+    untuned = float((data.runs["params"] * data.runs["steps"]).sum()) if data.tuned is not None else 0.0
+    if not untuned:
         return None
     params = data.runs.groupby("row")["params"].first()
     steps = data.runs.groupby("row")["steps"].first()
-    untuned = float((data.runs["params"] * data.runs["steps"]).sum())
     candidates = sum(params[row] * (steps[row] if c.state == "complete" else c.step or 0)
                      for row, record in data.tuned_rows.items() if row in params
                      for c in record.candidates if c.setting != record.own)
@@ -152,8 +137,6 @@ def cost(data: Table3Data) -> str | None:
     runs = data.tuned.runs
     seeds = runs[(runs["seed"] != data.tuning.get("seed")) & runs["row"].isin(moved)]
     more = float((seeds["params"] * seeds["steps"]).sum())
-    if not untuned or math.isnan(untuned):
-        return None
     return (f"Tuning cost, in training FLOPs (parameters x steps trained; every step holds the same tokens): the "
             f"candidates besides each row's own {candidates / untuned:.2f} x the untuned table's, the chosen values' "
             f"other seeds {more / untuned:.2f} x; both tables together {(untuned + candidates + more) / untuned:.2f} x")

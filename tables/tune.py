@@ -1,18 +1,7 @@
 """`ablate table3 --tune KEY=V1,V2,...`: every row, base included, at its own best value of a
-training setting (`train.lr_scale` first), beside the table at the preset's value.
-
-The protocol (docs/table3.md, "Tuned ablations"): each row tries its own value (the untuned
-table's) and every listed one on the tuning seed, the table's first. The candidates are trials of
-the table's study, trained by its workers like any run; each reports its dev-PPL curve to Optuna's
-successive halving (`sweeps.study.make_pruner("halving")`), which compares it with the row's other
-candidates only (its cohort) from the first rung on (`--tune-budget`: that rung as a share of the
-row's steps; by default the row's first dev evaluation) and stops the ones behind. The untuned
-table's run on the tuning seed is the row's candidate at its own value: it reports to the pruner
-and is never stopped; one trained before the table was tuned is replayed into the cohort. Once
-every candidate of a row has finished, the complete one of lowest final dev PPL is chosen and
-recorded (`ablations.record.TunedRow`); its run counts as the tuned table's run on the tuning
-seed, and the row's other seeds train at the chosen value (those at the row's own value are the
-untuned table's runs).
+training setting, beside the table at the preset's value (the protocol: docs/table3.md, "Tuned
+ablations"). What `--tune` asks for (`Tuning`), a row's candidates and its decision once they have
+all ended (`decide`); the queue that trains them is the table's (`tables.plan.queue_tuned`).
 """
 
 from __future__ import annotations
