@@ -23,6 +23,7 @@ from sweeps.space import SearchSpace
 
 OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLEU
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # the trials that count towards --n-trials
+HALVING = 3  # successive halving's reduction factor: a rung's best third goes on
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces (a redo)
 # A queued trial's own pruning, in its user attributes, in place of the workers' (`--pruner`):
 # {"pruner": NAME, "min_resource": STEPS, "cohort": NAME, "reference": BOOL}. It competes only with
@@ -78,9 +79,6 @@ def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> op
     if name == "halving":
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, warmup_steps), reduction_factor=HALVING)
     return optuna.pruners.NopPruner()
-
-
-HALVING = 3  # successive halving's reduction factor: a rung's best third goes on
 
 
 def in_cohort(cohort: str | None) -> Callable[[optuna.trial.FrozenTrial], bool] | None:

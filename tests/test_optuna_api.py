@@ -76,16 +76,17 @@ def test_running_trial_reports_and_prunes_from_another_process(tmp_path):
     assert trial_id(storage, "s", running.number) == trial_id(make_storage(url, None), "s", running.number)
 
 
-def test_successive_halving_compares_a_trial_with_its_cohort_only_and_a_replayed_run_counts(tmp_path):
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_successive_halving_compares_a_trial_with_its_cohort_only_and_a_replayed_run_counts(tmp_path, kind):
     """Reason 5: a table tunes each row on its own. A trial of cohort "a" that is worse at the first
     rung than the best of "a" so far is pruned; the same value in cohort "b", whose first trial it is,
     goes on, however good "a"'s trials are. A reference reports its rungs and is never stopped. A
     run that finished outside any cohort takes part through its replay (its rung recorded by the
-    pruner itself)."""
+    pruner itself). On an RDB and on a journal file (the storage without Optuna's own heartbeat)."""
     from sweeps.optuna_api import replay
     from sweeps.study import PRUNING, in_cohort
 
-    url = f"sqlite:///{tmp_path}/o.db"
+    url = f"sqlite:///{tmp_path}/o.db" if kind == "sqlite" else f"journal:///{tmp_path}/o.journal"
     storage, pruner = make_storage(url, None), make_pruner("halving", 0, 5)
     study = open_study("s", storage, "ppl")
 
