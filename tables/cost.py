@@ -322,13 +322,15 @@ def describe_tuning(plan: Table3Plan, device: str | None = None) -> str:
                                                for s in settings),
                       "first rung": f"{rung:,} of {cfg.train.max_steps:,}", "seeds": len(plan.seeds_of(row)),
                       "full": full, "stopped": (full - overhead) * min(1.0, rung / cfg.train.max_steps) + overhead,
-                      "others": len(settings) - 1})
+                      "others": len(settings) - 1, "devices": parallel_devices(cfg)})
     t = pd.DataFrame(lines).set_index("row")
+    shown = t.drop(columns=["others", "devices"]).rename(columns={"full": f"{unit.short}/run",
+                                                                  "stopped": f"{unit.short} stopped"})
+    t[["full", "stopped"]] = t[["full", "stopped"]].mul(t["devices"], axis=0)  # device time, as the table's total
     untuned = (t["seeds"] * t["full"]).sum()
     planned = (t["full"] + t["others"] * t["stopped"] + (t["seeds"] - 1) * t["full"]).sum()
     most = ((t["others"] + t["seeds"]) * t["full"]).sum()
     least_both, most_both = untuned + (t["others"] * t["stopped"]).sum(), untuned + most - t["full"].sum()
-    shown = t.drop(columns="others").rename(columns={"full": f"{unit.short}/run", "stopped": f"{unit.short} stopped"})
     shown[[f"{unit.short}/run", f"{unit.short} stopped"]] *= unit.per_hour
     text = shown.to_string(formatters={f"{unit.short}/run": "{:.2f}".format, f"{unit.short} stopped": "{:.2f}".format})
     per, first, name = unit.per_hour, plan.seeds[0], unit.name
