@@ -81,10 +81,14 @@ def run_name(row: str, seed: int) -> str:
     return f"{row}-s{seed}"
 
 
+def value_text(value: Any) -> str:
+    """A tuned value as names and labels write it: `0.5`, `2`, `cosine`."""
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
 def _parts(setting: dict[str, Any]) -> list[tuple[str, str]]:
     """(`lr_scale`, `0.5`) for each key of a tuned setting."""
-    return [(key.rsplit(".", 1)[-1], f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool)
-             else str(value)) for key, value in setting.items()]
+    return [(key.rsplit(".", 1)[-1], value_text(value)) for key, value in setting.items()]
 
 
 def tuned_name(row: str, setting: dict[str, Any]) -> str:

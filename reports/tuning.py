@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FixedFormatter, FixedLocator
 
-from ablations.record import setting_label
+from ablations.record import setting_label, value_text
 from reports.collect import Table3Data
 from reports.figures import png, readable_log_ticks
 from sweeps.study import HALVING
@@ -64,8 +64,7 @@ def headline_clause(table: pd.DataFrame, keys: list[str]) -> str | None:
 def selection(data: Table3Data) -> str:
     """How the tuned values were chosen, which seed, and what the tuned table's runs are."""
     tuning, seed = data.tuning, data.tuning.get("seed")
-    tried = "; ".join(f"{key} over {', '.join(f'{v:g}' if isinstance(v, (int, float)) else str(v) for v in values)}"
-                      for key, values in tuning.get("values", {}).items())
+    tried = "; ".join(f"{key} over {', '.join(map(value_text, values))}" for key, values in tuning.get("values", {}).items())
     rung = (f"{tuning['budget']:g} of a row's steps" if tuning.get("budget") is not None
             else "the row's first dev evaluation")
     return (f"Tuning ({tried}; each row's own value too): every row, base included, tried each value on seed {seed}; "

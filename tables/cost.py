@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from ablations.resolve import Recipe
-from ablations.record import setting_label
+from ablations.record import setting_label, value_text
 from ablations.spec import recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
 from foundation.errors import UserError
@@ -318,8 +318,7 @@ def describe_tuning(plan: Table3Plan, device: str | None = None) -> str:
         settings, full, rung = plan.tuning.candidates(plan.own(row)), float(table.loc[row, "hours/run"]), \
             plan.tuning.first_rung(cfg)
         lines.append({"row": row, "own": setting_label(settings[0]),
-                      "candidates": " | ".join(setting_label(s).split(" ", 1)[1] if len(s) == 1 else setting_label(s)
-                                               for s in settings),
+                      "candidates": " | ".join(", ".join(map(value_text, s.values())) for s in settings),
                       "first rung": f"{rung:,} of {cfg.train.max_steps:,}", "seeds": len(plan.seeds_of(row)),
                       "full": full, "stopped": (full - overhead) * min(1.0, rung / cfg.train.max_steps) + overhead,
                       "others": len(settings) - 1, "devices": parallel_devices(cfg)})
