@@ -331,7 +331,7 @@ def describe_tuning(plan: Table3Plan, device: str | None = None) -> str:
     most = ((t["others"] + t["seeds"]) * t["full"]).sum()
     least_both, most_both = untuned + (t["others"] * t["stopped"]).sum(), untuned + most - t["full"].sum()
     shown[[f"{unit.short}/run", f"{unit.short} stopped"]] *= unit.per_hour
-    text = shown.to_string(formatters={f"{unit.short}/run": "{:.2f}".format, f"{unit.short} stopped": "{:.2f}".format})
+    text = shown.rename_axis(None).to_string(formatters={f"{unit.short}/run": "{:.2f}".format, f"{unit.short} stopped": "{:.2f}".format})
     per, first, name = unit.per_hour, plan.seeds[0], unit.name
     return (f"Tuning {', '.join(plan.tuning.values)} on seed {first}: each row tries its own value and the listed "
             f"ones ('candidates'); Optuna's successive halving (reduction factor {HALVING}) compares each with the "
