@@ -3,52 +3,35 @@
     python -m benchmarks --device cuda --only attention_shapes --out DIR   # one H100/H200, about 2 minutes
     python -m benchmarks --only attention_shapes --quick                   # CPU smoke check, tiny dims
 
-Why. With exact lengths (`data.shape_buckets` 0, every preset's default) nearly every batch of a
-run's first epoch has a shape the process has not met: on the `gpu` preset's data (1M WMT-length
-pairs, 25,000 tokens) 1,178 of an epoch's 1,441 batches. The token buckets' boundaries are the same
-in every epoch, so no later epoch adds one. PyTorch puts cuDNN's attention first on sm90 and sm100
-(H100, H200, B200) with a recent cuDNN, and cuDNN builds an execution plan per problem (batch,
-heads, lengths, strides, mask), forward and backward, and caches it: host time that `gpu_round`,
-which repeats six batches, never shows. Decoding with growing key/value caches meets a new key
-length at every step. Such builds would explain slow first repetitions seen in the GPU rounds
-(their results pages); new matmul shapes come with them, so the split is not known: this benchmark
-measures it.
+Why. With exact lengths nearly every batch of a run's first epoch has a new shape (1,178 of the `gpu`
+preset's 1,441 at 25,000 tokens; later epochs add none), and cuDNN's attention, PyTorch's first
+choice on sm90 and sm100, builds and caches an execution plan per problem, forward and backward:
+host time that `gpu_round`, which repeats six batches, never shows (docs/gpu-performance.md).
+Decoding with growing caches meets a new key length at every step.
 
-Method.
-- Shapes (counted; no device needed): `gpu_round.wmt_like_lengths` over `SHAPE_POOL` pairs, bucketed
-  by `TokenBucketBatchSampler` at each token budget: one epoch's batches, their distinct (rows,
-  source, target) shapes, and the distinct problems of each attention call (encoder self-attention
-  (rows, S, S), decoder self-attention (rows, T, T), cross-attention (rows, T, S)), and the same
-  epoch's shapes with `data.shape_buckets` 8, the static shapes that avoid the question at the cost
-  of padding (both paddings are given).
-- Training, per `model.attention_backend` in `KERNELS`: a base-dims module (`gpu_round.build`:
-  eager, bf16 autocast on CUDA, Adam, the same initial weights for every kernel). It first steps
-  twice through `warm` batches that every kernel shares: the first pass loads the kernel modules,
-  the second is its step time on batches whose shapes it has cached, the same batches for every
-  kernel. Then come `new` batches whose shapes no kernel before it met, each stepped twice in a row
-  (before any kernel, every batch is stepped once with the math kernel, which caches nothing per
-  shape, so that the allocator's growth is nobody's first visit): the first visit pays for whatever
-  the shape's first call costs, the second is a step with everything cached. Wall clock per step,
-  with a device sync after each (a plan build is host time). Reported: the step time, the medians of
-  both visits and of their paired differences (the cost of a new shape), and a `gpu` preset run's
-  estimate: its `RUN_STEPS` steps at the step time, plus the new-shape cost for each third of its
-  first epoch's distinct attention problems (a sampled batch brings three new ones, one per call;
-  the epoch's 1,178 batch shapes have 818 encoder, 532 decoder and 1,178 cross-attention problems
-  at 25,000 tokens: 843 batches' worth), which assumes that a plan costs about the same for each
-  call.
-- Decoding, per kernel: `decode_steps` steps of `Transformer.decode_step` for `decode_rows`
-  sentences (a batch of beam 4's rows), twice, with the growing caches (each step's self-attention
-  has one more key: a new problem a step) and with the fixed-size caches of `eval.cuda_graphs`'
-  decoder, run without a graph (one self-attention problem per batch), after two warm-up steps on
-  another number of rows. Each kernel decodes its own numbers of rows, so that no problem carries
-  over from the kernel before it. Reported per step.
+Method (the table's notes give the details):
+- Shapes, counted without a device (`shape_counts`): per token budget, one epoch of `SHAPE_POOL`
+  WMT-length pairs: its distinct batch shapes and attention problems per call (`ATTENTION`), and the
+  same with `data.shape_buckets` `BUCKETS`, with both paddings.
+- Training, per kernel in `KERNELS` (eager, base dims, the same initial weights): twice through
+  `warm` batches every kernel shares (the second pass: the step time), then `new` batches of shapes
+  no kernel met before, each stepped twice in a row: the first visit, again, and their paired
+  difference (a new shape's cost). Every batch is stepped once beforehand with the math kernel,
+  which caches nothing per shape, so that the allocator's growth is nobody's first visit. Wall
+  clock, synchronised per step (a plan build is host time). A `gpu` preset run's estimate:
+  `RUN_STEPS` steps at the step time, plus the new-shape cost for each third of its first epoch's
+  distinct attention problems (a sampled batch brings one per call), assuming a plan costs about
+  the same for each call.
+- Decoding, per kernel: `Transformer.decode_step` with growing caches (a new problem a step) and with
+  `eval.cuda_graphs`' fixed-size caches run without a graph, on numbers of rows no kernel before it
+  decoded.
 
 Decision, stated before any GPU figure: `model.attention_backend`'s default stays "auto" unless
 another kernel's `gpu` preset estimate at 25,000 tokens is at least 10% below auto's; then that
 kernel becomes the default. The CPU has neither efficient's nor cuDNN's kernel, so its kernel
-does not change. The estimate uses eager steps, and a `gpu` preset run is compiled (35 ms a step
-at 25,000 tokens on the H200 against eager's 69): per-shape costs, where they remain when compiled,
-are a larger share of its time than the estimate says.
+does not change. The estimate uses eager steps while a `gpu` preset run is compiled (35 ms a step
+at 25,000 tokens on the H200 against eager's 69): per-shape costs that remain when compiled are a
+larger share of its time than the estimate says.
 """
 
 from __future__ import annotations

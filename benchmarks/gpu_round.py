@@ -3,59 +3,29 @@
     python -m benchmarks --device cuda --only gpu_round --out DIR   # one H100/H200, < 8 minutes
     python -m benchmarks --only gpu_round --quick                   # CPU smoke check, tiny dims
 
-Method. One process measures every variant in `VARIANTS` (a name -> config overrides, e.g.
-`{"train.compile": True, "model.fused_qkv": True}`) on the same batches from the same initial
-weights: the module's `forward_loss`, backward and Adam (fused on CUDA), batches already on the
-device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
+What it reports: docs/gpu-performance.md ("The GPU round"). Method:
 
-- Batches: random token ids with WMT14-like lengths, bucketed by the project's
-  `TokenBucketBatchSampler` and `collate`: `Case.pool` sentence pairs whose source lengths (BPE pieces)
-  are log-normal (median 26, σ 0.6: mean ≈ 31 pieces ≈ 27 words at 37,000 pieces, a long tail
-  capped at 250), target = source × a log-normal ratio (median 1.05, σ 0.2); ids drawn from a
-  Zipf(1.1) law over the vocabulary (a real BPE's frequency profile), so the first steps learn and
-  the loss moves. Nothing is read from disk or the network. `Case.batches` batches per batch size
-  are drawn from one shuffled epoch; with exact lengths, a later batch of that epoch replaces the
-  last (or first) where needed so that one source width is divisible by 8 and one is not (the
-  alignment a compiled graph could guard on; "graphs" then shows such a guard).
-- Per variant: a fresh module (same seed, then the eager default's initial state_dict loaded),
-  a warm-up pass over every batch (two when compiled: CUDA graphs record a shape on its second
-  call; compilation included, timed apart as "warm-up s"), whose first
-  `AGREE_STEPS` steps' per-token losses are compared with the eager default's (same batches,
-  same seed); then per batch size `Case.passes` timed passes over its batches, each step timed on the
-  device (CUDA events, no host sync inside the pass). tokens/s counts real target tokens; a step
-  slower than 10× the median (a recompilation) is left out and counted.
-- MFU: matmul FLOPs of forward + backward (`common.train_flops`, the vocabulary projection
-  included) ÷ time ÷ the device's dense bf16 peak (`common.PEAK_BF16_FLOPS`). Graphs:
-  `compiling.compiled_graphs()` over the variant (in-process compiler state reset before each);
-  with more than one, the guards that failed (`compiling.recompile_reasons()`) go in the JSON
-  row's "recompiled because" and the first in its note.
-- Loss agreement: the largest relative difference of those first losses from the eager
-  default's. Dropout is on (the measured step is the real one): eager variants draw the same
-  masks as the eager default; compiled ones draw Inductor's, so their difference holds dropout
-  noise, whose size the row "eager, other dropout seed" shows. Tolerance `TOLERANCE`.
-- Time: `BUDGET_S` in all (`--budget-s`); the variants run in `CUDA_PLAN` order (the cheap
-  eager ones and the issue's main suspects first), and one whose estimated cost (`_estimate`: the
-  slowest warm-up of its kind so far) no longer fits is skipped with a note. A variant that fails (a
-  kernel the device lacks, out of memory) becomes a row with its error; the run goes on. A variant
-  in `ISOLATED` (CUDA graphs, which once ended the process below Python) runs in a process of its
-  own (`measure_apart`): a crash or a hang there is its row, saying how that process ended. Results
-  (`gpu_round.json`, `gpu_round.md`) are written atomically to `--out` after every variant.
-- `--profile`: after its timed passes, each variant runs one more pass per batch size under
-  `torch.profiler` (`profile_pass`): the device's busy time per step (kernel time ÷ the timed
-  step: below 1, the step waits on the host, i.e. launch-bound) and each kernel's share, grouped
-  by `TIME_GROUPS` (the first pattern that matches a kernel's name). The groups become a second
-  table; each pass's top kernels are written to `profiles/` in `--out`. On CPU the same groups
-  hold aten ops' self time: a check of the code, not of where a GPU spends its time.
-- Variants with `data.shape_buckets` (static shapes, docs/gpu-performance.md#static-shapes-and-cuda-graphs)
-  train on other batches (the same pool, bucketed to static shapes), so their losses are compared
-  with "eager, buckets 8"'s.
-
-Not measured here: weights cast to bf16 once per step (autocast already casts each weight once
-per forward pass, its cache holding the cast; what remains is one cast kernel per weight, which
-only parameters laid out in one flat buffer would merge: a change to parameters, optimizer state
-and checkpoints, not a setting), packed variable-length sequences (nested jagged tensors through
-every layer, the padding mask and cross-attention: not in this round), decoding (the generation
-benchmark's; it needs a trained model).
+- One process measures every variant in `VARIANTS` (a name -> config overrides) on the same batches
+  from the same initial weights: `forward_loss`, backward and Adam (fused on CUDA), batches on the
+  device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
+- Batches (`wmt_like_batches`): random ids, Zipf(1.1) over the vocabulary (so the first steps
+  learn), with WMT14-like lengths (`wmt_like_lengths`), bucketed by `TokenBucketBatchSampler`;
+  nothing is read from disk. With exact lengths one batch's source width is divisible by 8 and one
+  is not, so a compiled graph's guard on that alignment shows as a second graph.
+- Per variant: a fresh module with the eager default's initial weights; a warm-up pass (two when
+  compiled: CUDA graphs record a shape on its second call), timed apart, whose first `AGREE_STEPS`
+  losses are compared with its `reference`'s (`TOLERANCE`, relative); then `Case.passes` timed
+  passes per batch size, each step timed on the device (CUDA events, no host sync inside a pass).
+  A step slower than `SLOW_STEP` × the median (a recompilation) is left out and counted. MFU:
+  `common.train_flops` ÷ time ÷ the device's bf16 peak. Dropout is on: eager variants draw the
+  eager default's masks, compiled ones Inductor's, whose noise the `NOISE_FLOOR` row shows.
+- Time: `BUDGET_S` in all (`--budget-s`); variants run in `CUDA_PLAN` order, and one whose estimate
+  (`_estimate`) no longer fits, or that fails, is a row saying so. `ISOLATED` variants run in a
+  process of their own (`measure_apart`): a crash or a hang there is their row. Results are
+  written atomically to `--out` after every variant.
+- `--profile`: one more pass per batch size under `torch.profiler` (`profile_pass`): the device's
+  busy share of the step (below 1: launch-bound) and each kernel's share by `TIME_GROUPS`. On CPU
+  the groups hold aten ops' self time: a check of the code, not of where a GPU spends its time.
 """
 
 from __future__ import annotations
@@ -116,17 +86,15 @@ CASES = {"wmt-base-37k": Case("wmt-base-37k", BASE, 37000, (25000, 4000)),
          "wmt-big-37k": Case("wmt-big-37k", BIG, 37000, (25000, 4000)),
          "tiny": Case("tiny", TINY, 500, (600, 300), max_len=60, pool=3000, batches=3, passes=2)}
 _EAGER = [name for name, overrides in VARIANTS.items() if not overrides.get("train.compile")]
-# (case, variant) in the order they run on CUDA: the baselines and the issue's main suspects first,
-# the cheap eager variants, then big, then each knob compiled on its own. What the budget leaves out
-# is a row saying so. A variant added to VARIANTS runs after these (before CUDA graphs) unless placed here.
 BUCKETS = "compiled, buckets 8, CUDA graphs"
-# CUDA graphs run last on CUDA: that variant has ended the process with no Python error (the GPU
-# round's results page). It runs in a process of its own (ISOLATED), so a crash there is its row; last, it still
-# costs nothing else if the guard itself failed.
-# max-autotune benchmarks every matmul's candidate kernels as it compiles, for as long as that takes:
-# in a process of its own, an overrun is stopped at the budget's end and is its row.
-ISOLATED = frozenset({BUCKETS, "compiled, max-autotune"})  # measured in a process of their own (`measure_apart`)
+# Measured in a process of their own (`measure_apart`): CUDA graphs have ended the process with no
+# Python error (the GPU round's results page), so they also run last; max-autotune autotunes for as
+# long as it takes, so an overrun is stopped at the budget's end.
+ISOLATED = frozenset({BUCKETS, "compiled, max-autotune"})
 ISOLATION_S = 20.0  # that process's imports and its case's weights and batches, added to its estimate
+# (case, variant) in the order they run on CUDA: the baselines and the issue's main suspects first,
+# the cheap eager variants, then big, then each knob compiled on its own; a variant added to
+# VARIANTS and not placed here runs after these, before CUDA graphs.
 CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, "compiled, residual bf16", *_EAGER[1:],
                                                  "compiled, loss chunks 8")] \
     + [("wmt-big-37k", name) for name in ("eager", "compiled", ALL)] \
@@ -135,10 +103,8 @@ CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, "comp
                                            "compiled, attention efficient")] \
     + [("wmt-big-37k", "compiled, loss chunks 8")]
 LAST = [(case, BUCKETS) for case in ("wmt-base-37k", "wmt-big-37k")]
-# CPU: every eager variant; compiled, all knobs at once and buckets with CUDA graphs' mode (each
-# compilation takes a minute or two on a loaded 2-core machine): every knob's code traced. The
-# compiled default would add a third compilation of the same code path with fewer knobs (the step
-# Inductor compiles against eager is `tests/test_buckets.py`'s).
+# CPU: every eager variant, then all knobs compiled at once and buckets under CUDA graphs' mode:
+# every knob's code traced in two compilations (each a minute or two on a loaded 2-core machine).
 CPU_PLAN = [("tiny", name) for name in (*_EAGER, ALL, BUCKETS)]
 BUDGET_S = 390.0  # the variants' time: with start-up, batches and one overrun the command stays under 8 minutes
 AGREE_STEPS = 4  # first steps whose losses are compared
@@ -455,8 +421,7 @@ def case_batches(case: Case, settings: Settings, shape_buckets: int = 0) -> dict
 
 
 def case_data(case: Case, settings: Settings) -> dict[str, Any]:
-    """The case's exact-length batches (by data.shape_buckets: 0), the initial weights every variant
-    loads, and its results so far."""
+    """The case's exact-length batches (key 0), the initial weights every variant loads, its results."""
     c, _ = configs(case.dims, case.vocab, {})
     seeded(settings.seed)
     state = TranslationModule.from_configs(c, TrainConfig()).state_dict()
@@ -464,8 +429,7 @@ def case_data(case: Case, settings: Settings) -> dict[str, Any]:
 
 
 def variant_batches(case: Case, name: str, data: dict[str, Any], settings: Settings) -> dict[int, list[dict[str, Any]]]:
-    """The batches variant `name` trains on (by its data.shape_buckets), made once per bucket count
-    and kept in the case's `data`."""
+    """The batches variant `name` trains on (by its data.shape_buckets), made once per bucket count."""
     buckets = shape_buckets(name)
     if buckets not in data["batches"]:
         data["batches"][buckets] = case_batches(case, settings, buckets)
@@ -492,10 +456,9 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
 
 
 def measure_apart(case: Case, name: str, settings: Settings, seconds: float) -> dict[str, Any]:
-    """`measure` in a process of its own (multiprocessing's spawn: nothing of this process's CUDA
-    state is inherited), on the same weights and batches, rebuilt there from the same seed: its
-    result, or an error row saying how the process ended (a crash below Python, or still running
-    after `seconds`, then killed). The round goes on either way."""
+    """`measure` in a spawned process (no CUDA state inherited) on the same weights and batches,
+    rebuilt from the seed: its result, or an error row saying how that process ended (a crash
+    below Python, or killed still running after `seconds`)."""
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     process = context.Process(target=_measure_here, args=(send, case.name, name, settings, torch.get_num_threads()),
@@ -522,8 +485,7 @@ def measure_apart(case: Case, name: str, settings: Settings, seconds: float) -> 
 
 
 def _measure_here(send: Any, case_name: str, name: str, settings: Settings, threads: int) -> None:
-    """`measure_apart`'s process: the case's weights and batches as `case_data` makes them, then the
-    variant's measurement (or its error) sent back."""
+    """`measure_apart`'s process: `case_data`, then the variant's measurement (or error) sent back."""
     faulthandler.enable()  # a crash below Python prints the Python stack
     warnings.filterwarnings("ignore", category=UserWarning)  # as the command's own process
     torch.set_num_threads(threads)
