@@ -34,9 +34,8 @@ def is_temporary(name: str, of: str | None = None) -> bool:
 
 
 def not_a_link(path: str | Path) -> Path:
-    """`path`, unless it is a symbolic link: a command writes, replaces and deletes only files
-    of its own, in folders of its own, and never follows a link out of them (one line, exit 2;
-    what the link points to is left as it is)."""
+    """`path`, unless it is a symbolic link (one line, exit 2): ablate never writes or deletes through
+    a link (`rundir`'s ownership rule)."""
     path = Path(path)
     if path.is_symlink():
         raise UserError(f"{path} is a symbolic link; ablate never writes or deletes through a link "
@@ -47,9 +46,8 @@ def not_a_link(path: str | Path) -> Path:
 
 def check_kinds(folder: str | Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] = ()) -> None:
     """Up front, before any work: none of `files` (regular files of ours) and `dirs` (folders of
-    ours) in `folder` is a link or of the other kind (a `checkpoints` that is a file, a
-    `results.json` that is a directory), which would fail only when first written, after the
-    work. One line naming it; nothing is changed."""
+    ours) in `folder` is a link or of the other kind (a `checkpoints` that is a file), which would
+    fail only when first written, after the work. One line naming it; nothing is changed."""
     folder = Path(folder)
     for names, want_dir in ((files, False), (dirs, True)):
         for name in names:
@@ -72,13 +70,9 @@ def _mode_for(path: Path) -> int:
 
 def atomic_write_bytes(path: str | Path, data: bytes | Callable[[BinaryIO], None], fault: str | None = None,
                        step: int | None = None, sync: bool = True) -> None:
-    """Write `data`, or what `data(file)` writes (a large file straight to its temporary file, never
-    held whole in memory), to a temporary file beside `path`, fsync it (unless not `sync`), then
-    rename it over `path`.
-
-    `fault` names the fault-injection point hit once the temporary file holds everything, before it
-    is renamed (see `faults`).
-    """
+    """Write `data`, or what `data(file)` writes (a large file never held whole in memory), to a
+    temporary file beside `path`, fsync it (if `sync`), then rename it over `path`. The fault point
+    `fault` (`faults`) is hit once the temporary file holds everything, before the rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -191,9 +185,9 @@ def check_readable_file(path: str | Path, what: str = "file") -> Path:
 
 
 def set_aside(path: str | Path, why: str) -> Path:
-    """Move a damaged file of ours out of the way, never deleting it: `NAME` becomes
-    `NAME.corrupt` (`NAME.corrupt.2`, ... when taken), with one warning line saying why. A file
-    another process (a DDP rank) set aside first is left to it."""
+    """Move a damaged file of ours out of the way, never deleting it: `NAME` becomes `NAME.corrupt`
+    (`.corrupt.2`, ... when taken), with one warning line saying why; one a DDP rank set aside first
+    is left to it."""
     path = Path(path)
     target, k = path.with_name(path.name + ".corrupt"), 1
     while target.exists():

@@ -1,27 +1,19 @@
 """What makes a folder one of our run directories, and who is training it now.
 
-**The marker.** A run writes `ablate-run.json` (`{"format": "ablate run directory"}`)
-into its folder when it first takes it, and only into a folder that is new or empty. A folder that
-holds anything else and no marker is not ours: `ablate train --out DIR` refuses it in one line, so
-a user's own `results.json`, `logs/` or translations are never overwritten. What a folder holds is
-recognised by the marker's content, not by file names. A run directory written before markers
-existed (its `config.yaml` is one of ours: a mapping with `preset`, `model`, `train` and `data`)
-gets its marker on its next run. Hidden files count too (a user's `.git`, `.env`, `.draft.tmp`):
-only our own (the lock, the write probe, the temporary file of a marker another command is
-writing at the same moment) do not make a folder someone else's.
+**The marker.** A run writes `ablate-run.json` into its folder when it first takes it, and only
+into a folder that is new or empty: one holding anything else (hidden files included: a user's
+`.git`, `.env`) and no marker is refused in one line, so a user's own files are never overwritten.
+Only our own hidden files (the lock, the write probe, a marker's temporary file) do not count. A
+run directory from before markers (its `config.yaml` one of ours) gets its marker on its next run.
 
 **Ownership.** A command writes, replaces and deletes only its own files, in folders of its own,
-and never follows a symbolic link out of them: before a run directory is used, none of its
-entries (nor those of `checkpoints/` and `logs/`) may be a link, and the files and folders it
-keeps under known names must be of their kind (`check_entries`). The lock is opened with
-`O_NOFOLLOW` as well.
+and never follows a symbolic link out of them (`check_entries`; the lock opened with `O_NOFOLLOW`).
 
-**The lock.** While a run trains, its process holds an exclusive `flock` on `.ablate-run.lock`
-(with its pid and host written inside). The operating system drops the lock with the process,
-SIGKILL included, so a lock is never stale. A second command on the same run directory says who
-holds it and stops with exit status 1, or waits for it (`ablate train --wait`). Only the global
-rank-0 process of a DDP run takes the marker and the lock; the others (its children on one
-machine, the processes of other nodes sharing the folder) wait for the marker before they touch it.
+**The lock.** While a run trains, its process holds an exclusive `flock` on `.ablate-run.lock` (its
+pid and host inside); the operating system drops it with the process, SIGKILL included, so it is
+never stale. A second command on the run says who holds it and stops (exit 1), or waits (`--wait`).
+Only the global rank-0 process of a DDP run takes the marker and the lock; the others wait for the
+marker before they touch the folder.
 """
 
 from __future__ import annotations
@@ -79,10 +71,8 @@ def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
 
 
 def check_entries(out: Path) -> None:
-    """Refuse (one line, nothing changed) a run directory with a symbolic link among its entries
-    or those of its `checkpoints/` and `logs/`, or with a known name of the wrong kind (a
-    `checkpoints` that is a file, a `results.json` or lock that is a directory): each would be
-    written through, or fail only when first written, after the training."""
+    """Refuse (one line, nothing changed) a run directory with a symbolic link among its entries or
+    those of its `checkpoints/` and `logs/`, or a known name of the wrong kind (`io.check_kinds`)."""
     out = Path(out)
     if not out.is_dir():
         return
@@ -136,12 +126,10 @@ def check_path_length(path: Path, option: str) -> None:
 
 
 def check_apart(places: list[tuple[str, Path]]) -> None:
-    """The folders one command writes (each with the option that names it: `--archive`, `--out`,
-    `--report-dir`, or a table's run directories as `--runs-dir`): none may name, contain or sit
-    inside a folder given by another option, or sit inside a run directory of ours. Otherwise a
-    save into one would empty the other: an archive pointed at the table's own run directories
-    removed their checkpoints, and a run nested in another run's `checkpoints/` would be deleted
-    with them."""
+    """The folders one command writes, each with the option that names it: none may name, contain
+    or sit inside another option's folder, or sit inside a run directory of ours, where a save into
+    one would empty the other (an archive pointed at the table's own run directories removed their
+    checkpoints)."""
     for option, path in places:
         check_path_length(path, option)
     resolved = [(option, Path(path).absolute().resolve()) for option, path in places]
@@ -157,9 +145,8 @@ def check_apart(places: list[tuple[str, Path]]) -> None:
 
 
 def saved_config(run_dir: Path) -> dict[str, Any] | None:
-    """A run directory's `config.yaml` as saved, in the current version's shape (`schema.read`;
-    one line for a newer version): a mapping, or None where it is missing, unreadable or not a
-    mapping (the one reader of the file; each caller says what None means to it)."""
+    """The one reader of a run directory's `config.yaml`: the mapping in the current version's shape
+    (`schema.read`), or None where it is missing, unreadable or not a mapping."""
     path = Path(run_dir) / CONFIG
     try:
         saved = read_yaml(path)  # the one loader: size, aliases, depth
@@ -199,8 +186,8 @@ def training_lock(out: Path, wait: bool = False) -> Iterator[None]:
 
 def global_rank_zero() -> bool:
     """Whether this process is rank 0 of its whole DDP job. Lightning's `rank_zero_only.rank` reads
-    RANK, else LOCAL_RANK, so every node's first process of a multi-node job started by a cluster
-    launcher (NODE_RANK and LOCAL_RANK set, no RANK) calls itself rank 0: the node rank decides."""
+    RANK, else LOCAL_RANK, so under a cluster launcher (NODE_RANK, LOCAL_RANK, no RANK) every node's
+    first process calls itself rank 0: the node rank decides."""
     from lightning.pytorch.utilities import rank_zero_only
 
     node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"

@@ -1,27 +1,14 @@
-"""Stop requests: a signal that asks a process to stop only records the request; the process acts
-on it at its next safe point.
+"""Stop requests: a stop signal's handler only records the request (`STOP`, one per process, as a
+handler is process-wide); each level acts on it at its own safe point (docs/reliability.md): the
+launcher (`sweeps.launch`) between its polls, a worker (`sweeps.worker`) before it claims a trial,
+while it waits and while its trial trains (each passing the request on), a training process at a
+step's end (`callbacks.StopAtStepEnd`), the dashboard's main thread.
 
-Every level of a sweep records its stop signals in the process's one `STOP` (a signal handler is
-process-wide too) and looks at it where stopping leaves nothing half done:
-
-- the launcher (`sweeps.launch`) between its polls of the workers: it passes the request on;
-- a worker (`sweeps.worker`) before it claims a trial, while it waits, and while its trial's
-  process trains (it passes the request on to that process and waits for its clean stop);
-- a training process at the end of a training step (`callbacks.StopAtStepEnd`, every DDP rank
-  together). It raises Lightning's `SIGTERMException` there, as Lightning does for its own
-  recorded SIGTERM, rather than setting `trainer.should_stop`: that would end `fit` as if
-  training had finished (no interrupted checkpoint, `on_train_end`, then the evaluation);
-- the dashboard's main thread, which shuts its server down.
-
-`ablate train` run by hand keeps Python's Ctrl-C (a KeyboardInterrupt at once, also while it
-prepares data or decodes; inside `fit` Lightning saves `interrupted.ckpt`) and Lightning's own
-SIGTERM (recorded, acted on at the step's end); under SLURM its notice is recorded here.
-
-A handler that raises could land anywhere: inside a claim, inside Optuna's record of a trial's
-end, or in a garbage-collector callback, where CPython drops the exception and the stop is lost.
-Recording has none of these cases. Where waiting is impossible a handler still raises, and says
-why there: `sweeps.proxy` (Optuna's blocking proxy call has no point to look at a request) and
-`callbacks.PromptInterruptWhileCompiling` (a compilation holds the step for minutes).
+Why record rather than raise: a raising handler could land inside a claim, inside Optuna's record
+of a trial's end, or in a garbage-collector callback, where CPython drops the exception and the
+stop is lost. The two handlers that still raise say why where they are (`sweeps.proxy`,
+`callbacks.PromptInterruptWhileCompiling`). `ablate train` run by hand keeps Python's Ctrl-C and
+Lightning's own SIGTERM (acted on at the step's end); under SLURM its notice is recorded here.
 
 Nothing here loads torch: the sweep processes use it too.
 """

@@ -1,16 +1,10 @@
 """The one YAML loader for every file a user gives or a run keeps (specs, presets, `--config`,
 search spaces, a run's `config.yaml`, key=value override values): small hostile input cannot
-exhaust memory or time, and YAML's silent surprises are refused.
-
-- size: a file over `MAX_BYTES` is refused before it is parsed (a large one takes minutes and
-  gigabytes to parse);
-- aliases (`*name`): refused, so a "billion laughs" document cannot expand to gigabytes (no
-  file of ours needs one: write the value out);
-- nesting: deeper than `MAX_DEPTH` levels is refused while it is read (deep enough, it ends in a
-  RecursionError);
-- a key given twice in one mapping is refused (YAML keeps the last value without a word).
-
-Each refusal is one `UserError` line naming the file and where.
+exhaust memory or time, and YAML's silent surprises are refused, each in one `UserError` line
+naming the file and where: a file over `MAX_BYTES` (refused before it is parsed: a large one takes
+minutes and gigabytes), aliases (a "billion laughs" document; no file of ours needs one), nesting
+deeper than `MAX_DEPTH` (it would end in a RecursionError), a key given twice in one mapping (YAML
+keeps the last value without a word).
 """
 
 from __future__ import annotations

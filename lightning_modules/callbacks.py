@@ -1,7 +1,6 @@
 """Callbacks of a run: what it measures (training wall time, target tokens/s), fault points, and
-how it stops at a step's end, every rank together: on a stop request (a signal recorded in
-`foundation.stop.STOP`, SLURM's pre-emption notice included) or a non-finite loss; and at once on SIGTERM
-while compiling."""
+how it stops at a step's end, every rank together, on a stop request (`foundation.stop.STOP`) or a
+non-finite loss, and at once on SIGTERM while compiling."""
 
 from __future__ import annotations
 
@@ -23,16 +22,12 @@ from lightning_modules.stopwatch import StartUp, Stopwatch
 
 
 class TrainingClock(pl.Callback):
-    """Accumulates training time and target tokens; the totals survive checkpoint/resume.
-
-    Its stopwatch is the run's one training clock: `lap()` gives the training seconds since the
-    previous lap, which `TranslationModule` divides a logging window's tokens by.
-
-    Also measures this process's start-up (process start to the first training step, the data,
-    model and Trainer set-up included), the first step's own time (which holds torch.compile's
-    compilation) and the steady-state rate: target tokens/s between the log-window boundaries
-    after the first one, over the training clock's seconds (synchronised with the device there,
-    once per window, so these times are the device's).
+    """Training time and target tokens, kept across checkpoint and resume. Its stopwatch is the
+    run's one training clock (`lap()`: training seconds since the previous lap, which
+    `TranslationModule` divides a logging window's tokens by). Also this process's start-up (to the
+    first training step), the first step's own time (torch.compile's compilation) and the steady
+    rate: target tokens/s between the log-window boundaries after the first, synchronised with the
+    device there, once a window.
     """
 
     def __init__(self, every: int = 50, startup: StartUp | None = None) -> None:
@@ -150,18 +145,13 @@ class NonFiniteLoss(Exception):
 
 
 class PromptInterruptWhileCompiling(pl.Callback):
-    """A stop during torch.compile's compilation stops the run at once: one of the two handlers
-    that raise instead of recording (`foundation.stop`), because waiting is impossible here.
-
-    A stop waits for the end of the current step (Lightning's own SIGTERM handling, and
-    `StopAtStepEnd` for the requests in `foundation.stop.STOP`), so that no checkpoint holds a half-
-    applied optimizer step; but a compiled run's first batch compiles for minutes, and a later
-    batch may recompile (a guard that fails: most of a minute for the base model on a GPU), longer
-    than a sweep worker waits for its trial's clean stop. From every batch's start until its
-    optimizer step (no weight has changed yet) SIGTERM and SIGINT record the request and raise
-    Lightning's own `SIGTERMException` at once; from the optimizer step on, the handlers that
-    wait are back. (Raised inside a garbage-collector callback, CPython would drop it; the
-    request is recorded first, so the step's end acts on it then.)
+    """A stop while a step compiles stops the run at once: one of the two handlers that raise
+    instead of recording (`foundation.stop`). A stop otherwise waits for the step's end, so that no
+    checkpoint holds a half-applied optimizer step; but a first batch compiles for minutes (a
+    recompilation, most of a minute), longer than a sweep worker waits for its trial's clean stop.
+    From each batch's start until its optimizer step (no weight changed yet) SIGTERM and SIGINT
+    record the request and raise `SIGTERMException`; recorded first, so that if CPython drops the
+    exception (raised in a garbage-collector callback) the step's end still acts on it.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -198,24 +188,21 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
 class StopAtStepEnd(pl.Callback):
     """Ends training at a step's end, every DDP rank together, on a non-finite loss (`NonFiniteLoss`)
-    or on the process's stop request (`foundation.stop`: the trial process's stop from its worker, SLURM's
-    pre-emption notice; Lightning's `SIGTERMException`, so that `OnExceptionCheckpoint` saves the
-    step just ended and the run exits as interrupted).
+    or on the process's stop request (`foundation.stop`) by raising Lightning's `SIGTERMException`:
+    `OnExceptionCheckpoint` saves the step just ended and the run exits as interrupted
+    (`trainer.should_stop` would end `fit` as if training had finished, with no such checkpoint).
 
-    The ranks agree at a logging window's end (every `every` steps), at the first step this
-    process trains (a request from start-up) and at the last: one all-reduce of (non-finite loss,
-    stop, pre-empted) and one read on the host, where the window's metrics are read anyway. The loss
-    is checked there only (a non-finite loss poisons the weights and every later loss). A single
-    process has no one to agree with: it acts on a request at every step's end, without touching
-    the device.
+    The ranks agree at a logging window's end (every `every` steps), at the first step this process
+    trains (a request from start-up) and at the last: one all-reduce of (non-finite loss, stop,
+    pre-empted) read on the host, where the window's metrics are read anyway (the loss is checked
+    there only: a non-finite loss poisons every later one). A single process acts on a request at
+    every step's end without touching the device.
 
-    Under SLURM with `requeue`, a pre-emption runs Lightning's requeue handler first (save
-    `hpc_ckpt_N.ckpt` in the Trainer's `default_root_dir`, `scontrol requeue`). Lightning installs
-    that handler just before training, only where no handler is installed, and it would run inside
-    whatever the step is doing: so the request's recorder is put aside when fitting starts
-    (Lightning installs its handler), Lightning's handler is taken and the recorder put back when
-    training starts. Only the newest hpc checkpoint is kept, and none once training finishes
-    (`last.ckpt` holds the end). See `lightning_modules/run/slurm.py`.
+    Under SLURM with `requeue`, a pre-emption runs Lightning's requeue handler first
+    (`hpc_ckpt_N.ckpt`, `scontrol requeue`). Lightning installs it before training only where no
+    handler is, and it would run inside whatever the step is doing: so the recorder is put aside at
+    fit start and put back at train start, Lightning's handler kept to call here. Only the newest
+    hpc checkpoint is kept, none once training finishes (`last.ckpt` holds the end; run/slurm.py).
     """
 
     def __init__(self, stop: StopRequest, every: int, requeue: bool = False) -> None:

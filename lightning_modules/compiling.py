@@ -1,29 +1,23 @@
-"""The one place that touches torch.compile's settings and counters (and why each is needed).
+"""The one place that touches torch.compile's settings and counters, and why each is needed.
 
-- `torch.fx.experimental._config.use_duck_shape` (private): by default dynamo assumes that
-  dimensions of equal size on the first call are the same symbol ("duck sizing"). A first batch
-  whose source and target happen to have the same length then guards `src.size(1) ==
-  tgt_in.size(1)`, and the next batch recompiles the whole step (minutes for the base model; the
-  GPU pages of benchmarks/README.md). Source and target lengths are
-  independent, so duck sizing is switched off while the step is traced.
+- `torch.fx.experimental._config.use_duck_shape` (private): dynamo assumes by default that
+  dimensions of equal size on the first call are one symbol. A first batch whose source and target
+  happen to have one length would guard `src.size(1) == tgt_in.size(1)`, and the next batch would
+  recompile the whole step (minutes for the base model); the lengths are independent, so duck
+  sizing is off while the step is traced.
 - `torch._dynamo.lookup_backend(name)`: the backend (Inductor unless asked), wrapped so that the
-  fault point `compile` (tests: a signal in the middle of compilation) runs inside compilation itself.
-  torch.compile hands a wrapped backend its `mode` as a keyword; Inductor itself takes a mode as
-  the config patches `torch._inductor.list_mode_options(mode, dynamic)` lists (what
-  torch.compile's own Inductor wrapper passes it), e.g. {"triton.cudagraphs": True}.
-- `torch._inductor.config.triton.mix_order_reduction_non_strict_mode` (an Inductor config
-  patch): Inductor's mix-order reduction fusion (GPU Triton only: sibling reductions over rows
-  and columns, as in LayerNorm's backward) checked `rows * columns >= 5 * 2**20` on the symbolic
-  sizes, i.e. `512*src.size()[0]*src.size()[1] >= 5242880` for the base model, a guard that
-  compiled the step again for a batch on the other side of it. Non-strict mode skips those size
-  checks ("could be helpful to avoid recompilations", torch's own comment) and fuses at every
-  size: batch shapes on both sides of the threshold build one graph (the GPU pages of
-  benchmarks/README.md).
-- `torch._dynamo.utils.counters` (semi-private): the graph count that torch's own
-  `TORCH_LOGS=recompiles` reports; results.json records it so a recompilation storm is visible.
-- `torch._dynamo.utils.guard_failures` (semi-private): why each recompilation happened, the failed
-  guards that `TORCH_LOGS=recompiles` prints; results.json and the GPU round keep the first few,
-  so that a run which compiled more than one graph says why without being run again.
+  fault point `compile` runs inside compilation itself. torch.compile hands a wrapped backend its
+  `mode` as a keyword; Inductor takes a mode as the config patches
+  `torch._inductor.list_mode_options(mode, dynamic)` lists, as torch.compile's own wrapper does.
+- `triton.mix_order_reduction_non_strict_mode` (an Inductor patch): Inductor's mix-order reduction
+  fusion (GPU only: sibling row and column reductions, as in LayerNorm's backward) guarded on
+  `rows * columns >= 5 * 2**20` of the symbolic sizes, compiling the step again for a batch on the
+  other side of it; non-strict mode skips those size checks and fuses at every size.
+- `torch._dynamo.utils.counters` and `guard_failures` (semi-private): the graph count and the failed
+  guards that `TORCH_LOGS=recompiles` reports; results.json and the GPU round keep them, so that a
+  run which compiled more than one graph says why without being run again.
+
+The measurements behind these are on the GPU pages of benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -33,25 +27,19 @@ from typing import Any
 
 import torch
 
-# Inductor settings for every mode (see the module docstring)
 INDUCTOR_PATCHES = {"triton.mix_order_reduction_non_strict_mode": True}
 # recompilation reasons a result keeps (a storm repeats the same few), each cut to REASON_CHARS
 REASONS_KEPT, REASON_CHARS = 8, 300
-# Recompilations beyond this are a bug (shapes are symbolic): fail loudly instead of silently
-# compiling for minutes per batch.
-RECOMPILE_LIMIT = 4
+RECOMPILE_LIMIT = 4  # more is a bug (shapes are symbolic): fail loudly, not compile for minutes a batch
 
 
 def compile_dynamic(fn: Callable[..., Any], mode: str = "default",
                     backend: str | Callable[..., Any] = "inductor") -> Callable[..., Any]:
     """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes for every
-    dimension. reduce-overhead (CUDA graphs; on a CPU Inductor skips them) records one graph per
-    batch shape on top of the one compiled graph; each call starts a new CUDA-graph step
-    (`torch.compiler.cudagraph_mark_step_begin`), so one step's outputs are never taken for the
-    previous step's still in use. `backend` another of torch.compile's: "aot_eager" traces the
-    same graphs, forward and backward, without Inductor's code generation (and without `mode`'s
-    Inductor options): the benchmarks' CPU smoke check of GPU code paths; a callable backend
-    (tests: one that keeps the traced graphs) is used as it is."""
+    dimension. Under reduce-overhead (CUDA graphs, one recorded per batch shape; a CPU skips them)
+    each call starts a new CUDA-graph step, so one step's outputs are never taken for the previous
+    step's still in use. `backend` "aot_eager" traces the same graphs without Inductor (the
+    benchmarks' CPU check of GPU code paths); a callable one (tests) is used as it is."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
@@ -125,9 +113,8 @@ def graph_traces() -> int:
 
 
 def recompile_reasons() -> list[str]:
-    """Why torch.compile compiled again in this process (since `torch.compiler.reset()`): each
-    guard that failed, "<function>: <graph>: <guard>", as `TORCH_LOGS=recompiles` prints it; empty
-    when every call found its graph. The first `REASONS_KEPT`, each cut to `REASON_CHARS`."""
+    """Each guard that failed since `torch.compiler.reset()`, "<function>: <graph>: <guard>" as
+    `TORCH_LOGS=recompiles` prints it (the first `REASONS_KEPT`, each cut to `REASON_CHARS`)."""
     from torch._dynamo.utils import guard_failures
 
     reasons = [f"{getattr(code, 'co_name', code)}: {reason}" for code, failed in guard_failures.items()

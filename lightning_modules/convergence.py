@@ -1,28 +1,14 @@
 """Did a run converge? One stated rule, applied to its dev-perplexity and training-loss curves.
 
-A small-budget ablation is only evidence about architecture if every row was trained to the same
-state; this module says which state each run reached, so a report can set apart the rows that
-measure optimisation accidents. Classes, checked in this order:
+A small-budget ablation is evidence about architecture only if every row reached the same state;
+this rule says which state each run reached, so a report can set apart the rows that measure
+optimisation accidents. The classes (checked in the order of `classify`) and their thresholds are
+`ConvergenceRule.describe()`'s sentence and docs/table3.md ("Did a row converge?"). The dev PPL is
+watched for spikes, not only the training loss: a model collapsing towards the unigram line can
+leave the loss nearly flat, since it started close to that line (a GPU base run's dev PPL nearly
+doubled while its loss rose by a tenth).
 
-- `diverged`: a non-finite loss or perplexity, or (past warmup) a final dev perplexity at or above
-  the unigram perplexity of the training targets (a model that ignores source and context does
-  as well);
-- `unstable`: after warmup, a dev perplexity above that unigram line, or a spike: a dev
-  perplexity or a window-mean training loss above `spike_ratio` × its best value so far (a model
-  collapsing towards the unigram line can leave the training loss nearly flat, since it started
-  close to that line: a GPU base run's dev PPL nearly doubled while its loss rose by a tenth);
-- `overfitting`: the dev-perplexity spike above while the training loss kept falling (no
-  training-loss spike, and its mean over the last `tail` of training more than `tolerance` below
-  its mean over the evaluation interval that ended at the dev best): the gap between training and
-  dev widened, a finding about the configuration (no dropout on a small corpus), not an
-  optimisation accident;
-- `converged`: over the last `tail` of training, dev perplexity improved by less than
-  `tolerance` (relative; a rise counts as no improvement);
-- `still improving`: it improved by more;
-- `unknown`: fewer than two dev evaluations span that tail (validate more often to classify).
-
-A run stores what the rule reads (`rule_inputs`: its dev-PPL curve, its window-mean training
-losses, its warmup and the unigram perplexity) beside the class it printed; a report classifies
+A run stores what the rule reads (`rule_inputs`) beside the class it printed; a report classifies
 each run again from those inputs (`classify_stored`), so it always applies the rule written here.
 """
 

@@ -1,25 +1,13 @@
-"""The preparation cache: what a run derives from its corpus, kept for the next run that needs it.
+"""The preparation cache (docs/corpora.md, "The preparation cache"): what a run derives from its
+corpus (`ding/` pairs, `bpe/` models, `encoded/` splits), kept in `data.cache_dir` for the next run
+that needs it, under a key: a digest of everything it is derived from (the inputs, the settings,
+the versions and the deriving code's source), so a changed input or rule never reads an old entry.
 
-A table's runs share a corpus and a vocabulary, so each would otherwise train the same BPE model and
-encode the same pairs (on WMT14's 1M-pair subset: 43 s and 114 s of CPU, most of a run's start-up).
-An entry lives in `data.cache_dir` under a key: a digest of everything it is derived from (the
-input texts or bytes, the settings, the versions and the source of the code that derives it), so a
-changed corpus, setting or rule never reads an old entry; entries are never invalidated, only
-passed by. The kinds:
-
-- `ding/`: the Ding dictionary's extracted sentence and phrase pairs (`ding.extract_ding_cached`);
-- `bpe/`: a BPE model trained on a corpus's training texts (`prepared.TranslationData`);
-- `encoded/`: one split encoded with one BPE model, as the flat arrays a run keeps (`prepared`).
-
-The cache is an optimisation only. An entry that is absent, unreadable or fails its reader's checks
-is derived again and written again; one that cannot be written is left unwritten. Two processes
-that derive the same entry at once write the same content, each atomically, so a reader sees one
-whole entry or none. Deleting the folder (or a kind's folder) at any time is safe.
-
-Deriving the same entries at once is safe but wasteful: eight SLURM array tasks on a cold cache
-would each download and encode WMT14 (about 5 GB each). So a launcher prepares a corpus holding
-`alone`'s lock (a file lock in the cache folder, which every machine sharing that folder sees);
-the others wait, then read what it left.
+An optimisation only: an entry absent, unreadable or failing its reader's checks is derived and
+written again, one that cannot be written is left unwritten, and two processes that derive one
+entry write the same content, each atomically. Deriving at once is safe but wasteful (eight SLURM
+array tasks on a cold cache would each download and encode WMT14, about 5 GB each), so a launcher
+prepares a corpus holding `alone`'s file lock in the cache folder; the others wait, then read.
 """
 
 from __future__ import annotations

@@ -45,11 +45,8 @@ class TranslationDataModule(TranslationData, pl.LightningDataModule):
                     generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled token batches of train (+ extra_train); reshuffled by `set_epoch`.
-
-        Lightning calls `set_epoch` on `loader.batch_sampler.sampler` at each epoch start (the
-        sampler exposes itself there); the trainer must use `use_distributed_sampler=False`.
-        """
+        """Shuffled token batches of train (+ extra_train), reshuffled by `set_epoch`, which Lightning
+        calls on `loader.batch_sampler.sampler` (the sampler itself); needs `use_distributed_sampler=False`."""
         self.setup()
         replicas, rank = self._shards()
         self.train_sampler = TokenBucketBatchSampler(

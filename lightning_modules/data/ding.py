@@ -104,11 +104,10 @@ def _sentence_pair(en: str, de: str) -> bool:
 def parse_ding_line(line: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Sentence pairs and word/phrase pairs, both as (en, de), from one `German :: English` line.
 
-    Entries separated by ` | ` are aligned between the sides. An entry whose first alternatives
-    are both sentences yields sentence pairs: all alternatives zipped when both sides have the
-    same number of them, otherwise only the first pair. Any other entry yields one word/phrase
-    pair made of the first alternative of each side. Sentence pairs whose sides look like the
-    wrong language (a few entries in the dictionary are swapped) are dropped.
+    Entries separated by ` | ` are aligned between the sides. An entry whose first alternatives are
+    both sentences yields sentence pairs (all alternatives zipped when both sides have as many, else
+    the first pair); any other, one word/phrase pair of the first alternatives. Pairs whose sides
+    look like the wrong language (a few entries are swapped) are dropped.
     """
     line = line.strip()
     if not line or line.startswith("#") or " :: " not in line:
@@ -137,11 +136,8 @@ def parse_ding_line(line: str) -> tuple[list[tuple[str, str]], list[tuple[str, s
 
 
 def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(sentence pairs, word/phrase pairs) of the Ding dictionary, each as (en, de).
-
-    Sentence pairs are unique on the English side (the first German in file order is kept);
-    word/phrase pairs are exact-deduplicated. Both lists keep file order.
-    """
+    """(sentence pairs, word/phrase pairs) of the Ding dictionary, each as (en, de), in file order;
+    sentence pairs unique on the English side (the first kept), word/phrase pairs deduplicated."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"Ding dictionary {path} not found; install it with "
@@ -160,11 +156,9 @@ def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[st
 
 def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool = True
                         ) -> tuple[list[tuple[str, str]], list[tuple[str, str]] | None]:
-    """`extract_ding(path)`, kept in `cache_dir/ding/` under a digest of the dictionary's bytes
-    and of this module's source, so that an edited dictionary or extraction rule is extracted
-    anew; the word/phrase pairs (the larger part of the entry) are read only when `phrases` is set,
-    and are None otherwise. Parsing the dictionary is most of a short run's start-up. The cache is an optimisation only: an entry that cannot be read or is damaged is
-    extracted again, and one that cannot be written is left unwritten."""
+    """`extract_ding(path)` (most of a short run's start-up), kept in `cache_dir/ding/` under a digest
+    of the dictionary's bytes and this module's source; the word/phrase pairs (the larger part) are
+    read only when `phrases` is set, else None."""
     path = Path(path).expanduser()
     if not path.is_file():
         return extract_ding(path)  # its one-line UserError

@@ -33,15 +33,11 @@ def load(model_path: str | Path) -> spm.SentencePieceProcessor:
 def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
                   input_sentence_size: int, seed: int = 0, cached: Path | None = None
                   ) -> tuple[spm.SentencePieceProcessor, str]:
-    """Load `model_path` if it exists; otherwise copy it from the cache entry `cached` (a `.model`
-    beside its `.vocab`, see `data.cache`) if that holds one, or train a BPE model on `texts`, save
-    it there and keep a copy in `cached`. Returns the model and where it came from: "run
-    directory", "cache" or "trained".
-
-    The model is trained under a temporary prefix in the same directory and then moved into
-    place with os.replace (the .vocab first, the .model last), so a concurrent or interrupted
-    run never sees a half-written model. Training is deterministic for a given input and seed
-    (the same pieces and scores at any thread count; the file also records its temporary prefix).
+    """The model at `model_path`, else a copy of the cache entry `cached` (a `.model` beside its
+    `.vocab`), else a BPE model trained on `texts`, saved there and copied to `cached`; and where it
+    came from: "run directory", "cache" or "trained". Trained under a temporary prefix, then moved
+    into place (.vocab first, .model last), so a concurrent or interrupted run never sees half a
+    model. Deterministic for one input and seed, at any thread count.
     """
     model_path = Path(model_path)
     if model_path.is_file():
