@@ -1,21 +1,14 @@
 """Which worker holds which trial, and taking back the trials of workers that died.
 
-A worker claims a queued trial (Optuna sets it RUNNING) and then records itself on it as the
-user attribute `worker` = host:pid:trial-number. A retry copy inherits its dead predecessor's
-record (another number), so a record counts only when its number is the trial's own.
-
-Three ways a RUNNING trial's worker can be gone, and who takes the trial back:
-
-- the worker ran on this host and its pid is gone: `reclaim_dead_local_trials`, at once;
-- the worker ran elsewhere: Optuna's heartbeat, after its grace period;
-- the worker died between claiming and recording itself (SIGKILL in those milliseconds): nothing
-  says whose the trial is, and Optuna's heartbeat never sees a trial that has not beaten yet.
-  `UnrecordedClaims` fails it once it has stayed unrecorded for the heartbeat's grace period (a
-  live worker records itself at once), measured on the watching worker's own clock.
-
-SIGTERM/SIGINT, and under SLURM the pre-emption notice (SIGUSR1), are only recorded
-(`foundation.stop`) and acted on between claims, so an interrupt or a pre-emption never
-leaves a claim without its record, or a trial failed without its retry copy.
+A worker claims a queued trial (Optuna sets it RUNNING), then records itself on it as the user
+attribute `worker` = host:pid:trial-number; a retry copy inherits its predecessor's record (another
+number), so a record counts only with the trial's own number. A RUNNING trial whose worker is gone
+is taken back: at once when that worker ran on this host (`reclaim_dead_local_trials`); by Optuna's
+heartbeat after its grace period when it ran elsewhere; and when it died between claiming and
+recording itself, which no heartbeat sees, by `UnrecordedClaims` once the claim has stayed
+unrecorded for the grace period on the watching worker's clock (a live worker records at once).
+Stops are only recorded (`foundation.stop`) and acted on between claims, so none leaves a claim
+without its record, or a trial failed without its retry copy.
 """
 
 from __future__ import annotations
@@ -73,12 +66,8 @@ def take_back(study: optuna.Study, storage: optuna.storages.BaseStorage, number:
 
 
 def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
-    """Fail and re-queue RUNNING trials whose worker ran on this host and is gone.
-
-    The heartbeat finds every dead worker's trial, but only after its grace period; a worker on
-    this machine can tell at once (its pid is gone), so a re-run right after a kill resumes the
-    trial instead of waiting. Returns the numbers of the trials reclaimed.
-    """
+    """Fail and re-queue (at once, unlike the heartbeat) the RUNNING trials whose worker ran on this
+    host and is gone, so a re-run right after a kill resumes them; their numbers."""
     host, reclaimed = socket.gethostname(), []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not recorded(trial):  # not yet recorded: UnrecordedClaims watches it

@@ -1,9 +1,6 @@
-"""`ablate dashboard`: serve optuna-dashboard for a sweep's storage until Ctrl-C.
-
-It listens on 127.0.0.1 unless `--host` says otherwise (the dashboard has no authentication and
-can edit studies). A malformed storage URL, a SQLite or journal file that does not exist, an SQLite
-file that is not an Optuna database, or a port that is taken, is a `UserError`, before anything
-is printed or written. The storage URL is printed with its password masked.
+"""`ablate dashboard`: serve optuna-dashboard for a sweep's storage until Ctrl-C, on 127.0.0.1 unless
+`--host` says otherwise (it has no authentication and can edit studies). A bad storage or a port
+that is taken is one line before anything is printed; the URL is printed without its password.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ def banner(storage_url: str, host: str, port: int) -> str:
 
 
 def serve(storage_url: str, host: str = "127.0.0.1", port: int = 8080) -> int:
-    """Open the storage, print the URL, and serve the dashboard until Ctrl-C or SIGTERM (exit
-    status 0)."""
+    """Open the storage, print the URL, serve until Ctrl-C or SIGTERM (exit status 0)."""
     if not 0 < port < 65536:
         raise UserError(f"--port must be between 1 and 65535, not {port}")
     storage = make_storage(storage_url, heartbeat_s=None, existing=True)
@@ -57,13 +53,9 @@ def _server_class(host: str) -> type[WSGIServer]:
 
 
 def serve_until_stopped(server: WSGIServer) -> None:
-    """Serve in a thread until SIGINT or SIGTERM is recorded (`foundation.stop`), then
-    shut the server down between requests.
-
-    Not by KeyboardInterrupt: wsgiref's request handler catches every exception raised while it
-    serves a request (a bare `except:`, to answer 500), so a Ctrl-C raised there was lost and the
-    dashboard went on serving. Requests are served in another thread; the
-    main thread, where Python runs signal handlers, only waits for a stop request."""
+    """Serve in a thread until SIGINT or SIGTERM is recorded (`foundation.stop`), then shut the server
+    down between requests. Not by KeyboardInterrupt: wsgiref's handler catches every exception while
+    it serves a request (a bare `except:`, to answer 500), so a Ctrl-C raised there was lost."""
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
     while not STOP.wait(60):

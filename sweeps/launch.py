@@ -1,13 +1,9 @@
-"""Start a sweep's workers (one process each) and wait for them; summarise the study after.
+"""Start a sweep's workers (one process each), wait for them, summarise the study after.
 
-`--gpus 0,1` gives worker i `CUDA_VISIBLE_DEVICES=<id i>` (with `--devices-per-run 2`, a
-group like "0,1"); on CPU, `--workers K` runs K workers with `OMP_NUM_THREADS = max(1, cores // K)`
-(a SLURM task's cores are its --cpus-per-task: `task_cores`) so they share the cores instead of fighting
-(an `OMP_NUM_THREADS` already set, e.g. on a machine shared with other jobs, caps that share).
-Ctrl-C or SIGTERM is recorded (`foundation.stop`) and passed on to the workers as SIGTERM
-(see `sweeps.worker`); under SLURM, SIGUSR1 (the pre-emption notice) is passed on as it is.
-`--stop-after` does the same at a set time, so a sitting on a machine lent for a few hours ends
-with every running trial checkpointed.
+`--gpus 0,1` gives worker i its GPU (with `--devices-per-run 2`, a group like "0,1"); `--workers K`
+on CPU shares the cores (a SLURM task's: `task_cores`) by `OMP_NUM_THREADS`, capped by one already
+set. A stop is recorded (`foundation.stop`) and passed on to the workers (SIGTERM; SLURM's notice
+as it is); `--stop-after` does the same at a set time, every running trial checkpointed.
 """
 
 from __future__ import annotations
@@ -38,12 +34,9 @@ def describe_duration(seconds: float) -> str:
 
 def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
                   accelerator: str | None = None, here: bool = True) -> tuple[list[str], list[str] | None]:
-    """Each worker's GPUs (None on CPU), and the `ablate train` overrides every run needs.
-
-    `--gpus 0,1,2,3 --devices-per-run 2` makes two workers, on GPUs "0,1" and "2,3", whose
-    runs train with Lightning DDP on both; without GPUs, D > 1 means D CPU processes (gloo).
-    `here`: the GPUs must be visible on this machine (a dry run plans for GPUs elsewhere).
-    """
+    """The `ablate train` overrides every run needs, and each worker's GPUs (None on CPU):
+    `--gpus 0,1,2,3 --devices-per-run 2` makes two workers, on "0,1" and "2,3", training with DDP;
+    without GPUs, D > 1 means D CPU processes. `here`: the GPUs must be visible on this machine."""
     per = devices_per_run
     if per < 1:
         raise UserError(f"--devices-per-run must be at least 1, got {per}")
@@ -73,9 +66,8 @@ def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
 
 
 def gpu_ids(gpus: str) -> list[str]:
-    """The GPU ids of `--gpus 0,1` (one worker per id, or per --devices-per-run ids), as written
-    without leading zeros: ASCII digits only (`str.isdigit` takes a superscript two), each id once
-    (0 and 00 are one GPU), at most `MAX_GPU_IDS` of them."""
+    """The GPU ids of `--gpus 0,1` without leading zeros: ASCII digits only (`str.isdigit` takes a
+    superscript two), each once (0 and 00 are one GPU), at most `MAX_GPU_IDS`."""
     listed = [d.strip() for d in gpus.split(",")]
     if not listed or not all(d.isascii() and d.isdigit() and len(d) <= 6 for d in listed) \
             or len({int(d) for d in listed}) != len(listed) or len(listed) > MAX_GPU_IDS:
@@ -89,9 +81,8 @@ CPU_PROCESSES_PER_CORE = 4  # training processes a launcher starts per core, at 
 
 
 def thread_cap(environ: dict[str, str] = os.environ) -> int:
-    """The threads a process may use by `$OMP_NUM_THREADS` (unset or not a positive whole number:
-    no cap). OpenMP threads that outnumber the cores spin against each other and every run
-    slows down several times."""
+    """The threads `$OMP_NUM_THREADS` allows (else no cap): OpenMP threads that outnumber the cores
+    spin against each other and slow every run down several times."""
     text = environ.get("OMP_NUM_THREADS", "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else sys.maxsize
 
@@ -115,8 +106,7 @@ def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] |
         print(f"sweep {settings.study}: pre-empted (SLURM) before any worker started; requeued job "
               f"{job}, which runs the same command again", file=sys.stderr)
         return EXIT_INTERRUPTED
-    # The settings travel in the environment, not on the command line: `ps` shows command lines
-    # to every user, and the storage URL may hold a database password.
+    # in the environment, not on the command line (`sweeps.processes`)
     procs = [spawn([sys.executable, "-m", "sweeps.worker"], env={**env, WORKER_ENV: settings.to_json()})
              for env in envs]
     print(f"sweep {settings.study}: {len(procs)} worker(s) (pids {', '.join(str(p.pid) for p in procs)}), "

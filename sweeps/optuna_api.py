@@ -1,45 +1,34 @@
 """The one place where the sweeps go beyond Optuna's stable `Study`/`Trial` API, and why.
 
 1. A trial trains in another process than the worker that started it (a fresh process per trial
-   keeps memory from growing; Lightning DDP re-runs that process once per rank). Optuna has no
-   public way to get a `Trial` object for a trial that is already running; `optuna.trial.Trial(
-   study, trial_id)` is an internal constructor, and `trial._trial_id` and `study._storage` are
-   private. `RunningTrial` does what `Trial.report` and `Trial.should_prune` do through the
-   storage's public `BaseStorage` methods (the documented interface of custom storages): trial ids
-   from the study name and the trial number, intermediate values, the pruner's public `prune`.
-2. Heartbeats (a dead worker's trial becomes FAIL) and `RetryHeartbeatStaleTrialCallback` (its
-   retry copy, same user attributes, so the same run directory) are experimental in Optuna; their
-   `ExperimentalWarning` is silenced here, around those calls only, never globally, so that any
-   other warning Optuna gives (a `FutureWarning` announcing a removal) reaches the user and fails
-   the tests (`pyproject.toml` turns it into an error for `sweeps`). The gRPC storage proxy
-   (`GrpcStorageProxy`, `run_grpc_proxy_server`) is experimental too, and handled the same way.
-3. Only `RDBStorage` implements Optuna's heartbeat (checked in Optuna 5.0: `JournalStorage` and
-   `GrpcStorageProxy` do not). `SystemAttrHeartbeat` implements Optuna's `BaseHeartbeat`
-   interface, which lives in the private module `optuna.storages._heartbeat`, for those two: the
-   beat is a trial system attribute written through the public `BaseStorage` methods, so Optuna's
-   own machinery (the heartbeat thread of `Study.optimize`, `fail_stale_trials`,
-   `RetryHeartbeatStaleTrialCallback`) treats a dead worker's trial exactly as on an RDB.
+   keeps memory from growing; DDP re-runs it once per rank), and Optuna has no public way to get a
+   `Trial` for a trial already running (`Trial(study, trial_id)`, `trial._trial_id` and
+   `study._storage` are private). `RunningTrial` does what `Trial.report` and `should_prune` do,
+   through the storage's public `BaseStorage` methods and the pruner's public `prune`.
+2. Heartbeats, `RetryHeartbeatStaleTrialCallback` (a dead worker's trial becomes FAIL and its copy,
+   with the same user attributes and so the same run directory, is queued) and the gRPC storage
+   proxy are experimental: their `ExperimentalWarning` is silenced around those calls only
+   (`experimental`), so any other warning (a `FutureWarning` announcing a removal) reaches the user
+   and fails the tests (pyproject.toml makes it an error for `sweeps`).
+3. Only `RDBStorage` implements the heartbeat (Optuna 5.0). For `JournalStorage` and
+   `GrpcStorageProxy`, `SystemAttrHeartbeat` implements the private `BaseHeartbeat` interface with a
+   trial system attribute written through public storage methods, so Optuna's own machinery (the
+   heartbeat thread of `Study.optimize`, `fail_stale_trials`, the retry callback) runs unchanged.
+4. Optuna hands out queued trials in the order queued (`Study._pop_waiting_trial_id`, private). A
+   retry copy is queued when its run is interrupted, so it would wait behind the whole queue (a run
+   pre-empted at 95%; a table's big row ending the queue alone on one worker). `RetriesFirstStudy`
+   overrides that one method so retry copies go first, each claimed as Optuna claims (the storage's
+   atomic WAITING -> RUNNING).
 
-4. Optuna hands out queued trials in the order they were queued (`Study._pop_waiting_trial_id`,
-   a private method that `Study.ask` calls). A retry copy is queued when its run is interrupted,
-   so behind every trial queued before: a run pre-empted at 95% would wait for the whole queue,
-   and a long one (a table's big row) would end the queue alone on one worker. `RetriesFirstStudy`
-   overrides that one method so retry copies go first, each claimed as Optuna claims (the
-   storage's atomic WAITING -> RUNNING), through public storage methods only.
-   `tests/test_optuna_api.py` fails if Optuna stops calling it.
+5. A pruner compares a trial with every trial of the study, but a table tunes each row on its own:
+   `CohortStudy` is the study as the pruner sees it for one cohort's trial (`get_trials` filtered, as
+   Optuna's own `HyperbandPruner` hands each bracket a filtered study; every decision stays the
+   pruner's), and `replay` shows a finished trial's curve to the pruner step by step, so that a run
+   trained before its cohort existed takes part, through public storage methods only.
 
-5. A pruner compares a trial with every trial of the study. A table tunes each row on its own, so
-   a row's candidates compete only among themselves: `CohortStudy` is the study as the pruner
-   sees it for one cohort's trial, its `get_trials` filtered, exactly as Optuna's own
-   `HyperbandPruner` hands each bracket's `SuccessiveHalvingPruner` a filtered study
-   (`_BracketStudy`); every decision stays the pruner's. `replay` shows a finished trial's curve to
-   the pruner step by step, in a trial of its own, so that a run trained before its cohort existed
-   takes part (its rungs recorded by the pruner itself, as if it trained now), through the public
-   storage methods only.
-
-pyproject.toml bounds Optuna to the versions this was tested with (`optuna>=4,<5.1`);
-`tests/test_optuna_api.py` exercises every call below, with Optuna's warnings as errors, so an
-upgrade that breaks or deprecates one fails loudly there.
+`tests/test_optuna_api.py` exercises every call here with Optuna's warnings as errors, and fails if
+Optuna stops calling `_pop_waiting_trial_id`, so an upgrade that breaks or deprecates one fails
+there; pyproject.toml bounds Optuna to the versions tested.
 """
 
 from __future__ import annotations
@@ -63,8 +52,7 @@ TESTED_VERSIONS = ((4, 0), (5, 1))  # [lowest, highest) major.minor, as pinned i
 
 @contextmanager
 def experimental() -> Iterator[None]:
-    """Use Optuna's experimental API (heartbeats, the gRPC proxy) without its ExperimentalWarning
-    (here only)."""
+    """Optuna's experimental API (heartbeats, the gRPC proxy) without its ExperimentalWarning."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExperimentalWarning)
         yield
@@ -85,11 +73,9 @@ HEARTBEAT_ATTR = "heartbeat"  # the trial system attribute SystemAttrHeartbeat b
 
 class SystemAttrHeartbeat(BaseHeartbeat):
     """Optuna's heartbeat for a storage without one: the worker's heartbeat thread writes the time
-    (this machine's clock, seconds since the epoch) to the trial's system attribute `heartbeat`;
-    a RUNNING trial is stale when neither that beat nor its start is newer than the grace period.
-    A retry copy inherits its predecessor's old beat, but a copy that was just claimed has a
-    fresh start. Clocks of the machines sharing a storage must agree to well within the grace
-    period (NTP does)."""
+    (this machine's clock) to the trial's system attribute `heartbeat`; a RUNNING trial is stale when
+    neither that beat nor its start (fresh for a just-claimed retry copy, which inherits an old beat)
+    is within the grace period. The machines' clocks must agree well within it (NTP does)."""
 
     heartbeat_s: int = 60
 
@@ -131,16 +117,15 @@ class _BeatingGrpcStorageProxy(SystemAttrHeartbeat, GrpcStorageProxy):
 
 
 def journal_storage(path: str, heartbeat_s: int | None) -> JournalStorage:
-    """A journal file storage; `JournalFileOpenLock` (an O_CREAT|O_EXCL lock file: atomic on NFSv3
-    and later and on local file systems, and needs no symlinks, which some shared file systems
-    lack). With a heartbeat, stale trials become FAIL and are re-queued as copies."""
+    """A journal file storage with `JournalFileOpenLock` (an O_CREAT|O_EXCL lock file: atomic on NFSv3
+    and later, and needs no symlinks, which some shared file systems lack); `heartbeat_s` as above."""
     backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path))
     return _BeatingJournalStorage(backend).beating_every(heartbeat_s) if heartbeat_s else JournalStorage(backend)
 
 
 def grpc_storage(host: str, port: int, heartbeat_s: int | None, timeout_s: float) -> GrpcStorageProxy:
-    """A client of `run_grpc_proxy_server` at host:port, once the server answers (ConnectionError
-    after `timeout_s`). With a heartbeat, stale trials become FAIL and are re-queued as copies."""
+    """A client of `run_grpc_proxy_server` at host:port, once it answers (ConnectionError after
+    `timeout_s`); `heartbeat_s` as above."""
     with experimental():
         storage = _BeatingGrpcStorageProxy(host=host, port=port).beating_every(heartbeat_s) if heartbeat_s \
             else GrpcStorageProxy(host=host, port=port)
@@ -199,9 +184,8 @@ def fail_running_trial(storage: BaseStorage, study_name: str, number: int) -> bo
 
 
 class RetriesFirstStudy(optuna.Study):
-    """A study whose queue hands out retry copies (interrupted runs that resume from their
-    checkpoint) before trials that never started, each group in the order queued (reason 4),
-    skipping the queued trials `claimable` refuses (a run that cannot finish in time)."""
+    """A study whose queue hands out retry copies before trials that never started, each group in
+    the order queued (reason 4), skipping those `claimable` refuses (a run that cannot finish in time)."""
 
     def __init__(self, study_name: str, storage: BaseStorage, sampler: optuna.samplers.BaseSampler | None = None,
                  pruner: optuna.pruners.BasePruner | None = None,
@@ -276,8 +260,8 @@ def replay(storage: BaseStorage, study_name: str, finished: FrozenTrial, pruner:
 
 @contextmanager
 def quiet_optuna() -> Iterator[None]:
-    """Without Optuna's INFO lines ("A new study created", "Using an existing study"): a command
-    says in its own lines what it opened, and an error after them is then its one line."""
+    """Without Optuna's INFO lines ("A new study created"): a command says what it opened in its own
+    lines, so an error after them is its one line."""
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

@@ -1,8 +1,8 @@
-"""The processes of a sweep and what they hand each other: `launch` starts workers
-(`python -m sweeps.worker`, settings in $ABLATE_WORKER), a worker starts one trial process per
-trial (`python -m sweeps.trial_run`, the job in $ABLATE_TRIAL_JOB), which exits EXIT_PRUNED when
-pruned. The environment, not the command line, carries them: `ps` shows command lines to every
-user, and the storage URL may hold a database password.
+"""The processes of a sweep and what they hand each other: `launch` starts workers (`python -m
+sweeps.worker`, settings in $ABLATE_WORKER), a worker one trial process per trial (`python -m
+sweeps.trial_run`, the job in $ABLATE_TRIAL_JOB; EXIT_PRUNED when pruned). The environment, not the
+command line, carries them: `ps` shows command lines to every user, and a storage URL may hold a
+password.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ def die_with_parent() -> None:
 
 
 def _start_child() -> None:
-    """In the child, before it runs: it dies with its parent, and its stop signals wait until it
-    records them."""
+    """In the child, before it runs: it dies with its parent; its stop signals wait until recorded."""
     die_with_parent()
     hold_stop_signals()
 

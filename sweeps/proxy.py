@@ -1,10 +1,6 @@
-"""`ablate storage-proxy`: Optuna's gRPC storage proxy (`run_grpc_proxy_server`) in front of an RDB,
-until Ctrl-C or SIGTERM. Workers reach it with `--storage grpc://HOST:PORT`.
-
-The proxy has no authentication and no encryption: whoever reaches the port can read and edit
-every study of the database. It listens on 127.0.0.1 unless `--host` says otherwise; expose it on
-a trusted cluster network only (or through an SSH tunnel).
-"""
+"""`ablate storage-proxy`: Optuna's gRPC storage proxy in front of an RDB until Ctrl-C or SIGTERM;
+workers reach it with `--storage grpc://HOST:PORT`. It has no authentication and no encryption, so
+it listens on 127.0.0.1 unless `--host` says otherwise (docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -20,11 +16,9 @@ from sweeps.storage import GRPC_SCHEME, GRPC_HINT, exposure_warning, journal_pat
 
 
 def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: bool = False) -> int:
-    """Serve the RDB at `storage_url` on host:port until interrupted (exit status 0).
-
-    The database must exist and hold Optuna's tables, as for `ablate dashboard` (a mistyped SQLite
-    path would otherwise become a new, empty database), unless `create` asks for a new one. The
-    port is tried before anything is printed."""
+    """Serve the RDB at `storage_url` on host:port until interrupted (exit status 0). It must hold
+    Optuna's tables already (a mistyped SQLite path is no new database) unless `create`; the port is
+    tried before anything is printed."""
     if journal_path(storage_url) or storage_url.startswith(GRPC_SCHEME):
         raise UserError(f"the storage proxy serves an RDB (sqlite:///..., postgresql+psycopg2://...), "
                         f"not {safe_url(storage_url)}")
@@ -38,9 +32,8 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: 
     # bind, say) before the error reaches us: ours is the one line
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     shown = f"[{host}]" if ":" in host else host
-    # The one stop that raises in sweeps: Optuna's `run_grpc_proxy_server` blocks until the process
-    # ends and hands out no server to shut down, so there is no point at which to look at a request.
-    # Set before the banner, which promises a clean stop (a SIGTERM right after it killed the proxy).
+    # The one stop that raises in sweeps: `run_grpc_proxy_server` blocks until the process ends and
+    # hands out no server to shut down. Set before the banner, which promises a clean stop.
     try:
         with interrupting(*INTERRUPTS):
             print(f"storage proxy for {safe_url(storage_url)} at grpc://{shown}:{port} (Ctrl-C to stop)",
@@ -56,8 +49,8 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: 
 
 
 def _check_port(host: str, port: int) -> None:
-    """Bind host:port once and let it go (SO_REUSEADDR, as gRPC binds): a port in use or a host
-    that is not this machine's is one line before the banner."""
+    """Bind host:port once and let it go (SO_REUSEADDR, as gRPC binds): a port in use or a foreign
+    host is one line before the banner."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:

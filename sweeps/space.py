@@ -1,12 +1,6 @@
-"""A sweep's search space, read from YAML: sampled `params` and `fixed` key=value overrides.
-
-    params:
-      n_layers: {type: int, low: 1, high: 2}
-      d_model: {type: categorical, choices: [32, 64]}
-      train.lr_scale: {type: float, low: 0.1, high: 1.0, log: true}
-    fixed: {d_ff: 64, n_heads: 4}
-
-Every key is a key of `ablate train` (checked like a key=value override, with "did you mean").
+"""A sweep's search space, read from YAML: sampled `params` (e.g. `n_layers: {type: int, low: 1,
+high: 2}`; sweeps/example.yaml) and `fixed` key=value overrides, every key one of `ablate train`'s
+(checked like a key=value override, with "did you mean").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Opening a sweep's `--storage`: three kinds of Optuna storage, chosen by the URL.
-
-- an RDB URL (SQLAlchemy): `sqlite:///runs/sweeps.db` (one machine), `postgresql+psycopg2://...`
-  (several machines reaching a database server);
-- a journal file: `journal:///runs/sweeps.journal` (relative, like `sqlite:///`; four slashes for
-  an absolute path: `journal:////nfs/me/sweeps.journal`), or a path ending `.journal` or `.log`:
-  Optuna's `JournalStorage` on a shared file system, no server (clusters with NFS);
-- `grpc://host:port`: Optuna's `GrpcStorageProxy`, a client of `ablate storage-proxy` (which
-  serves an RDB), so that hundreds of workers hold one proxy connection each instead of one
-  database connection each.
-
-Every kind gets the same heartbeat: a trial whose worker stopped beating for two intervals
-becomes FAIL and is queued again as a copy (`sweeps.optuna_api`).
+"""Opening a sweep's `--storage`, one of three kinds of Optuna storage chosen by the URL
+(docs/scale-out.md): an RDB URL (`sqlite:///runs/sweeps.db`, `postgresql+psycopg2://...`), a journal
+file (`journal:///runs/sweeps.journal`, four slashes for an absolute path, or a path ending
+`.journal` or `.log`), or `grpc://host:port` (a client of `ablate storage-proxy`). Every kind gets
+the same heartbeat: a trial whose worker stopped beating for two intervals becomes FAIL and is
+queued again as a copy (`sweeps.optuna_api`).
 """
 
 from __future__ import annotations
@@ -86,9 +79,8 @@ def safe_url(url: str) -> str:
 
 
 def exposure_warning(what: str, storage_url: str, host: str) -> str | None:
-    """The one line that `ablate dashboard` and `ablate storage-proxy` print when they listen
-    beyond this machine (`host` not a loopback address): neither has authentication, so whoever
-    reaches the port can read and edit every study of the storage."""
+    """The line `ablate dashboard` and `ablate storage-proxy` print when `host` is not a loopback
+    address: neither has authentication."""
     import ipaddress
 
     try:
@@ -111,10 +103,9 @@ def in_memory_sqlite(url: str) -> bool:
 
 
 def _sqlite_tables(path: Path) -> set[str]:
-    """The table names of an SQLite file, read without writing to it (opened read-only), unless a
-    process killed inside a write transaction left a hot journal: a read-only connection cannot
-    roll that back (SQLITE_READONLY_ROLLBACK), so the file is opened as the next writer would open
-    it, and SQLite restores the last committed state before the tables are read."""
+    """The table names of an SQLite file, opened read-only; where a process killed inside a write
+    left a hot journal, which a read-only connection cannot roll back (SQLITE_READONLY_ROLLBACK),
+    opened as its next writer would, so SQLite restores the last committed state first."""
     try:
         return _read_tables(f"{path.absolute().as_uri()}?mode=ro")
     except sqlite3.DatabaseError as err:
@@ -133,9 +124,9 @@ def _read_tables(uri: str) -> set[str]:
 
 
 def check_sqlite_file(path: Path, existing: bool) -> None:
-    """An SQLite file a storage may open: an Optuna database, or (unless `existing` is asked for) no
-    file yet, an empty one, or one whose tables another process is creating right now (Optuna
-    creates `studies` first). Optuna would add its tables to any other database."""
+    """An SQLite file a storage may open (Optuna would add its tables to any other): an Optuna
+    database, or unless `existing`, no file yet, an empty one, or one whose tables another process is
+    creating (Optuna creates `studies` first)."""
     if not path.exists():
         if existing:
             raise UserError(f"no database {path}: give the --storage of a sweep or a table")
@@ -147,8 +138,7 @@ def check_sqlite_file(path: Path, existing: bool) -> None:
 
 
 def _server_tables(url: str) -> set[str]:
-    """The table names of a database server's database, read through SQLAlchemy's inspector (it
-    writes nothing; Optuna's storage would create its tables in any database it is given)."""
+    """The table names of a server's database, read through SQLAlchemy's inspector (writing nothing)."""
     engine = sqlalchemy.create_engine(url)
     try:
         return set(sqlalchemy.inspect(engine).get_table_names())
@@ -164,13 +154,9 @@ def _not_optuna(where: object, tables: set[str]) -> UserError:
 
 def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
                  read_only: bool = False) -> BaseStorage:
-    """The storage of `url`; with a heartbeat, stale trials become FAIL and are re-queued as copies.
-
-    `existing`: the storage must already hold Optuna's data (the report and the dashboard: reading
-    one must not create one, nor add Optuna's tables to another SQLite file or server database).
-    `read_only` (implies `existing`): an SQLite file is opened read-only, so a backup on a
-    read-only disk or folder can be reported (the report and the dry run only read).
-    """
+    """The storage of `url`, with the heartbeat. `existing`: it must hold Optuna's data already (a
+    reading command must not create one). `read_only` (implies `existing`): an SQLite file opened
+    read-only, so a backup on a read-only disk can be reported."""
     existing = existing or read_only
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:
@@ -189,9 +175,8 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
 
 
 def check_url(url: str) -> str:
-    """`url` if it names a storage (`make_storage`'s kinds), checked without opening it: a journal
-    file that is a regular file if it exists (a device, a FIFO or a folder would be read without end
-    or hang), a proxy's HOST:PORT, or a database URL whose dialect SQLAlchemy has; else one line."""
+    """`url` if it names a storage, checked without opening it (a journal that exists must be a
+    regular file: a device or FIFO would hang); else one line."""
     journal = journal_path(url)
     if journal is not None:
         if journal.exists() and not journal.is_file():
@@ -213,8 +198,8 @@ def check_url(url: str) -> str:
 
 
 def _snapshot(journal: Path) -> Path:
-    """A copy of a read-only journal in a temporary folder of this process (removed at its exit):
-    Optuna's journal backend opens its file, and its lock, for writing."""
+    """A copy of a read-only journal in a temporary folder removed at exit: Optuna's journal backend
+    opens its file and lock for writing."""
     folder = Path(tempfile.mkdtemp(prefix="ablate-journal-"))
     atexit.register(shutil.rmtree, folder, True)
     copy = folder / journal.name
@@ -232,13 +217,11 @@ def _open_journal(path: Path, heartbeat_s: int | None) -> BaseStorage:
 
 
 def _open_grpc(host: str, port: int, heartbeat_s: int | None) -> BaseStorage:
-    # A process that talks to the proxy also starts processes, fork then exec (a launcher its
-    # workers, a worker its trials). With gRPC's fork support on, its poller restarts in the forked
-    # child, where Popen closes the poller's descriptor before exec, and grpcio >= 1.80 aborts that
-    # child now and then ("epoll_wait error: Bad file descriptor", exit -6; grpc/grpc#43055: 9 of
-    # 800 spawns here, none of 1,800 with it off) or deadlocks it before exec, which blocks Popen in
-    # the parent for ever. gRPC's fork notes advise it off for fork-then-exec. Read when grpc is
-    # first imported, which is below; the children inherit it.
+    # Our processes fork then exec (a launcher its workers, a worker its trials). With gRPC's fork
+    # support on, grpcio >= 1.80 aborts such a child now and then ("epoll_wait error: Bad file
+    # descriptor", grpc/grpc#43055: 9 of 800 spawns, none of 1,800 with it off) or deadlocks it
+    # before exec, blocking Popen for ever; gRPC advises it off for fork-then-exec. Read when grpc is
+    # first imported, below; the children inherit it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     try:
         return grpc_storage(host, port, heartbeat_s, GRPC_CONNECT_S)
@@ -279,11 +262,9 @@ def _open_rdb(url: str, heartbeat_s: int | None, existing: bool, read_only: bool
 
 def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any], attempts: int,
                 skip_table_creation: bool = False) -> BaseStorage:
-    """Optuna's RDB storage, tried `attempts` times. Processes that open a new SQLite file at once
-    (the workers of two commands, a test watching a sweep start) all create Optuna's tables and
-    version row; Python's sqlite3 commits each CREATE TABLE on its own, so all but one fail ("table
-    ... already exists", "UNIQUE constraint failed"). Opened again once the winner is done, the
-    database is complete."""
+    """Optuna's RDB storage, tried `attempts` times: processes that open a new SQLite file at once all
+    create Optuna's tables, and as sqlite3 commits each CREATE TABLE alone, all but one fail ("table
+    ... already exists"); opened again once the winner is done, the database is complete."""
     for attempt in range(1, attempts):
         try:
             return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs,
@@ -295,13 +276,10 @@ def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any]
 
 
 def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:
-    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
-
-    Optuna claims a queued trial by reading it as WAITING and then writing RUNNING. Python's
-    sqlite3 only opens the transaction at the write, so two workers can both read WAITING and
-    both run the trial (`SELECT ... FOR UPDATE` is a no-op on SQLite). With BEGIN IMMEDIATE the
-    read and the write are one locked step; other workers wait (up to the 60 s timeout).
-    """
+    """Every SQLite transaction takes the write lock when it begins (BEGIN IMMEDIATE): Optuna claims
+    a trial by reading WAITING then writing RUNNING, and sqlite3 opens the transaction only at the
+    write (`SELECT ... FOR UPDATE` is a no-op on SQLite), so two workers could both run it. Now the
+    read and the write are one locked step; others wait, up to the 60 s timeout."""
 
     @sqlalchemy.event.listens_for(engine, "connect")
     def _no_implicit_begin(dbapi_connection: Any, record: Any) -> None:

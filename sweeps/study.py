@@ -1,11 +1,5 @@
-"""The Optuna study of a sweep: create-or-load, sampler, pruner, queue, and the trials queued to
-replace complete ones (`REDO_OF`).
-
-A study lives in a storage (`sweeps.storage`: SQLite by default, PostgreSQL, a journal file or
-the gRPC proxy). The storage's heartbeat marks a trial whose worker died as FAIL, and Optuna's
-`RetryHeartbeatStaleTrialCallback` queues a copy of it (same params and user attributes, so the
-same run directory) for the next worker.
-"""
+"""The Optuna study of a sweep (in a `sweeps.storage`): create-or-load, sampler, pruner, queue, and
+the trials queued to replace complete ones (`REDO_OF`)."""
 
 from __future__ import annotations
 
@@ -62,13 +56,9 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None = None) -> optu
 
 
 def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> optuna.pruners.BasePruner:
-    """Median (default), 25th-percentile, Hyperband, successive halving or no pruning, on
-    step-keyed dev perplexity.
-
-    `startup_trials`: trials that finish before any is pruned; `warmup_steps`: training steps
-    before a trial can be pruned (Hyperband and halving: the minimum resource, the first rung;
-    halving keeps the best third of the trials at each rung, reduction factor `HALVING`).
-    """
+    """Median (default), 25th-percentile, Hyperband, successive halving (the best third of the trials
+    kept at each rung, reduction factor `HALVING`) or no pruning, on step-keyed dev perplexity, after
+    `startup_trials` finished and `warmup_steps` steps (Hyperband and halving: the first rung)."""
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_steps)
     if name == "percentile":
@@ -89,13 +79,10 @@ def in_cohort(cohort: str | None) -> Callable[[optuna.trial.FrozenTrial], bool] 
 
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
-    """Queue a fixed configuration (key=value overrides, and what the caller keeps in `user_attrs`)
-    unless the same one is queued, running, complete or pruned (and not replaced by a redo: `superseded`;
-    a redo's own trial, with `redo_of` in `user_attrs`, is queued beside the trial it replaces).
-
-    The overrides travel in the trial's user attributes (`enqueued_overrides`); the objective
-    prefers them to sampling. Returns whether a trial was queued.
-    """
+    """Queue a fixed configuration (key=value overrides, in the user attribute `enqueued_overrides`,
+    which the objective prefers to sampling) unless the same one is queued, running, complete or
+    pruned and not `superseded` (a redo, `redo_of` in `user_attrs`, is queued beside the trial it
+    replaces). Whether a trial was queued."""
     wanted = parse_overrides(overrides)
     row = (user_attrs or {}).get("row")
     live = (*COUNTED, TrialState.WAITING, TrialState.RUNNING)

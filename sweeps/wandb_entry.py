@@ -1,10 +1,7 @@
-"""What a W&B sweep agent runs: `ablate train ARGS --out <root>/<sweep id>/<run id>`.
-
-`--out-root DIR` (first, optional; default runs/sweeps/wandb) is this shim's own option; the rest
-is what `ablate sweep wandb` wrote into the sweep's command: `--preset`, `--row`, `--config`,
-`--spec` and key=value overrides (the sampled values among them). After training, the results
-that `RunResult` marks for the summary (dev BLEU, PPL, ...) go to the W&B run's summary, so a
-sweep can optimise them. Exit status as `ablate train`'s.
+"""What a W&B sweep agent runs: `ablate train ARGS --out <root>/<sweep id>/<run id>`, `--out-root
+DIR` (first, optional) its own option, the rest what `ablate sweep wandb` wrote into the sweep's
+command. After training, the results `RunResult` marks for the summary go to the W&B run's summary,
+so a sweep can optimise them. Exit status as `ablate train`'s.
 """
 
 from __future__ import annotations
