@@ -1,15 +1,8 @@
-"""Agreement with the paper, beside what a table with no knowledge of it would score.
-
-- Signs: our ΔPPL has the paper's sign for k of the n rows where the paper's difference is clear
-  (`reports.seeds.sign_agrees`). Two baselines go with k. A table where every change is worse than
-  base agrees exactly on the rows the paper found worse, so it scores their number; it is the
-  baseline that matters when a budget calibrated on base alone favours base. And random signs
-  (each row's sign a fair coin) reach k or more with the binomial probability p. The count is also
-  split by the paper's direction: the rows it found worse than base and those it found better.
-- Ranks: Spearman's ρ between our values and the paper's over the rows that have both (scipy's, ties
-  at their average rank), with a one-sided permutation p: how often pairing our values with the
-  paper's at random gives a ρ as large or larger (scipy's `permutation_test`, `N_PERMUTATIONS`
-  pairings drawn with a fixed seed, so the same table gives the same report bytes).
+"""Agreement with the paper, beside what a table with no knowledge of it would score
+(docs/table3.md): sign agreement over the rows where the paper's difference is clear, beside a table
+where every change is worse than base (the baseline that matters when a budget calibrated on base
+alone favours base) and random signs (a binomial p); and Spearman's ρ with a one-sided permutation p
+(`N_PERMUTATIONS` pairings, seeded, so the same table gives the same report bytes).
 """
 
 from __future__ import annotations
@@ -56,8 +49,7 @@ class Signs:
 
 
 def signs(frame: pd.DataFrame, metric: str = "ppl") -> Signs | None:
-    """The table's sign agreement with the paper (its `{metric}_sign_agrees` and `d_paper_{metric}`
-    columns); None where no row can be compared."""
+    """The sign agreement of `{metric}_sign_agrees` by `d_paper_{metric}`; None: no row compared."""
     column = f"{metric}_sign_agrees"
     if column not in frame:
         return None
@@ -88,8 +80,8 @@ class Rank:
 
 
 def spearman(frame: pd.DataFrame, ours: str, paper: str) -> Rank:
-    """Spearman's rho between our values and the paper's over the rows that have both, with its
-    one-sided permutation p (nan with fewer than three rows, or no spread on a side)."""
+    """Spearman's rho (ties at their average rank) over the rows with both values, with its one-sided
+    permutation p (nan with fewer than three rows, or no spread on a side)."""
     both = frame[[ours, paper]].dropna()
     if len(both) < 3 or both[ours].nunique() < 2 or both[paper].nunique() < 2:
         return Rank(math.nan, len(both), math.nan)

@@ -1,7 +1,5 @@
-"""Attention maps of a run's model on one sentence: one PNG per kind of attention (encoder
-self-attention, decoder self-attention, encoder-decoder attention), a grid of layers × heads with
-the wordpieces on the axes, and the report's group A figure (the weights:
-`lightning_modules.run.attention`; the drawing: `lightning_modules.run.attention_figures`)."""
+"""Attention maps of a run's model on one sentence (one PNG per kind of attention: layers × heads)
+and the report's group A figure; the weights are `run.attention`'s, the drawing `run.attention_figures`'."""
 
 from __future__ import annotations
 
@@ -39,8 +37,7 @@ def dev_line(run: "LoadedRun", line: int) -> str:
 
 def write_attention(run: "LoadedRun", sentence: str, out: str | Path, layer: int | None = None,
                     head: int | None = None) -> list[Path]:
-    """Translate `sentence` with the run's decoding settings, then draw its attention maps into
-    `out` (one PNG per kind, named after it); the files written."""
+    """Translate `sentence`, then draw its attention maps into `out` (a PNG per kind); the files."""
     from lightning_modules.data.tokenizer import BOS_ID, EOS_ID
     from lightning_modules.evaluate import translate
     from lightning_modules.run.attention import attention_maps
@@ -67,10 +64,8 @@ def write_attention(run: "LoadedRun", sentence: str, out: str | Path, layer: int
 
 
 def group_attention_pictures(runs, runs_dir: str | Path | None) -> dict[str, bytes]:
-    """`attention_A.png` for the report: base and each row of group A (first seed), from the
-    `attention.npz` each finished run keeps in its run directory under `runs_dir` (trials name it
-    relative to that); nothing without `runs_dir`, or when base or no A row has one there (the
-    run directories are on another machine, or the runs predate the file)."""
+    """`attention_A.png` for the report: base and each row of group A (first seed), from each run's
+    `attention.npz` under `runs_dir`; nothing where base or every A row lacks one there."""
     if runs_dir is None or "run_dir" not in getattr(runs, "columns", ()):
         return {}
     rows = []

@@ -1,10 +1,7 @@
-"""Read a Table 3 study back from the Optuna database: the table's identity and its finished runs.
-
-Everything a report needs is in the database (the study's user attributes hold the preset, the
-spec rows and the overrides; each complete trial holds its results and dev translations), so a
-report can be built on any machine that reaches the storage, without the run directories. Each
-run's convergence class is decided here, by the current rule, from the inputs the run stored
-(`lightning_modules.convergence.classify_stored`), never taken from the class it recorded.
+"""Read a Table 3 study back from the Optuna database, which holds all a report needs (the study's
+attributes the table's identity, each complete trial its results and dev translations), so a report
+is built wherever the storage is reached, without the run directories. Each run's convergence class
+is decided here by the current rule from its stored inputs (`convergence.classify_stored`).
 """
 
 from __future__ import annotations
@@ -151,17 +148,14 @@ def run_key(trial: optuna.trial.FrozenTrial, study: str) -> tuple[str, int]:
 
 
 def stored_result(trial: optuna.trial.FrozenTrial, source: str) -> RunResult:
-    """A complete trial's results, typed once: finite numbers, a finite (step, dev PPL) curve, the
-    mappings as mappings; else one line naming the trial and field (a run never writes otherwise:
-    the database was edited or damaged)."""
+    """A complete trial's results, typed once, or one line naming the trial and field."""
     result = validated(RunResult, {k: v for k, v in trial.user_attrs.items() if k in RESULT_KEYS}, source)
     validated(list[FinitePair], result.dev_ppl_curve or [], f"{source}: dev_ppl_curve")
     return result
 
 
 def stored_translations(trial: optuna.trial.FrozenTrial, source: str) -> tuple[list[str], list[str]]:
-    """A trial's dev translations and references (packed: `foundation.records.unpack_lines`),
-    one of each a sentence: a translation for every reference, or one line."""
+    """A trial's packed dev translations and references, a translation for every reference, or one line."""
     hyp = unpack_lines(trial.user_attrs["dev_hyp"], f"{source}: dev_hyp")
     ref = unpack_lines(trial.user_attrs["dev_ref"], f"{source}: dev_ref")
     if len(hyp) != len(ref):
@@ -178,8 +172,8 @@ def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
 
 def redone_runs(trials: list[optuna.trial.FrozenTrial],
                 latest: dict[tuple[str, int], optuna.trial.FrozenTrial]) -> pd.DataFrame:
-    """One record per complete trial a redo names (`ablate table3 --redo`): the report uses the redo once it
-    is complete (the newest complete trial of its row and seed) and the old run until then."""
+    """One record per complete trial a redo names (`ablate table3 --redo`); the report uses the old
+    run until the redo is complete."""
     by_number = {t.number: t for t in trials}
     records: dict[int, dict[str, Any]] = {}  # by the old trial's number: a redo's retry copies name it too
     for trial in trials:

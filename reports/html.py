@@ -40,8 +40,7 @@ details#methods > summary { cursor: pointer; font-weight: 600; font-size: 1.15em
 
 
 def lead(line: str) -> tuple[str, str]:
-    """A summary line split into what it is about and what it says ("A, number of heads ...",
-    "higher PPL ..."); ("", line) when it has no such head."""
+    """A summary line split into its head and what it says; ("", line) when it has no head."""
     head, sep, rest = line.partition(": ")
     return (head, rest) if sep else ("", line)
 
@@ -71,9 +70,8 @@ PAPER = " (paper)"  # a column whose name ends so holds ours, then the paper's v
 
 
 def _cell(value: object, column: str, class_column: str, text_column: str) -> str:
-    """One `<td>`, wrapping only between its parts: a `class_column` cell classed by its convergence
-    class, a `text_column` cell (a row's changes from base) aligned left, and in a column of ours
-    beside the paper's the paper's value on a line of its own, in grey."""
+    """One `<td>`: a `class_column` cell classed by convergence, a `text_column` cell aligned left, a
+    column beside the paper's with the paper's value on a line of its own, in grey."""
     text = str(value)
     css = _class_of(text) if column == class_column else "text" if column == text_column else ""
     ours, sep, paper = text.rpartition(" (") if column.endswith(PAPER) and text.endswith(")") else ("", "", "")
@@ -110,10 +108,7 @@ def render(title: str, caption: str, table: pd.DataFrame, figures: dict[str, byt
            summary: Sequence[str] = (), methods: Sequence[str] = (), caveats: Sequence[str] = (),
            class_column: str = "converged", text_column: str = "changes from base",
            tuned: tuple[str, pd.DataFrame] | None = None) -> str:
-    """The report page, in this order: `caveats` (what to read before anything else), `summary`
-    (what the table says), the caption and `table` (display strings; its `class_column` cells
-    coloured by convergence class), a tuned table's statement and tuning table (`tuned`), `figures`
-    (PNG bytes by file name), and `methods` last, in a collapsed <details>."""
+    """The report page: caveats, summary, the table (and `tuned`'s), figures, methods (collapsed)."""
     warnings = "".join(f'<p class="caveat">{html.escape(c)}</p>\n' for c in caveats)
     said = ""
     if summary:

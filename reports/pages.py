@@ -1,13 +1,8 @@
 """The words a results page and the front page say about a committed table, generated from it.
 
-A results folder holds the report (`table3.csv`, `table3.md`, ...). Its page (`README.md`) carries
-one generated block, between `BEGIN` and `END`: the report's headline sentence, which rows moved
-in which direction (`directions`), where ours agrees with the paper's sign and where not
-(`agreement`), which rows pass the convergence rule (`convergence`), and the table's main columns,
-copied from the report. The front page's results row for the folder carries `readme_summary` of
-its table. `python -m reports.pages FOLDER...` rewrites the blocks; `tests/test_pages.py` fails
-when a page or the front page says other than its table, and when a sentence outside the block
-names a row with a direction or a class that no check of its test covers.
+A results folder's page (`README.md`) carries one generated block between `BEGIN` and `END` (`block`),
+and the front page's results row `readme_summary` of its table. `python -m reports.pages FOLDER...`
+rewrites the blocks; `tests/test_pages.py` fails when a page says other than its table.
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ def report_headline(folder: Path) -> str:
 
 
 def block(folder: Path) -> str:
-    """The page's generated block: the headline (from the table's numbers; the report's own first
-    sentence, which a test compares) and the table's main columns."""
+    """The page's generated block: the headline (the report's first sentence), its lines, the columns."""
     table = report_table(folder)
     table = table[[c for c in PAGE_COLUMNS if c in table.columns]]
     rows = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
@@ -70,8 +64,7 @@ def _rows(rows: pd.DataFrame | list) -> str:
 
 
 def directions(frame: pd.DataFrame) -> str:
-    """Which rows are beyond noise above and below base, per metric, and which of them stay so after
-    correcting for the family of comparisons; which PPL verdicts are late."""
+    """Which rows are beyond noise above and below base, per metric, before and after correction."""
     rows = frame.drop(index="base")
     parts = []
     for metric, column, name in (("ppl", "beyond_noise", "dev PPL"), ("bleu", "bleu_beyond_noise", "dev BLEU")):
@@ -91,8 +84,7 @@ def directions(frame: pd.DataFrame) -> str:
 
 
 def agreement(frame: pd.DataFrame) -> str | None:
-    """Where the paper's difference is clear, the rows whose sign ours shares and those it does not,
-    by the paper's direction (None without the paper's numbers)."""
+    """The rows whose sign ours shares with the paper's clear ones and those it does not (or None)."""
     if (said := signs(frame)) is None:
         return None
     rows = frame.drop(index="base")
@@ -118,8 +110,8 @@ def convergence(frame: pd.DataFrame) -> str | None:
 
 def small_effects(frame: pd.DataFrame, shown: pd.DataFrame) -> str | None:
     """Which rows whose paper difference is too small to compare a sign are beyond noise in ours
-    (None for a table without the paper's numbers); each with its ΔPPL as the report prints it
-    (`shown`, the report's table: the CSV's six digits could round otherwise)."""
+    (None without the paper's numbers), each with its ΔPPL as `shown` prints it (the CSV's could
+    round otherwise)."""
     if "d_paper_ppl" not in frame or frame["d_paper_ppl"].isna().all():
         return None
     rows = frame.drop(index="base")
@@ -135,10 +127,7 @@ def small_effects(frame: pd.DataFrame, shown: pd.DataFrame) -> str | None:
 
 
 def readme_summary(frame: pd.DataFrame) -> str:
-    """What the front page's results row says of a table, counted from it: how many rows differ from
-    base beyond noise (and after correction), how many pass the convergence rule, and, with the
-    paper's numbers, the sign agreement beside the 'every change is worse' table and the rows
-    against it; without them, which rows moved which way in dev PPL."""
+    """What the front page's results row says of a table, counted from it."""
     rows = frame.drop(index="base")
     ppl = rows[rows["beyond_noise"] == True]  # noqa: E712 (read from CSV: True, False or empty)
     bleu = rows[rows["bleu_beyond_noise"] == True]  # noqa: E712

@@ -1,15 +1,9 @@
-"""Seeds as noise: mean ± 95% confidence interval per row, the difference to base with its
-interval, whether it is beyond seed noise, and whether its sign agrees with the paper's.
-
-Intervals use Student's t. A row and base trained with the same seeds are compared seed by seed
-(paired: both see the same batches in the same order), otherwise by Welch's interval. A row run
-with one seed against a base run with several is placed against base's seed noise: its
-difference's interval is base's 95% prediction interval for one more run (the row is assumed as
-noisy as base). A difference is "beyond seed noise" when its interval excludes zero; with one seed
-on both sides, or one in base against several in the row, there is no interval and nothing is
-claimed. The paper reports single runs, so the sign of its difference is only compared where that
-difference is at least `PAPER_THRESHOLD` perplexity (smaller printed differences are within what a
-second run could change).
+"""Seeds as noise: mean ± 95% Student's t interval per row, the difference to base with its
+interval (`difference_ci`: paired by seed when both share their seeds, as they then see the same
+batches in the same order; Welch's otherwise; a one-seed row against base's 95% prediction interval
+for one more run), and whether its sign agrees with the paper's. The paper reports single runs, so
+its sign is compared only where its difference is at least `PAPER_THRESHOLD` (smaller printed
+differences are within what a second run could change).
 """
 
 from __future__ import annotations
@@ -25,16 +19,16 @@ PAPER_THRESHOLD = {"ppl": 0.15, "bleu": 0.3}  # |paper row − paper base| that 
 
 
 def t_quantile(df: float) -> float:
-    """t_{0.975} for `df` degrees of freedom (scipy's Student t; a fractional df, as Welch gives, is
-    rounded down, as a t table is read: the interval is never the narrower for it)."""
+    """t_{0.975} for `df` degrees of freedom (a fractional Welch df rounded down, as a t table is
+    read: the interval is never the narrower for it)."""
     if df < 1:
         return math.nan
     return float(stats.t.ppf(0.975, math.floor(df)))
 
 
 def t_p_value(mean: float, se: float, df: float) -> float:
-    """Two-sided p of the t test whose 95% interval is mean ± t_quantile(df) * se: below 0.05
-    exactly when that interval excludes zero (nan without degrees of freedom)."""
+    """Two-sided p of the t test whose 95% interval is mean ± t_quantile(df) * se (below 0.05 exactly
+    when that interval excludes zero)."""
     if df < 1 or math.isnan(mean) or math.isnan(se):
         return math.nan
     if se == 0:
@@ -81,8 +75,7 @@ def difference_ci(row: Mapping[int, float], base: Mapping[int, float]) -> tuple[
         return Interval(math.nan, math.nan, math.nan, 0), "none"
     diff = statistics.fmean(a) - statistics.fmean(b)
     if len(a) == 1 and len(b) >= 2:
-        # One run against base's seeds: assume the row's seed noise is base's and ask whether the
-        # run falls outside base's 95% prediction interval, sd_base * sqrt(1 + 1/n_base), t(n_base - 1).
+        # the row assumed as noisy as base: base's 95% prediction interval for one more run
         half = t_quantile(len(b) - 1) * statistics.stdev(b) * math.sqrt(1 + 1 / len(b))
         return Interval(diff, diff - half, diff + half, 1), "base noise"
     if len(a) < 2 or len(b) < 2:

@@ -1,27 +1,12 @@
-"""Is a row different from base beyond noise? One test for dev PPL and dev BLEU, over both sources
-of noise at once: the seeds a row was trained with, and the dev sentences it was scored on.
-
-The test is two-level, seeds then sentences. The difference to base is the mean over a row's seeds
-minus the mean over base's. Its variance is the sum of two parts:
-
-- seeds: the variance of that difference over seeds, as `reports.seeds.difference_ci` measures it
-  (paired by seed where the seeds match; Welch otherwise; a one-seed row against several of base's
-  assumes base's seed noise, a prediction interval for one more run);
-- sentences: the variance of the same difference when the dev set is drawn again, from a paired
-  bootstrap of the dev sentences (`sentence_draws`): each resample draws sentence indices once and
-  applies them to every run of row and base (all were scored on the same dev set), and scores each
-  run by sacreBLEU's own sentence statistics summed over the resample (what its paired bootstrap
-  does), so BLEU keeps sacreBLEU's signature.
-
-The interval is Student's t with the seed level's degrees of freedom over that summed standard
-error, so it is never narrower than the seeds' own interval: no difference within seed noise is
-called beyond noise. Three seeds are too few to resample as a bootstrap's outer level (a
-percentile interval over three seeds calls three same-signed seeds significant, which happens one
-time in four with no difference at all), which is why the seed level keeps its t interval.
-
-Dev PPL per sentence is not stored by a run (only the corpus PPL and its curve), so PPL's sentence
-level is zero: its test is the seed level alone, and the report says so. The resampling is seeded
-(`SEED`), so the same study gives the same report bytes.
+"""Is a row different from base beyond noise? One test for dev PPL and dev BLEU over the seeds and
+the dev sentences at once (docs/table3.md states it for the reader). The difference to base has the
+variance of two parts: the seeds' (`reports.seeds.difference_ci`) and the dev sentences', from a
+paired bootstrap (`sentence_draws`: each resample applied to every run of row and base, scored with
+sacreBLEU's own sentence statistics, so BLEU keeps its signature). The interval is Student's t with
+the seed level's degrees of freedom, so never narrower than the seeds' own: three seeds are too few
+for a bootstrap's outer level (a percentile interval calls three same-signed seeds significant one
+time in four with no difference at all). A run stores no per-sentence PPL, so PPL's test is the seed
+level alone. The resampling is seeded (`SEED`): one study, one report's bytes.
 """
 
 from __future__ import annotations
@@ -44,9 +29,8 @@ SEED = 12345  # sacreBLEU's own default resampling seed (SACREBLEU_SEED)
 
 @dataclass(frozen=True)
 class Difference:
-    """A row's difference to base: the interval of the one test, how the seed level was paired,
-    the two standard errors it sums (sentence_se None: the sentence level was not measured) and
-    the seed level's degrees of freedom, which the interval's t has."""
+    """A row's difference to base: the one test's interval, how the seed level was paired, the two
+    standard errors it sums (sentence_se None: not measured) and the seed level's degrees of freedom."""
 
     interval: Interval
     method: str
@@ -56,8 +40,7 @@ class Difference:
 
     @property
     def p(self) -> float:
-        """The test's two-sided p-value: below 0.05 exactly when the interval excludes zero (nan
-        where there is no interval)."""
+        """The two-sided p-value: below 0.05 exactly when the interval excludes zero (nan: none)."""
         if math.isnan(self.interval.low):
             return math.nan
         se = math.sqrt(self.seed_se ** 2 + (self.sentence_se or 0.0) ** 2)
@@ -76,11 +59,9 @@ METRICS = {"ppl": "dev PPL", "bleu": "dev BLEU"}
 
 
 def add_corrected(frame: pd.DataFrame) -> None:
-    """Multiple comparisons: the family is every comparison of a row with base that has a p-value
-    (`ppl_p`, `bleu_p`: rows × the two metrics, base and the rows without an interval left out).
-    Adds each one's Benjamini–Hochberg q over that family (`ppl_q`, `bleu_q`; scipy's
-    `false_discovery_control`). A difference is beyond noise after
-    correction where q < ALPHA: of the differences so called, at most 5% are expected to be none."""
+    """Adds each comparison's Benjamini–Hochberg q (`ppl_q`, `bleu_q`) over the family of every row's
+    comparison with base that has a p-value (`ppl_p`, `bleu_p`); beyond noise after correction where
+    q < ALPHA: of the differences so called, at most 5% are expected to be none."""
     cells = [(row, metric) for metric in METRICS for row in frame.index
              if row != "base" and f"{metric}_p" in frame and not pd.isna(frame.loc[row, f"{metric}_p"])]
     for metric in METRICS:
@@ -106,9 +87,8 @@ BOOTSTRAP_BUDGET_BYTES = 2 ** 30  # sacreBLEU's resampling indices: resamples x 
 
 
 def check_bootstrap_budget(data: Table3Data, n_samples: int) -> None:
-    """Refuse, before anything is resampled (or written), a `--bootstrap` whose resampling
-    indices (`n_samples` x the paired sentences, 8 bytes each) exceed BOOTSTRAP_BUDGET_BYTES
-    (100,000,000 resamples asked for a 37 GiB allocation)."""
+    """Refuse, before anything is resampled or written, a `--bootstrap` whose resampling indices
+    exceed BOOTSTRAP_BUDGET_BYTES (100,000,000 resamples asked for a 37 GiB allocation)."""
     sentences = sum(len(hyps) for (row, _), (hyps, _) in data.translations.items() if row == "base")
     need = n_samples * sentences * 8
     if need > BOOTSTRAP_BUDGET_BYTES:
@@ -122,9 +102,8 @@ def difference(row: Mapping[int, float], base: Mapping[int, float],
                row_draws: Mapping[int, np.ndarray] | None = None,
                base_draws: Mapping[int, np.ndarray] | None = None) -> Difference:
     """The one test: row − base (values keyed by seed) with its 95% interval over seeds and dev
-    sentences together. `row_draws`/`base_draws` hold each seed's score on every resample of the
-    dev sentences (`sentence_draws`; the same resamples for both); without them, or without every
-    seed's, the sentence level is not measured (sentence_se None) and the interval is the seeds' alone."""
+    sentences. `row_draws`/`base_draws`: each seed's score on every resample (`sentence_draws`);
+    without every seed's, the interval is the seeds' alone (sentence_se None)."""
     seeds, method = difference_ci(row, base)
     half = seeds.half_width
     df = _seed_df(row, base, method)
@@ -159,9 +138,8 @@ def _seed_df(row: Mapping[int, float], base: Mapping[int, float], method: str) -
 
 
 def sentence_draws(data: Table3Data, n_samples: int = 1000) -> dict[tuple[str, int], np.ndarray]:
-    """Each run's dev BLEU on `n_samples` resamples of the dev sentences, the same resamples for
-    every run (keyed (row, seed)). Only runs scored on base's dev set take part (a run without
-    translations, or of another dev set, has none); empty without base's translations."""
+    """Each run's dev BLEU on `n_samples` resamples of the dev sentences, the same for every run,
+    keyed (row, seed); only runs with translations of base's dev set (none without base's)."""
     base = sorted(seed for row, seed in data.translations if row == "base")
     if not base or n_samples < 2:
         return {}

@@ -1,21 +1,12 @@
 """Verdicts over training: when was a row's verdict against base reached, and is it still moving?
 
-At every dev evaluation that a row and base both have (the same step in every seed of both, within 1% of the evaluation interval), the
-row's dev PPL difference to base is tested as the table's is (`reports.significance.difference`,
-the seed level: a curve holds no per-sentence PPL), and read as a verdict: beyond noise above
-base, beyond noise below, or within noise. Two rules read that sequence:
-
-- *reached*: the step from which the row's final verdict has held at every shared evaluation, and
-  its share of training (that step over the last shared evaluation's). A verdict that has held for
-  less than `LATE_SHARE` of training (reached after its first half) is a *late* verdict: a
-  shorter budget would have given another one.
-- *still moving*: the verdict is not the same at each of the last `LAST_SHARE` of those
-  evaluations (at least two): a sign beyond noise reversed, or the difference entered or left
-  noise, just before training ended.
-
-These look at the comparison; the convergence rule looks at one run's curve alone. A row that
-trains longer than base (big) is compared only where base has evaluations, which end before its
-own training does, so it is not judged (None).
+At every dev evaluation a row and base both have (the same step in every seed of both, within 1% of
+the evaluation interval), the row's dev PPL difference to base is tested as the table's is (the seed
+level of `reports.significance.difference`: a curve holds no per-sentence PPL) and read as beyond
+noise above base, below it, or within noise. `rules()` states the two rules read from that sequence
+(docs/table3.md explains them): *reached*, late when held for less than `LATE_SHARE` of training,
+and *still moving* over the last `LAST_SHARE`. A row trained longer than base (big) is compared only
+where base has evaluations, so it is not judged (None).
 """
 
 from __future__ import annotations
@@ -45,8 +36,8 @@ def rules() -> list[str]:
 
 
 def on_grid(curve: pd.DataFrame, grid: list[int]) -> pd.DataFrame:
-    """`curve` with each step moved to the nearest step of `grid` within 1% of the grid's usual
-    spacing (a resumed run may evaluate a step or two off base's), points farther off dropped."""
+    """`curve`'s steps moved to the nearest of `grid` within 1% of its spacing (a resumed run may
+    evaluate a step or two off base's); points farther off dropped."""
     if curve.empty or len(grid) < 2:
         return curve
     tolerance = 0.01 * float(np.median(np.diff(grid)))
@@ -89,9 +80,8 @@ def still_moving(paired: pd.DataFrame, own_last_step: float | None = None) -> bo
 
 
 def reached(paired: pd.DataFrame, own_last_step: float | None = None) -> tuple[int, float] | None:
-    """The step from which the final verdict has held at every shared evaluation, and that step's
-    share of training (over the last shared evaluation's step); None where `still_moving` judges
-    nothing (an evaluation without an interval, fewer than two, or a row trained past base)."""
+    """The step from which the final verdict has held at every shared evaluation, and its share of
+    training (of the last shared step); None where `still_moving` judges nothing or an interval lacks."""
     if still_moving(paired, own_last_step) is None or paired["verdict"].isna().any():
         return None
     verdicts, steps = paired["verdict"].tolist(), paired["step"].tolist()
@@ -102,8 +92,7 @@ def reached(paired: pd.DataFrame, own_last_step: float | None = None) -> tuple[i
 
 
 def percent(share: float) -> str:
-    """A share of training in whole percent, never 100% short of the end: a verdict reached at step
-    23,999 of 24,000 was reached at 99%."""
+    """A share of training in whole percent, never 100% short of the end (step 23,999 of 24,000: 99%)."""
     return f"{min(round(100 * share), 99) if share < 1 else 100}%"
 
 
@@ -113,10 +102,7 @@ def late(share: float) -> bool:
 
 
 def add_moving(frame: pd.DataFrame, curves: pd.DataFrame) -> None:
-    """Adds to the frame, per row, when its verdict against base was reached (`verdict_since_step`,
-    `verdict_since_share`), whether it is late (`verdict_late`) and whether it is still moving
-    (`verdict_moving`), from its paired curve (the figures draw that curve themselves); empty for
-    base and for a row not judged."""
+    """Adds per row when its verdict was reached, whether late, whether still moving (`rules`)."""
     if curves is None or curves.empty or "base" not in frame.index:
         return
     for column in ("verdict_since_step", "verdict_since_share"):

@@ -84,8 +84,7 @@ def group_verdict(frame: pd.DataFrame, group: str) -> str:
 
 
 def verdicts(frame: pd.DataFrame) -> dict[str, str]:
-    """Group -> sentence, for every group in the table but base, in table order (none without a
-    complete base run: every verdict compares with it)."""
+    """Group -> sentence for every group but base, in table order (none without a base result)."""
     if "beyond_noise" not in frame:
         return {}
     return {g: group_verdict(frame, g) for g in dict.fromkeys(frame["group"]) if g != "base"}
@@ -98,13 +97,7 @@ def _count(rows: pd.DataFrame, column: str, delta: str) -> tuple[int, int, int]:
 
 
 def headline(frame: pd.DataFrame) -> str | None:
-    """The report's first sentence, counted from the table: how many rows differ from base beyond
-    noise in dev PPL and in dev BLEU and in which direction (each test on its own, with how many
-    PPL verdicts of these are late), then how many of them hold after correcting for the family
-    of comparisons; how many of the paper's clear signs ours agree with, beside what a table where
-    every change is worse than base and random signs would score (where the table has the paper's
-    numbers); how many rows pass the convergence rule; and in how many rows the verdict was
-    reached late and is still moving (where the curves were compared). None without a base row."""
+    """The report's first sentence, counted from the table (docs/table3.md); None without base."""
     if "beyond_noise" not in frame or "base" not in frame.index:
         return None
     rows = frame.drop(index="base")
