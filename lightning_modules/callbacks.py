@@ -22,13 +22,9 @@ from lightning_modules.stopwatch import StartUp, Stopwatch
 
 
 class TrainingClock(pl.Callback):
-    """Training time and target tokens, kept across checkpoint and resume. Its stopwatch is the
-    run's one training clock (`lap()`: training seconds since the previous lap, which
-    `TranslationModule` divides a logging window's tokens by). Also this process's start-up (to the
-    first training step), the first step's own time (torch.compile's compilation) and the steady
-    rate: target tokens/s between the log-window boundaries after the first, synchronised with the
-    device there, once a window.
-    """
+    """Training time and target tokens, kept across resumes: the run's one training clock (`lap()`),
+    this process's start-up, the first step's own time (compilation) and the steady rate between the
+    log windows after the first (synchronised with the device there, once a window)."""
 
     def __init__(self, every: int = 50, startup: StartUp | None = None) -> None:
         self.training = Stopwatch()  # validation inside fit and stretches stopped left out
@@ -40,10 +36,6 @@ class TrainingClock(pl.Callback):
         self._first_started: float | None = None
         self._marks: list[tuple[float, int]] = []  # (training seconds, tokens) at window boundaries
         self._lapped = 0.0  # the training seconds at the previous lap
-
-    @property
-    def state_key(self) -> str:
-        return "TrainingClock"
 
     @property
     def train_time_s(self) -> float:
@@ -188,21 +180,16 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
 class StopAtStepEnd(pl.Callback):
     """Ends training at a step's end, every DDP rank together, on a non-finite loss (`NonFiniteLoss`)
-    or on the process's stop request (`foundation.stop`) by raising Lightning's `SIGTERMException`:
-    `OnExceptionCheckpoint` saves the step just ended and the run exits as interrupted
-    (`trainer.should_stop` would end `fit` as if training had finished, with no such checkpoint).
+    or a stop request (`foundation.stop`), by raising `SIGTERMException`: `OnExceptionCheckpoint`
+    saves the step and the run exits as interrupted (`trainer.should_stop` would end `fit` as if it
+    had finished, with no such checkpoint). The ranks agree at a logging window's end, at this
+    process's first step and at the last: one all-reduce read on the host, where the window's metrics
+    are read anyway (a non-finite loss poisons every later one); a single process acts at every step.
 
-    The ranks agree at a logging window's end (every `every` steps), at the first step this process
-    trains (a request from start-up) and at the last: one all-reduce of (non-finite loss, stop,
-    pre-empted) read on the host, where the window's metrics are read anyway (the loss is checked
-    there only: a non-finite loss poisons every later one). A single process acts on a request at
-    every step's end without touching the device.
-
-    Under SLURM with `requeue`, a pre-emption runs Lightning's requeue handler first
-    (`hpc_ckpt_N.ckpt`, `scontrol requeue`). Lightning installs it before training only where no
-    handler is, and it would run inside whatever the step is doing: so the recorder is put aside at
-    fit start and put back at train start, Lightning's handler kept to call here. Only the newest
-    hpc checkpoint is kept, none once training finishes (`last.ckpt` holds the end; run/slurm.py).
+    Under SLURM with `requeue`, a pre-emption runs Lightning's requeue handler first (run/slurm.py).
+    Lightning installs it before training only where no handler is, and it would run inside whatever
+    the step is doing: so the recorder is put aside at fit start and back at train start, Lightning's
+    handler kept to call here. Only the newest hpc checkpoint is kept, none once training finishes.
     """
 
     def __init__(self, stop: StopRequest, every: int, requeue: bool = False) -> None:

@@ -1,23 +1,19 @@
-"""The one place that touches torch.compile's settings and counters, and why each is needed.
+"""The one place that touches torch.compile's settings and counters, and why each is needed (the
+measurements behind them: the GPU pages of benchmarks/README.md).
 
-- `torch.fx.experimental._config.use_duck_shape` (private): dynamo assumes by default that
-  dimensions of equal size on the first call are one symbol. A first batch whose source and target
-  happen to have one length would guard `src.size(1) == tgt_in.size(1)`, and the next batch would
-  recompile the whole step (minutes for the base model); the lengths are independent, so duck
-  sizing is off while the step is traced.
-- `torch._dynamo.lookup_backend(name)`: the backend (Inductor unless asked), wrapped so that the
-  fault point `compile` runs inside compilation itself. torch.compile hands a wrapped backend its
-  `mode` as a keyword; Inductor takes a mode as the config patches
-  `torch._inductor.list_mode_options(mode, dynamic)` lists, as torch.compile's own wrapper does.
-- `triton.mix_order_reduction_non_strict_mode` (an Inductor patch): Inductor's mix-order reduction
-  fusion (GPU only: sibling row and column reductions, as in LayerNorm's backward) guarded on
-  `rows * columns >= 5 * 2**20` of the symbolic sizes, compiling the step again for a batch on the
-  other side of it; non-strict mode skips those size checks and fuses at every size.
+- `torch.fx.experimental._config.use_duck_shape` (private), off while the step is traced: dynamo
+  takes dimensions of equal size on the first call for one symbol, so a first batch whose source and
+  target have one length would guard `src.size(1) == tgt_in.size(1)` and the next batch recompile
+  the whole step (minutes for the base model).
+- `torch._dynamo.lookup_backend(name)`: the backend wrapped so that the fault point `compile` runs
+  inside compilation; a wrapped backend gets torch.compile's `mode` as a keyword, and Inductor takes
+  it as the config patches `torch._inductor.list_mode_options(mode, dynamic)` lists.
+- `triton.mix_order_reduction_non_strict_mode` (an Inductor patch): the mix-order reduction fusion
+  (GPU only: LayerNorm's backward) guarded on `rows * columns >= 5 * 2**20` and compiled again for a
+  batch on the other side; non-strict mode skips those size checks and fuses at every size.
 - `torch._dynamo.utils.counters` and `guard_failures` (semi-private): the graph count and the failed
-  guards that `TORCH_LOGS=recompiles` reports; results.json and the GPU round keep them, so that a
-  run which compiled more than one graph says why without being run again.
-
-The measurements behind these are on the GPU pages of benchmarks/README.md.
+  guards `TORCH_LOGS=recompiles` reports, kept so that a run which compiled more than one graph says
+  why without being run again.
 """
 
 from __future__ import annotations
@@ -64,8 +60,7 @@ def compile_dynamic(fn: Callable[..., Any], mode: str = "default",
 
 
 def _with_fault_point(backend: str | Callable[..., Any]) -> Callable[..., Any]:
-    """`backend` (Inductor in torch.compile's `mode`), with the `compile` fault point at the start
-    of each compilation."""
+    """`backend` (Inductor in `mode`) with the `compile` fault point at each compilation's start."""
 
     def compiler(graph: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None
                  ) -> Callable[..., Any]:
@@ -83,8 +78,7 @@ def _with_fault_point(backend: str | Callable[..., Any]) -> Callable[..., Any]:
 
 
 def known(patches: dict[str, Any]) -> dict[str, Any]:
-    """The Inductor config patches this torch has (a patch it lacks would fail every compilation:
-    the GPU machines run another torch than this project pins)."""
+    """The patches this torch has (one it lacks fails every compilation; GPU machines run another torch)."""
     import torch._inductor.config as inductor_config
 
     def has(key: str) -> bool:
@@ -113,8 +107,7 @@ def graph_traces() -> int:
 
 
 def recompile_reasons() -> list[str]:
-    """Each guard that failed since `torch.compiler.reset()`, "<function>: <graph>: <guard>" as
-    `TORCH_LOGS=recompiles` prints it (the first `REASONS_KEPT`, each cut to `REASON_CHARS`)."""
+    """The guards that failed since `torch.compiler.reset()`, as `TORCH_LOGS=recompiles` prints them."""
     from torch._dynamo.utils import guard_failures
 
     reasons = [f"{getattr(code, 'co_name', code)}: {reason}" for code, failed in guard_failures.items()

@@ -1,15 +1,10 @@
-"""Did a run converge? One stated rule, applied to its dev-perplexity and training-loss curves.
-
-A small-budget ablation is evidence about architecture only if every row reached the same state;
-this rule says which state each run reached, so a report can set apart the rows that measure
-optimisation accidents. The classes (checked in the order of `classify`) and their thresholds are
-`ConvergenceRule.describe()`'s sentence and docs/table3.md ("Did a row converge?"). The dev PPL is
-watched for spikes, not only the training loss: a model collapsing towards the unigram line can
-leave the loss nearly flat, since it started close to that line (a GPU base run's dev PPL nearly
-doubled while its loss rose by a tenth).
-
-A run stores what the rule reads (`rule_inputs`) beside the class it printed; a report classifies
-each run again from those inputs (`classify_stored`), so it always applies the rule written here.
+"""Did a run converge? One stated rule over its dev-perplexity and training-loss curves, so a report
+can set apart the rows that measure optimisation accidents rather than architecture. The classes, in
+the order `classify` checks them, are `ConvergenceRule.describe()`'s sentence (docs/table3.md, "Did
+a row converge?"). Dev PPL spikes count, not only the training loss's: a model collapsing towards the
+unigram line can leave the loss nearly flat (a GPU base run's dev PPL nearly doubled while its loss
+rose by a tenth). A run stores what the rule reads (`rule_inputs`); a report classifies each run
+again from those inputs (`classify_stored`), so it always applies the rule written here.
 """
 
 from __future__ import annotations
@@ -70,9 +65,8 @@ def _first_spike(curve: Curve, warmup_steps: int, ratio: float) -> tuple[int, fl
 
 
 def _loss_fell_since_best(dev_ppl: Curve, train_loss: Curve, rule: ConvergenceRule) -> tuple[float, float] | None:
-    """(mean training loss over the evaluation interval ending at the dev-PPL best, over the last
-    `tail` of training) when the second is lower by more than `tolerance` (relative); None when it is
-    not, or when either span holds no training-loss row."""
+    """(mean training loss over the evaluation interval ending at the dev best, over the last `tail`)
+    when the second is lower by more than `tolerance`, else None."""
     best = min(range(len(dev_ppl)), key=lambda i: dev_ppl[i][1])
     since = dev_ppl[best - 1][0] if best else -math.inf
     last_step = dev_ppl[-1][0]
@@ -133,8 +127,7 @@ def read_curves(log_dir: str | Path) -> tuple[list[tuple[int, float]], list[tupl
 
 
 def rule_inputs(log_dir: str | Path, unigram_ppl: float, warmup_steps: int) -> dict[str, Any]:
-    """What the rule reads of a run, from its logs, as the run stores it (`INPUTS`; values rounded
-    to 4 decimals, and the run's own class is decided from these stored values too)."""
+    """What the rule reads of a run (`INPUTS`) from its logs, rounded as it is stored and classified."""
     dev, train = read_curves(log_dir)
     return {"dev_ppl_curve": [[step, round(ppl, 4)] for step, ppl in dev],
             "train_loss_curve": [[step, round(loss, 4)] for step, loss in train],
@@ -142,8 +135,7 @@ def rule_inputs(log_dir: str | Path, unigram_ppl: float, warmup_steps: int) -> d
 
 
 def classify_stored(inputs: Mapping[str, Any], rule: ConvergenceRule = ConvergenceRule()) -> Verdict | None:
-    """The class of a run from the inputs it stored (`INPUTS`, as `rule_inputs` gives them); None
-    when it lacks any of them (unclassified)."""
+    """The class of a run from the inputs it stored (`rule_inputs`); None when any lacks (unclassified)."""
     if any(inputs.get(key) is None for key in INPUTS):
         return None
     return _classify_inputs(inputs, rule)

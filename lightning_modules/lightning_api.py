@@ -2,26 +2,21 @@
 2.6; pyproject.toml bounds it to `lightning>=2.6,<2.7`).
 
 1. A checkpoint written inside a step (Ctrl-C in its forward or backward pass, a stop while it
-   compiles: `OnExceptionCheckpoint`) restores two private counts one ahead
-   (`_TrainingEpochLoop.reset`): `fit_loop.epoch_loop._batches_that_stepped`, by which Lightning
-   labels and schedules the values it logs (each `log_every_n_steps` window then written up to a
-   window late, and the one that falls after an epoch's end dropped), and `batch_progress.total`,
-   by which an integer `val_check_interval` decides when to validate (every later dev evaluation
-   a step early, one more per such resume). Both were seen in the converged `cpu` table (its
-   results page). `align_step_counts` sets both back at the first batch after a restore (one
-   optimizer, automatic optimization: one stepped batch per optimizer step).
-
-2. A checkpoint written after an epoch's last step skips the next epoch's batches either way: one
-   written inside `on_train_batch_end` (`ModelCheckpoint(every_n_train_steps)`, SLURM's requeue)
-   makes Lightning end that epoch on restoring and start the next on the first pass it draws; one
-   written after it (Ctrl-C or SIGTERM between steps) keeps the old epoch's batch count
-   (`batch_progress.current`), so the next epoch stops after one batch. The loader saves such a
+   compiles) restores two private counts one ahead (`_TrainingEpochLoop.reset`):
+   `_batches_that_stepped`, by which Lightning labels and schedules logged values (each window then
+   written up to a window late, one per epoch dropped), and `batch_progress.total`, by which an
+   integer `val_check_interval` validates (every later dev evaluation a step early), as seen in the
+   converged `cpu` table (its results page). `align_step_counts` sets both back at the first batch
+   after a restore (one optimizer, automatic optimization).
+2. A checkpoint written after an epoch's last step skips the next epoch either way: written inside
+   `on_train_batch_end` (`ModelCheckpoint`, SLURM's requeue), Lightning ends that epoch on restoring
+   and starts the next on the first pass it draws; written after it (a stop between steps), the old
+   epoch's batch count stays, so the next epoch stops after one batch. The loader saves such a
    position as the next epoch's start (`resume.ResumableLoader`) and `start_epoch_after_restore`
    zeroes the stale count.
 
-`tests/test_reproducibility.py` resumes from each kind of checkpoint and fails if the logged rows
-or dev evaluations differ from an uninterrupted run's, so a Lightning upgrade that changes this
-shows there.
+`tests/test_reproducibility.py` resumes from each kind of checkpoint and fails if the logged rows or
+dev evaluations differ from an uninterrupted run's, so a Lightning upgrade that changes this shows.
 """
 
 from __future__ import annotations

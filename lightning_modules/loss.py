@@ -6,18 +6,15 @@ For one target token with logits x (V values), label y and smoothing ε:
     nll  = lse(x) - x_y
     ∂loss/∂x_v = softmax(x)_v - (1 - ε)·[v = y] - ε/V
 
-`LabelSmoothedNLL` reads the logits once in the forward pass, into three fp32 numbers per row
-(lse, x_y, mean), and once in the backward pass, where each gradient value is formed from its
-logit, its row's lse and whether it is the target, and written in the logits' dtype. Eager, it
-works through the rows in chunks of about CHUNK_ELEMENTS values, so fp32 values exist for one chunk
-at a time; compiled, in one piece (a traced step has no loop over a symbolic row count), whose
-casts Inductor fuses into each pass's kernel; either way nothing V-wide in fp32 is kept for the
-backward pass. The textbook form, a log-softmax of the whole (N, V) matrix in
-fp32 with autograd for the rest, keeps an fp32 copy of bf16 logits and of their gradient (25K
-tokens × 37,000 pieces: 3.7 GB each), a large share of a GPU base step, eager or compiled (the GPU
-pages of benchmarks/README.md). It stays in use where it costs nothing: eager fp32 logits that fit
-one chunk (CPU training, where the chunked form is slower on small logits: the loss row of the
-index).
+Why: the textbook form, a log-softmax of the whole (N, V) matrix in fp32 with autograd for the
+rest, keeps fp32 copies of bf16 logits and of their gradient (25K tokens × 37,000 pieces: 3.7 GB
+each), a large share of a GPU base step (the GPU pages of benchmarks/README.md). `LabelSmoothedNLL`
+reads the logits once forward, into three fp32 numbers per row (lse, x_y, mean), and once backward,
+forming each gradient value from its logit, its row's lse and whether it is the target, written in
+the logits' dtype: eager in chunks of about CHUNK_ELEMENTS values, compiled in one piece (a traced
+step has no loop over a symbolic row count; Inductor fuses the casts). The textbook form stays where
+it costs nothing: eager fp32 logits that fit one chunk (on a CPU the chunked form is slower on small
+logits: the loss row of the index).
 """
 
 from __future__ import annotations
@@ -46,14 +43,11 @@ def _chunks(rows: int, vocab: int) -> list[slice]:
 
 
 def _grad(x: Tensor, target: Tensor, lse: Tensor, scale: Tensor, epsilon: float) -> Tensor:
-    """∂loss/∂x of rows of logits `x` (rows, V), each row's gradient scaled by `scale` (rows,),
-    formed in fp32 and returned in x's dtype: (softmax(x)_v - ε/V - (1 - ε)·[v = y])·scale.
-
-    Compiled, one pointwise expression (the target term a comparison with the column index), which
-    Inductor turns into one kernel that reads x and writes the result; a scatter there would make
-    it write the fp32 gradient out in full first. Eager, the same values in place on one fp32
-    buffer, the target term a scatter of one value per row: eager kernels cannot fuse, and the
-    comparison's (rows, V) temporaries made the CPU step's loss 2× slower."""
+    """∂loss/∂x of logits `x` (rows, V), each row's scaled by `scale` (rows,), formed in fp32 and
+    returned in x's dtype. Compiled, one pointwise expression (the target term a comparison with the
+    column index) that Inductor makes one kernel; a scatter would write the fp32 gradient out in full
+    first. Eager, in place on one fp32 buffer with a scatter of one value per row: the comparison's
+    (rows, V) temporaries made the CPU step's loss 2× slower."""
     vocab = x.size(-1)
     if torch.compiler.is_compiling():
         is_target = torch.arange(vocab, device=x.device) == target[:, None]
@@ -107,12 +101,9 @@ def _whole(flat: Tensor, target: Tensor, keep: Tensor, epsilon: float) -> tuple[
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
                        epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed label-smoothed loss, summed plain NLL and the number of non-pad target tokens.
-
-    `logits` (..., V) and `target` (...); positions whose target is `pad_id` count for nothing
-    (neither the loss nor the gradient sees what their logits hold). PyTorch's definition of
-    smoothing: (1 - ε)·(-log p_y) + ε·mean_v(-log p_v).
-    """
+    """Summed label-smoothed loss, summed plain NLL and the number of non-pad target tokens of
+    `logits` (..., V) against `target` (...); a `pad_id` target counts for nothing, in the loss or
+    the gradient. PyTorch's smoothing: (1 - ε)·(-log p_y) + ε·mean_v(-log p_v)."""
     flat = logits.reshape(-1, logits.size(-1))
     keep = target.reshape(-1) != pad_id
     flat_target = target.reshape(-1).masked_fill(~keep, 0)
@@ -127,13 +118,11 @@ class ProjectedLabelSmoothedNLL(torch.autograd.Function):
     """(summed smoothed loss, summed NLL) of hidden states (N, d) through the pre-softmax matrix
     `weight` (V, d), rows where `keep` is False left out; the NLL carries no gradient.
 
-    Method: the rows, padded to a multiple of `chunks` with left-out rows, are cut into `chunks`
-    equal pieces (always that many: a traced step has no data-dependent loop, and no guard on the
-    row count's remainder, which `tensor_split` would add and recompile for). Each piece's logits
-    are formed, reduced to its loss terms and turned into its gradients with respect to the hidden
-    states and the weight in the forward pass (∂loss/∂x as in `LabelSmoothedNLL`), then dropped: the full (N, V) logits never
-    exist, in any dtype. The backward pass scales those gradients by the incoming one (the loss is
-    a scalar). The matmuls run in whatever dtype autocast gives them.
+    The rows, padded with left-out rows, are cut into exactly `chunks` equal pieces (a traced step
+    has no data-dependent loop, and no guard on the row count's remainder, which `tensor_split`
+    would add). Each piece's logits are formed, reduced and turned into the gradients of hidden and
+    weight in the forward pass, then dropped: the (N, V) logits never exist, in any dtype. The
+    backward pass scales those gradients by the incoming one (the loss is a scalar).
     """
 
     @staticmethod
@@ -169,8 +158,7 @@ class ProjectedLabelSmoothedNLL(torch.autograd.Function):
 
 def projected_label_smoothed_nll(hidden: Tensor, weight: Tensor, target: Tensor, pad_id: int, epsilon: float,
                                  chunks: int) -> tuple[Tensor, Tensor, Tensor]:
-    """`label_smoothed_nll` of the logits `hidden @ weight.T` (hidden (..., d), weight (V, d)),
-    computed in `chunks` row pieces without forming the full logits (`ProjectedLabelSmoothedNLL`)."""
+    """`label_smoothed_nll` of `hidden @ weight.T`, in `chunks` row pieces (`ProjectedLabelSmoothedNLL`)."""
     flat = hidden.reshape(-1, hidden.size(-1))  # (N, d)
     keep = target.reshape(-1) != pad_id
     flat_target = target.reshape(-1).masked_fill(~keep, 0)

@@ -1,10 +1,7 @@
-"""A run's logged metrics across resumptions: `logs/metrics.csv` and the parts set aside before it.
-
-Lightning's CSVLogger deletes an existing `metrics.csv` when it starts, so a resumed run would lose
-its curve up to the checkpoint (dev PPL, loss, gradient norm, learning rate). Before a resumed run
-starts, `set_aside` renames the file to `metrics.part-K.until-STEP.csv`: the K-th interrupted
-attempt, resumed from its checkpoint at STEP. Its rows after STEP were redone by the next attempt
-and are not read; `read_rows` gives the run's one history in step order.
+"""A run's logged metrics across resumptions. Lightning's CSVLogger deletes an existing
+`logs/metrics.csv` when it starts, so before a resumed run starts `set_aside` renames it to
+`metrics.part-K.until-STEP.csv` (the K-th attempt, resumed at STEP; its rows after STEP were redone
+and are not read); `read_rows` gives the run's one history in step order.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ def _parts(log_dir: Path) -> list[tuple[int, int, Path]]:
 
 
 def set_aside(log_dir: Path, step: int) -> Path | None:
-    """Rename `log_dir/metrics.csv` (if any), the log of an attempt that the coming one resumes
-    at `step`; the new name."""
+    """Rename the log of an attempt the coming one resumes at `step` (if any); the new name."""
     current = log_dir / METRICS
     if not current.is_file():
         return None
@@ -41,8 +37,7 @@ def set_aside(log_dir: Path, step: int) -> Path | None:
 
 
 def _read(path: Path) -> list[dict[str, str]]:
-    """A log's rows, each with a whole-number step and numbers (or nothing) in every other column,
-    or one line naming the file: a damaged log is no traceback in whatever reads it."""
+    """A log's rows (a whole-number step, numbers or nothing elsewhere), or one line naming the file."""
     try:
         text = path.read_bytes().decode("utf-8")
         text = text[:text.rfind("\n") + 1]  # a line still being written (a run logging now) is not read yet
@@ -66,8 +61,7 @@ def _damaged(path: Path, what: str) -> UserError:
 
 
 def read_rows(log_dir: str | Path) -> list[dict[str, str]]:
-    """Every row of the run's history, oldest first: each attempt's rows up to the step the next
-    attempt resumed at (which may be earlier than where the attempt before it stopped)."""
+    """Every row of the run's history, oldest first: each attempt's up to the step the next resumed at."""
     log_dir = Path(log_dir)
     history: list[dict[str, str]] = []
     for _, until, path in _parts(log_dir):

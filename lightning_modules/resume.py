@@ -1,26 +1,16 @@
 """Resuming a run where it stopped, mid-epoch: the batches and dropout masks that follow are the
-ones an uninterrupted run would have had.
+ones an uninterrupted run would have had. Lightning restores weights, optimizer, schedule and loop
+counters, and a training DataLoader's state if it has one; a plain DataLoader would start the
+interrupted epoch again from its first batch.
 
-Lightning restores the weights, the optimizer, the schedule and the loop counters from a
-checkpoint. It also restores a training DataLoader that has `state_dict`/`load_state_dict` (its
-`_Stateful` protocol); a plain DataLoader would start the interrupted epoch again from its first
-batch, so the resumed run would see some batches twice and others not at all.
-
-- `ResumableLoader` is that DataLoader: its state is the epoch and how many of its batches have
-  finished their step, and after `load_state_dict` its next pass over the epoch starts after them
-  (`TokenBucketBatchSampler.resume_at`; the batch order is a function of seed and epoch).
-- `CountBatches` keeps that count. The loader's own iterator cannot: Lightning's fetcher has drawn
-  the next batch already when a checkpoint is written. Lightning runs checkpoint callbacks after
-  all others, so the count includes the step being saved.
-- `RandomState` puts torch's random generators (CPU and, where used, CUDA) into the checkpoint:
-  dropout goes on drawing what it would have. Nothing in training draws from Python's or NumPy's
-  global generators (batching has its own, seeded by epoch). A checkpoint written inside a step
-  (Ctrl-C in the forward pass) holds the generators as they were when that step began, since the
-  resumed run does the step again from its start.
-- `StepCountsAfterResume` puts Lightning's logging step and batch count back on the optimizer
-  step after such a checkpoint (`lightning_api.align_step_counts`): else every training row after
-  the resume is written a window late, one per epoch is lost, and each dev evaluation runs a step
-  early.
+- `ResumableLoader` is that DataLoader: its state is the epoch and how many of its batches finished
+  their step; its next pass starts after them (`TokenBucketBatchSampler.resume_at`).
+- `CountBatches` keeps that count (Lightning's fetcher has drawn the next batch already when a
+  checkpoint is written; checkpoint callbacks run last, so the count includes the step saved).
+- `RandomState` puts torch's generators into the checkpoint, so dropout draws on as it would have
+  (nothing in training draws from Python's or NumPy's); a checkpoint written inside a step holds
+  them as they were when the step began, as the resumed run does that step again.
+- `StepCountsAfterResume`: `lightning_api.align_step_counts` at the first batch of a fit.
 """
 
 from __future__ import annotations
@@ -35,8 +25,7 @@ from lightning_modules.lightning_api import align_step_counts, start_epoch_after
 
 
 class ResumableLoader(DataLoader):
-    """A training DataLoader whose position within the epoch is saved and restored by Lightning.
-    Its `batch_sampler` must have `epoch` and `resume_at(epoch, batches)`."""
+    """A training DataLoader whose position in the epoch Lightning saves and restores."""
 
     consumed = 0  # batches of the current epoch whose step has finished (see CountBatches)
 
@@ -70,8 +59,7 @@ class CountBatches(pl.Callback):
 
 
 class RandomState(pl.Callback):
-    """torch's CPU and CUDA generator states, saved in every checkpoint and restored on resume;
-    inside a step (between its batch's start and end), as they were when the step began."""
+    """torch's generator states in every checkpoint (inside a step: as at its start), restored on resume."""
 
     def __init__(self) -> None:
         self._at_step_start: dict[str, Any] | None = None
@@ -103,8 +91,7 @@ class RandomState(pl.Callback):
 
 
 class StepCountsAfterResume(pl.Callback):
-    """At the first batch of a fit, Lightning's logging step and batch count are made the optimizer
-    step again (`lightning_api.align_step_counts`)."""
+    """`lightning_api.align_step_counts` at the first batch of a fit."""
 
     def __init__(self) -> None:
         self._first = True

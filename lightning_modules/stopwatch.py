@@ -20,14 +20,11 @@ STOPPED_AFTER_S = 10.0  # a gap between its notes this long: no thread of the pr
 
 
 class _Stopped:
-    """The stretches in which this process was stopped (SIGSTOP, Ctrl-Z, SLURM's `scontrol
-    suspend`), which the host clock (`perf_counter`, CLOCK_MONOTONIC) runs on through.
-
-    A daemon thread notes the clock every TICK_S seconds. Stopped, it cannot, so a gap between two
-    notes longer than STOPPED_AFTER_S is a stretch in which no thread of the process ran; it is
-    counted from one tick after the last note (it may have begun up to TICK_S earlier). Shorter
-    gaps (a busy machine) count as the run's time. One watcher a process, started by the first
-    stopwatch that runs (again in a forked child, whose copy of the thread does not run).
+    """The stretches in which this process was stopped (SIGSTOP, Ctrl-Z, `scontrol suspend`), which
+    the host clock (CLOCK_MONOTONIC) runs on through: a daemon thread notes the clock every TICK_S,
+    and a gap between notes longer than STOPPED_AFTER_S (no thread ran) counts from one tick after
+    the last note; shorter gaps (a busy machine) are the run's time. One watcher a process, started
+    by the first stopwatch that runs (again in a forked child, where the thread's copy does not run).
     """
 
     def __init__(self) -> None:
@@ -62,8 +59,7 @@ STOPPED = _Stopped()
 
 
 class Stopwatch:
-    """Seconds accumulated over the stretches between `start()` and `stop()`: the host clock's,
-    less any time inside them in which the process was stopped (`_Stopped`)."""
+    """Seconds between `start()` and `stop()`, less those in which the process was stopped."""
 
     def __init__(self) -> None:
         self.seconds = 0.0  # the stretches ended so far
@@ -100,9 +96,7 @@ def process_age_s() -> float | None:
 
 
 class StartUp:
-    """Where a run's start-up goes: the process's age at the end of each named part, from the
-    process's start to its first training step (`parts`: each part's seconds, summing to the whole).
-    Ages come from /proc (clock ticks: 10 ms); where there is none, nothing is recorded."""
+    """Where a run's start-up goes: the process's age (/proc, 10 ms ticks) at each named part's end."""
 
     def __init__(self) -> None:
         self._ends: list[tuple[str, float]] = []
@@ -150,14 +144,9 @@ def _cpu_seconds() -> float:
 
 @dataclass
 class Stages:
-    """Wall seconds, CPU seconds (user + system, every thread) and peak RSS of named stretches of
-    a process, in the order they ran: `with stages("read"): ...`.
-
-    Each stage's peak RSS is its own where Linux can restart the high-water mark (clear_refs), else
-    the process's peak so far (either way memory that an earlier stage freed and the allocator kept
-    counts). A stage that runs longer than `note_after_s` wall seconds is also printed (stdout) when
-    it ends, so that a long data preparation shows where it is; stderr stays for errors.
-    """
+    """Wall seconds, CPU seconds and peak RSS (the stage's own where Linux can reset it) of named
+    stretches of a process (`with stages("read"): ...`); one longer than `note_after_s` is printed
+    when it ends (stdout: stderr is for errors), so a long data preparation shows where it is."""
 
     note_after_s: float = 30.0
     done: list[dict[str, Any]] = field(default_factory=list)

@@ -1,19 +1,14 @@
 """Token-budget batching (fairseq `--max-tokens`) with per-epoch shuffling and rank sharding.
 
-Example i is a pair (src_ids, tgt_ids) without special tokens. In a batch the source gets EOS
-appended and the target gets BOS prepended (decoder input) or EOS appended (decoder output),
-so each side is one token longer than its ids; the token budget counts those lengths.
-
-With `pad_multiple` m > 1 every batch's source and target lengths are rounded up to a multiple
-of m (GPU tensor cores and `torch.compile` see a few shapes instead of one per length); the
-token budget counts the rounded lengths, so a batch never exceeds `max_tokens` slots.
-
-With `ShapeBuckets` (`data.shape_buckets` K > 0) every training batch has one of a few static
-tensor shapes, for CUDA graphs: each side's lengths are padded up to one of K lengths chosen from
-the training corpus (`bucket_lengths`, multiples of `pad_multiple`), a batch holds the examples of
-one (source, target) length cell, and its row count is fixed by the cell, max_tokens // max(S, T);
-a cell's last batch is filled up with empty rows (source EOS, target BOS, no target token to
-predict: all their slots count as padding).
+Example i is a pair (src_ids, tgt_ids) without special tokens; in a batch the source gets EOS and
+the target BOS (decoder input) or EOS (decoder output), so each side is one token longer, and the
+token budget counts those lengths. With `pad_multiple` m > 1 every batch's lengths are rounded up
+to a multiple of m (GPU kernels and `torch.compile` see a few shapes), the budget counting the
+rounded lengths. With `ShapeBuckets` (`data.shape_buckets` K > 0, for CUDA graphs) every training
+batch has one of a few static shapes: each side padded up to one of K lengths fitted to the corpus
+(`bucket_lengths`), a batch holding one (source, target) length cell with the cell's fixed rows,
+max_tokens // max(S, T); a cell's last batch is filled with empty rows (source EOS, target BOS,
+nothing to predict: all padding). docs/gpu-performance.md compares the paddings.
 """
 
 from __future__ import annotations
@@ -37,12 +32,10 @@ def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
 
 
 def bucket_lengths(lengths: np.ndarray, count: int, multiple: int = 1) -> tuple[int, ...]:
-    """The `count` lengths (multiples of `multiple`, the longest included) that minimise the
-    padded slots sum(edge(n) - n) when every length n is padded up to the next of them, edge(n).
-
-    An exact dynamic programme over the distinct lengths: best[j] after k rounds = the least
-    padding of all lengths up to values[j] with k edges, the last at values[j]. With no more
-    distinct lengths than `count`, all of them (no padding).
+    """The `count` lengths (multiples of `multiple`, the longest included) that minimise the padded
+    slots when every length is padded up to the next of them: an exact dynamic programme over the
+    distinct lengths (best[j] after k rounds: the least padding of the lengths up to values[j] with
+    k edges, the last at values[j]); all of them when there are no more than `count`.
     """
     values, counts = np.unique(round_up(np.asarray(lengths, dtype=np.int64), multiple),
                                return_counts=True)
@@ -71,8 +64,7 @@ def bucket_lengths(lengths: np.ndarray, count: int, multiple: int = 1) -> tuple[
 
 @dataclass(frozen=True)
 class ShapeBuckets:
-    """Static batch shapes: the padded source and target lengths (EOS/BOS included, ascending)
-    and the token budget that fixes each (S, T) cell's rows, max(1, max_tokens // max(S, T))."""
+    """Static batch shapes: padded side lengths (EOS/BOS included, ascending) and the token budget."""
 
     src: tuple[int, ...]
     tgt: tuple[int, ...]
@@ -81,8 +73,7 @@ class ShapeBuckets:
     @classmethod
     def fit(cls, src_lengths: Sequence[int], tgt_lengths: Sequence[int], count: int,
             max_tokens: int, multiple: int = 1) -> ShapeBuckets:
-        """`count` lengths per side for a corpus (lengths of ids without specials): each side's
-        `bucket_lengths` of its lengths + 1 (EOS or BOS)."""
+        """`count` `bucket_lengths` per side for a corpus's lengths of ids (without specials)."""
         src = np.asarray(src_lengths, dtype=np.int64) + 1
         tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
         return cls(bucket_lengths(src, count, multiple), bucket_lengths(tgt, count, multiple),
@@ -92,8 +83,7 @@ class ShapeBuckets:
         return replace(self, max_tokens=max_tokens)
 
     def pad(self, src: np.ndarray | int, tgt: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
-        """The bucket lengths (S, T) that sides of `src` and `tgt` tokens (specials included)
-        are padded to; a side longer than its longest bucket is a ValueError."""
+        """The bucket lengths (S, T) sides of these lengths are padded to (ValueError beyond the longest)."""
         src, tgt = np.asarray(src, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
         if src.size and (src.max() > self.src[-1] or tgt.max() > self.tgt[-1]):
             raise ValueError(f"lengths ({int(src.max())}, {int(tgt.max())}) exceed the longest "
@@ -108,14 +98,11 @@ class ShapeBuckets:
 
 @dataclass(frozen=True)
 class BucketPlan:
-    """How a corpus's examples fill the cells of `ShapeBuckets`, the same in every epoch.
-
-    Cells are the (S, T) bucket lengths that hold examples, in ascending (S, T) order. Each cell
-    takes its own examples, then those carried into it, and cuts them into batches of its rows;
-    what is left over (fewer than its rows, possibly all) moves on to the smallest (S + T) other
-    cell that holds both lengths, so a rare cell makes no batch of its own and a partial batch
-    is filled by its neighbours' leftovers rather than by empty rows. Only a cell that nothing
-    holds keeps a last, partial batch.
+    """How a corpus's examples fill the cells of `ShapeBuckets` (the (S, T) bucket lengths that hold
+    examples, ascending), the same in every epoch: each cell cuts its own examples and those carried
+    into it into batches of its rows, and its leftover moves on to the smallest (S + T) other cell
+    that holds both lengths, so a rare cell makes no batch of its own and a partial batch is filled
+    by neighbours rather than empty rows. Only a cell that nothing holds keeps a partial last batch.
     """
 
     counts: tuple[int, ...]  # own examples per cell
@@ -148,9 +135,8 @@ class BucketPlan:
                    tuple(int(r) for r in rows), tuple(sizes))
 
     def arrange(self, order: np.ndarray) -> np.ndarray:
-        """`order` (examples sorted by cell) rearranged into the batches' order, cell by cell:
-        the cell's own examples then those carried into it, less the last ones that it carries
-        on, with one own example at the head of each batch (its shape is the cell's)."""
+        """`order` (examples sorted by cell) in the batches' order, cell by cell: its own examples, then
+        those carried in, less those carried on, one own example heading each batch (its shape's)."""
         runs = np.split(order, np.cumsum(self.counts)[:-1])
         incoming: list[list[np.ndarray]] = [[] for _ in runs]
         parts = []
@@ -167,10 +153,7 @@ class BucketPlan:
 
 
 def cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
-    """Greedy batch ends over `widths` (already sorted) so that size * max width <= max_tokens.
-
-    A single example wider than max_tokens forms its own batch.
-    """
+    """Greedy batch ends over sorted `widths` so that size * max width <= max_tokens (or one example)."""
     ends: list[int] = []
     size = widest = 0
     for position, width in enumerate(widths.tolist()):
@@ -188,21 +171,12 @@ def cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
 class TokenBucketBatchSampler(Sampler[list[int]]):
     """Batches of similar-length examples under a token budget, sharded across ranks.
 
-    Examples are sorted by length and cut greedily so that batch_size * max(longest source,
-    longest target) <= max_tokens, counting BOS/EOS. The sort key is the example's width
-    max(source, target), then the source-target difference in alternating ("snake") direction
-    from one width to the next, so consecutive examples have similar lengths on BOTH sides; on
-    the Ding sentences this halves the padding of a plain (target, source) sort. Ties are
-    broken by a permutation seeded with `seed + epoch`, so equal-length examples regroup every
-    epoch while the batch boundaries stay fixed (the sorted length sequence is the same). With
-    shuffle=True the order of the batches is shuffled per epoch with `seed + epoch`; with
-    shuffle=False both the grouping and the order are fixed. Every rank builds the same batch
-    list and takes every `num_replicas`-th batch; the list is padded by wrapping around so all
-    ranks get the same number of batches.
-
-    With `buckets` (`ShapeBuckets`) the sort key is the example's cell, its (source, target)
-    bucket lengths, instead, ties shuffled the same way, and each cell's run is cut into batches
-    of the cell's fixed rows, leftovers moving on to a larger cell (`BucketPlan`).
+    Examples are sorted by width max(source, target), then by the source-target difference in
+    alternating ("snake") direction, so neighbours are alike on both sides (half a (target, source)
+    sort's padding on Ding), or by cell with `buckets` (`BucketPlan`), and cut greedily under
+    max_tokens. Ties are broken by a permutation seeded with `seed + epoch`: examples regroup every
+    epoch while the batch boundaries stay. shuffle=True shuffles the batches' order per epoch too.
+    Every rank builds the same list, wrapped to a multiple of `num_replicas`, and takes its share.
     """
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int,
@@ -231,8 +205,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches done) for the next __iter__
-        # Ties only permute examples with equal (tgt, src) lengths, so the sorted length sequence
-        # and hence the batch boundaries are the same in every epoch: compute them once.
+        # ties only permute equal lengths: the batch boundaries are every epoch's, computed once
         order = self._sorted_order(None)
         if self.buckets is not None:
             self._plan = BucketPlan.of(*self.buckets.pad(self.src_lengths[order],
@@ -253,13 +226,11 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def resume_at(self, epoch: int, batches: int) -> None:
-        """The next pass, if it is over `epoch`, starts after this rank's first `batches` batches
-        (a run resumed mid-epoch; `lightning_modules.resume`)."""
+        """The next pass, if over `epoch`, starts after this rank's first `batches` (a resumed run)."""
         self._resume = (epoch, batches)
 
     def _sorted_order(self, rng: np.random.Generator | None) -> np.ndarray:
-        """Indices sorted by (width, snake difference), or by cell with buckets; ties in a
-        random (rng) or index order."""
+        """Indices sorted by (width, snake difference), or by cell; ties in `rng`'s or index order."""
         n = len(self.src_lengths)
         base = rng.permutation(n) if rng is not None else np.arange(n)
         src, tgt = self.src_lengths[base], self.tgt_lengths[base]
@@ -297,8 +268,7 @@ class TokenBucketBatchSampler(Sampler[list[int]]):
 
 def batch_shape(src: np.ndarray, tgt: np.ndarray, pad_multiple: int = 1,
                 buckets: ShapeBuckets | None = None) -> tuple[int, int, int]:
-    """(rows, source length, target length) of the tensors that a batch of examples with these
-    lengths (specials included) collates to: exact, rounded to `pad_multiple`, or a bucket's."""
+    """(rows, source length, target length) that a batch of these lengths (specials included) collates to."""
     s_max, t_max = int(np.max(src)), int(np.max(tgt))
     if buckets is None:
         return len(src), int(round_up(np.array(s_max), pad_multiple)), int(round_up(np.array(t_max), pad_multiple))
@@ -319,8 +289,7 @@ def batch_shapes(batches: Iterable[list[int]], src_lengths: Sequence[int],
 def padding_share(batches: Iterable[list[int]], src_lengths: Sequence[int],
                   tgt_lengths: Sequence[int], pad_multiple: int = 1,
                   buckets: ShapeBuckets | None = None) -> float:
-    """Padded slots / all slots of the `src` and `tgt_out` tensors these batches collate to
-    (a bucketed batch's empty rows included)."""
+    """Padded slots / all slots of the `src` and `tgt_out` tensors these batches collate to."""
     batches = list(batches)
     src = np.asarray(src_lengths, dtype=np.int64) + 1
     tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
@@ -350,14 +319,11 @@ def _place(rows: int, width: int, seqs: list[list[int]], pad_id: int, before: in
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = PAD_ID,
             pad_multiple: int = 1, buckets: ShapeBuckets | None = None
             ) -> dict[str, torch.Tensor | int]:
-    """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens`,
-    in the shape `batch_shape` gives (with buckets: empty rows below the examples).
-
-    An empty row is source EOS and target-in BOS, then padding, and a target-out of padding
-    only: the loss and `n_tokens` never see it; its one source key keeps every attention row
-    over at least one position (a fully masked row is NaN in some SDPA kernels).
-    Vectorised (no per-sentence tensors): a 25K-token batch collates in about a millisecond.
-    `n_tokens` (real target tokens) is a Python int, so counting it never waits for a GPU.
+    """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens` (a Python
+    int: counting it never waits for a GPU), in the shape `batch_shape` gives. An empty row (buckets)
+    is padding but for a source EOS and a target-in BOS: its one key keeps every attention row over
+    a position (a fully masked row is NaN in some SDPA kernels); the loss never sees it. Vectorised:
+    a 25K-token batch collates in about a millisecond.
     """
     size = len(examples)
     srcs = [s for s, _ in examples]

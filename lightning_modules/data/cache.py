@@ -3,11 +3,9 @@ corpus (`ding/` pairs, `bpe/` models, `encoded/` splits), kept in `data.cache_di
 that needs it, under a key: a digest of everything it is derived from (the inputs, the settings,
 the versions and the deriving code's source), so a changed input or rule never reads an old entry.
 
-An optimisation only: an entry absent, unreadable or failing its reader's checks is derived and
-written again, one that cannot be written is left unwritten, and two processes that derive one
-entry write the same content, each atomically. Deriving at once is safe but wasteful (eight SLURM
-array tasks on a cold cache would each download and encode WMT14, about 5 GB each), so a launcher
-prepares a corpus holding `alone`'s file lock in the cache folder; the others wait, then read.
+An optimisation only: an entry that fails its reader's checks is derived and written again, atomically.
+Deriving at once is safe but wasteful (eight SLURM array tasks on a cold cache would each encode
+WMT14), so a launcher prepares a corpus holding `alone`'s file lock; the others wait, then read.
 """
 
 from __future__ import annotations
@@ -38,9 +36,8 @@ def key(*parts: bytes | str | int) -> str:
 
 
 def texts_digest(texts: Sequence[str]) -> bytes:
-    """A digest of `texts` (their order, count and content). A chunk is hashed as its texts joined
-    by newlines; one where a text holds a newline itself also hashes its texts' lengths (and a
-    different first byte), so that no two lists give the same bytes."""
+    """A digest of `texts` (order, count, content), a chunk hashed joined by newlines, with its texts'
+    lengths too where a text holds a newline, so that no two lists give the same bytes."""
     digest = hashlib.sha256(len(texts).to_bytes(8, "little"))
     for start in range(0, len(texts), TEXT_CHUNK):
         chunk = texts[start:start + TEXT_CHUNK]
@@ -64,10 +61,8 @@ def entry(cache_dir: str | Path, kind: str, name: str) -> Path:
 
 
 def store(path: Path, data: bytes | Callable[[BinaryIO], None]) -> bool:
-    """Write an entry atomically (`io.atomic_write_bytes`, not synced to disk: a reader checks every
-    entry, and one a crash damaged is derived again): `data`, or what `data(file)` writes (a large
-    entry is written straight to its temporary file, never held whole in memory). A cache that
-    cannot be written is left as it is (False)."""
+    """Write an entry, `data` or what `data(file)` writes, atomically but unsynced (a reader checks
+    every entry); False where the cache cannot be written."""
     try:
         atomic_write_bytes(path, data, sync=False)
     except OSError:
@@ -77,10 +72,8 @@ def store(path: Path, data: bytes | Callable[[BinaryIO], None]) -> bool:
 
 @contextlib.contextmanager
 def alone(cache_dir: str | Path, name: str, waiting: Callable[[Path], None]) -> Iterator[None]:
-    """Hold the cache's lock `name` (`.NAME.lock` in the cache folder) for the block: one process
-    at a time prepares what the others then read. `waiting(lock)` is called once when another
-    process holds it. A cache folder that cannot be written is no error: the block runs unlocked,
-    as the cache itself does without it."""
+    """Hold the cache's lock `name` for the block (`waiting(lock)` called once if another process
+    holds it); a cache folder that cannot be written is no error: the block runs unlocked."""
     folder = Path(cache_dir).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)

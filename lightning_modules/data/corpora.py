@@ -1,13 +1,8 @@
 """Parallel corpora as raw text: reading text files, the loaders of user files, Multi30k and WMT14
-EN-DE (the Ding dictionary's: ding.py), and `load_corpus`, which calls the loader that a corpus's
-entry in `config.CORPORA`, the one registry of corpora, names.
-
-Every loader returns a `Corpus` of `ParallelText` splits oriented `cfg.src_lang -> cfg.tgt_lang`.
-Whatever a user can fix (a missing file, bad encoding, a failed download) raises `UserError`
-with one line that names the file, line or URL.
-
-Files are read a line at a time; with `data.train_pairs` a training file is read twice (count, then
-keep the chosen pairs), so that only the subset is ever held in memory (WMT14: 1M of 4.5M pairs).
+(Ding's: ding.py), and `load_corpus`, which calls the loader a corpus's entry in `config.CORPORA`
+names. Every loader returns a `Corpus` of `ParallelText` splits oriented `cfg.src_lang ->
+cfg.tgt_lang`; whatever a user can fix is one `UserError` line naming the file, line or URL. Files
+are read a line at a time, and with `data.train_pairs` only the subset is ever held (`read_parallel`).
 """
 
 from __future__ import annotations
@@ -96,9 +91,8 @@ MAX_LINE_BYTES = 2 ** 20  # a sentence pair's side is never a megabyte: a longer
 
 
 def _raw_lines(path: Path) -> Iterator[bytes]:
-    """The lines of a plain or gzipped file (gzip told by its magic bytes), each with its b"\\n",
-    read as a stream a line at a time, none longer than MAX_LINE_BYTES (a gzip bomb of one endless
-    line, or a binary file, is one line of error instead of the memory it would take)."""
+    """The lines of a plain or gzipped file (told by its magic bytes), each with its b"\\n", streamed,
+    none longer than MAX_LINE_BYTES (a gzip bomb of one endless line is one line of error)."""
     check_readable_file(path)
     gzipped = False
     try:
@@ -116,10 +110,8 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
 
 
 def _text_lines(path: Path) -> Iterator[str]:
-    """UTF-8 lines without line ends, one at a time (a BOM at the start dropped).
-
-    Splits on "\\n" only (not on Unicode line separators, which would break alignment).
-    """
+    """UTF-8 lines without line ends, one at a time, a leading BOM dropped; split on "\\n" only
+    (Unicode line separators would break the alignment)."""
     for line_no, raw in enumerate(_raw_lines(path), start=1):
         try:
             line = raw.decode("utf-8")
@@ -144,9 +136,8 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def _checked_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
-    """The stripped (src, tgt) lines of two aligned files, read side by side; pairs where both
-    lines are blank are skipped, and an empty file, unequal line counts or a line blank on one
-    side only is a `UserError`."""
+    """The stripped (src, tgt) lines of two aligned files, both-blank pairs skipped; an empty file,
+    unequal line counts or a line blank on one side only is a `UserError`."""
     line_no = 0
     src_lines, tgt_lines = _text_lines(src_path), _text_lines(tgt_path)
     for line_no, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), start=1):
@@ -163,20 +154,16 @@ def _checked_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
             continue
         if not s or not t:
             empty, other = (src_path, tgt_path) if not s else (tgt_path, src_path)
-            raise UserError(f"{empty}: line {line_no} is empty but line {line_no} of {other} "
-                            f"is not")
+            raise UserError(f"{empty}: line {line_no} is empty but line {line_no} of {other} is not")
         yield s, t
     if line_no == 0:
         raise UserError(f"{src_path}: file is empty")
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path, keep: int | None = None) -> ParallelText:
-    """Read two aligned files (plain or .gz); pairs where both lines are blank are skipped.
-
-    With `keep`, only the `keep` pairs that `subset` would keep of the whole text (`subset_indices`),
-    in two passes over the files: the first checks and counts the pairs, the second keeps the chosen
-    ones, so that memory holds the subset only (WMT14's 4.5M pairs are ~1.3 GB of text a side).
-    """
+    """Two aligned files (plain or .gz), both-blank pairs skipped. With `keep`, only the pairs
+    `subset` would keep, in two passes (count, then keep), so memory holds the subset only (WMT14's
+    4.5M pairs are ~1.3 GB of text a side)."""
     src_path, tgt_path = Path(src_path).expanduser(), Path(tgt_path).expanduser()
     if keep is None:
         return ParallelText.from_pairs(_checked_pairs(src_path, tgt_path))
@@ -274,31 +261,18 @@ def load_multi30k(cfg: DataConfig, stages: Stages) -> Corpus:
 
 
 def wmt14_archives(base_url: str | None) -> tuple[tuple[str, str], ...]:
-    """The training archives as (URL, member prefix): statmt.org's, or the same file names under
-    `base_url` (a mirror that holds the three archives side by side)."""
+    """The training archives as (URL, member prefix): statmt.org's, or the same names under `base_url`."""
     if not base_url:
         return WMT14_TRAIN_ARCHIVES
     base = base_url if base_url.endswith("/") else base_url + "/"
     return tuple((base + url.rsplit("/", 1)[-1], prefix) for url, prefix in WMT14_TRAIN_ARCHIVES)
 
 
-def _wmt14_train_ready(cache: Path, langs: Sequence[str]) -> bool:
-    return all((cache / f"train.{lang}").is_file() for lang in langs)
-
-
-def download_archives(cache: Path, archives: Sequence[tuple[str, str]]) -> list[tuple[Path, str]]:
-    """Each archive downloaded into `cache` (kept there), as (local path, member prefix)."""
-    return [(download(url, cache / url.rsplit("/", 1)[-1]), prefix) for url, prefix in archives]
-
-
 def extract_train(cache: Path, archives: Sequence[tuple[Path, str]],
                   langs: Sequence[str] = ("en", "de")) -> None:
-    """Build `cache/train.LANG` by concatenating the `PREFIX.LANG` members of the local archives.
-
-    Streams each member in 1 MB pieces (the Common Crawl members are ~400 MB) and stops reading an
-    archive once its members are found (the others are the archive's other language pairs); the
-    files appear only when complete (a temporary folder, then os.replace).
-    """
+    """`cache/train.LANG`, the `PREFIX.LANG` members of the local archives concatenated: streamed in
+    1 MB pieces, each archive read only until its members are found, the files appearing only when
+    complete (a temporary folder, then os.replace)."""
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         outs = {lang: open(Path(tmp) / f"train.{lang}", "wb") for lang in langs}
@@ -316,8 +290,7 @@ def extract_train(cache: Path, archives: Sequence[tuple[Path, str]],
                             if not wanted:
                                 break
                 except (tarfile.TarError, zlib.error, EOFError, gzip.BadGzipFile) as err:  # damaged
-                    raise UserError(f"{archive}: not a valid archive ({err}); delete it and "
-                                    f"retry") from None
+                    raise UserError(f"{archive}: not a valid archive ({err}); delete it and retry") from None
                 if wanted:
                     raise UserError(f"{archive} lacks {', '.join(sorted(wanted))}")
         finally:
@@ -359,9 +332,8 @@ def _fetch_wmt14_eval(cache: Path, stem: str, langs: Sequence[str]) -> None:
 
 
 def load_wmt14(cfg: DataConfig, stages: Stages) -> Corpus:
-    """WMT14 from `data_dir` (the files `train.*`, `newstest2013.*`, `newstest2014.*`), or downloaded
-    once into `cache_dir/wmt14`: the training archives from statmt.org or the `base_url` mirror,
-    then extracted; the dev and test sets through sacreBLEU, or the mirror's `newstest201X.LANG`."""
+    """WMT14 from `data_dir`, or downloaded once into `cache_dir/wmt14` (the training archives from
+    statmt.org or the `base_url` mirror; dev and test through sacreBLEU or the mirror)."""
     if cfg.data_dir:
         with stages("read"):
             return _fetch_splits(cfg, "wmt14", WMT14_SPLITS, None)
@@ -371,8 +343,9 @@ def load_wmt14(cfg: DataConfig, stages: Stages) -> Corpus:
         raise UserError(f"WMT14 is English-German here; got {cfg.src_lang}-{cfg.tgt_lang}")
     paths: dict[str, list[Path]] = {"train": [cache / f"train.{lang}" for lang in langs]}
     with stages("download"):
-        archives = ([] if _wmt14_train_ready(cache, langs)
-                    else download_archives(cache, wmt14_archives(cfg.base_url)))
+        ready = all(path.is_file() for path in paths["train"])
+        archives = [] if ready else [(download(url, cache / url.rsplit("/", 1)[-1]), prefix)  # kept
+                                     for url, prefix in wmt14_archives(cfg.base_url)]
         for split, stem in WMT14_SPLITS.items():
             if split == "train":
                 continue
@@ -396,8 +369,7 @@ SUBSET_SEED = 20170612  # fixed, so every row and seed of a table trains on the 
 
 
 def subset_indices(total: int, n: int | None) -> list[int]:
-    """The indices of the `n` of `total` pairs a subset keeps: drawn at random (always the same
-    ones for the same total), sorted; all of them if `n` is None or not below `total`."""
+    """The sorted indices of the `n` of `total` pairs a subset keeps, always the same (all: `n` None)."""
     if n is None or n >= total:
         return list(range(total))
     return sorted(random.Random(SUBSET_SEED).sample(range(total), n))
@@ -412,15 +384,11 @@ def subset(text: ParallelText, n: int | None) -> ParallelText:
 
 
 def load_corpus(cfg: DataConfig, stages: Stages | None = None) -> Corpus:
-    """The corpus named by `cfg.corpus`, oriented `cfg.src_lang -> cfg.tgt_lang`, its training
-    side cut to `cfg.train_pairs` pairs (the files of `files`, `multi30k` and `wmt14` are cut as
-    they are read: `read_parallel`'s `keep`); `stages` records how long each step took (WMT14:
-    download, extract, read; every corpus: read, subset)."""
+    """The corpus `cfg.corpus`, its training side cut to `cfg.train_pairs`; `stages` times each step."""
     try:
         module, function = CORPORA[cfg.corpus].loader.rsplit(".", 1)
     except KeyError:
-        raise UserError(f"unknown corpus {cfg.corpus!r}; choose one of "
-                        f"{', '.join(CORPORA)}") from None
+        raise UserError(f"unknown corpus {cfg.corpus!r}; choose one of {', '.join(CORPORA)}") from None
     loader = getattr(import_module(f"lightning_modules.data.{module}"), function)
     stages = stages if stages is not None else Stages()
     corpus = loader(cfg, stages)

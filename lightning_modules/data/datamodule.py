@@ -15,9 +15,8 @@ from lightning_modules.resume import ResumableLoader
 
 
 class TranslationDataModule(TranslationData, pl.LightningDataModule):
-    """`TranslationData` (corpus -> shared BPE -> encoded splits) with Lightning's hooks: the
-    corpus and BPE prepared once per node, shuffled token batches for training sharded over the
-    trainer's ranks, dev batches in a fixed order."""
+    """`TranslationData` with Lightning's hooks: corpus and BPE prepared once per node, training
+    batches shuffled and sharded over the trainer's ranks, dev batches in a fixed order."""
 
     def prepare_data(self) -> None:
         """Download the corpus and train the BPE model once (Lightning: local rank 0 only)."""
@@ -45,8 +44,7 @@ class TranslationDataModule(TranslationData, pl.LightningDataModule):
                     generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled token batches of train (+ extra_train), reshuffled by `set_epoch`, which Lightning
-        calls on `loader.batch_sampler.sampler` (the sampler itself); needs `use_distributed_sampler=False`."""
+        """Training batches, reshuffled by `set_epoch` (needs `use_distributed_sampler=False`)."""
         self.setup()
         replicas, rank = self._shards()
         self.train_sampler = TokenBucketBatchSampler(

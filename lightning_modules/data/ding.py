@@ -156,9 +156,8 @@ def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[st
 
 def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool = True
                         ) -> tuple[list[tuple[str, str]], list[tuple[str, str]] | None]:
-    """`extract_ding(path)` (most of a short run's start-up), kept in `cache_dir/ding/` under a digest
-    of the dictionary's bytes and this module's source; the word/phrase pairs (the larger part) are
-    read only when `phrases` is set, else None."""
+    """`extract_ding(path)` (most of a short run's start-up), kept in the cache; the word/phrase pairs
+    (the larger part) read only when `phrases` is set, else None."""
     path = Path(path).expanduser()
     if not path.is_file():
         return extract_ding(path)  # its one-line UserError

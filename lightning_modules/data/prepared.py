@@ -1,9 +1,6 @@
-"""A corpus made ready for a run, without Lightning: the corpus read, the shared BPE trained or
-reused, every split encoded and length-filtered, and the statistics a run records.
-
-`TranslationDataModule` (datamodule.py) serves it to Lightning; a table's or a sweep's checks
-before anything is queued (`preflight.prepare_data`) prepare it alone, so the command that queues
-a table loads no Lightning (seconds of its start-up on a small CPU).
+"""A corpus made ready for a run, without Lightning (so the command that queues a table, which
+prepares it first, loads none): the corpus read, the shared BPE trained or reused, every split
+encoded and length-filtered, and the statistics a run records. `TranslationDataModule` serves it.
 """
 
 from __future__ import annotations
@@ -97,8 +94,7 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 
 def read_encoded(path: Path, pairs: int, vocab_size: int) -> EncodedPairs | None:
-    """An encoded split from the cache, or None where the entry is absent, unreadable or not one of
-    `pairs` pairs of ids below `vocab_size` (then it is encoded again)."""
+    """An encoded split from the cache; None if absent, unreadable or not `pairs` pairs of valid ids."""
     try:
         with np.load(path, allow_pickle=False) as entry:
             arrays = [entry[name] for name in ARRAYS]
@@ -121,15 +117,9 @@ def concatenate(parts: Sequence[EncodedPairs]) -> EncodedPairs:
 
 
 class TranslationData:
-    """Loads `cfg.corpus`, trains or reuses `run_dir/spm.model` and encodes every split.
-
-    The BPE model sees only training text (train + extra_train, both sides). Training pairs
-    with more than min(cfg.max_train_len, max_len - 1) wordpieces on either side are dropped;
-    validation pairs only when they exceed max_len - 1 (the model could not take them).
-    `pad_multiple` rounds every batch's lengths up to a multiple (see `batching`);
-    `cfg.shape_buckets` K > 0 gives training batches static shapes, `buckets` (K lengths per side
-    fitted to the training pairs' lengths; dev batches keep exact lengths, as they run eagerly).
-    """
+    """Loads `cfg.corpus`, trains or reuses `run_dir/spm.model` (on training text) and encodes every
+    split; training pairs longer than min(cfg.max_train_len, max_len - 1) pieces are dropped, dev
+    pairs beyond max_len - 1. Dev batches keep exact lengths (they run eagerly)."""
 
     def __init__(self, cfg: DataConfig, run_dir: str | Path, seed: int = 1,
                  max_len: int = 512, pad_multiple: int = 1) -> None:
@@ -178,8 +168,7 @@ class TranslationData:
         return self._digests[id(split)]
 
     def corpus_digest(self) -> str:
-        """A digest of the corpus's text as this run reads it (every split, both sides): what a
-        table's runs are trained and scored on, wherever its files are kept."""
+        """A digest of the corpus's text as this run reads it (every split, both sides)."""
         corpus = self._load()
         parts = (corpus.train, corpus.extra_train, corpus.valid, corpus.test)
         return cache.key("corpus", *(self._digest(part) if part is not None else b"" for part in parts))
@@ -270,9 +259,8 @@ class TranslationData:
             "valid_padding_share": padding_share(valid_sampler.global_batches(),
                                                  self.valid_set.src_lengths,
                                                  self.valid_set.tgt_lengths, self.pad_multiple),
-            # exp(entropy) of the training targets' wordpiece frequencies (EOS included): the
-            # perplexity of a model that ignores the source and the context. A trained model
-            # above it has learnt nothing (the convergence rule's "diverged" line).
+            # the perplexity of a model that ignores the source and the context (EOS included): the
+            # convergence rule's "diverged" line
             "unigram_ppl": round(unigram_perplexity(self.train_set._tgt, len(self.train_set),
                                                     self.vocab_size), 3),
             "setup_seconds": 0.0,
@@ -297,8 +285,7 @@ class TranslationData:
         return self.tokenizer.decode([i for i in ids if i not in (PAD_ID, BOS_ID)])
 
     def _encode_split(self, split: ParallelText, name: str, encoder: str) -> EncodedPairs:
-        """The split `name` encoded with this run's BPE model (`encoder`: its key): from the cache,
-        else encoded and kept there."""
+        """The split `name` encoded with this run's BPE model (key `encoder`), from the cache if there."""
         digest = cache.key(encoder, self._digest(split))
         path = cache.entry(self.cfg.cache_dir, "encoded", f"{digest}.npz")
         pairs = read_encoded(path, len(split), self.vocab_size)
@@ -310,8 +297,7 @@ class TranslationData:
         return pairs
 
     def _encode_fresh(self, split: ParallelText) -> EncodedPairs:
-        """Both sides encoded `ENCODE_CHUNK` sentences at a time, each chunk packed at once (the
-        Python lists of a 1M-pair split's ids would take ~2.5 GB)."""
+        """Both sides encoded and packed `ENCODE_CHUNK` sentences at a time (1M pairs' lists: ~2.5 GB)."""
         sides = []
         for texts in (split.src, split.tgt):
             chunks = [EncodedPairs._pack(self.encode(texts[start:start + ENCODE_CHUNK]))
@@ -328,22 +314,19 @@ class TranslationData:
 
     @property
     def batch_tokens(self) -> int:
-        """Tokens per side of one batch: the step's `data.max_tokens` over the batches it is split
-        into (one per device and accumulated batch)."""
+        """Tokens per side of one batch: `data.max_tokens` over the batches a step is split into."""
         return self.cfg.max_tokens // self.micro_batches
 
     def split_steps(self, micro_batches: int) -> None:
-        """Split each optimizer step's `data.max_tokens` into `micro_batches` batches (the devices
-        a run trains on times its accumulated batches), so that a step holds the same tokens on
-        any number of devices; every pair must still fit one of them."""
+        """Split each step's `data.max_tokens` into `micro_batches` batches (devices × accumulated
+        batches), so a step holds the same tokens on any number of devices; every pair must fit one."""
         self.micro_batches = max(1, micro_batches)
         for split, kept in (("training", self.train_set), ("dev", self.valid_set)):
             self._check_budget(split, kept)
 
     def _check_budget(self, split: str, kept: EncodedPairs) -> None:
-        """Every pair must fit a batch of `batch_tokens` tokens per side (its longer side with
-        BOS/EOS, rounded up to `data.pad_multiple`): a wider one would make a batch of its own over
-        the cap, unseen."""
+        """Every pair must fit a batch of `batch_tokens` (its longer side with BOS/EOS, rounded up to
+        `data.pad_multiple`): a wider one would make a batch of its own over the cap, unseen."""
         widest = int(np.maximum(kept.src_lengths, kept.tgt_lengths).max()) + 1
         widest = -(-widest // self.pad_multiple) * self.pad_multiple
         if widest > self.batch_tokens:

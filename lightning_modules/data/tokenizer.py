@@ -33,12 +33,9 @@ def load(model_path: str | Path) -> spm.SentencePieceProcessor:
 def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
                   input_sentence_size: int, seed: int = 0, cached: Path | None = None
                   ) -> tuple[spm.SentencePieceProcessor, str]:
-    """The model at `model_path`, else a copy of the cache entry `cached` (a `.model` beside its
-    `.vocab`), else a BPE model trained on `texts`, saved there and copied to `cached`; and where it
-    came from: "run directory", "cache" or "trained". Trained under a temporary prefix, then moved
-    into place (.vocab first, .model last), so a concurrent or interrupted run never sees half a
-    model. Deterministic for one input and seed, at any thread count.
-    """
+    """The model at `model_path`, else the cache entry `cached`'s, else one trained on `texts` (and
+    cached), and where it came from. Trained under a temporary prefix, then moved into place (.vocab
+    first), so no run sees half a model; deterministic for one input and seed at any thread count."""
     model_path = Path(model_path)
     if model_path.is_file():
         try:
@@ -90,8 +87,7 @@ def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
 
 
 def _from_cache(cached: Path, model_path: Path) -> bool:
-    """Copy the cache entry `cached` (.vocab, then .model) to `model_path` if it holds a model of
-    ours; False where it is absent, unreadable or not one (it is then trained and written again)."""
+    """Copy the cache entry `cached` (.vocab, then .model) to `model_path`; False: no model of ours."""
     try:
         load(cached)
         model, vocab = cached.read_bytes(), cached.with_suffix(".vocab").read_bytes()

@@ -1,10 +1,8 @@
-"""The attention weights of a run's model on one sentence pair, computed explicitly.
-
-The model attends through PyTorch's SDPA kernels, which never hand out their weights. Forward
-hooks on every `MultiHeadAttention` see each call's inputs and output; from the inputs, with the
-module's own projection weights, they compute softmax(QKᵀ/√d_k + mask) and from it the sub-layer's
-output, W_o·concat(softmax(·)V). That explicit output is compared with the one SDPA produced
-(`AttentionMaps.max_difference`): the weights drawn are the ones of the model that was trained.
+"""The attention weights of a run's model on one sentence pair, computed explicitly: SDPA kernels
+never hand out their weights, so forward hooks on every `MultiHeadAttention` compute softmax(QKᵀ/√d_k
++ mask) from each call's inputs with the module's own projections, and from it the sub-layer's
+output, compared with SDPA's (`AttentionMaps.max_difference`): the weights drawn are the trained
+model's.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ from lightning_modules.transformer import MultiHeadAttention, Transformer
 
 def explicit_attention(module: MultiHeadAttention, x: Tensor, memory: Tensor, mask: Tensor | None = None,
                        is_causal: bool = False) -> tuple[Tensor, Tensor]:
-    """(weights (B, h, T_q, T_k), output (B, T_q, d_model)) of `module` for queries from `x` over
-    keys/values from `memory`; `mask` the additive bias SDPA takes (0 where attending is allowed,
-    -inf where not: `Transformer.padding_mask`)."""
+    """(weights (B, h, T_q, T_k), output (B, T_q, d_model)) of `module`, queries from `x`, keys and
+    values from `memory`; `mask` the additive bias SDPA takes (`Transformer.padding_mask`)."""
     q = module.queries(x)  # the module's own projections: rotary and shared key/value heads included
     k, v = module.per_query_head(*module.project_kv(memory))
     scores = q @ k.transpose(-2, -1) / math.sqrt(module.d_k)
@@ -52,8 +49,7 @@ class AttentionMaps:
 
 @torch.no_grad()
 def attention_maps(model: Transformer, src: list[int], tgt: list[int], pieces) -> AttentionMaps:
-    """Run `model` (teacher-forced) on source ids `src` and target ids `tgt` (both without
-    specials) and collect every head's weights; `pieces(ids)` names the wordpieces."""
+    """Every head's weights of `model` teacher-forced on `src` and `tgt`, named by `pieces(ids)`."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -95,8 +91,8 @@ FIXED_PIECES = (8, 30)  # the fixed dev sentence: the first with this many wordp
 
 
 def fixed_sentence(sources: list[list[int]]) -> int | None:
-    """Index of the run's fixed dev sentence: the first of FIXED_PIECES wordpieces (the same in
-    every row of a table, whose runs share the corpus and so the BPE), else the first non-empty."""
+    """Index of the run's fixed dev sentence (one for every row of a table, which share the BPE): the
+    first of FIXED_PIECES wordpieces, else the first non-empty."""
     low, high = FIXED_PIECES
     for i, ids in enumerate(sources):
         if low <= len(ids) <= high:
@@ -105,10 +101,8 @@ def fixed_sentence(sources: list[list[int]]) -> int | None:
 
 
 def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:
-    """A finished run's `attention.npz`: every head's weights on the fixed dev sentence of `data` (a
-    prepared `TranslationData`) and its translation with the run's decoding settings (`eval_cfg`),
-    as a compressed npz of float16 arrays, written atomically; False when the dev set has no
-    sentence to use."""
+    """A finished run's `attention.npz` (float16): every head's weights on the fixed dev sentence of
+    `data` and its translation by `eval_cfg`; False when the dev set has no sentence to use."""
     import io
     from pathlib import Path
 

@@ -1,8 +1,6 @@
-"""The attention pictures, and the file a finished run keeps its weights in (`attention.npz`).
-
-Drawn with matplotlib from arrays (numpy, or CPU tensors): no torch here, so the report, the
-archive and the W&B logging of a finished run share one drawing and one file format. The weights
-themselves are computed in `lightning_modules.run.attention`.
+"""The attention pictures, and the file a finished run keeps its weights in (`attention.npz`),
+drawn from arrays with no torch here, so the report, the archive and a run's W&B logging share one
+drawing and one file format (the weights: `lightning_modules.run.attention`).
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ def png_bytes(fig: "Figure") -> bytes:
 
 
 def attention_figure(maps, kind: str, layers: list[int], heads: list[int]) -> "Figure":
-    """A grid of `layers` (rows, 0-based) × `heads` (columns) panels of one kind's weights
-    (`maps`: an `AttentionMaps`, whose `weights[kind]` is (layers, heads, T_q, T_k))."""
+    """A grid of `layers` × `heads` (0-based) panels of one kind's weights in `maps` (`AttentionMaps`)."""
     plt = _pyplot()
     queries, keys = maps.labels[kind]
     size = max(MIN_PANEL_INCHES, INCH_PER_PIECE * max(len(queries), len(keys)) + 1.0)
@@ -77,9 +74,7 @@ def attention_figure(maps, kind: str, layers: list[int], heads: list[int]) -> "F
 
 
 def group_attention_figure(rows: list[tuple[str, np.ndarray, list[str]]]) -> "Figure":
-    """Per Table 3 row (label, its encoder self-attention (layers, heads, S, S), source pieces):
-    the last encoder layer's heads side by side, 16 to a line; the wordpieces on the first panel
-    of each row."""
+    """Per row (label, encoder self-attention, source pieces): the last layer's heads, 16 to a line."""
     plt = _pyplot()
     lines = [(label, w[-1], src, start) for label, w, src in rows
              for start in range(0, w.shape[1], HEADS_PER_LINE)]
@@ -107,8 +102,7 @@ def group_attention_figure(rows: list[tuple[str, np.ndarray, list[str]]]) -> "Fi
 
 
 def saved_row(path: str | Path, row: str) -> tuple[str, np.ndarray, list[str]]:
-    """One row of the group figure from a run's `attention.npz`: ('ROW (h=H)', its encoder
-    self-attention, the source pieces)."""
+    """A run's `attention.npz` as a group figure's row: ('ROW (h=H)', encoder self-attention, source)."""
     weights, source, _, _ = load_attention(path)
     encoder = weights[KINDS[0]]
     return f"{row} (h={encoder.shape[1]})", encoder, source

@@ -1,9 +1,7 @@
-"""What a result depends on beyond its configuration: software versions, the processor and GPU,
-the vector kernels in use, thread counts, precision and deterministic algorithms. Recorded in
-results.json so that a report can tell reruns on the same setup (bitwise identical on a CPU) from
-runs on another: float sums come out in another order with another thread count (matmuls,
-reductions) or other vector kernels (ATen's CPU capability, MKL's code path), and the results
-differ slightly (the reproducibility row of benchmarks/README.md)."""
+"""What a result depends on beyond its configuration, recorded in results.json so that a report can
+tell reruns on the same setup (bitwise identical on a CPU) from runs on another: another thread
+count or other vector kernels (ATen's CPU capability, MKL's code path) sum floats in another order
+(the reproducibility row of benchmarks/README.md)."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ def cpu_model() -> str:
 
 
 def cpu_family() -> str | None:
-    """The vendor's family and model numbers ("family 26 model 2"; Linux /proc/cpuinfo), else None.
-    A virtual machine's model name is often the brand alone ("AMD EPYC"), the same for processors
-    of different generations and speeds; these numbers tell them apart."""
+    """The vendor's family and model numbers ("family 26 model 2"), else None: they tell apart
+    processors that a virtual machine names by the brand alone ("AMD EPYC")."""
     family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
     return f"family {family} model {model}" if family and model else None
 

@@ -1,12 +1,8 @@
 """What one run reports: `RunResult`, the single schema behind results.json, a sweep trial's user
-attributes, the Table 3 report's columns and the W&B summary.
-
-Each field says where it goes (`metadata`): `trial` (stored on the Optuna trial, so a report
-needs only the database), `column` (a numeric column of the report's runs), `summary` (the W&B
-sweep run's summary). Adding a metric is one field here.
-
-results.json carries the schema version (`foundation.schema`); reading upgrades a file of
-an older version, refuses a newer one in one line, and a key it lacks reads as None.
+attributes, the Table 3 report's columns and the W&B summary. Each field says where it goes
+(`trial`: stored on the Optuna trial, so a report needs only the database; `column`: a numeric
+column of the report's runs; `summary`: the W&B run's summary); adding a metric is one field here.
+Reading goes through `foundation.schema`; a key a file lacks reads as None.
 """
 
 from __future__ import annotations
@@ -36,30 +32,19 @@ class RunResult:
     preset: str | None = _f("scale preset", trial=True)
     corpus: str | None = _f("corpus name (data.corpus)", trial=True)
     params: int | None = _f("parameters of the model as built", trial=True, column=True, summary=True)
-    bleu: Finite | None = _f("dev BLEU (sacreBLEU, beam search), as in Table 3", trial=True, column=True,
-                            summary=True)
-    ppl: Finite | None = _f("dev perplexity per wordpiece, as in Table 3", trial=True, column=True,
-                           summary=True)
-    test_bleu: Finite | None = _f("test BLEU (None when the test split is not decoded)", trial=True,
-                                 summary=True)
+    bleu: Finite | None = _f("dev BLEU (sacreBLEU, beam search)", trial=True, column=True, summary=True)
+    ppl: Finite | None = _f("dev perplexity per wordpiece", trial=True, column=True, summary=True)
+    test_bleu: Finite | None = _f("test BLEU (None: the test split not decoded)", trial=True, summary=True)
     sacrebleu_signature: str | None = _f("sacreBLEU's signature of the dev score", trial=True)
-    train_time_s: Finite | None = _f("training seconds, validation and stretches stopped excluded", trial=True,
-                                   column=True)
+    train_time_s: Finite | None = _f("training seconds (no validation or stops)", trial=True, column=True)
     tokens_per_s: Finite | None = _f("target tokens per training second", trial=True, column=True)
-    steady_tokens_per_s: Finite | None = _f("target tokens/s after the first log window (no compile or "
-                                           "warm-up)", trial=True)
+    steady_tokens_per_s: Finite | None = _f("target tokens/s after the first log window", trial=True)
     startup_s: Finite | None = _f("process start to the first training step, seconds", trial=True)
-    startup: list[dict[str, Any]] | None = _f("where startup_s went, [{part, s}]: imports (Python, the imports, "
-                                              "the command line), checks, data, model, trainer (the Trainer, "
-                                              "loggers, callbacks) and fit (its set-up to the first step)",
-                                              trial=True)
+    startup: list[dict[str, Any]] | None = _f("where startup_s went, [{part, s}]", trial=True)
     first_step_s: Finite | None = _f("the first training step (compilation included), seconds", trial=True)
     compiled: bool | None = _f("whether the training step ran through torch.compile", trial=True)
-    compiled_graphs: int | None = _f("graphs torch.compile built (a recompilation storm shows here)",
-                                     trial=True)
-    recompiled_because: list[str] | None = _f("why torch.compile built more than one graph: the guards "
-                                              "that failed, as TORCH_LOGS=recompiles prints them (empty "
-                                              "with one graph; null when not compiled)")
+    compiled_graphs: int | None = _f("graphs torch.compile built (a recompilation storm shows)", trial=True)
+    recompiled_because: list[str] | None = _f("the guards that failed, as TORCH_LOGS=recompiles prints them")
     target_tokens: int | None = _f("target tokens trained on", trial=True, column=True)
     steps: int | None = _f("optimizer steps", trial=True, column=True)
     seed: int | None = _f("random seed (train.seed)", trial=True)
@@ -67,28 +52,21 @@ class RunResult:
     length_penalty: Finite | None = _f("GNMT length penalty alpha of the decoding")
     padding_share: Finite | None = _f("share of padding in the training batches")
     data: dict[str, Any] | None = _f("corpus and batching statistics")
-    model: dict[str, Any] | None = _f("the architecture as built (TransformerConfig, every value)",
-                                      trial=True)
+    model: dict[str, Any] | None = _f("the architecture as built (TransformerConfig)", trial=True)
     precision: str | None = _f("Lightning precision", trial=True)
     device: str | None = _f("GPU name or CPU", trial=True)
-    environment: dict[str, Any] | None = _f("versions, CPU model and vector flags, GPU, threads, precision: "
-                                            "what a rerun must match to expect the same numbers", trial=True)
+    environment: dict[str, Any] | None = _f("what a rerun must match to expect the same numbers", trial=True)
     world_size: int | None = _f("processes (DDP ranks)", trial=True)
     host: str | None = _f("host name")
     group: str | None = _f("group of runs (the sweep's study, else the row)")
-    convergence: str | None = _f("converged | still improving | overfitting | unstable | diverged | unknown "
-                                 "(lightning_modules/convergence.py), as the run classified itself; a report "
-                                 "classifies again from the rule's inputs below", trial=True, column=True,
-                                 summary=True)
+    convergence: str | None = _f("the run's own convergence class (a report classifies again from the "
+                                 "inputs below)", trial=True, column=True, summary=True)
     convergence_reason: str | None = _f("the numbers behind the convergence class", trial=True)
-    dev_ppl_curve: list[Pair] | None = _f("[step, dev PPL] at every validation (an input of the "
-                                                 "convergence rule)", trial=True)
-    train_loss_curve: list[Pair] | None = _f("[step, window-mean training loss] at every log window "
-                                                    "(an input of the convergence rule)", trial=True)
-    warmup_steps: int | None = _f("learning-rate warmup steps (train.warmup_steps; an input of the "
-                                  "convergence rule)", trial=True)
-    unigram_ppl: Finite | None = _f("perplexity of the training targets' unigram distribution (an input "
-                                   "of the convergence rule)", trial=True, column=True)
+    # the convergence rule's inputs
+    dev_ppl_curve: list[Pair] | None = _f("[step, dev PPL] at every validation", trial=True)
+    train_loss_curve: list[Pair] | None = _f("[step, window-mean training loss] per log window", trial=True)
+    warmup_steps: int | None = _f("learning-rate warmup steps", trial=True)
+    unigram_ppl: Finite | None = _f("perplexity of the training targets' unigrams", trial=True, column=True)
     status: str | None = _f("complete or failed")
     reason: str | None = _f("why a failed run failed (e.g. a NaN loss)")
 
@@ -108,8 +86,7 @@ class RunResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str = RESULTS) -> "RunResult":
-        """From results.json of any version up to the current one (`schema.read`; a key of no
-        field: one line)."""
+        """From results.json of any version up to the current one (a key of no field: one line)."""
         data = read("results", data, source)
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
@@ -123,11 +100,6 @@ class RunResult:
 
     def select(self, where: str) -> dict[str, Any]:
         return {key: getattr(self, key) for key in self.keys(where)}
-
-    @classmethod
-    def doc(cls, key: str) -> str:
-        return next(f.metadata["doc"] for f in fields(cls) if f.name == key)
-
 
 
 def read_results(out: Path) -> RunResult | None:

@@ -1,17 +1,9 @@
-"""Using a finished (or checkpointed) run: load its model once, translate, evaluate.
-
-A run directory holds everything needed: `config.yaml` (decoding settings, corpus), `spm.model`
-(the shared BPE vocabulary) and `checkpoints/` (Lightning checkpoints whose `hyper_parameters`
-hold the model as built). `--checkpoint` picks the weights:
-
-- `last`: the checkpoint with the highest step (the one a resume would start from);
-- `best`: the checkpoint whose step has the lowest dev perplexity in `logs/metrics.csv`;
-- `average:K`: the parameter mean of the K newest step checkpoints (`train.keep_checkpoints`
-  keeps them; the paper's Table 2 averages the last 5 for base, 20 for big). Only parameters are
-  averaged; optimizer state is not read.
-
-Decoding is `evaluate.translate` (beam search with the run's `eval` settings unless overridden);
-scoring is `evaluate.corpus_bleu` (sacreBLEU with its signature).
+"""Using a finished (or checkpointed) run: load its model once, translate, evaluate
+(docs/using-models.md). A run directory holds all that is needed: `config.yaml` (decoding settings,
+corpus), `spm.model` and `checkpoints/` (whose `hyper_parameters` hold the model as built);
+`--checkpoint` picks the weights: `last`, `best` (the lowest logged dev perplexity) or `average:K`
+(the parameter mean of the K newest step checkpoints). Decoding is `evaluate.translate` with the
+run's `eval` settings unless overridden, scoring `evaluate.corpus_bleu`.
 """
 
 from __future__ import annotations
@@ -131,8 +123,7 @@ class Weights:
 
 
 def checkpoint_choice(choice: str) -> int | None:
-    """`--checkpoint`, checked before anything is loaded: None for last or best, K for average:K
-    (a whole number of ASCII digits, at least 1); else one line."""
+    """`--checkpoint`, checked before anything is loaded: None for last or best, K for average:K."""
     average = _AVERAGE.fullmatch(choice) if isinstance(choice, str) else None
     if choice in ("last", "best"):
         return None
@@ -145,9 +136,8 @@ def checkpoint_choice(choice: str) -> int | None:
 
 
 def _newest_intact(ckpt_dir: Path, run_dir: Path) -> tuple[Path, int]:
-    """The newest checkpoint that loads (`resume_checkpoint`), read only: a damaged file is named
-    in a warning and skipped, never set aside by a command that only reads the run; with none
-    intact, one line naming the first damaged one."""
+    """The newest checkpoint that loads, read only: a damaged one is skipped with a warning (a
+    command that only reads the run sets nothing aside); with none intact, one line naming it."""
     damaged: list[tuple[Path, str]] = []
     found = resume_checkpoint(ckpt_dir, damaged=damaged)
     if found is None and damaged:
@@ -271,8 +261,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "last", device: str | None =
 
 
 def _tokenizer(path: Path) -> Any:
-    """The run's sentencepiece model; a damaged one is one line (`ablate train` on the run sets it
-    aside and trains the same BPE again; a command that only reads the run changes nothing)."""
+    """The run's sentencepiece model; a damaged one is one line (a reading command changes nothing)."""
     try:
         return load(path)
     except (RuntimeError, OSError, ValueError) as err:
@@ -300,15 +289,12 @@ def decoding(run: LoadedRun, beam: int | None = None, alpha: float | None = None
 
 
 def check_beam_memory(run: LoadedRun, cfg: EvalConfig) -> None:
-    """Refuse, before any sentence is read, a beam search that cannot fit the device's memory, as
-    `train` does before training (`preflight.decoding_memory_gb`), for the longest input the model
-    takes: a decoding batch of max_len-long sentences."""
+    """Refuse, before any sentence is read, a beam search the device's memory cannot hold."""
     from lightning_modules.config import count_parameters
     from lightning_modules.run.preflight import GB, decoding_memory_gb, device_memory_gb
 
     model = run.model.config
-    # one max_len-long sentence a batch, scaled to the batch's count (the estimate is linear in
-    # it; no list of a --batch-tokens' length is built)
+    # one max_len-long sentence, scaled to the batch's count (the estimate is linear in it)
     one = decoding_memory_gb(model, cfg.beam_size, model.max_len, cfg.max_len_offset, [model.max_len - 1])
     weights = 4 * count_parameters(model) / GB
     need = weights + (one - weights) * max(1, cfg.batch_tokens // model.max_len)
@@ -329,8 +315,8 @@ def check_known(run: LoadedRun, ids: list[int], where: str) -> None:
 
 def translate_lines(run: LoadedRun, lines: list[str], cfg: EvalConfig, first_line: int = 1,
                     warn: TextIO | None = sys.stderr) -> list[str]:
-    """Detokenized translations of `lines`, in order; an empty line gives an empty line, an
-    over-long line is cut to the model's max_len (a warning on `warn` names the line)."""
+    """Detokenized translations of `lines` in order (an empty line gives one; an over-long line is cut
+    to max_len, with a warning on `warn`)."""
     ids = run.encode(lines)
     limit = run.max_len - 1  # room for EOS
     todo = []
@@ -351,9 +337,8 @@ def translate_lines(run: LoadedRun, lines: list[str], cfg: EvalConfig, first_lin
 
 
 def text_lines(stream: Iterable[str | bytes], where: str = "the input") -> Iterator[str]:
-    """The lines of `stream` as text: bytes are decoded as UTF-8 one line at a time, so that a line
-    that is not UTF-8, or that holds a NUL byte, is one line naming it (not a traceback from the
-    tokenizer, nor a silent replacement character) and the lines before it are answered."""
+    """The lines of `stream` as text, bytes decoded one line at a time, so a line that is not UTF-8 or
+    holds a NUL byte is one line naming it, after the lines before it are answered."""
     for n, raw in enumerate(stream, start=1):
         if isinstance(raw, bytes):
             try:
@@ -368,9 +353,7 @@ def text_lines(stream: Iterable[str | bytes], where: str = "the input") -> Itera
 
 
 def chunks(stream: Iterable[str | bytes], batch_tokens: int, interactive: bool) -> Iterator[list[str]]:
-    """Input lines (newline removed) in groups of about `batch_tokens` source tokens, counted
-    before BPE as words + EOS (one line at a time from a terminal, so each line is answered as it
-    is typed)."""
+    """Input lines in groups of about `batch_tokens` words + EOS (from a terminal, one at a time)."""
     group: list[str] = []
     words = 0
     for raw in text_lines(stream):
@@ -401,9 +384,8 @@ def translate_stream(run: LoadedRun, stream: Iterable[str | bytes], out: TextIO,
 @torch.no_grad()
 def perplexity(run: LoadedRun, sources: list[str], references: list[str], batch_tokens: int
                ) -> tuple[float, int, int]:
-    """Per-wordpiece perplexity of the references given the sources (EOS counted, no label
-    smoothing), over the pairs the model can take (both sides <= max_len - 1 wordpieces, as the
-    run's own dev perplexity); (ppl, pairs used, target tokens)."""
+    """Per-wordpiece perplexity of the references given the sources (EOS counted, no smoothing) over
+    the pairs the model takes, as the run's own dev perplexity; (ppl, pairs used, target tokens)."""
     from lightning_modules.data.batching import collate
     from lightning_modules.loss import label_smoothed_nll
 
@@ -424,8 +406,7 @@ def perplexity(run: LoadedRun, sources: list[str], references: list[str], batch_
 
 
 def attention_dir(run_dir: Path, sentence: str | None, line: int | None, checkpoint: str) -> Path:
-    """`ablate attention`'s default folder, inside the run as evaluations are:
-    `attention-line-N-CHECKPOINT` or `attention-sentence-HASH-CHECKPOINT`."""
+    """`ablate attention`'s default folder in the run: `attention-{line-N|sentence-HASH}-CHECKPOINT`."""
     import hashlib
 
     what = f"line-{line}" if sentence is None else \
@@ -436,15 +417,12 @@ def attention_dir(run_dir: Path, sentence: str | None, line: int | None, checkpo
 def settings_name(split: str, checkpoint: str, cfg: EvalConfig) -> str:
     """`evaluate-<split>-<checkpoint>-beamB-aALPHA-lenOFFSET` (a file-name stem)."""
     ckpt = checkpoint.replace(":", "")
-    return (f"evaluate-{split}-{ckpt}-beam{cfg.beam_size}-a{cfg.length_penalty:g}"
-            f"-len{cfg.max_len_offset}")
+    return (f"evaluate-{split}-{ckpt}-beam{cfg.beam_size}-a{cfg.length_penalty:g}-len{cfg.max_len_offset}")
 
 
 def evaluate(run: LoadedRun, name: str, sources: list[str], references: list[str], cfg: EvalConfig,
              checkpoint: str, source_label: str) -> tuple[dict[str, Any], Path]:
-    """Translate and score `sources` against `references`; save `<stem>.json` and the hypotheses
-    (`<stem>.hyp.txt`) and references (`<stem>.ref.txt`) beside results.json, atomically, after
-    all the work (nothing is written on an error). (The numbers, the JSON file's path.)"""
+    """Translate and score, then save `<stem>.json`, `.hyp.txt` and `.ref.txt`; (numbers, JSON path)."""
     if len(sources) != len(references):
         raise UserError(f"{source_label}: {len(sources)} source lines but {len(references)} references")
     if not sources:
@@ -484,9 +462,8 @@ def split_texts(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
 
 
 def open_input(path: str | None) -> tuple[Iterable[str | bytes], bool]:
-    """The lines to translate, as bytes where they come from a file or a real stdin (decoded line
-    by line: `text_lines`): `path`, else stdin (one line if it is closed); whether they come from a
-    terminal (then each line is answered as soon as it is typed)."""
+    """The lines to translate (bytes from a file or a real stdin, for `text_lines`) from `path`, else
+    stdin (one line if it is closed); and whether they come from a terminal."""
     if path is not None:
         check_readable_file(path, "--input file")
         return open(path, "rb"), False
@@ -505,8 +482,8 @@ def open_input(path: str | None) -> tuple[Iterable[str | bytes], bool]:
 def evaluation_texts(run_config: dict[str, Any], split: str | None, src: str | None, ref: str | None,
                      corpus: str | None, data_dir: str | None, base_url: str | None
                      ) -> tuple[str, list[str], list[str], str]:
-    """What `ablate evaluate` scores: (name for the files, sources, references, a label):
-    `--src/--ref` files, or a split of the run's corpus (or of `corpus` instead)."""
+    """What `ablate evaluate` scores, `--src/--ref` files or a split of the run's corpus (or of
+    `corpus`): (name for the files, sources, references, a label)."""
     from lightning_modules.data.corpora import read_lines
 
     if src or ref:
