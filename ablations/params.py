@@ -29,8 +29,7 @@ def row_vocabulary(row: str, spec: dict[str, dict[str, Any]], vocab_size: int) -
 
 
 def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -> list[dict[str, Any]]:
-    """One entry per row: architecture, vocabulary (`row_vocabulary`), our closed-form count and the
-    paper's (millions or None)."""
+    """One entry per row: architecture, vocabulary, our closed-form count and the paper's (M or None)."""
     spec = load_spec(spec_path)
     table = []
     for row, entry in spec.items():
@@ -46,8 +45,7 @@ def params_table(vocab_size: int = 37000, spec_path: str | Path | None = None) -
 
 
 def format_params(table: list[dict], vocab_size: int) -> str:
-    """Plain-text table of every row's architecture and parameter count (the later modifications'
-    knobs in a column of their own where a row sets one)."""
+    """Plain-text table of every row's architecture and parameter count."""
     cols = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "positional", "params", "params_M", "paper_params"]
     if any(entry["vocab"] != vocab_size for entry in table):  # a row with a vocabulary of its own
         cols.insert(1, "vocab")

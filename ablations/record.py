@@ -1,8 +1,6 @@
 """A table's names and record, in one place for the table (`tables`) and its report
-(`reports.collect`): what kind of study a table's is, what its runs are called, and the record it
-keeps of itself in its study's user attributes and its archive's table3.json (each run's
-configuration, the preset, the spec's rows, the overrides, the setup and the corpus's digests),
-typed once where it is read (`foundation.records`)."""
+(`reports.collect`): its study's kind, its runs' names, and the record it keeps of itself (study
+attributes, an archive's table3.json), typed once where it is read (`foundation.records`)."""
 
 from __future__ import annotations
 
@@ -71,8 +69,7 @@ def tuned_rows(record: dict[str, Any], source: str) -> dict[str, TunedRow]:
 
 
 def read_table(stored: dict[str, Any], source: str) -> dict[str, Any]:
-    """A table's record of any version (`schema.read`), typed once: one line naming `source` and
-    the field that is not what a table writes."""
+    """A table's record of any version, typed once (else one line naming `source` and the field)."""
     return validated(TableRecord, read("table", stored, source), source).model_dump()
 
 

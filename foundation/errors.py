@@ -1,9 +1,6 @@
-"""Exceptions the command line reports as one line, without a traceback.
-
-`UserError` (exit status 2): a mistake the user can fix (bad config, bad corpus, bad path).
-`RunFailed` (exit status 1): the input was fine but the run could not succeed (its loss became
-NaN or infinite: the reason is recorded in the run's results.json; or the disk filled up:
-`DiskFull`). Anything else is a bug.
+"""Exceptions the command line reports as one line, without a traceback: `UserError` (exit 2), a
+mistake the user can fix; `RunFailed` (exit 1), a run that could not succeed though its input was
+fine (a non-finite loss, recorded in results.json; a full disk, `DiskFull`). Anything else is a bug.
 """
 
 import difflib
@@ -22,8 +19,7 @@ class RunFailed(UserError):
 
 
 class DiskFull(RunFailed):
-    """The disk filled up while writing (ENOSPC): what was written before stays whole (every
-    result file is written atomically), and the same command resumes once there is space."""
+    """The disk filled up (ENOSPC): what was written stays whole, the same command resumes later."""
 
 
 EXIT_USAGE = 2  # a UserError: the input needs fixing
@@ -32,8 +28,7 @@ EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM; the same command resumes
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'X'?)', X the one of `choices` closest to `word`, for a UserError's line; ''
-    when none is close."""
+    """' (did you mean 'X'?)' with the closest of `choices`, for a UserError's line ('' if none)."""
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -27,8 +27,7 @@ _TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")
 
 
 def is_temporary(name: str, of: str | None = None) -> bool:
-    """Whether `name` is one of our atomic writes' temporary files (of the file named `of`, when
-    given). A user's `.draft.tmp` is not: only mkstemp's pattern is ours."""
+    """Whether `name` is our atomic writes' temporary file (of `of`, if given; not a user's `.x.tmp`)."""
     match = _TEMPORARY.fullmatch(name)
     return match is not None and (of is None or match.group("name") == of)
 
@@ -127,8 +126,7 @@ def _no_space(err: BaseException | None) -> OSError | None:
 
 @contextmanager
 def disk_full_ends_the_run(where: str | Path) -> Iterator[None]:
-    """Writes under `where` that run out of space end in one `DiskFull` line (exit status 1), not
-    a traceback from whichever library was writing; the files written so far stay whole."""
+    """Writes under `where` that run out of space end in one `DiskFull` line, not a traceback."""
     try:
         yield
     except Exception as err:  # noqa: BLE001 (re-raised unless the disk is full)
@@ -147,8 +145,7 @@ def first_missing(path: str | Path) -> Path | None:
 
 
 def check_writable_dir(path: str | Path, what: str) -> None:
-    """Fail unless `path` is a directory this process can write into, or one it could create
-    (its nearest existing ancestor is a writable directory). Creates nothing."""
+    """Fail unless `path` is a directory this process can write into or create. Creates nothing."""
     path = Path(path).absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
     problem = _unwritable(existing)
@@ -157,8 +154,7 @@ def check_writable_dir(path: str | Path, what: str) -> None:
 
 
 def check_writable_file(path: str | Path, what: str) -> None:
-    """Fail unless the file `path` can be written: not a directory, in an existing writable
-    directory. Creates nothing."""
+    """Fail unless the file `path` can be written (in an existing writable directory). Creates nothing."""
     path = Path(path).absolute()
     if path.is_dir():
         problem: str | None = f"{path} is a directory"
@@ -171,9 +167,8 @@ def check_writable_file(path: str | Path, what: str) -> None:
 
 
 def check_readable_file(path: str | Path, what: str = "file") -> Path:
-    """`path` when it is a regular file, else a one-line UserError saying what it is instead: not
-    there, a directory, or something that is not a file (a FIFO, a device such as /dev/null, a
-    socket), which reading would block on or find empty."""
+    """`path` when it is a regular file, else one line saying what it is (reading a FIFO or a device
+    would block or find nothing)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: {what} not found")

@@ -1,11 +1,7 @@
-"""Names that become paths: one rule for every name a user or a file gives that reaches the file
-system (a spec's row and group names, a study name), checked once, up front, before anything is
-written; and one check that a path built from such names stays inside the directory it belongs to.
-
-The rule: 1 to 64 characters from letters, digits and `_ . + -`, starting with a letter or a
-digit. That keeps out `..` and `/` (a name that walks out of its folder), absolute paths, NUL and
-other control bytes, spaces and shell metacharacters, and names the file system refuses as too
-long once a run's suffixes are added (`-s<seed>`, `.superseded-t<N>`, `curves_<group>.png`).
+"""Names that become paths (a spec's row and group names, a study name): one rule, checked up front,
+and one check that a path built from them stays inside its directory. The rule, 1 to 64 of letters,
+digits and `_ . + -` starting with a letter or digit, keeps out `..` and `/`, control bytes, spaces,
+shell metacharacters, and names too long once a run's suffixes are added (`.superseded-t<N>`).
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ def name_problem(name: object) -> str | None:
 
 
 def check_name(name: object, what: str, where: str = "") -> str:
-    """`name` itself when it is a valid name for a folder or file, else a one-line UserError naming
-    `what` it is (e.g. "row name", "study name"), the bad name, and `where` it was given."""
+    """`name` if valid, else one line naming `what` it is ("row name"), the name and `where` it was given."""
     problem = name_problem(name)
     if problem:
         raise UserError(f"{where + ': ' if where else ''}bad {what} {_shown(name)}: it {problem}")

@@ -1,13 +1,9 @@
-"""One validation layer for the records the harness reads back: a run's results.json, a trial's
-results in a study, a table's record (a study's user attributes, an archive's table3.json).
-
-Method: a reader turns what it read into typed values once (`validated`, with pydantic, which W&B
-brings anyway), and every later step trusts them. Numbers are finite (NaN and infinity are not
-results a run writes), a curve is a list of (step, value) pairs, a mapping is a mapping; a whole
-number written as text ("3") is read as the number, anything else of the wrong kind is one line
-naming the file or trial and the field, never a traceback from whatever used it first. Packed
-sentences (a trial's dev translations: zlib, base64) are unpacked with a size limit
-(`unpack_lines`), so a small attribute cannot inflate into gigabytes.
+"""One validation layer for the records read back (a run's results.json, a trial's results, a
+table's record): a reader types what it read once (`validated`, pydantic, which W&B brings anyway)
+and every later step trusts it. Numbers are finite, a curve is (step, value) pairs, a whole number
+written as text is the number, and anything else is one line naming the file or trial and the
+field. Packed sentences are unpacked with a size limit (`unpack_lines`: no small attribute inflates
+into gigabytes).
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ MAX_UNPACKED_BYTES = 256 * 2 ** 20  # a packed attribute's text, unpacked (a WMT
 
 
 def validated(kind: type[T] | Any, data: Any, source: str) -> T:
-    """`data` as `kind` (a dataclass, a pydantic model or a type), or one line naming `source`
-    and the first field that is not what it must be."""
+    """`data` as `kind`, or one line naming `source` and the first field that is not what it must be."""
     try:
         return TypeAdapter(kind).validate_python(data)
     except ValidationError as err:
@@ -52,8 +47,7 @@ def pack_lines(lines: list[str]) -> str:
 
 
 def unpack_lines(packed: Any, source: str) -> list[str]:
-    """Sentences packed by `pack_lines`, or one line naming `source`: not
-    base64, not zlib, not UTF-8, or more than `MAX_UNPACKED_BYTES` once inflated."""
+    """Sentences packed by `pack_lines`, or one line naming `source` (damaged, or too large)."""
     if not isinstance(packed, str):
         raise UserError(f"{source}: packed sentences must be text, got {type(packed).__name__}")
     try:

@@ -1,10 +1,8 @@
 """What makes a folder one of our run directories, and who is training it now.
 
-**The marker.** A run writes `ablate-run.json` into its folder when it first takes it, and only
-into a folder that is new or empty: one holding anything else (hidden files included: a user's
-`.git`, `.env`) and no marker is refused in one line, so a user's own files are never overwritten.
-Only our own hidden files (the lock, the write probe, a marker's temporary file) do not count. A
-run directory from before markers (its `config.yaml` one of ours) gets its marker on its next run.
+**The marker.** A run writes `ablate-run.json` into its folder when it first takes it, only if the
+folder is new or empty: one holding anything else (a user's `.git` too) and no marker is refused in
+one line. A run directory from before markers (its `config.yaml` ours) gets one on its next run.
 
 **Ownership.** A command writes, replaces and deletes only its own files, in folders of its own,
 and never follows a symbolic link out of them (`check_entries`; the lock opened with `O_NOFOLLOW`).
@@ -62,8 +60,7 @@ def mark(out: Path, kind: str = "run") -> None:
 
 
 def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
-    """Make `out` (which exists) a directory of ours of `kind`, or refuse it in one line when it
-    holds files and no marker (a report directory: the same rule, `ablate-report.json`)."""
+    """Make the existing `out` a directory of ours of `kind`, or refuse it (files and no marker)."""
     refuse_foreign(out, kind, option)
     if kind == "run":
         check_entries(out)
@@ -84,8 +81,7 @@ def check_entries(out: Path) -> None:
 
 
 def _ours_hidden(name: str) -> bool:
-    """A hidden name our commands make in a folder they are taking: the lock, the write probe,
-    the marker's temporary file (another command writing it at this moment)."""
+    """A hidden name of ours: the lock, the write probe, a marker's temporary file."""
     return name == LOCK or name.startswith(PROBE) or any(is_temporary(name, f"ablate-{k}.json") for k in ("run", "report"))
 
 

@@ -1,13 +1,9 @@
-"""One schema version for a run's `config.yaml` and `results.json` and a table's record (an
-archive's `table3.json`, a Table 3 study's user attributes).
-
-Method: each carries `schema: SCHEMA`, one integer for the three, raised by one whenever any of
-them changes in a way an older reader would misread (a field added with a default is no such
-change: a file without it reads as the default); a file without the key is version 0. Every reader
-calls `upgrade` (or `read`, the same less the key): a version above SCHEMA is refused in one line,
-an older one goes through `STEPS[kind][v]`, a pure function from version v's shape to v + 1's, up
-to SCHEMA, and comes out stamped (`stamped`, as writers write), so a second upgrade changes
-nothing. No other module looks at a version. A step names the past format's keys literally.
+"""One schema version for a run's `config.yaml` and `results.json` and a table's record
+(docs/configuration.md): each carries `schema: SCHEMA`, raised by one whenever any of them changes
+in a way an older reader would misread (a field added with a default is no such change); no key is
+version 0. Every reader calls `upgrade` (or `read`, less the key): a newer version is refused in one
+line, an older one goes through `STEPS[kind][v]` (a pure function from v's shape to v + 1's, naming
+the past format's keys literally) and comes out stamped. No other module looks at a version.
 
 0 -> 1. config.yaml: the oldest held the tokenizer's model.vocab_size and pad_id and every head
 size; such a file loses them, and a d_k or d_v equal to its d_model / h reads as derived (None), as
@@ -57,8 +53,7 @@ def stamped(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def upgrade(kind: str, doc: dict[str, Any], source: str) -> dict[str, Any]:
-    """`doc`, a file of `kind` ("config", "results" or "table") of any version up to SCHEMA, in the
-    current version's shape, stamped; `source` names the file in the one line that refuses it."""
+    """`doc` (kind "config", "results" or "table") in the current shape, stamped; `source` names it."""
     version = doc.get(KEY, 0)
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise UserError(f"{source}: {KEY} {version!r} is not a schema version (a whole number up to {SCHEMA})")

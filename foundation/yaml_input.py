@@ -70,8 +70,7 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """The YAML document in the file `path` (UserError: too large, not UTF-8, malformed, aliases,
-    too deep, a key twice). The size is checked before the file is read."""
+    """The YAML document in the file `path`, its size checked before it is read (else UserError)."""
     path = Path(path)
     with path.open("rb") as handle:
         data = handle.read(MAX_BYTES + 1)
