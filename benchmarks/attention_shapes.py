@@ -3,28 +3,19 @@
     python -m benchmarks --device cuda --only attention_shapes --out DIR   # one H100/H200, about 2 minutes
     python -m benchmarks --only attention_shapes --quick                   # CPU smoke check, tiny dims
 
-Why. With exact lengths nearly every batch of a run's first epoch has a new shape (1,178 of the `gpu`
-preset's 1,441 at 25,000 tokens; later epochs add none), and cuDNN's attention, PyTorch's first
-choice on sm90 and sm100, builds and caches an execution plan per problem, forward and backward:
-host time that `gpu_round`, which repeats six batches, never shows (docs/gpu-performance.md).
-Decoding with growing caches meets a new key length at every step.
+Why: with exact lengths nearly every batch of a run's first epoch has a new shape (`shape_counts`),
+and cuDNN's attention, PyTorch's first choice on sm90 and sm100, builds and caches an execution plan
+per problem, forward and backward: host time that `gpu_round`, which repeats six batches, never
+shows (docs/gpu-performance.md). Decoding with growing caches meets a new key length every step.
 
-Method (the table's notes give the details):
-- Shapes, counted without a device (`shape_counts`): per token budget, one epoch of `SHAPE_POOL`
-  WMT-length pairs: its distinct batch shapes and attention problems per call (`ATTENTION`), and the
-  same with `data.shape_buckets` `BUCKETS`, with both paddings.
-- Training, per kernel in `KERNELS` (eager, base dims, the same initial weights): twice through
-  `warm` batches every kernel shares (the second pass: the step time), then `new` batches of shapes
-  no kernel met before, each stepped twice in a row: the first visit, again, and their paired
-  difference (a new shape's cost). Every batch is stepped once beforehand with the math kernel,
-  which caches nothing per shape, so that the allocator's growth is nobody's first visit. Wall
-  clock, synchronised per step (a plan build is host time). A `gpu` preset run's estimate:
-  `RUN_STEPS` steps at the step time, plus the new-shape cost for each third of its first epoch's
-  distinct attention problems (a sampled batch brings one per call), assuming a plan costs about
-  the same for each call.
-- Decoding, per kernel: `Transformer.decode_step` with growing caches (a new problem a step) and with
-  `eval.cuda_graphs`' fixed-size caches run without a graph, on numbers of rows no kernel before it
-  decoded.
+Method (the table's notes give it in full): per kernel in `KERNELS`, eager base-dims training steps
+twice over batches every kernel shares (the step time), then over batches of shapes no kernel met
+before, each stepped twice in a row (first visit, again; their paired difference is a new shape's
+cost), every batch first stepped once by the math kernel, which caches nothing per shape, so the
+allocator's growth is nobody's first visit; wall clock, synchronised per step. A `gpu` preset run's
+estimate adds the new-shape cost for each third of its first epoch's distinct attention problems
+(a sampled batch brings one per call) to `RUN_STEPS` steps. Decoding: `decode_step` with growing
+and with fixed-size caches, on numbers of rows no kernel before it decoded.
 
 Decision, stated before any GPU figure: `model.attention_backend`'s default stays "auto" unless
 another kernel's `gpu` preset estimate at 25,000 tokens is at least 10% below auto's; then that
@@ -69,9 +60,8 @@ def sizes(settings: Settings) -> dict[str, Any]:
 
 
 def shape_counts(tokens: int, pool: int, seed: int, max_len: int = 250) -> dict[str, Any]:
-    """One epoch of `pool` WMT-length pairs bucketed at `tokens`: its batches, distinct batch shapes
-    and distinct attention problems (`gpu_round.wmt_like_lengths`), and its padding;
-    then the shapes and padding with `data.shape_buckets` `BUCKETS` (static shapes) instead."""
+    """One epoch of `pool` WMT-length pairs at `tokens`: batches, distinct shapes and attention
+    problems, padding; then shapes and padding with `BUCKETS` shape buckets."""
     src, tgt = wmt_like_lengths(np.random.default_rng(seed), pool, max_len)
     sampler = TokenBucketBatchSampler(src, tgt, tokens, shuffle=True, seed=seed, num_replicas=1, rank=0)
     batches = sampler.global_batches()

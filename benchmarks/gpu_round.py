@@ -3,29 +3,22 @@
     python -m benchmarks --device cuda --only gpu_round --out DIR   # one H100/H200, < 8 minutes
     python -m benchmarks --only gpu_round --quick                   # CPU smoke check, tiny dims
 
-What it reports: docs/gpu-performance.md ("The GPU round"). Method:
-
-- One process measures every variant in `VARIANTS` (a name -> config overrides) on the same batches
-  from the same initial weights: `forward_loss`, backward and Adam (fused on CUDA), batches on the
-  device, bf16 autocast on CUDA (fp32 on CPU), like `end_to_end`'s bare step.
-- Batches (`wmt_like_batches`): random ids, Zipf(1.1) over the vocabulary (so the first steps
-  learn), with WMT14-like lengths (`wmt_like_lengths`), bucketed by `TokenBucketBatchSampler`;
-  nothing is read from disk. With exact lengths one batch's source width is divisible by 8 and one
-  is not, so a compiled graph's guard on that alignment shows as a second graph.
-- Per variant: a fresh module with the eager default's initial weights; a warm-up pass (two when
-  compiled: CUDA graphs record a shape on its second call), timed apart, whose first `AGREE_STEPS`
-  losses are compared with its `reference`'s (`TOLERANCE`, relative); then `Case.passes` timed
-  passes per batch size, each step timed on the device (CUDA events, no host sync inside a pass).
-  A step slower than `SLOW_STEP` × the median (a recompilation) is left out and counted. MFU:
-  `common.train_flops` ÷ time ÷ the device's bf16 peak. Dropout is on: eager variants draw the
-  eager default's masks, compiled ones Inductor's, whose noise the `NOISE_FLOOR` row shows.
-- Time: `BUDGET_S` in all (`--budget-s`); variants run in `CUDA_PLAN` order, and one whose estimate
-  (`_estimate`) no longer fits, or that fails, is a row saying so. `ISOLATED` variants run in a
-  process of their own (`measure_apart`): a crash or a hang there is their row. Results are
-  written atomically to `--out` after every variant.
-- `--profile`: one more pass per batch size under `torch.profiler` (`profile_pass`): the device's
-  busy share of the step (below 1: launch-bound) and each kernel's share by `TIME_GROUPS`. On CPU
-  the groups hold aten ops' self time: a check of the code, not of where a GPU spends its time.
+What it reports, the variants' order and the time budget: docs/gpu-performance.md ("The GPU round").
+Method: one process measures every variant in `VARIANTS` (a name -> config overrides) on the same
+batches from the same initial weights: `forward_loss`, backward and Adam (fused on CUDA), batches on
+the device, bf16 autocast on CUDA, like `end_to_end`'s bare step. Batches (`wmt_like_batches`) are
+random ids, Zipf(1.1) over the vocabulary so the first steps learn, with WMT14-like lengths; with
+exact lengths one batch's source width is divisible by 8 and one is not, so a compiled graph's guard
+on that alignment shows as a second graph. Per variant: a warm-up pass (two when compiled: CUDA
+graphs record a shape on its second call), timed apart, whose first `AGREE_STEPS` losses are
+compared with its `reference`'s (`TOLERANCE`; dropout is on, and compiled variants draw Inductor's
+masks, whose noise the `NOISE_FLOOR` row shows); then `Case.passes` timed passes per batch size,
+each step timed on the device (CUDA events, no host sync inside a pass), a step over `SLOW_STEP` ×
+the median (a recompilation) left out and counted. A variant whose estimate (`_estimate`) no longer
+fits the budget, or that fails, is a row saying so; `ISOLATED` ones run in a process of their own
+(`measure_apart`), so a crash or a hang there is their row. `--profile` adds a pass per batch size
+under `torch.profiler` (`profile_pass`): the device's busy share of the step (below 1: launch-bound)
+and each kernel's share by `TIME_GROUPS` (on CPU, aten ops' self time: a check of the code only).
 """
 
 from __future__ import annotations
@@ -142,9 +135,7 @@ def wmt_like_lengths(rng: np.random.Generator, pool: int, max_len: int = 250) ->
 
 def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: int, max_len: int = 250,
                      shape_buckets: int = 0) -> list[dict[str, Any]]:
-    """`count` batches of random ids with WMT14-like lengths (`wmt_like_lengths`), bucketed as
-    `ablate train` does (`shape_buckets` > 0: static shapes, `ShapeBuckets` fitted to the pool, as
-    data.shape_buckets)."""
+    """`count` batches of random ids with WMT14-like lengths, bucketed as `ablate train` does."""
     rng = np.random.default_rng(seed)
     src_len, tgt_len = wmt_like_lengths(rng, pool, max_len)
     buckets = ShapeBuckets.fit(src_len, tgt_len, shape_buckets, max_tokens) if shape_buckets else None
@@ -182,8 +173,7 @@ DATA_KEYS = ("data.shape_buckets",)  # the data settings a variant may change (t
 
 
 def configs(dims: dict[str, Any], vocab: int, overrides: dict[str, Any]) -> tuple[TransformerConfig, TrainConfig]:
-    """The model and train configs of a variant: `dims` and `vocab`, then its model.* and train.*
-    overrides (its `DATA_KEYS` choose its batches instead)."""
+    """A variant's model and train configs: `dims`, `vocab`, its model.* and train.* overrides."""
     sections: dict[str, dict[str, Any]] = {"model": {**dims, "vocab_size": vocab}, "train": {}}
     for key, value in overrides.items():
         section, _, name = key.partition(".")
@@ -202,8 +192,7 @@ def shape_buckets(name: str) -> int:
 
 
 def reference(name: str) -> str | None:
-    """The eager variant whose losses `name`'s are compared with: the eager default on the same
-    batches (None for that one itself)."""
+    """The eager default on the same batches, whose losses `name`'s are compared with (None: itself)."""
     eager = next((n for n, o in VARIANTS.items() if o == {k: v for k, v in VARIANTS[name].items() if k in DATA_KEYS}),
                  None)
     return None if eager == name else eager
@@ -237,8 +226,7 @@ class StepTimer:
 
 def build(c: TransformerConfig, t: TrainConfig, state: dict[str, torch.Tensor] | None,
           settings: Settings) -> tuple[TranslationModule, Callable[[dict[str, Any]], torch.Tensor]]:
-    """`common.bare_step` at the round's rate, compiled by Inductor on CUDA (on a CPU dynamo and
-    AOTAutograd trace the same graphs; Inductor is left out)."""
+    """`common.bare_step` at the round's rate, compiled by Inductor on CUDA, traced without it on a CPU."""
     return bare_step(c, t, settings, LR, state, "inductor" if settings.device.type == "cuda" else "aot_eager")
 
 
@@ -334,8 +322,7 @@ def slug(name: str) -> str:
 
 def profile_pass(step: Callable[[dict[str, Any]], torch.Tensor], batches: list[dict[str, Any]],
                  device: torch.device) -> tuple[dict[str, Any], str]:
-    """One pass of `step` over `batches` under torch.profiler: (the busy time per step, each
-    group's share of it and the top kernels; the profiler's table of the 30 largest)."""
+    """One pass of `step` under torch.profiler: (busy time, group shares, top kernels; its table)."""
     cuda = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:
@@ -438,8 +425,7 @@ def variant_batches(case: Case, name: str, data: dict[str, Any], settings: Setti
 
 def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings, deadline: float,
                 done: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """One variant's measurement, or why it did not run (time budget, an error): never raises.
-    `done`: every case's results so far (for the time estimate)."""
+    """One variant's measurement, or why it did not run (never raises); `done`: the results so far."""
     left, need = deadline - time.perf_counter(), _estimate(case.name, name, done) + (PROFILE_S if settings.profile else 0)
     isolated = name in ISOLATED
     need += ISOLATION_S if isolated else 0

@@ -1,11 +1,10 @@
 """Benchmark 2: what the Lightning harness costs per step, against a plain PyTorch loop.
 
-The same `TranslationModule` (demo dimensions) trains on the same token-bucketed Ding batches,
-once under `lightning.Trainer` (as `ablate train` runs it, minus loggers, checkpoints, progress
-bar and model summary) and once in a plain loop that calls the module's forward, the project's
-label-smoothed loss, backward, and the module's own optimizer and LR scheduler. The clock runs
-over the steps after a few warm-up steps, inside `fit` (Trainer construction and `fit`'s setup
-are reported apart). Both are alternated over several repetitions, each from the same weights.
+The same `TranslationModule` (demo dimensions) trains on the same Ding batches under
+`lightning.Trainer` (as `ablate train` runs it, less loggers, checkpoints and progress bar) and in
+a plain loop of the module's forward, the project's loss, backward, and the module's own optimizer
+and scheduler; alternated over repetitions from the same weights, timed after warm-up steps
+(Trainer construction and `fit`'s set-up reported apart). The table's notes say the rest.
 """
 
 from __future__ import annotations
@@ -21,18 +20,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.common import (
-    Batch,
-    Section,
-    Settings,
-    data_module,
-    median,
-    on_device,
-    spread,
-    stopwatch,
-    sync,
-    token_batches,
-)
+from benchmarks.common import (Batch, Section, Settings, data_module, median, on_device, spread, stopwatch,
+                               sync, token_batches)
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.translation import TranslationModule

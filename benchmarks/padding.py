@@ -1,18 +1,8 @@
-"""Benchmark 3: padding waste of our token bucketing against random batching.
-
-Share of padded slots among all slots of the `src` and `tgt_out` tensors (both sides), over a
-whole epoch of training batches, at the same `max_tokens` budget:
-
-* ours: `TokenBucketBatchSampler` (sort by width, snake order of the source-target difference,
-  greedy cuts so that sentences × longest side ≤ max_tokens);
-* random: the examples in random order, cut greedily under the same budget (mean of 3 seeds);
-* sorted: a plain sort by (target, source) length, same cuts (a common simple bucketing);
-* buckets K: static shape buckets (`data.shape_buckets` K, for CUDA graphs): K lengths per side
-  fitted to the corpus, fixed rows per (source, target) cell, empty rows counted as padding;
-  with the number of distinct batch shapes an epoch has.
-
-On Ding (embedded) and on Multi30k when its files are found (`--multi30k-dir`, by default
-`../shared/data/multi30k`), read through the project's `--data files` corpus.
+"""Benchmark 3: padding waste of our token bucketing against random batching: the share of padded
+slots of `src` and `tgt_out` over an epoch of training batches at one `max_tokens`, for ours
+(`TokenBucketBatchSampler`), random order (mean of `RANDOM_SEEDS`), a plain (target, source) sort
+and static shape buckets (`data.shape_buckets`, with the distinct batch shapes), all cut greedily
+under the same budget. On Ding, and on Multi30k when its files are found (`--multi30k-dir`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
-"""Benchmark 5: how our training step scales with sequence length and with batch tokens.
-
-Our `Transformer` at demo dimensions (N 3, d_model 64, d_ff 256, h 8, vocab 2,000), one full
-training step (forward, label-smoothed loss, backward, Adam) on unpadded batches of random ids:
-
-* length: source = target length n from 16 to 256 at a fixed number of sentences: the
-  projections and FFN grow as n, attention as n², so tokens/s falls once attention dominates;
-* batch tokens: 1K to 16K tokens per side at a fixed length of 32: tokens/s should rise, then
-  level off once the cores are saturated.
+"""Benchmark 5: how our training step (demo dimensions, unpadded random ids) scales with sequence
+length (16 to 256 at a fixed number of sentences: projections grow as n, attention as n², so tokens/s
+falls once attention dominates) and with batch tokens (1K to 16K at length 32: tokens/s rises, then
+levels off once the cores are saturated).
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.common import (
-    Section,
-    Settings,
-    alternate,
-    forward_flops,
-    median,
-    mfu,
-    random_batch,
-    spread,
-    stopwatch,
-    train_flops,
-)
+from benchmarks.common import (Section, Settings, alternate, forward_flops, median, mfu, random_batch, spread,
+                               stopwatch, train_flops)
 from benchmarks.train_step import make_step
 from lightning_modules.config import TransformerConfig
 from lightning_modules.transformer import Transformer

@@ -1,20 +1,13 @@
 """Benchmark 10 (opt-in): where `ablate train`'s start-up goes, for a table's first run and its next.
 
-Method: WMT-length synthetic text (lognormal lengths of ~25 words, Zipf-drawn words from the Ding
-dictionary's and random syllable words; 48,000 training pairs, the size of the newstest stand-in of the H100 start-up
-figures, and `DEV_PAIRS` dev pairs; no corpus or network needed) is written as `--data files`.
-`ablate train` then runs twice as a subprocess on one empty `data.cache_dir`: the first run trains
-the BPE model and encodes the pairs, the next one (another run directory and seed, as a table's next
-row) takes both from the preparation cache. Base dims and a 37,000-piece BPE (`--quick`: 1 layer at
-d_model 32, 1,000 pieces, 4,000 pairs); 2 steps of 4,000 tokens, eager, greedy dev decoding to
-source + `DECODE_OFFSET`, no test set: what follows the first step is not measured, only kept short.
-The figures are each run's `results.json`: `startup_s` and its parts (imports, checks, data, model,
-trainer, fit) and the data stages. Then the imports part split by package: one more process imports
-what `ablate train` has imported when its clock reads "imports" (`ablate.cli` and
-`lightning_modules.run.train`) under `python -X importtime`, and each module's own time is summed by
-its top-level package (torch, lightning, torchmetrics, transformers, ...); the sums add up to that
-process's import time.
-Target (issue #40): start-up ≤ 15 s, counted apart from training.
+Method: WMT-length synthetic text (`corpus`: lognormal lengths of ~25 words drawn Zipf-like from
+Ding's and random syllable words; 48,000 training pairs, the H100 figures' newstest stand-in's size)
+is written as `--data files`, and `ablate train` runs twice on one empty `data.cache_dir`: the first
+trains the BPE and encodes the pairs, the next (another run directory and seed, as a table's next
+row) takes both from the cache. Base dims, BPE 37,000 (`--quick`: tiny); 2 steps, eager, a short
+greedy dev decoding: what follows the first step is not measured, only kept short. The figures are
+each run's `results.json` (`startup_s`, its parts and the data stages), then the imports split by
+top-level package under `python -X importtime` (`IMPORTS`). Target (issue #40): start-up ≤ 15 s.
 """
 
 from __future__ import annotations
@@ -38,9 +31,8 @@ from benchmarks.common import REPO, Section, Settings, stopwatch
 BASE = ["n_layers=6", "d_model=512", "d_ff=2048", "n_heads=8"]
 TINY = ["n_layers=1", "d_model=32", "d_ff=64", "n_heads=4"]
 TARGET_S = 15.0
-# The dev set and its decoding are kept short: an untrained model decodes to source + max_len_offset,
-# each step a new key length (`attention_shapes` measures what that costs), and a longer dev set's
-# decoding takes longer than the start-up measured (its GPU results page).
+# short: an untrained model decodes to source + offset, each step a new key length, and a longer
+# dev set's decoding takes longer than the start-up measured (its GPU results page)
 DEV_PAIRS, DECODE_OFFSET = 20, 5
 IMPORTS = "import ablate.cli; from lightning_modules.run.train import train"  # what `ablate train` imports first
 TOP_PACKAGES = 8  # packages named in the split; the rest are one row
@@ -142,9 +134,7 @@ def train(files: dict[str, str], work: Path, name: str, seed: int, settings: Set
 
 
 def import_times(lines: list[str]) -> dict[str, float]:
-    """Seconds per top-level package from `python -X importtime` lines ("import time: self [us] |
-    cumulative | name", nesting by indentation): each module's self time added to its first dotted
-    name, largest first."""
+    """Seconds per top-level package, largest first, from `python -X importtime` lines."""
     totals: dict[str, float] = defaultdict(float)
     for line in lines:
         found = re.match(r"import time:\s+(\d+) \|\s+\d+ \|\s*(\S+)\s*$", line)
