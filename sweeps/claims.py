@@ -1,14 +1,11 @@
 """Which worker holds which trial, and taking back the trials of workers that died.
 
-A worker claims a queued trial (Optuna sets it RUNNING), then records itself on it as the user
-attribute `worker` = host:pid:trial-number; a retry copy inherits its predecessor's record (another
-number), so a record counts only with the trial's own number. A RUNNING trial whose worker is gone
-is taken back: at once when that worker ran on this host (`reclaim_dead_local_trials`); by Optuna's
-heartbeat after its grace period when it ran elsewhere; and when it died between claiming and
-recording itself, which no heartbeat sees, by `UnrecordedClaims` once the claim has stayed
-unrecorded for the grace period on the watching worker's clock (a live worker records at once).
-Stops are only recorded (`foundation.stop`) and acted on between claims, so none leaves a claim
-without its record, or a trial failed without its retry copy.
+A worker claims a queued trial, then records itself on it (`worker` = host:pid:trial-number; a
+retry copy inherits another number's). A RUNNING trial whose worker is gone is taken back at once
+when it ran on this host (`reclaim_dead_local_trials`), by Optuna's heartbeat when it ran elsewhere,
+and when it died between claiming and recording itself, which no heartbeat sees, by
+`UnrecordedClaims` after the grace period. Stops are acted on between claims only, so none leaves a
+claim without its record, or a trial failed without its retry copy.
 """
 
 from __future__ import annotations

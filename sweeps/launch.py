@@ -98,8 +98,7 @@ def worker_envs(workers: int, devices: list[str] | None, devices_per_run: int = 
 
 def run_workers(settings: WorkerSettings, workers: int = 1, devices: list[str] | None = None,
                 devices_per_run: int = 1, quiet: bool = False, stop_after_s: float | None = None) -> int:
-    """Run the workers to the end; 0 if all finished cleanly, 130 if interrupted (Ctrl-C, SIGTERM,
-    or `stop_after_s` seconds after they started, as if interrupted then), else 1."""
+    """Run the workers to the end: 0, 130 if interrupted (or `stop_after_s` passed), else 1."""
     envs = worker_envs(workers, devices, devices_per_run)
     if STOP.preempted:  # pre-empted during start-up: no trial can save and requeue, so this does
         job = requeue_job()

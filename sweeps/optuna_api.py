@@ -1,34 +1,28 @@
 """The one place where the sweeps go beyond Optuna's stable `Study`/`Trial` API, and why.
 
-1. A trial trains in another process than the worker that started it (a fresh process per trial
-   keeps memory from growing; DDP re-runs it once per rank), and Optuna has no public way to get a
-   `Trial` for a trial already running (`Trial(study, trial_id)`, `trial._trial_id` and
-   `study._storage` are private). `RunningTrial` does what `Trial.report` and `should_prune` do,
-   through the storage's public `BaseStorage` methods and the pruner's public `prune`.
-2. Heartbeats, `RetryHeartbeatStaleTrialCallback` (a dead worker's trial becomes FAIL and its copy,
-   with the same user attributes and so the same run directory, is queued) and the gRPC storage
-   proxy are experimental: their `ExperimentalWarning` is silenced around those calls only
-   (`experimental`), so any other warning (a `FutureWarning` announcing a removal) reaches the user
-   and fails the tests (pyproject.toml makes it an error for `sweeps`).
-3. Only `RDBStorage` implements the heartbeat (Optuna 5.0). For `JournalStorage` and
-   `GrpcStorageProxy`, `SystemAttrHeartbeat` implements the private `BaseHeartbeat` interface with a
-   trial system attribute written through public storage methods, so Optuna's own machinery (the
-   heartbeat thread of `Study.optimize`, `fail_stale_trials`, the retry callback) runs unchanged.
-4. Optuna hands out queued trials in the order queued (`Study._pop_waiting_trial_id`, private). A
-   retry copy is queued when its run is interrupted, so it would wait behind the whole queue (a run
-   pre-empted at 95%; a table's big row ending the queue alone on one worker). `RetriesFirstStudy`
-   overrides that one method so retry copies go first, each claimed as Optuna claims (the storage's
-   atomic WAITING -> RUNNING).
+1. A trial trains in another process than its worker (a fresh process per trial keeps memory from
+   growing), and Optuna has no public way to reach a running trial (`Trial(study, trial_id)`,
+   `trial._trial_id`, `study._storage` are private): `RunningTrial` does what `Trial.report` and
+   `should_prune` do through public `BaseStorage` methods and the pruner's `prune`.
+2. Heartbeats, `RetryHeartbeatStaleTrialCallback` (a dead worker's trial becomes FAIL and a copy with
+   its user attributes, so its run directory, is queued) and the gRPC proxy are experimental: their
+   `ExperimentalWarning` is silenced around those calls only (`experimental`), so any other warning
+   (a `FutureWarning` announcing a removal) reaches the user and fails the tests.
+3. Only `RDBStorage` implements the heartbeat (Optuna 5.0). `SystemAttrHeartbeat` implements the
+   private `BaseHeartbeat` for `JournalStorage` and `GrpcStorageProxy` with a trial system attribute,
+   so Optuna's own machinery (`Study.optimize`'s heartbeat thread, `fail_stale_trials`, the retry
+   callback) runs unchanged.
+4. Optuna hands out queued trials in the order queued (`Study._pop_waiting_trial_id`, private), so a
+   retry copy, queued when its run is interrupted, would wait behind the whole queue (a run pre-empted
+   at 95%). `RetriesFirstStudy` overrides that one method so retry copies go first, each claimed as
+   Optuna claims (the storage's atomic WAITING -> RUNNING).
 
 5. A pruner compares a trial with every trial of the study, but a table tunes each row on its own:
-   `CohortStudy` is the study as the pruner sees it for one cohort's trial (`get_trials` filtered, as
-   Optuna's own `HyperbandPruner` hands each bracket a filtered study; every decision stays the
-   pruner's), and `replay` shows a finished trial's curve to the pruner step by step, so that a run
-   trained before its cohort existed takes part, through public storage methods only.
+   `CohortStudy` filters the study a cohort's trial is judged in (as Optuna's `HyperbandPruner` does
+   for each bracket), and `replay` shows a finished trial's curve to the pruner step by step.
 
-`tests/test_optuna_api.py` exercises every call here with Optuna's warnings as errors, and fails if
-Optuna stops calling `_pop_waiting_trial_id`, so an upgrade that breaks or deprecates one fails
-there; pyproject.toml bounds Optuna to the versions tested.
+`tests/test_optuna_api.py` exercises every call here with Optuna's warnings as errors, so an upgrade
+that breaks or deprecates one fails there; pyproject.toml bounds Optuna to the versions tested.
 """
 
 from __future__ import annotations
@@ -124,8 +118,7 @@ def journal_storage(path: str, heartbeat_s: int | None) -> JournalStorage:
 
 
 def grpc_storage(host: str, port: int, heartbeat_s: int | None, timeout_s: float) -> GrpcStorageProxy:
-    """A client of `run_grpc_proxy_server` at host:port, once it answers (ConnectionError after
-    `timeout_s`); `heartbeat_s` as above."""
+    """A client of `run_grpc_proxy_server` at host:port once it answers (else ConnectionError)."""
     with experimental():
         storage = _BeatingGrpcStorageProxy(host=host, port=port).beating_every(heartbeat_s) if heartbeat_s \
             else GrpcStorageProxy(host=host, port=port)
@@ -260,8 +253,7 @@ def replay(storage: BaseStorage, study_name: str, finished: FrozenTrial, pruner:
 
 @contextmanager
 def quiet_optuna() -> Iterator[None]:
-    """Without Optuna's INFO lines ("A new study created"): a command says what it opened in its own
-    lines, so an error after them is its one line."""
+    """Without Optuna's INFO lines: a command says what it opened itself, so an error is its one line."""
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

@@ -34,8 +34,7 @@ def _start_child() -> None:
 
 
 def spawn(argv: list[str], env: dict[str, str] | None = None, log: Path | None = None) -> subprocess.Popen:
-    """A child process in its own session that dies with this process; its stop signals are held
-    back until it records them (`foundation.stop`)."""
+    """A child in its own session that dies with this process, its stop signals held until recorded."""
     out = open(log, "ab") if log else None  # noqa: SIM115 (closed when the child ends, below)
     try:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,

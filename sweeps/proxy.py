@@ -49,8 +49,7 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: 
 
 
 def _check_port(host: str, port: int) -> None:
-    """Bind host:port once and let it go (SO_REUSEADDR, as gRPC binds): a port in use or a foreign
-    host is one line before the banner."""
+    """Bind host:port once (SO_REUSEADDR, as gRPC binds) so that a port in use is one line first."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:

@@ -79,8 +79,7 @@ def safe_url(url: str) -> str:
 
 
 def exposure_warning(what: str, storage_url: str, host: str) -> str | None:
-    """The line `ablate dashboard` and `ablate storage-proxy` print when `host` is not a loopback
-    address: neither has authentication."""
+    """The line a server without authentication prints when `host` is not a loopback address."""
     import ipaddress
 
     try:
@@ -148,8 +147,7 @@ def _server_tables(url: str) -> set[str]:
 
 def _not_optuna(where: object, tables: set[str]) -> UserError:
     held = f"its tables: {', '.join(sorted(tables)[:5])}" if tables else "it has no tables"
-    return UserError(f"{where} is not an Optuna database ({held}); give the --storage of a sweep or "
-                     f"table")
+    return UserError(f"{where} is not an Optuna database ({held}); give the --storage of a sweep or table")
 
 
 def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
@@ -198,8 +196,7 @@ def check_url(url: str) -> str:
 
 
 def _snapshot(journal: Path) -> Path:
-    """A copy of a read-only journal in a temporary folder removed at exit: Optuna's journal backend
-    opens its file and lock for writing."""
+    """A read-only journal's copy, removed at exit (Optuna's backend opens its file for writing)."""
     folder = Path(tempfile.mkdtemp(prefix="ablate-journal-"))
     atexit.register(shutil.rmtree, folder, True)
     copy = folder / journal.name
