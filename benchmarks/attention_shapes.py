@@ -4,18 +4,16 @@
     python -m benchmarks --only attention_shapes --quick                   # CPU smoke check, tiny dims
 
 Why: with exact lengths nearly every batch of a run's first epoch has a new shape (`shape_counts`),
-and cuDNN's attention, PyTorch's first choice on sm90 and sm100, builds and caches an execution plan
-per problem, forward and backward: host time that `gpu_round`, which repeats six batches, never
-shows (docs/gpu-performance.md). Decoding with growing caches meets a new key length every step.
+and cuDNN's attention, PyTorch's first choice on sm90 and sm100, builds and caches a plan per
+problem: host time that `gpu_round`, which repeats six batches, never shows. Decoding with growing
+caches meets a new key length every step.
 
-Method (the table's notes give it in full): per kernel in `KERNELS`, eager base-dims training steps
-twice over batches every kernel shares (the step time), then over batches of shapes no kernel met
-before, each stepped twice in a row (first visit, again; their paired difference is a new shape's
-cost), every batch first stepped once by the math kernel, which caches nothing per shape, so the
-allocator's growth is nobody's first visit; wall clock, synchronised per step. A `gpu` preset run's
-estimate adds the new-shape cost for each third of its first epoch's distinct attention problems
-(a sampled batch brings one per call) to `RUN_STEPS` steps. Decoding: `decode_step` with growing
-and with fixed-size caches, on numbers of rows no kernel before it decoded.
+Method (the table's notes give it in full): per kernel in `KERNELS`, eager training steps over batches
+every kernel shares (the step time), then over batches of shapes no kernel met before, each stepped
+twice in a row (their paired difference: a new shape's cost; the math kernel steps every batch first,
+so the allocator's growth is nobody's first visit); a `gpu` preset run's estimate adds that cost for
+each third of its first epoch's attention problems to `RUN_STEPS` steps. Decoding: `decode_step` with
+growing and with fixed-size caches, on numbers of rows no kernel before it decoded.
 
 Decision, stated before any GPU figure: `model.attention_backend`'s default stays "auto" unless
 another kernel's `gpu` preset estimate at 25,000 tokens is at least 10% below auto's; then that

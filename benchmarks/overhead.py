@@ -1,10 +1,6 @@
-"""Benchmark 2: what the Lightning harness costs per step, against a plain PyTorch loop.
-
-The same `TranslationModule` (demo dimensions) trains on the same Ding batches under
-`lightning.Trainer` (as `ablate train` runs it, less loggers, checkpoints and progress bar) and in
-a plain loop of the module's forward, the project's loss, backward, and the module's own optimizer
-and scheduler; alternated over repetitions from the same weights, timed after warm-up steps
-(Trainer construction and `fit`'s set-up reported apart). The table's notes say the rest.
+"""Benchmark 2: what the Lightning harness costs per step: the same `TranslationModule` on the same
+batches under `lightning.Trainer` (as `ablate train` runs it, less loggers and checkpoints) and in a
+plain loop, alternated from the same weights, timed after warm-up steps (the notes say the rest).
 """
 
 from __future__ import annotations

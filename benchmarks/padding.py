@@ -1,8 +1,6 @@
-"""Benchmark 3: padding waste of our token bucketing against random batching: the share of padded
-slots of `src` and `tgt_out` over an epoch of training batches at one `max_tokens`, for ours
-(`TokenBucketBatchSampler`), random order (mean of `RANDOM_SEEDS`), a plain (target, source) sort
-and static shape buckets (`data.shape_buckets`, with the distinct batch shapes), all cut greedily
-under the same budget. On Ding, and on Multi30k when its files are found (`--multi30k-dir`).
+"""Benchmark 3: padding waste (padded slots of `src` and `tgt_out` over an epoch, at one `max_tokens`)
+of our token bucketing against random order, a plain (target, source) sort and static shape buckets,
+all cut greedily under the same budget; on Ding, and Multi30k when its files are found.
 """
 
 from __future__ import annotations

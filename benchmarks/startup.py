@@ -1,13 +1,10 @@
 """Benchmark 10 (opt-in): where `ablate train`'s start-up goes, for a table's first run and its next.
 
-Method: WMT-length synthetic text (`corpus`: lognormal lengths of ~25 words drawn Zipf-like from
-Ding's and random syllable words; 48,000 training pairs, the H100 figures' newstest stand-in's size)
-is written as `--data files`, and `ablate train` runs twice on one empty `data.cache_dir`: the first
-trains the BPE and encodes the pairs, the next (another run directory and seed, as a table's next
-row) takes both from the cache. Base dims, BPE 37,000 (`--quick`: tiny); 2 steps, eager, a short
-greedy dev decoding: what follows the first step is not measured, only kept short. The figures are
-each run's `results.json` (`startup_s`, its parts and the data stages), then the imports split by
-top-level package under `python -X importtime` (`IMPORTS`). Target (issue #40): start-up ≤ 15 s.
+`ablate train` runs twice on WMT-length synthetic text (`corpus`; 48,000 pairs) with one empty
+`data.cache_dir`: the first trains the BPE and encodes the pairs, the next (another run directory and
+seed) takes both from the cache. Base dims, BPE 37,000; 2 steps and a short dev decoding (what
+follows the first step is not measured). The figures are each run's `startup_s`, its parts and data
+stages, then the imports by top-level package (`python -X importtime`). Target: start-up ≤ 15 s.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Names that become paths (a spec's row and group names, a study name): one rule, checked up front,
-and one check that a path built from them stays inside its directory. The rule, 1 to 64 of letters,
-digits and `_ . + -` starting with a letter or digit, keeps out `..` and `/`, control bytes, spaces,
-shell metacharacters, and names too long once a run's suffixes are added (`.superseded-t<N>`).
-"""
+"""Names that become paths (a spec's rows and groups, a study): one rule, checked up front, and one
+check that a path built from them stays inside its directory (docs/reliability.md, "Names that become
+paths follow one rule")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""One validation layer for the records read back (a run's results.json, a trial's results, a
-table's record): a reader types what it read once (`validated`, pydantic, which W&B brings anyway)
-and every later step trusts it. Numbers are finite, a curve is (step, value) pairs, a whole number
-written as text is the number, and anything else is one line naming the file or trial and the
-field. Packed sentences are unpacked with a size limit (`unpack_lines`: no small attribute inflates
-into gigabytes).
+"""One validation layer for the records read back (results.json, a trial's results, a table's record):
+a reader types what it read once (`validated`, with pydantic) and every later step trusts it; packed
+sentences are unpacked with a size limit (docs/reliability.md, "Every count and number has a bound,
+and every stored record is typed once").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""What makes a folder one of our run directories, and who is training it now.
-
-**The marker.** A run writes `ablate-run.json` into its folder when it first takes it, only if the
-folder is new or empty: one holding anything else (a user's `.git` too) and no marker is refused in
-one line. A run directory from before markers (its `config.yaml` ours) gets one on its next run.
-
-**Ownership.** A command writes, replaces and deletes only its own files, in folders of its own,
-and never follows a symbolic link out of them (`check_entries`; the lock opened with `O_NOFOLLOW`).
-
-**The lock.** While a run trains, its process holds an exclusive `flock` on `.ablate-run.lock` (its
-pid and host inside); the operating system drops it with the process, SIGKILL included, so it is
-never stale. A second command on the run says who holds it and stops (exit 1), or waits (`--wait`).
-Only the global rank-0 process of a DDP run takes the marker and the lock; the others wait for the
-marker before they touch the folder.
+"""What makes a folder one of our run directories, and who is training it now (docs/reliability.md,
+"A folder that is not ours is never written into" and "One run, one trainer"): a run writes its marker
+`ablate-run.json` only into a folder that is new or empty (one written before markers, its
+`config.yaml` ours, gets it on its next run), and holds an exclusive `flock` on `.ablate-run.lock`
+while it trains, which the operating system drops with the process, so it is never stale. A command
+writes only its own files, never through a symbolic link (`check_entries`); only the global rank-0
+process of a DDP run takes the marker and the lock, the others wait for the marker.
 """
 
 from __future__ import annotations

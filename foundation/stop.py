@@ -1,16 +1,11 @@
-"""Stop requests: a stop signal's handler only records the request (`STOP`, one per process, as a
-handler is process-wide); each level acts on it at its own safe point (docs/reliability.md): the
-launcher (`sweeps.launch`) between its polls, a worker (`sweeps.worker`) before it claims a trial,
-while it waits and while its trial trains (each passing the request on), a training process at a
-step's end (`callbacks.StopAtStepEnd`), the dashboard's main thread.
-
-Why record rather than raise: a raising handler could land inside a claim, inside Optuna's record
-of a trial's end, or in a garbage-collector callback, where CPython drops the exception and the
-stop is lost. The two handlers that still raise say why where they are (`sweeps.proxy`,
-`callbacks.PromptInterruptWhileCompiling`). `ablate train` run by hand keeps Python's Ctrl-C and
-Lightning's own SIGTERM (acted on at the step's end); under SLURM its notice is recorded here.
-
-Nothing here loads torch: the sweep processes use it too.
+"""Stop requests (docs/reliability.md, "Workers never fail each other's trials"): a stop signal's
+handler only records the request (`STOP`, one per process, as a handler is process-wide), and each
+level acts on it at its own safe point: the launcher between polls, a worker before it claims, while
+it waits and while its trial trains (passing it on), a training step's end
+(`callbacks.StopAtStepEnd`), the dashboard's main thread. A raising handler could land inside a
+claim, inside Optuna's record of a trial's end, or in a garbage-collector callback, where CPython
+drops the exception and the stop is lost; the two that still raise say why (`sweeps.proxy`,
+`callbacks.PromptInterruptWhileCompiling`). Nothing here loads torch: the sweep processes use it too.
 """
 
 from __future__ import annotations

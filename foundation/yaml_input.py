@@ -1,10 +1,7 @@
-"""The one YAML loader for every file a user gives or a run keeps (specs, presets, `--config`,
-search spaces, a run's `config.yaml`, key=value override values): small hostile input cannot
-exhaust memory or time, and YAML's silent surprises are refused, each in one `UserError` line
-naming the file and where: a file over `MAX_BYTES` (refused before it is parsed: a large one takes
-minutes and gigabytes), aliases (a "billion laughs" document; no file of ours needs one), nesting
-deeper than `MAX_DEPTH` (it would end in a RecursionError), a key given twice in one mapping (YAML
-keeps the last value without a word).
+"""The one YAML loader for every file a user gives or a run keeps: a file over `MAX_BYTES`, aliases
+(a "billion laughs" document), nesting deeper than `MAX_DEPTH` and a key given twice (YAML keeps the
+last without a word) are each one `UserError` line naming the file and where (docs/reliability.md,
+"Small hostile inputs stay small").
 """
 
 from __future__ import annotations

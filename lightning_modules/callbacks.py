@@ -137,13 +137,11 @@ class NonFiniteLoss(Exception):
 
 
 class PromptInterruptWhileCompiling(pl.Callback):
-    """A stop while a step compiles stops the run at once: one of the two handlers that raise
-    instead of recording (`foundation.stop`). A stop otherwise waits for the step's end, so that no
-    checkpoint holds a half-applied optimizer step; but a first batch compiles for minutes (a
-    recompilation, most of a minute), longer than a sweep worker waits for its trial's clean stop.
-    From each batch's start until its optimizer step (no weight changed yet) SIGTERM and SIGINT
-    record the request and raise `SIGTERMException`; recorded first, so that if CPython drops the
-    exception (raised in a garbage-collector callback) the step's end still acts on it.
+    """A stop while a step compiles (minutes, longer than a worker waits for its trial's clean stop)
+    stops the run at once (docs/reliability.md, "A signal during compilation stops the run at once"):
+    from each batch's start to its optimizer step (no weight changed yet) SIGTERM and SIGINT raise
+    `SIGTERMException`, recorded first, so that if CPython drops it (raised in a garbage-collector
+    callback) the step's end still acts on it.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)

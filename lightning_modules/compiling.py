@@ -1,19 +1,15 @@
 """The one place that touches torch.compile's settings and counters, and why each is needed (the
-measurements behind them: the GPU pages of benchmarks/README.md).
+measurements: the GPU pages of benchmarks/README.md).
 
-- `torch.fx.experimental._config.use_duck_shape` (private), off while the step is traced: dynamo
-  takes dimensions of equal size on the first call for one symbol, so a first batch whose source and
-  target have one length would guard `src.size(1) == tgt_in.size(1)` and the next batch recompile
+- `torch.fx.experimental._config.use_duck_shape` (private), off while tracing: dynamo would take a
+  first batch's equal source and target lengths for one symbol, and the next batch would recompile
   the whole step (minutes for the base model).
 - `torch._dynamo.lookup_backend(name)`: the backend wrapped so that the fault point `compile` runs
-  inside compilation; a wrapped backend gets torch.compile's `mode` as a keyword, and Inductor takes
-  it as the config patches `torch._inductor.list_mode_options(mode, dynamic)` lists.
+  inside compilation; Inductor takes torch.compile's `mode` as the patches `list_mode_options` lists.
 - `triton.mix_order_reduction_non_strict_mode` (an Inductor patch): the mix-order reduction fusion
-  (GPU only: LayerNorm's backward) guarded on `rows * columns >= 5 * 2**20` and compiled again for a
-  batch on the other side; non-strict mode skips those size checks and fuses at every size.
+  guarded on the symbolic `rows * columns` (a recompilation past its threshold); this drops the check.
 - `torch._dynamo.utils.counters` and `guard_failures` (semi-private): the graph count and the failed
-  guards `TORCH_LOGS=recompiles` reports, kept so that a run which compiled more than one graph says
-  why without being run again.
+  guards, kept so that a run which compiled more than one graph says why.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Did a run converge? One stated rule over its dev-perplexity and training-loss curves, so a report
-can set apart the rows that measure optimisation accidents rather than architecture. The classes, in
-the order `classify` checks them, are `ConvergenceRule.describe()`'s sentence (docs/table3.md, "Did
-a row converge?"). Dev PPL spikes count, not only the training loss's: a model collapsing towards the
-unigram line can leave the loss nearly flat (a GPU base run's dev PPL nearly doubled while its loss
-rose by a tenth). A run stores what the rule reads (`rule_inputs`); a report classifies each run
-again from those inputs (`classify_stored`), so it always applies the rule written here.
+can set apart the rows that measure optimisation accidents (`ConvergenceRule.describe()`;
+docs/table3.md). Dev PPL spikes count, not only the loss's: a model collapsing towards the unigram
+line can leave the loss nearly flat (a GPU base run's dev PPL nearly doubled while its loss rose by a
+tenth). A report classifies each run again from the inputs it stored (`classify_stored`).
 """
 
 from __future__ import annotations

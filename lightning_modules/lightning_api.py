@@ -1,22 +1,18 @@
-"""The one place where training goes beyond Lightning's public API, and why (checked in Lightning
-2.6; pyproject.toml bounds it to `lightning>=2.6,<2.7`).
+"""The one place where training goes beyond Lightning's public API (checked in Lightning 2.6, which
+pyproject.toml bounds to `<2.7`); docs/reliability.md says what went wrong without it.
 
-1. A checkpoint written inside a step (Ctrl-C in its forward or backward pass, a stop while it
-   compiles) restores two private counts one ahead (`_TrainingEpochLoop.reset`):
-   `_batches_that_stepped`, by which Lightning labels and schedules logged values (each window then
-   written up to a window late, one per epoch dropped), and `batch_progress.total`, by which an
-   integer `val_check_interval` validates (every later dev evaluation a step early), as seen in the
-   converged `cpu` table (its results page). `align_step_counts` sets both back at the first batch
+1. A checkpoint written inside a step (a stop in its forward or backward pass, or while it compiles)
+   restores two private counts one ahead (`_TrainingEpochLoop.reset`): `_batches_that_stepped`, by
+   which Lightning labels and schedules logged values, and `batch_progress.total`, by which an
+   integer `val_check_interval` validates. `align_step_counts` sets both back at the first batch
    after a restore (one optimizer, automatic optimization).
-2. A checkpoint written after an epoch's last step skips the next epoch either way: written inside
-   `on_train_batch_end` (`ModelCheckpoint`, SLURM's requeue), Lightning ends that epoch on restoring
-   and starts the next on the first pass it draws; written after it (a stop between steps), the old
-   epoch's batch count stays, so the next epoch stops after one batch. The loader saves such a
-   position as the next epoch's start (`resume.ResumableLoader`) and `start_epoch_after_restore`
-   zeroes the stale count.
+2. A checkpoint written after an epoch's last step makes Lightning skip the next epoch's batches:
+   written inside `on_train_batch_end` (`ModelCheckpoint`, SLURM's requeue), it ends that epoch on
+   restoring; written after it, the old epoch's batch count stays. The loader saves the next epoch's
+   start (`resume.ResumableLoader`) and `start_epoch_after_restore` zeroes the stale count.
 
-`tests/test_reproducibility.py` resumes from each kind of checkpoint and fails if the logged rows or
-dev evaluations differ from an uninterrupted run's, so a Lightning upgrade that changes this shows.
+`tests/test_reproducibility.py` resumes from each kind of checkpoint and fails if a Lightning upgrade
+changes this.
 """
 
 from __future__ import annotations

@@ -6,15 +6,13 @@ For one target token with logits x (V values), label y and smoothing ε:
     nll  = lse(x) - x_y
     ∂loss/∂x_v = softmax(x)_v - (1 - ε)·[v = y] - ε/V
 
-Why: the textbook form, a log-softmax of the whole (N, V) matrix in fp32 with autograd for the
-rest, keeps fp32 copies of bf16 logits and of their gradient (25K tokens × 37,000 pieces: 3.7 GB
-each), a large share of a GPU base step (the GPU pages of benchmarks/README.md). `LabelSmoothedNLL`
-reads the logits once forward, into three fp32 numbers per row (lse, x_y, mean), and once backward,
-forming each gradient value from its logit, its row's lse and whether it is the target, written in
-the logits' dtype: eager in chunks of about CHUNK_ELEMENTS values, compiled in one piece (a traced
-step has no loop over a symbolic row count; Inductor fuses the casts). The textbook form stays where
-it costs nothing: eager fp32 logits that fit one chunk (on a CPU the chunked form is slower on small
-logits: the loss row of the index).
+Why (docs/gpu-performance.md): the textbook form, a log-softmax of the (N, V) matrix in
+fp32 with autograd for the rest, keeps fp32 copies of bf16 logits and of their gradient (3.7 GB each
+at 25K tokens × 37,000 pieces). `LabelSmoothedNLL` reads the logits once forward into three fp32
+numbers per row and once backward, writing the gradient in the logits' dtype: eager in chunks of
+about CHUNK_ELEMENTS values, compiled in one piece (a traced step has no loop over a symbolic row
+count). The textbook form stays where it costs nothing: eager fp32 logits that fit one chunk (on a
+CPU the chunked form is slower on small logits).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""A run's logged metrics across resumptions. Lightning's CSVLogger deletes an existing
-`logs/metrics.csv` when it starts, so before a resumed run starts `set_aside` renames it to
-`metrics.part-K.until-STEP.csv` (the K-th attempt, resumed at STEP; its rows after STEP were redone
-and are not read); `read_rows` gives the run's one history in step order.
+"""A run's logged metrics across resumptions: Lightning's CSVLogger deletes `logs/metrics.csv` when
+it starts, so a resumed run first sets it aside as `metrics.part-K.until-STEP.csv` (`set_aside`), and
+`read_rows` joins the parts into the run's one history.
 """
 
 from __future__ import annotations

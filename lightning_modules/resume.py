@@ -1,16 +1,9 @@
-"""Resuming a run where it stopped, mid-epoch: the batches and dropout masks that follow are the
-ones an uninterrupted run would have had. Lightning restores weights, optimizer, schedule and loop
-counters, and a training DataLoader's state if it has one; a plain DataLoader would start the
-interrupted epoch again from its first batch.
-
-- `ResumableLoader` is that DataLoader: its state is the epoch and how many of its batches finished
-  their step; its next pass starts after them (`TokenBucketBatchSampler.resume_at`).
-- `CountBatches` keeps that count (Lightning's fetcher has drawn the next batch already when a
-  checkpoint is written; checkpoint callbacks run last, so the count includes the step saved).
-- `RandomState` puts torch's generators into the checkpoint, so dropout draws on as it would have
-  (nothing in training draws from Python's or NumPy's); a checkpoint written inside a step holds
-  them as they were when the step began, as the resumed run does that step again.
-- `StepCountsAfterResume`: `lightning_api.align_step_counts` at the first batch of a fit.
+"""Resuming a run where it stopped, mid-epoch, on the batches and dropout masks an uninterrupted run
+would have had (docs/reliability.md, "A resumed run goes on as if it had not stopped"): the loader's
+position in its epoch (`ResumableLoader`, counted by `CountBatches`, since Lightning's fetcher has
+drawn the next batch already when a checkpoint is written), torch's generators (`RandomState`;
+inside a step as at its start, since the resumed run does that step again) and Lightning's step
+counts (`StepCountsAfterResume`).
 """
 
 from __future__ import annotations

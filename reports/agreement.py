@@ -1,8 +1,6 @@
-"""Agreement with the paper, beside what a table with no knowledge of it would score
-(docs/table3.md): sign agreement over the rows where the paper's difference is clear, beside a table
-where every change is worse than base (the baseline that matters when a budget calibrated on base
-alone favours base) and random signs (a binomial p); and Spearman's ρ with a one-sided permutation p
-(`N_PERMUTATIONS` pairings, seeded, so the same table gives the same report bytes).
+"""Agreement with the paper beside what a table with no knowledge of it would score (docs/table3.md):
+signs against a table where every change is worse than base and against random signs, and
+Spearman's ρ with a seeded one-sided permutation p (the same table, the same report bytes).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Seeds as noise: mean ± 95% Student's t interval per row, the difference to base with its
-interval (`difference_ci`: paired by seed when both share their seeds, as they then see the same
-batches in the same order; Welch's otherwise; a one-seed row against base's 95% prediction interval
-for one more run), and whether its sign agrees with the paper's. The paper reports single runs, so
-its sign is compared only where its difference is at least `PAPER_THRESHOLD` (smaller printed
-differences are within what a second run could change).
+"""Seeds as noise: mean ± 95% Student's t interval per row, the difference to base with its interval
+(`difference_ci`) and whether its sign agrees with the paper's (docs/table3.md). The paper reports
+single runs, so its sign counts only where its difference is at least `PAPER_THRESHOLD`.
 """
 
 from __future__ import annotations

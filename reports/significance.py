@@ -1,12 +1,9 @@
 """Is a row different from base beyond noise? One test for dev PPL and dev BLEU over the seeds and
-the dev sentences at once (docs/table3.md states it for the reader). The difference to base has the
-variance of two parts: the seeds' (`reports.seeds.difference_ci`) and the dev sentences', from a
-paired bootstrap (`sentence_draws`: each resample applied to every run of row and base, scored with
-sacreBLEU's own sentence statistics, so BLEU keeps its signature). The interval is Student's t with
-the seed level's degrees of freedom, so never narrower than the seeds' own: three seeds are too few
-for a bootstrap's outer level (a percentile interval calls three same-signed seeds significant one
-time in four with no difference at all). A run stores no per-sentence PPL, so PPL's test is the seed
-level alone. The resampling is seeded (`SEED`): one study, one report's bytes.
+the dev sentences at once (docs/table3.md states it): the seeds' variance (`seeds.difference_ci`)
+plus the dev sentences', from a seeded paired bootstrap scored with sacreBLEU's own sentence
+statistics (`sentence_draws`; a run stores no per-sentence PPL). The interval is Student's t with the
+seed level's degrees of freedom, never narrower than the seeds' own: three seeds are too few for a
+bootstrap's outer level (it calls three same-signed seeds significant one time in four).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Verdicts over training: when was a row's verdict against base reached, and is it still moving?
-
-At every dev evaluation a row and base both have (the same step in every seed of both, within 1% of
-the evaluation interval), the row's dev PPL difference to base is tested as the table's is (the seed
-level of `reports.significance.difference`: a curve holds no per-sentence PPL) and read as beyond
-noise above base, below it, or within noise. `rules()` states the two rules read from that sequence
-(docs/table3.md explains them): *reached*, late when held for less than `LATE_SHARE` of training,
-and *still moving* over the last `LAST_SHARE`. A row trained longer than base (big) is compared only
-where base has evaluations, so it is not judged (None).
+"""Verdicts over training (docs/table3.md): at every dev evaluation a row and base both have (within
+1% of the evaluation interval), the row's dev PPL difference to base is tested as the table's is
+(its seed level: a curve holds no per-sentence PPL) and read as above base, below it or within noise;
+`rules()` states when a verdict was *reached* and whether it is *still moving*. A row trained longer
+than base (big) is compared only where base has evaluations, so it is not judged (None).
 """
 
 from __future__ import annotations

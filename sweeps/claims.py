@@ -1,11 +1,8 @@
-"""Which worker holds which trial, and taking back the trials of workers that died.
-
-A worker claims a queued trial, then records itself on it (`worker` = host:pid:trial-number; a
-retry copy inherits another number's). A RUNNING trial whose worker is gone is taken back at once
-when it ran on this host (`reclaim_dead_local_trials`), by Optuna's heartbeat when it ran elsewhere,
-and when it died between claiming and recording itself, which no heartbeat sees, by
-`UnrecordedClaims` after the grace period. Stops are acted on between claims only, so none leaves a
-claim without its record, or a trial failed without its retry copy.
+"""Which worker holds which trial, and taking back the trials of workers that died
+(docs/reliability.md, "Workers never fail each other's trials"): a worker records itself on the trial
+it claimed (`worker` = host:pid:trial-number; a retry copy inherits another number's), a dead local
+worker's trial is taken back at once (`reclaim_dead_local_trials`), and a claim no worker recorded
+once it has stayed so for the heartbeat's grace period (`UnrecordedClaims`).
 """
 
 from __future__ import annotations

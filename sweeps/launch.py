@@ -1,9 +1,6 @@
-"""Start a sweep's workers (one process each), wait for them, summarise the study after.
-
-`--gpus 0,1` gives worker i its GPU (with `--devices-per-run 2`, a group like "0,1"); `--workers K`
-on CPU shares the cores (a SLURM task's: `task_cores`) by `OMP_NUM_THREADS`, capped by one already
-set. A stop is recorded (`foundation.stop`) and passed on to the workers (SIGTERM; SLURM's notice
-as it is); `--stop-after` does the same at a set time, every running trial checkpointed.
+"""Start a sweep's workers (one process each), wait for them, summarise the study after: `--gpus`
+gives each worker its GPUs, `--workers K` on CPU shares the cores by `OMP_NUM_THREADS`; a stop is
+passed on to the workers (SIGTERM; SLURM's notice as it is), and `--stop-after` at a set time.
 """
 
 from __future__ import annotations

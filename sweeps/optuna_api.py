@@ -1,21 +1,16 @@
 """The one place where the sweeps go beyond Optuna's stable `Study`/`Trial` API, and why.
 
-1. A trial trains in another process than its worker (a fresh process per trial keeps memory from
-   growing), and Optuna has no public way to reach a running trial (`Trial(study, trial_id)`,
-   `trial._trial_id`, `study._storage` are private): `RunningTrial` does what `Trial.report` and
-   `should_prune` do through public `BaseStorage` methods and the pruner's `prune`.
-2. Heartbeats, `RetryHeartbeatStaleTrialCallback` (a dead worker's trial becomes FAIL and a copy with
-   its user attributes, so its run directory, is queued) and the gRPC proxy are experimental: their
-   `ExperimentalWarning` is silenced around those calls only (`experimental`), so any other warning
-   (a `FutureWarning` announcing a removal) reaches the user and fails the tests.
-3. Only `RDBStorage` implements the heartbeat (Optuna 5.0). `SystemAttrHeartbeat` implements the
-   private `BaseHeartbeat` for `JournalStorage` and `GrpcStorageProxy` with a trial system attribute,
-   so Optuna's own machinery (`Study.optimize`'s heartbeat thread, `fail_stale_trials`, the retry
-   callback) runs unchanged.
+1. A trial trains in another process than its worker, and Optuna has no public way to reach a running
+   trial: `RunningTrial` does what `Trial.report` and `should_prune` do through public storage methods.
+2. Heartbeats, the retry callback and the gRPC proxy are experimental: their `ExperimentalWarning` is
+   silenced around those calls only (`experimental`), so any other warning (a `FutureWarning`
+   announcing a removal) reaches the user and fails the tests.
+3. Only `RDBStorage` implements the heartbeat (Optuna 5.0): `SystemAttrHeartbeat` implements the
+   private `BaseHeartbeat` for the journal and the proxy (docs/scale-out.md, "Heartbeats on every
+   storage"), so Optuna's own machinery runs unchanged.
 4. Optuna hands out queued trials in the order queued (`Study._pop_waiting_trial_id`, private), so a
-   retry copy, queued when its run is interrupted, would wait behind the whole queue (a run pre-empted
-   at 95%). `RetriesFirstStudy` overrides that one method so retry copies go first, each claimed as
-   Optuna claims (the storage's atomic WAITING -> RUNNING).
+   retry copy would wait behind the whole queue (a run pre-empted at 95%): `RetriesFirstStudy`
+   overrides that one method so retry copies go first, claimed as Optuna claims (WAITING -> RUNNING).
 
 5. A pruner compares a trial with every trial of the study, but a table tunes each row on its own:
    `CohortStudy` filters the study a cohort's trial is judged in (as Optuna's `HyperbandPruner` does
@@ -66,10 +61,9 @@ HEARTBEAT_ATTR = "heartbeat"  # the trial system attribute SystemAttrHeartbeat b
 
 
 class SystemAttrHeartbeat(BaseHeartbeat):
-    """Optuna's heartbeat for a storage without one: the worker's heartbeat thread writes the time
-    (this machine's clock) to the trial's system attribute `heartbeat`; a RUNNING trial is stale when
-    neither that beat nor its start (fresh for a just-claimed retry copy, which inherits an old beat)
-    is within the grace period. The machines' clocks must agree well within it (NTP does)."""
+    """Optuna's heartbeat on the trial system attribute `heartbeat` (docs/scale-out.md): a RUNNING trial
+    is stale when neither its beat nor its start (a claimed retry copy's, whose beat is inherited) is
+    within the grace period."""
 
     heartbeat_s: int = 60
 

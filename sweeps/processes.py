@@ -1,8 +1,6 @@
-"""The processes of a sweep and what they hand each other: `launch` starts workers (`python -m
-sweeps.worker`, settings in $ABLATE_WORKER), a worker one trial process per trial (`python -m
-sweeps.trial_run`, the job in $ABLATE_TRIAL_JOB; EXIT_PRUNED when pruned). The environment, not the
-command line, carries them: `ps` shows command lines to every user, and a storage URL may hold a
-password.
+"""The processes of a sweep and what they hand each other, through the environment, not the command
+line (`ps` shows command lines to every user, and a storage URL may hold a password): a worker's
+settings ($ABLATE_WORKER), a trial's job ($ABLATE_TRIAL_JOB), and EXIT_PRUNED.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Opening a sweep's `--storage`, one of three kinds of Optuna storage chosen by the URL
-(docs/scale-out.md): an RDB URL (`sqlite:///runs/sweeps.db`, `postgresql+psycopg2://...`), a journal
-file (`journal:///runs/sweeps.journal`, four slashes for an absolute path, or a path ending
-`.journal` or `.log`), or `grpc://host:port` (a client of `ablate storage-proxy`). Every kind gets
-the same heartbeat: a trial whose worker stopped beating for two intervals becomes FAIL and is
-queued again as a copy (`sweeps.optuna_api`).
+"""Opening a sweep's `--storage`: an RDB URL (SQLite, PostgreSQL), a journal file (`journal:///FILE`,
+or a path ending `.journal` or `.log`) or `grpc://host:port` (a client of `ablate storage-proxy`),
+each with the heartbeat of `sweeps.optuna_api` (docs/scale-out.md).
 """
 
 from __future__ import annotations

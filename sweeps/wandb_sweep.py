@@ -1,7 +1,5 @@
-"""A Weights & Biases sweep from the same search space: the sweep YAML, and launching an agent.
-
-The agent runs `python -m sweeps.wandb_entry <fixed run options> key=value ...` (the sampled
-values through `${args_no_hyphens}`); the entry point is `ablate train` with `--out` set per run.
+"""A Weights & Biases sweep from the same search space: the sweep YAML, whose agent runs
+`python -m sweeps.wandb_entry` with the sampled values, and launching an agent.
 """
 
 from __future__ import annotations

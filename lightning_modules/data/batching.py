@@ -1,14 +1,9 @@
 """Token-budget batching (fairseq `--max-tokens`) with per-epoch shuffling and rank sharding.
 
-Example i is a pair (src_ids, tgt_ids) without special tokens; in a batch the source gets EOS and
-the target BOS (decoder input) or EOS (decoder output), so each side is one token longer, and the
-token budget counts those lengths. With `pad_multiple` m > 1 every batch's lengths are rounded up
-to a multiple of m (GPU kernels and `torch.compile` see a few shapes), the budget counting the
-rounded lengths. With `ShapeBuckets` (`data.shape_buckets` K > 0, for CUDA graphs) every training
-batch has one of a few static shapes: each side padded up to one of K lengths fitted to the corpus
-(`bucket_lengths`), a batch holding one (source, target) length cell with the cell's fixed rows,
-max_tokens // max(S, T); a cell's last batch is filled with empty rows (source EOS, target BOS,
-nothing to predict: all padding). docs/gpu-performance.md compares the paddings.
+In a batch the source gets EOS and the target BOS (input) or EOS (output), so the token budget counts
+each side one longer than its ids. `pad_multiple` rounds every batch's lengths up to a multiple;
+`ShapeBuckets` (`data.shape_buckets`, for CUDA graphs) give training batches a few static shapes,
+a cell's last batch filled with empty rows (docs/gpu-performance.md, "Static shapes and CUDA graphs").
 """
 
 from __future__ import annotations

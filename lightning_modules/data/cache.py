@@ -1,11 +1,8 @@
 """The preparation cache (docs/corpora.md, "The preparation cache"): what a run derives from its
-corpus (`ding/` pairs, `bpe/` models, `encoded/` splits), kept in `data.cache_dir` for the next run
-that needs it, under a key: a digest of everything it is derived from (the inputs, the settings,
-the versions and the deriving code's source), so a changed input or rule never reads an old entry.
-
-An optimisation only: an entry that fails its reader's checks is derived and written again, atomically.
-Deriving at once is safe but wasteful (eight SLURM array tasks on a cold cache would each encode
-WMT14), so a launcher prepares a corpus holding `alone`'s file lock; the others wait, then read.
+corpus, kept in `data.cache_dir` under a digest of everything it is derived from (inputs, settings,
+versions, the deriving code's source), so a changed input or rule never reads an old entry; an entry
+that fails its reader's checks is derived again. So that eight SLURM array tasks on a cold cache do
+not each encode WMT14, a launcher prepares a corpus holding `alone`'s lock; the others wait.
 """
 
 from __future__ import annotations

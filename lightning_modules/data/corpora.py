@@ -1,8 +1,6 @@
 """Parallel corpora as raw text: reading text files, the loaders of user files, Multi30k and WMT14
-(Ding's: ding.py), and `load_corpus`, which calls the loader a corpus's entry in `config.CORPORA`
-names. Every loader returns a `Corpus` of `ParallelText` splits oriented `cfg.src_lang ->
-cfg.tgt_lang`; whatever a user can fix is one `UserError` line naming the file, line or URL. Files
-are read a line at a time, and with `data.train_pairs` only the subset is ever held (`read_parallel`).
+(Ding's: ding.py) and `load_corpus`, which calls the one a corpus's entry in `config.CORPORA` names.
+Whatever a user can fix is one `UserError` line naming the file, line or URL.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The attention weights of a run's model on one sentence pair, computed explicitly: SDPA kernels
-never hand out their weights, so forward hooks on every `MultiHeadAttention` compute softmax(QKᵀ/√d_k
-+ mask) from each call's inputs with the module's own projections, and from it the sub-layer's
-output, compared with SDPA's (`AttentionMaps.max_difference`): the weights drawn are the trained
-model's.
+"""The attention weights of a run's model on one sentence pair, computed explicitly (SDPA never hands
+them out) by hooks on every `MultiHeadAttention`, with the sub-layer's output checked against SDPA's
+(`AttentionMaps.max_difference`): the weights drawn are the trained model's.
 """
 
 from __future__ import annotations

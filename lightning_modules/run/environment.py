@@ -1,7 +1,5 @@
-"""What a result depends on beyond its configuration, recorded in results.json so that a report can
-tell reruns on the same setup (bitwise identical on a CPU) from runs on another: another thread
-count or other vector kernels (ATen's CPU capability, MKL's code path) sum floats in another order
-(the reproducibility row of benchmarks/README.md)."""
+"""What a result depends on beyond its configuration (docs/reliability.md, "Results say what they
+depend on"): another thread count or other vector kernels sum floats in another order."""
 
 from __future__ import annotations
 

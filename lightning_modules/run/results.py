@@ -1,8 +1,6 @@
-"""What one run reports: `RunResult`, the single schema behind results.json, a sweep trial's user
-attributes, the Table 3 report's columns and the W&B summary. Each field says where it goes
-(`trial`: stored on the Optuna trial, so a report needs only the database; `column`: a numeric
-column of the report's runs; `summary`: the W&B run's summary); adding a metric is one field here.
-Reading goes through `foundation.schema`; a key a file lacks reads as None.
+"""What one run reports: `RunResult`, the single schema behind results.json, a trial's user
+attributes, the report's columns and the W&B summary; each field says where it goes, so adding a
+metric is one field here.
 """
 
 from __future__ import annotations

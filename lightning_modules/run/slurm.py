@@ -1,15 +1,10 @@
-"""SLURM pre-emption: a run that is a SLURM job is requeued before its time runs out
-(docs/reliability.md).
-
-With `#SBATCH --signal=USR1@90` SLURM sends SIGUSR1 90 s before the time limit. Every process of
-the job records it (`foundation.stop.STOP`), never dies of it; a training process acts on it at a
-step's end (`callbacks.StopAtStepEnd`, every DDP rank together): Lightning's requeue handler saves
-`checkpoints/hpc_ckpt_N.ckpt` and runs `scontrol requeue`, the run exits 130 as interrupted, and
-the requeued job runs the same command, resuming from the newest checkpoint. The `ablate` command
-records the notice as its first act (`keep_notices`) and a sweep's processes hold it back until
-they record it, so a notice during start-up never kills a process; a launcher noticed before any
-worker started requeues the job itself (`requeue_job`). `train.slurm_requeue: false` turns this
-off. Nothing here loads torch: the sweep workers use `on_slurm` too.
+"""SLURM pre-emption (docs/reliability.md, "SLURM pre-emption loses at most the current step"): the
+notice `#SBATCH --signal=USR1@90` sends is recorded by every process of the job (`foundation.stop`),
+never fatal, and a training process acts on it at a step's end (`callbacks.StopAtStepEnd`:
+Lightning's handler saves `hpc_ckpt_N.ckpt` and runs `scontrol requeue`; the run exits 130 and the
+requeued job resumes it). `keep_notices` records it from the command's first act; a launcher noticed
+before any worker started requeues the job itself (`requeue_job`). `train.slurm_requeue: false` turns
+it off. Nothing here loads torch: the sweep workers use `on_slurm` too.
 """
 
 from __future__ import annotations

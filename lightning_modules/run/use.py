@@ -1,9 +1,5 @@
-"""Using a finished (or checkpointed) run: load its model once, translate, evaluate
-(docs/using-models.md). A run directory holds all that is needed: `config.yaml` (decoding settings,
-corpus), `spm.model` and `checkpoints/` (whose `hyper_parameters` hold the model as built);
-`--checkpoint` picks the weights: `last`, `best` (the lowest logged dev perplexity) or `average:K`
-(the parameter mean of the K newest step checkpoints). Decoding is `evaluate.translate` with the
-run's `eval` settings unless overridden, scoring `evaluate.corpus_bleu`.
+"""Using a finished (or checkpointed) run: load its model once (the checkpoint `--checkpoint` picks:
+last, best or average:K), translate, evaluate (docs/using-models.md).
 """
 
 from __future__ import annotations
