@@ -21,8 +21,7 @@ def paper_architecture(row: str, spec: dict[str, dict[str, Any]], vocab_size: in
 
 
 def row_vocabulary(row: str, spec: dict[str, dict[str, Any]], vocab_size: int) -> int:
-    """The row's vocabulary when base's is `vocab_size`: its own `data.vocab_size` (at the paper's
-    scale) times `vocab_size` over the paper's, as a preset scales it (`ablations.spec`), else base's."""
+    """The row's vocabulary when base's is `vocab_size`, scaled as a preset scales it (else base's)."""
     paper = load_preset("paper")["data"]["vocab_size"]
     data = row_settings(row, spec, ScaleConfig(), {"data.vocab_size": vocab_size / paper}).get("data", {})
     return int(data.get("vocab_size", vocab_size))

@@ -58,8 +58,7 @@ def sizes(settings: Settings) -> dict[str, Any]:
 
 
 def shape_counts(tokens: int, pool: int, seed: int, max_len: int = 250) -> dict[str, Any]:
-    """One epoch of `pool` WMT-length pairs at `tokens`: batches, distinct shapes and attention
-    problems, padding; then shapes and padding with `BUCKETS` shape buckets."""
+    """One epoch of `pool` pairs at `tokens`: batches, distinct shapes and problems, padding, bucketed."""
     src, tgt = wmt_like_lengths(np.random.default_rng(seed), pool, max_len)
     sampler = TokenBucketBatchSampler(src, tgt, tokens, shuffle=True, seed=seed, num_replicas=1, rank=0)
     batches = sampler.global_batches()

@@ -4,21 +4,17 @@
     python -m benchmarks --only gpu_round --quick                   # CPU smoke check, tiny dims
 
 What it reports, the variants' order and the time budget: docs/gpu-performance.md ("The GPU round").
-Method: one process measures every variant in `VARIANTS` (a name -> config overrides) on the same
-batches from the same initial weights: `forward_loss`, backward and Adam (fused on CUDA), batches on
-the device, bf16 autocast on CUDA, like `end_to_end`'s bare step. Batches (`wmt_like_batches`) are
-random ids, Zipf(1.1) over the vocabulary so the first steps learn, with WMT14-like lengths; with
-exact lengths one batch's source width is divisible by 8 and one is not, so a compiled graph's guard
-on that alignment shows as a second graph. Per variant: a warm-up pass (two when compiled: CUDA
-graphs record a shape on its second call), timed apart, whose first `AGREE_STEPS` losses are
-compared with its `reference`'s (`TOLERANCE`; dropout is on, and compiled variants draw Inductor's
-masks, whose noise the `NOISE_FLOOR` row shows); then `Case.passes` timed passes per batch size,
-each step timed on the device (CUDA events, no host sync inside a pass), a step over `SLOW_STEP` ×
-the median (a recompilation) left out and counted. A variant whose estimate (`_estimate`) no longer
-fits the budget, or that fails, is a row saying so; `ISOLATED` ones run in a process of their own
-(`measure_apart`), so a crash or a hang there is their row. `--profile` adds a pass per batch size
-under `torch.profiler` (`profile_pass`): the device's busy share of the step (below 1: launch-bound)
-and each kernel's share by `TIME_GROUPS` (on CPU, aten ops' self time: a check of the code only).
+Method: every variant in `VARIANTS` runs in one process on the same batches from the same initial
+weights (`forward_loss`, backward and fused Adam, bf16 autocast on CUDA). Batches (`wmt_like_batches`)
+are random Zipf ids with WMT14-like lengths, one source width divisible by 8 and one not, so that a
+compiled guard on that alignment shows as a second graph. A warm-up pass (two when compiled: CUDA
+graphs record a shape on its second call) is timed apart, and its first `AGREE_STEPS` losses are
+compared with the `reference`'s (compiled variants draw Inductor's dropout masks: the `NOISE_FLOOR`
+row shows that noise); then `Case.passes` passes per batch size, each step timed by CUDA events, a
+step over `SLOW_STEP` × the median (a recompilation) left out and counted. A variant that no longer
+fits the budget (`_estimate`) or fails is a row saying so; `ISOLATED` ones run in a process of their
+own (`measure_apart`). `--profile` adds a pass under `torch.profiler` per batch size (`profile_pass`):
+the device's busy share (below 1: launch-bound) and each kernel's share by `TIME_GROUPS`.
 """
 
 from __future__ import annotations
@@ -385,9 +381,7 @@ def _profile_rows(case: Case, name: str, result: dict[str, Any]) -> list[dict[st
 
 
 def _estimate(case: str, name: str, done: dict[str, dict[str, dict[str, Any]]]) -> float:
-    """Seconds a variant is expected to take: the slowest warm-up so far of its kind (eager or
-    compiled) in its case, else in another case × 1.5 (big compiles and steps slower than base),
-    else a guess; plus the timed passes."""
+    """Seconds a variant should take: its kind's slowest warm-up so far (× 1.5 across cases), + passes."""
     compiled = bool(VARIANTS[name].get("train.compile"))
 
     def warmups(results: dict[str, dict[str, Any]]) -> list[float]:

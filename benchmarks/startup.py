@@ -41,8 +41,7 @@ SYLLABLES = [c + v for c in ("b", "ch", "d", "f", "g", "h", "k", "l", "m", "n", 
 
 
 def vocabularies(rng: np.random.Generator, extra: int = 400_000) -> dict[str, list[str]]:
-    """English and German word lists, most frequent first: the Ding dictionary's words (by their
-    count there; none if it is not installed), then `extra` random syllable words each."""
+    """English and German words, most frequent first: Ding's (if installed), then `extra` made-up ones."""
     found: dict[str, Counter[str]] = {"en": Counter(), "de": Counter()}
     if DING.is_file():
         word = re.compile(r"[^\W\d_]{2,}")

@@ -33,8 +33,7 @@ def is_temporary(name: str, of: str | None = None) -> bool:
 
 
 def not_a_link(path: str | Path) -> Path:
-    """`path`, unless it is a symbolic link (one line, exit 2): ablate never writes or deletes through
-    a link (`rundir`'s ownership rule)."""
+    """`path`, unless it is a symbolic link (one line): ablate never writes or deletes through a link."""
     path = Path(path)
     if path.is_symlink():
         raise UserError(f"{path} is a symbolic link; ablate never writes or deletes through a link "
@@ -44,9 +43,7 @@ def not_a_link(path: str | Path) -> Path:
 
 
 def check_kinds(folder: str | Path, files: tuple[str, ...] = (), dirs: tuple[str, ...] = ()) -> None:
-    """Up front, before any work: none of `files` (regular files of ours) and `dirs` (folders of
-    ours) in `folder` is a link or of the other kind (a `checkpoints` that is a file), which would
-    fail only when first written, after the work. One line naming it; nothing is changed."""
+    """Up front: none of `files` and `dirs` in `folder` is a link or of the other kind (else one line)."""
     folder = Path(folder)
     for names, want_dir in ((files, False), (dirs, True)):
         for name in names:
@@ -167,8 +164,7 @@ def check_writable_file(path: str | Path, what: str) -> None:
 
 
 def check_readable_file(path: str | Path, what: str = "file") -> Path:
-    """`path` when it is a regular file, else one line saying what it is (reading a FIFO or a device
-    would block or find nothing)."""
+    """`path` when it is a regular file, else one line (reading a FIFO or a device would block)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: {what} not found")
@@ -180,9 +176,7 @@ def check_readable_file(path: str | Path, what: str = "file") -> Path:
 
 
 def set_aside(path: str | Path, why: str) -> Path:
-    """Move a damaged file of ours out of the way, never deleting it: `NAME` becomes `NAME.corrupt`
-    (`.corrupt.2`, ... when taken), with one warning line saying why; one a DDP rank set aside first
-    is left to it."""
+    """Move a damaged file of ours aside as `NAME.corrupt[.K]`, never deleting it, saying why."""
     path = Path(path)
     target, k = path.with_name(path.name + ".corrupt"), 1
     while target.exists():

@@ -61,8 +61,7 @@ def claim(out: Path, kind: str = "run", option: str = "--out") -> None:
 
 
 def check_entries(out: Path) -> None:
-    """Refuse (one line, nothing changed) a run directory with a symbolic link among its entries or
-    those of its `checkpoints/` and `logs/`, or a known name of the wrong kind (`io.check_kinds`)."""
+    """Refuse a run directory with a link among its entries or a known name of the wrong kind."""
     out = Path(out)
     if not out.is_dir():
         return
@@ -115,10 +114,8 @@ def check_path_length(path: Path, option: str) -> None:
 
 
 def check_apart(places: list[tuple[str, Path]]) -> None:
-    """The folders one command writes, each with the option that names it: none may name, contain
-    or sit inside another option's folder, or sit inside a run directory of ours, where a save into
-    one would empty the other (an archive pointed at the table's own run directories removed their
-    checkpoints)."""
+    """The folders one command writes (option, folder): none may hold another or sit inside a run
+    directory, where a save into one would empty the other (docs/reliability.md)."""
     for option, path in places:
         check_path_length(path, option)
     resolved = [(option, Path(path).absolute().resolve()) for option, path in places]
@@ -134,8 +131,7 @@ def check_apart(places: list[tuple[str, Path]]) -> None:
 
 
 def saved_config(run_dir: Path) -> dict[str, Any] | None:
-    """The one reader of a run directory's `config.yaml`: the mapping in the current version's shape
-    (`schema.read`), or None where it is missing, unreadable or not a mapping."""
+    """The one reader of a run directory's `config.yaml`: its mapping, current shape, or None."""
     path = Path(run_dir) / CONFIG
     try:
         saved = read_yaml(path)  # the one loader: size, aliases, depth

@@ -54,9 +54,7 @@ class StopRequest:
         return bool(self.signals & INTERRUPTS)
 
     def install(self, *signums: int) -> dict[int, Any]:
-        """Record `signums` from now on (the main thread only: Python's rule), and let through any
-        of them held back since the process started (`sweeps.processes.spawn`). Returns the
-        handlers they had."""
+        """Record `signums` (main thread only), letting through those held since start; the old handlers."""
         if threading.current_thread() is not threading.main_thread():
             return {}
         previous = {signum: signal.signal(signum, self.record) for signum in signums}
@@ -86,8 +84,7 @@ STOP = StopRequest()  # the process's one request
 
 @contextlib.contextmanager
 def interrupting(*signums: int) -> Iterator[None]:
-    """`signums` raise KeyboardInterrupt while inside, as Ctrl-C does by default. Only around a
-    call that blocks with no point at which to look at a request; say why where it is used."""
+    """`signums` raise KeyboardInterrupt inside: only around a blocking call; say why where used."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {signum: signal.signal(signum, signal.default_int_handler) for signum in signums}
@@ -99,9 +96,7 @@ def interrupting(*signums: int) -> Iterator[None]:
 
 
 def hangup_as_sigterm() -> None:
-    """`ablate train` run by hand: SIGHUP is passed on as SIGTERM, which Lightning records and acts
-    on at the step's end (the interrupted checkpoint), as for any SIGTERM. The sweep processes
-    record SIGHUP with the other stops (`INTERRUPTS`) and replace this handler."""
+    """`ablate train` by hand: SIGHUP (a closed terminal) becomes SIGTERM, acted on at the step's end."""
     import os
 
     if threading.current_thread() is threading.main_thread():
@@ -109,12 +104,8 @@ def hangup_as_sigterm() -> None:
 
 
 def hold_stop_signals() -> None:
-    """In a new child process, before it runs: its stop signals wait (blocked, not lost) until it
-    records them (`StopRequest.install`): an interrupt while Python starts would be a traceback, a
-    pre-emption notice (SIGUSR1) would kill it.
-
-    A sweep started as `nohup ablate ... &` from a script has SIGINT ignored, and an ignored signal
-    stays ignored across exec; a child that records no SIGINT itself would ignore the Ctrl-C it is
-    stopped with: it gets the default back (blocked until it is ready)."""
+    """In a new child, before it runs: its stop signals wait, blocked, until it records them (while
+    Python starts an interrupt would be a traceback, SIGUSR1 fatal); SIGINT gets its default back, as
+    `nohup ablate ... &` leaves it ignored across exec, and the child would ignore its Ctrl-C."""
     signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS | {REQUEUE_SIGNAL})
     signal.signal(signal.SIGINT, signal.SIG_DFL)

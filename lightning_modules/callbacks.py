@@ -177,17 +177,14 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
 
 class StopAtStepEnd(pl.Callback):
-    """Ends training at a step's end, every DDP rank together, on a non-finite loss (`NonFiniteLoss`)
-    or a stop request (`foundation.stop`), by raising `SIGTERMException`: `OnExceptionCheckpoint`
-    saves the step and the run exits as interrupted (`trainer.should_stop` would end `fit` as if it
-    had finished, with no such checkpoint). The ranks agree at a logging window's end, at this
-    process's first step and at the last: one all-reduce read on the host, where the window's metrics
-    are read anyway (a non-finite loss poisons every later one); a single process acts at every step.
+    """Ends training at a step's end, every DDP rank together, on a non-finite loss or a stop request,
+    by raising `SIGTERMException`, so that `OnExceptionCheckpoint` saves the step (`trainer.should_stop`
+    would end `fit` as if finished, unsaved). The ranks agree in one all-reduce at a logging window's
+    end, at this process's first step and at the last; a single process acts at every step.
 
-    Under SLURM with `requeue`, a pre-emption runs Lightning's requeue handler first (run/slurm.py).
-    Lightning installs it before training only where no handler is, and it would run inside whatever
-    the step is doing: so the recorder is put aside at fit start and back at train start, Lightning's
-    handler kept to call here. Only the newest hpc checkpoint is kept, none once training finishes.
+    Under SLURM, Lightning's requeue handler (run/slurm.py) runs first; Lightning installs it only
+    where no handler is and it would run inside the step, so the recorder is put aside at fit start
+    and back at train start, Lightning's handler kept to call here. Only the newest hpc checkpoint stays.
     """
 
     def __init__(self, stop: StopRequest, every: int, requeue: bool = False) -> None:

@@ -27,11 +27,9 @@ RECOMPILE_LIMIT = 4  # more is a bug (shapes are symbolic): fail loudly, not com
 
 def compile_dynamic(fn: Callable[..., Any], mode: str = "default",
                     backend: str | Callable[..., Any] = "inductor") -> Callable[..., Any]:
-    """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes for every
-    dimension. Under reduce-overhead (CUDA graphs, one recorded per batch shape; a CPU skips them)
-    each call starts a new CUDA-graph step, so one step's outputs are never taken for the previous
-    step's still in use. `backend` "aot_eager" traces the same graphs without Inductor (the
-    benchmarks' CPU check of GPU code paths); a callable one (tests) is used as it is."""
+    """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes. Under
+    reduce-overhead each call starts a new CUDA-graph step, so one step's outputs are never taken for
+    the previous step's still in use; `backend` "aot_eager" traces the same graphs without Inductor."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
@@ -95,8 +93,7 @@ def compiled_graphs() -> int:
 
 
 def graph_traces() -> int:
-    """Graphs AOTAutograd has begun tracing in this process: `compiled_graphs()` when each was
-    traced once, more when dynamo threw a trace away and traced the function again."""
+    """Graphs AOTAutograd has begun tracing (more than `compiled_graphs()` where a trace was redone)."""
     from torch._dynamo.utils import counters
 
     return int(counters["aot_autograd"]["total"])

@@ -63,8 +63,7 @@ def _first_spike(curve: Curve, warmup_steps: int, ratio: float) -> tuple[int, fl
 
 
 def _loss_fell_since_best(dev_ppl: Curve, train_loss: Curve, rule: ConvergenceRule) -> tuple[float, float] | None:
-    """(mean training loss over the evaluation interval ending at the dev best, over the last `tail`)
-    when the second is lower by more than `tolerance`, else None."""
+    """(mean loss over the interval ending at the dev best, over the last `tail`) if it fell, else None."""
     best = min(range(len(dev_ppl)), key=lambda i: dev_ppl[i][1])
     since = dev_ppl[best - 1][0] if best else -math.inf
     last_step = dev_ppl[-1][0]

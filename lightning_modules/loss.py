@@ -41,11 +41,9 @@ def _chunks(rows: int, vocab: int) -> list[slice]:
 
 
 def _grad(x: Tensor, target: Tensor, lse: Tensor, scale: Tensor, epsilon: float) -> Tensor:
-    """∂loss/∂x of logits `x` (rows, V), each row's scaled by `scale` (rows,), formed in fp32 and
-    returned in x's dtype. Compiled, one pointwise expression (the target term a comparison with the
-    column index) that Inductor makes one kernel; a scatter would write the fp32 gradient out in full
-    first. Eager, in place on one fp32 buffer with a scatter of one value per row: the comparison's
-    (rows, V) temporaries made the CPU step's loss 2× slower."""
+    """∂loss/∂x of logits `x` (rows, V), each row's scaled by `scale`, in x's dtype. Compiled, one
+    pointwise expression that Inductor makes one kernel (a scatter would write the fp32 gradient out
+    first); eager, in place with a scatter (the comparison's temporaries made the CPU loss 2× slower)."""
     vocab = x.size(-1)
     if torch.compiler.is_compiling():
         is_target = torch.arange(vocab, device=x.device) == target[:, None]
@@ -56,8 +54,7 @@ def _grad(x: Tensor, target: Tensor, lse: Tensor, scale: Tensor, epsilon: float)
 
 
 class LabelSmoothedNLL(torch.autograd.Function):
-    """(summed smoothed loss, summed NLL) of logits (N, V) against targets (N,), rows where
-    `keep` is False left out; the NLL carries no gradient."""
+    """(summed smoothed loss, summed NLL) of logits (N, V), rows not `keep` left out; NLL without gradient."""
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, target: Tensor, keep: Tensor, epsilon: float
@@ -113,14 +110,10 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
 
 
 class ProjectedLabelSmoothedNLL(torch.autograd.Function):
-    """(summed smoothed loss, summed NLL) of hidden states (N, d) through the pre-softmax matrix
-    `weight` (V, d), rows where `keep` is False left out; the NLL carries no gradient.
-
-    The rows, padded with left-out rows, are cut into exactly `chunks` equal pieces (a traced step
-    has no data-dependent loop, and no guard on the row count's remainder, which `tensor_split`
-    would add). Each piece's logits are formed, reduced and turned into the gradients of hidden and
-    weight in the forward pass, then dropped: the (N, V) logits never exist, in any dtype. The
-    backward pass scales those gradients by the incoming one (the loss is a scalar).
+    """(summed smoothed loss, summed NLL) of hidden states (N, d) through `weight` (V, d), rows where
+    `keep` is False left out. The rows, padded, are cut into exactly `chunks` pieces (no guard on the
+    row count's remainder, which `tensor_split` would add); each piece's logits are formed, reduced
+    and turned into its gradients in the forward pass, then dropped: the (N, V) logits never exist.
     """
 
     @staticmethod

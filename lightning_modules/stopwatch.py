@@ -20,12 +20,9 @@ STOPPED_AFTER_S = 10.0  # a gap between its notes this long: no thread of the pr
 
 
 class _Stopped:
-    """The stretches in which this process was stopped (SIGSTOP, Ctrl-Z, `scontrol suspend`), which
-    the host clock (CLOCK_MONOTONIC) runs on through: a daemon thread notes the clock every TICK_S,
-    and a gap between notes longer than STOPPED_AFTER_S (no thread ran) counts from one tick after
-    the last note; shorter gaps (a busy machine) are the run's time. One watcher a process, started
-    by the first stopwatch that runs (again in a forked child, where the thread's copy does not run).
-    """
+    """The stretches in which this process was stopped (SIGSTOP, `scontrol suspend`), which the host
+    clock runs on through: a daemon thread notes the clock every TICK_S, and a gap longer than
+    STOPPED_AFTER_S (no thread ran) counts as stopped. One watcher a process (again in a forked child)."""
 
     def __init__(self) -> None:
         self._gaps: list[tuple[float, float]] = []

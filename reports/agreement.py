@@ -78,8 +78,7 @@ class Rank:
 
 
 def spearman(frame: pd.DataFrame, ours: str, paper: str) -> Rank:
-    """Spearman's rho (ties at their average rank) over the rows with both values, with its one-sided
-    permutation p (nan with fewer than three rows, or no spread on a side)."""
+    """Spearman's rho over the rows with both values, with its one-sided permutation p (or nan)."""
     both = frame[[ours, paper]].dropna()
     if len(both) < 3 or both[ours].nunique() < 2 or both[paper].nunique() < 2:
         return Rank(math.nan, len(both), math.nan)

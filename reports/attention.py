@@ -64,8 +64,7 @@ def write_attention(run: "LoadedRun", sentence: str, out: str | Path, layer: int
 
 
 def group_attention_pictures(runs, runs_dir: str | Path | None) -> dict[str, bytes]:
-    """`attention_A.png` for the report: base and each row of group A (first seed), from each run's
-    `attention.npz` under `runs_dir`; nothing where base or every A row lacks one there."""
+    """`attention_A.png`: base and group A's rows, from the runs' `attention.npz` under `runs_dir`."""
     if runs_dir is None or "run_dir" not in getattr(runs, "columns", ()):
         return {}
     rows = []

@@ -171,8 +171,7 @@ def in_table_order(frame: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
 
 def redone_runs(trials: list[optuna.trial.FrozenTrial],
                 latest: dict[tuple[str, int], optuna.trial.FrozenTrial]) -> pd.DataFrame:
-    """One record per complete trial a redo names (`ablate table3 --redo`); the report uses the old
-    run until the redo is complete."""
+    """One record per complete trial a redo names (`ablate table3 --redo`)."""
     by_number = {t.number: t for t in trials}
     records: dict[int, dict[str, Any]] = {}  # by the old trial's number: a redo's retry copies name it too
     for trial in trials:

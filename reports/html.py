@@ -46,9 +46,8 @@ def lead(line: str) -> tuple[str, str]:
 
 
 def _breakable(text: str) -> str:
-    """Escaped `text` that a browser may wrap only between its parts: before a parenthesis
-    ("still improving (1/3)") and after a comma between items ("d_model 1024, d_ff 4096"), never
-    inside a value with its interval ("+100.87 [+98.63, +103.11]") or a setting."""
+    """Escaped `text` a browser may wrap only before a parenthesis or after a comma, never inside a
+    value with its interval ("+100.87 [+98.63, +103.11]")."""
     out, depth = [], 0
     for i, ch in enumerate(text):
         depth += (ch in "[(") - (ch in "])")
@@ -70,8 +69,7 @@ PAPER = " (paper)"  # a column whose name ends so holds ours, then the paper's v
 
 
 def _cell(value: object, column: str, class_column: str, text_column: str) -> str:
-    """One `<td>`: a `class_column` cell classed by convergence, a `text_column` cell aligned left, a
-    column beside the paper's with the paper's value on a line of its own, in grey."""
+    """One `<td>`, classed by convergence or aligned left, the paper's value on a grey line of its own."""
     text = str(value)
     css = _class_of(text) if column == class_column else "text" if column == text_column else ""
     ours, sep, paper = text.rpartition(" (") if column.endswith(PAPER) and text.endswith(")") else ("", "", "")

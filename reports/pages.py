@@ -1,8 +1,5 @@
-"""The words a results page and the front page say about a committed table, generated from it.
-
-A results folder's page (`README.md`) carries one generated block between `BEGIN` and `END` (`block`),
-and the front page's results row `readme_summary` of its table. `python -m reports.pages FOLDER...`
-rewrites the blocks; `tests/test_pages.py` fails when a page says other than its table.
+"""The words a results page (its block between `BEGIN` and `END`) and the front page's results row
+(`readme_summary`) say about a committed table, generated from it by `python -m reports.pages FOLDER`.
 """
 
 from __future__ import annotations

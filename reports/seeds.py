@@ -24,8 +24,7 @@ def t_quantile(df: float) -> float:
 
 
 def t_p_value(mean: float, se: float, df: float) -> float:
-    """Two-sided p of the t test whose 95% interval is mean ± t_quantile(df) * se (below 0.05 exactly
-    when that interval excludes zero)."""
+    """Two-sided p of the t test whose 95% interval is mean ± t_quantile(df) * se."""
     if df < 1 or math.isnan(mean) or math.isnan(se):
         return math.nan
     if se == 0:
@@ -62,8 +61,7 @@ def mean_ci(values: Sequence[float]) -> Interval:
 
 
 def difference_ci(row: Mapping[int, float], base: Mapping[int, float]) -> tuple[Interval, str]:
-    """Row − base (values keyed by seed) with its 95% interval and the method ('paired', 'welch',
-    or 'base noise' for a one-seed row against a base of several seeds)."""
+    """Row − base (keyed by seed), its 95% interval and the method (paired, welch or base noise)."""
     shared = sorted(set(row) & set(base))
     if len(shared) >= 2 and len(shared) == len(row) == len(base):
         return mean_ci([row[s] - base[s] for s in shared]), "paired"

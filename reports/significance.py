@@ -56,9 +56,7 @@ METRICS = {"ppl": "dev PPL", "bleu": "dev BLEU"}
 
 
 def add_corrected(frame: pd.DataFrame) -> None:
-    """Adds each comparison's Benjamini–Hochberg q (`ppl_q`, `bleu_q`) over the family of every row's
-    comparison with base that has a p-value (`ppl_p`, `bleu_p`); beyond noise after correction where
-    q < ALPHA: of the differences so called, at most 5% are expected to be none."""
+    """Adds each comparison's Benjamini–Hochberg q (`ppl_q`, `bleu_q`) over the family of p-values."""
     cells = [(row, metric) for metric in METRICS for row in frame.index
              if row != "base" and f"{metric}_p" in frame and not pd.isna(frame.loc[row, f"{metric}_p"])]
     for metric in METRICS:
@@ -84,8 +82,7 @@ BOOTSTRAP_BUDGET_BYTES = 2 ** 30  # sacreBLEU's resampling indices: resamples x 
 
 
 def check_bootstrap_budget(data: Table3Data, n_samples: int) -> None:
-    """Refuse, before anything is resampled or written, a `--bootstrap` whose resampling indices
-    exceed BOOTSTRAP_BUDGET_BYTES (100,000,000 resamples asked for a 37 GiB allocation)."""
+    """Refuse, before anything is resampled, a `--bootstrap` over BOOTSTRAP_BUDGET_BYTES of indices."""
     sentences = sum(len(hyps) for (row, _), (hyps, _) in data.translations.items() if row == "base")
     need = n_samples * sentences * 8
     if need > BOOTSTRAP_BUDGET_BYTES:
@@ -135,8 +132,7 @@ def _seed_df(row: Mapping[int, float], base: Mapping[int, float], method: str) -
 
 
 def sentence_draws(data: Table3Data, n_samples: int = 1000) -> dict[tuple[str, int], np.ndarray]:
-    """Each run's dev BLEU on `n_samples` resamples of the dev sentences, the same for every run,
-    keyed (row, seed); only runs with translations of base's dev set (none without base's)."""
+    """Each run's dev BLEU on `n_samples` resamples of base's dev sentences, keyed (row, seed)."""
     base = sorted(seed for row, seed in data.translations if row == "base")
     if not base or n_samples < 2:
         return {}

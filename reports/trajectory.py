@@ -44,8 +44,7 @@ def on_grid(curve: pd.DataFrame, grid: list[int]) -> pd.DataFrame:
 
 
 def paired_curves(curves: pd.DataFrame, row: str) -> pd.DataFrame:
-    """Per evaluation step that the row and base share in every seed: the difference to base with
-    its interval and verdict (+1 above, -1 below, 0 within noise, nan without an interval)."""
+    """Per step the row and base share: the difference, its interval and verdict (+1, -1, 0, nan)."""
     records = []
     if curves.empty:
         return pd.DataFrame(columns=["step", "d", "low", "high", "verdict"])
@@ -64,8 +63,7 @@ def paired_curves(curves: pd.DataFrame, row: str) -> pd.DataFrame:
 
 
 def still_moving(paired: pd.DataFrame, own_last_step: float | None = None) -> bool | None:
-    """Whether the verdict changed over the last `LAST_SHARE` of the shared evaluations (None: too
-    few evaluations with an interval, or the row trains past base's last evaluation)."""
+    """Whether the verdict changed over the last `LAST_SHARE` of shared evaluations (None: not judged)."""
     if own_last_step is not None and len(paired) and paired["step"].max() < own_last_step:
         return None
     k = max(2, math.ceil(LAST_SHARE * len(paired)))

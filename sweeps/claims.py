@@ -60,8 +60,7 @@ def take_back(study: optuna.Study, storage: optuna.storages.BaseStorage, number:
 
 
 def reclaim_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
-    """Fail and re-queue (at once, unlike the heartbeat) the RUNNING trials whose worker ran on this
-    host and is gone, so a re-run right after a kill resumes them; their numbers."""
+    """Fail and re-queue at once the RUNNING trials whose worker on this host is gone; their numbers."""
     host, reclaimed = socket.gethostname(), []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not recorded(trial):  # not yet recorded: UnrecordedClaims watches it

@@ -31,9 +31,8 @@ def describe_duration(seconds: float) -> str:
 
 def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
                   accelerator: str | None = None, here: bool = True) -> tuple[list[str], list[str] | None]:
-    """The `ablate train` overrides every run needs, and each worker's GPUs (None on CPU):
-    `--gpus 0,1,2,3 --devices-per-run 2` makes two workers, on "0,1" and "2,3", training with DDP;
-    without GPUs, D > 1 means D CPU processes. `here`: the GPUs must be visible on this machine."""
+    """The `ablate train` overrides every run needs, and each worker's GPUs (None on CPU: there
+    D > 1 devices a run means D processes); `here`: the GPUs must be visible on this machine."""
     per = devices_per_run
     if per < 1:
         raise UserError(f"--devices-per-run must be at least 1, got {per}")
@@ -63,8 +62,7 @@ def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
 
 
 def gpu_ids(gpus: str) -> list[str]:
-    """The GPU ids of `--gpus 0,1` without leading zeros: ASCII digits only (`str.isdigit` takes a
-    superscript two), each once (0 and 00 are one GPU), at most `MAX_GPU_IDS`."""
+    """The distinct ASCII-digit GPU ids of `--gpus 0,1` without leading zeros, at most `MAX_GPU_IDS`."""
     listed = [d.strip() for d in gpus.split(",")]
     if not listed or not all(d.isascii() and d.isdigit() and len(d) <= 6 for d in listed) \
             or len({int(d) for d in listed}) != len(listed) or len(listed) > MAX_GPU_IDS:
@@ -78,8 +76,7 @@ CPU_PROCESSES_PER_CORE = 4  # training processes a launcher starts per core, at 
 
 
 def thread_cap(environ: dict[str, str] = os.environ) -> int:
-    """The threads `$OMP_NUM_THREADS` allows (else no cap): OpenMP threads that outnumber the cores
-    spin against each other and slow every run down several times."""
+    """The threads `$OMP_NUM_THREADS` allows (else no cap): more threads than cores slow every run."""
     text = environ.get("OMP_NUM_THREADS", "").strip()
     return int(text) if text.isdigit() and int(text) > 0 else sys.maxsize
 

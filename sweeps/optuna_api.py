@@ -3,21 +3,15 @@
 1. A trial trains in another process than its worker, and Optuna has no public way to reach a running
    trial: `RunningTrial` does what `Trial.report` and `should_prune` do through public storage methods.
 2. Heartbeats, the retry callback and the gRPC proxy are experimental: their `ExperimentalWarning` is
-   silenced around those calls only (`experimental`), so any other warning (a `FutureWarning`
-   announcing a removal) reaches the user and fails the tests.
-3. Only `RDBStorage` implements the heartbeat (Optuna 5.0): `SystemAttrHeartbeat` implements the
-   private `BaseHeartbeat` for the journal and the proxy (docs/scale-out.md, "Heartbeats on every
-   storage"), so Optuna's own machinery runs unchanged.
+   silenced around those calls only, so any other warning (a removal announced) fails the tests.
+3. Only `RDBStorage` implements the heartbeat: `SystemAttrHeartbeat` implements the private
+   `BaseHeartbeat` for the journal and the proxy (docs/scale-out.md, "Heartbeats on every storage").
 4. Optuna hands out queued trials in the order queued (`Study._pop_waiting_trial_id`, private), so a
-   retry copy would wait behind the whole queue (a run pre-empted at 95%): `RetriesFirstStudy`
-   overrides that one method so retry copies go first, claimed as Optuna claims (WAITING -> RUNNING).
+   retry copy would wait behind the whole queue: `RetriesFirstStudy` overrides it, claiming as Optuna.
+5. A table prunes each row's candidates among themselves: `CohortStudy` filters the study a cohort's
+   trial is judged in (as Optuna's Hyperband does per bracket); `replay` shows it a finished curve.
 
-5. A pruner compares a trial with every trial of the study, but a table tunes each row on its own:
-   `CohortStudy` filters the study a cohort's trial is judged in (as Optuna's `HyperbandPruner` does
-   for each bracket), and `replay` shows a finished trial's curve to the pruner step by step.
-
-`tests/test_optuna_api.py` exercises every call here with Optuna's warnings as errors, so an upgrade
-that breaks or deprecates one fails there; pyproject.toml bounds Optuna to the versions tested.
+`tests/test_optuna_api.py` exercises every call here with Optuna's warnings as errors.
 """
 
 from __future__ import annotations
@@ -105,8 +99,7 @@ class _BeatingGrpcStorageProxy(SystemAttrHeartbeat, GrpcStorageProxy):
 
 
 def journal_storage(path: str, heartbeat_s: int | None) -> JournalStorage:
-    """A journal file storage with `JournalFileOpenLock` (an O_CREAT|O_EXCL lock file: atomic on NFSv3
-    and later, and needs no symlinks, which some shared file systems lack); `heartbeat_s` as above."""
+    """A journal storage with `JournalFileOpenLock` (O_CREAT|O_EXCL: atomic on NFSv3, no symlinks)."""
     backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path))
     return _BeatingJournalStorage(backend).beating_every(heartbeat_s) if heartbeat_s else JournalStorage(backend)
 
@@ -171,8 +164,7 @@ def fail_running_trial(storage: BaseStorage, study_name: str, number: int) -> bo
 
 
 class RetriesFirstStudy(optuna.Study):
-    """A study whose queue hands out retry copies before trials that never started, each group in
-    the order queued (reason 4), skipping those `claimable` refuses (a run that cannot finish in time)."""
+    """A study whose queue hands out retry copies first (reason 4), skipping what `claimable` refuses."""
 
     def __init__(self, study_name: str, storage: BaseStorage, sampler: optuna.samplers.BaseSampler | None = None,
                  pruner: optuna.pruners.BasePruner | None = None,

@@ -16,9 +16,7 @@ from sweeps.storage import GRPC_SCHEME, GRPC_HINT, exposure_warning, journal_pat
 
 
 def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: bool = False) -> int:
-    """Serve the RDB at `storage_url` on host:port until interrupted (exit status 0). It must hold
-    Optuna's tables already (a mistyped SQLite path is no new database) unless `create`; the port is
-    tried before anything is printed."""
+    """Serve the existing RDB at `storage_url` (a new one with `create`) on host:port until stopped."""
     if journal_path(storage_url) or storage_url.startswith(GRPC_SCHEME):
         raise UserError(f"the storage proxy serves an RDB (sqlite:///..., postgresql+psycopg2://...), "
                         f"not {safe_url(storage_url)}")

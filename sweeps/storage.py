@@ -149,9 +149,8 @@ def _not_optuna(where: object, tables: set[str]) -> UserError:
 
 def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
                  read_only: bool = False) -> BaseStorage:
-    """The storage of `url`, with the heartbeat. `existing`: it must hold Optuna's data already (a
-    reading command must not create one). `read_only` (implies `existing`): an SQLite file opened
-    read-only, so a backup on a read-only disk can be reported."""
+    """The storage of `url`, with the heartbeat; `existing`: it must hold Optuna's data (a reading
+    command creates none); `read_only` (implies it): an SQLite file opened read-only (a backup)."""
     existing = existing or read_only
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:
@@ -170,8 +169,7 @@ def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
 
 
 def check_url(url: str) -> str:
-    """`url` if it names a storage, checked without opening it (a journal that exists must be a
-    regular file: a device or FIFO would hang); else one line."""
+    """`url` if it names a storage, checked without opening it (a journal must be a regular file)."""
     journal = journal_path(url)
     if journal is not None:
         if journal.exists() and not journal.is_file():

@@ -27,11 +27,9 @@ def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
 
 
 def bucket_lengths(lengths: np.ndarray, count: int, multiple: int = 1) -> tuple[int, ...]:
-    """The `count` lengths (multiples of `multiple`, the longest included) that minimise the padded
-    slots when every length is padded up to the next of them: an exact dynamic programme over the
-    distinct lengths (best[j] after k rounds: the least padding of the lengths up to values[j] with
-    k edges, the last at values[j]); all of them when there are no more than `count`.
-    """
+    """The `count` lengths (multiples of `multiple`, the longest included) that minimise the padding
+    when every length is padded up to the next of them: an exact dynamic programme over the distinct
+    lengths (best[j] after k rounds: the least padding up to values[j] with k edges, the last there)."""
     values, counts = np.unique(round_up(np.asarray(lengths, dtype=np.int64), multiple),
                                return_counts=True)
     if count >= len(values):
@@ -93,12 +91,10 @@ class ShapeBuckets:
 
 @dataclass(frozen=True)
 class BucketPlan:
-    """How a corpus's examples fill the cells of `ShapeBuckets` (the (S, T) bucket lengths that hold
-    examples, ascending), the same in every epoch: each cell cuts its own examples and those carried
-    into it into batches of its rows, and its leftover moves on to the smallest (S + T) other cell
-    that holds both lengths, so a rare cell makes no batch of its own and a partial batch is filled
-    by neighbours rather than empty rows. Only a cell that nothing holds keeps a partial last batch.
-    """
+    """How a corpus's examples fill the (S, T) cells of `ShapeBuckets`, the same every epoch: a cell's
+    leftover moves on to the smallest other cell that holds it, so a rare cell makes no batch of its
+    own and partial batches fill with neighbours rather than empty rows (only a cell that nothing
+    holds keeps a partial last batch)."""
 
     counts: tuple[int, ...]  # own examples per cell
     keep: tuple[int, ...]  # examples batched in the cell (own + carried in - carried on)
@@ -130,8 +126,7 @@ class BucketPlan:
                    tuple(int(r) for r in rows), tuple(sizes))
 
     def arrange(self, order: np.ndarray) -> np.ndarray:
-        """`order` (examples sorted by cell) in the batches' order, cell by cell: its own examples, then
-        those carried in, less those carried on, one own example heading each batch (its shape's)."""
+        """`order` (sorted by cell) in the batches' order, one own example heading each cell's batch."""
         runs = np.split(order, np.cumsum(self.counts)[:-1])
         incoming: list[list[np.ndarray]] = [[] for _ in runs]
         parts = []
@@ -164,15 +159,11 @@ def cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
 
 
 class TokenBucketBatchSampler(Sampler[list[int]]):
-    """Batches of similar-length examples under a token budget, sharded across ranks.
-
-    Examples are sorted by width max(source, target), then by the source-target difference in
-    alternating ("snake") direction, so neighbours are alike on both sides (half a (target, source)
-    sort's padding on Ding), or by cell with `buckets` (`BucketPlan`), and cut greedily under
-    max_tokens. Ties are broken by a permutation seeded with `seed + epoch`: examples regroup every
-    epoch while the batch boundaries stay. shuffle=True shuffles the batches' order per epoch too.
-    Every rank builds the same list, wrapped to a multiple of `num_replicas`, and takes its share.
-    """
+    """Batches of similar-length examples under a token budget, sharded across ranks: sorted by width,
+    then by the source-target difference in alternating ("snake") direction, so neighbours are alike
+    on both sides (half a (target, source) sort's padding on Ding), or by cell (`BucketPlan`); ties
+    broken by a permutation seeded with `seed + epoch`, so examples regroup every epoch while the
+    batch boundaries stay. Every rank builds the same list and takes every `num_replicas`-th batch."""
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int,
                  shuffle: bool = True, seed: int = 0, num_replicas: int | None = None,
@@ -315,11 +306,8 @@ def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = PAD_ID,
             pad_multiple: int = 1, buckets: ShapeBuckets | None = None
             ) -> dict[str, torch.Tensor | int]:
     """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens` (a Python
-    int: counting it never waits for a GPU), in the shape `batch_shape` gives. An empty row (buckets)
-    is padding but for a source EOS and a target-in BOS: its one key keeps every attention row over
-    a position (a fully masked row is NaN in some SDPA kernels); the loss never sees it. Vectorised:
-    a 25K-token batch collates in about a millisecond.
-    """
+    int: counting never waits for a GPU), vectorised, in the shape `batch_shape` gives. An empty row
+    keeps a source EOS, so that no attention row is fully masked (NaN in some SDPA kernels)."""
     size = len(examples)
     srcs = [s for s, _ in examples]
     tgts = [t for _, t in examples]

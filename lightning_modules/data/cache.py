@@ -58,8 +58,7 @@ def entry(cache_dir: str | Path, kind: str, name: str) -> Path:
 
 
 def store(path: Path, data: bytes | Callable[[BinaryIO], None]) -> bool:
-    """Write an entry, `data` or what `data(file)` writes, atomically but unsynced (a reader checks
-    every entry); False where the cache cannot be written."""
+    """Write an entry (`data`, or what `data(file)` writes) atomically, unsynced; False if it cannot."""
     try:
         atomic_write_bytes(path, data, sync=False)
     except OSError:
@@ -69,8 +68,7 @@ def store(path: Path, data: bytes | Callable[[BinaryIO], None]) -> bool:
 
 @contextlib.contextmanager
 def alone(cache_dir: str | Path, name: str, waiting: Callable[[Path], None]) -> Iterator[None]:
-    """Hold the cache's lock `name` for the block (`waiting(lock)` called once if another process
-    holds it); a cache folder that cannot be written is no error: the block runs unlocked."""
+    """Hold the cache's lock `name` for the block (unlocked where the cache cannot be written)."""
     folder = Path(cache_dir).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -134,8 +134,7 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def _checked_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
-    """The stripped (src, tgt) lines of two aligned files, both-blank pairs skipped; an empty file,
-    unequal line counts or a line blank on one side only is a `UserError`."""
+    """The stripped (src, tgt) lines of two aligned files, both-blank pairs skipped, checked."""
     line_no = 0
     src_lines, tgt_lines = _text_lines(src_path), _text_lines(tgt_path)
     for line_no, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines), start=1):
@@ -268,9 +267,7 @@ def wmt14_archives(base_url: str | None) -> tuple[tuple[str, str], ...]:
 
 def extract_train(cache: Path, archives: Sequence[tuple[Path, str]],
                   langs: Sequence[str] = ("en", "de")) -> None:
-    """`cache/train.LANG`, the `PREFIX.LANG` members of the local archives concatenated: streamed in
-    1 MB pieces, each archive read only until its members are found, the files appearing only when
-    complete (a temporary folder, then os.replace)."""
+    """`cache/train.LANG`: the archives' `PREFIX.LANG` members, streamed and concatenated, written whole."""
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         outs = {lang: open(Path(tmp) / f"train.{lang}", "wb") for lang in langs}
@@ -330,8 +327,7 @@ def _fetch_wmt14_eval(cache: Path, stem: str, langs: Sequence[str]) -> None:
 
 
 def load_wmt14(cfg: DataConfig, stages: Stages) -> Corpus:
-    """WMT14 from `data_dir`, or downloaded once into `cache_dir/wmt14` (the training archives from
-    statmt.org or the `base_url` mirror; dev and test through sacreBLEU or the mirror)."""
+    """WMT14 from `data_dir`, or downloaded once into `cache_dir/wmt14` (from `base_url` if given)."""
     if cfg.data_dir:
         with stages("read"):
             return _fetch_splits(cfg, "wmt14", WMT14_SPLITS, None)

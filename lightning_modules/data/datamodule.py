@@ -15,8 +15,7 @@ from lightning_modules.resume import ResumableLoader
 
 
 class TranslationDataModule(TranslationData, pl.LightningDataModule):
-    """`TranslationData` with Lightning's hooks: corpus and BPE prepared once per node, training
-    batches shuffled and sharded over the trainer's ranks, dev batches in a fixed order."""
+    """`TranslationData` with Lightning's hooks: training batches shuffled and sharded over the ranks."""
 
     def prepare_data(self) -> None:
         """Download the corpus and train the BPE model once (Lightning: local rank 0 only)."""

@@ -102,13 +102,10 @@ def _sentence_pair(en: str, de: str) -> bool:
 
 
 def parse_ding_line(line: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Sentence pairs and word/phrase pairs, both as (en, de), from one `German :: English` line.
-
-    Entries separated by ` | ` are aligned between the sides. An entry whose first alternatives are
-    both sentences yields sentence pairs (all alternatives zipped when both sides have as many, else
-    the first pair); any other, one word/phrase pair of the first alternatives. Pairs whose sides
-    look like the wrong language (a few entries are swapped) are dropped.
-    """
+    """Sentence pairs and word/phrase pairs, both as (en, de), from one `German :: English` line: each
+    ` | `-separated entry whose first alternatives are sentences gives sentence pairs (all of them
+    zipped when both sides have as many), any other one word/phrase pair; a pair whose sides look
+    like the wrong language (a few entries are swapped) is dropped."""
     line = line.strip()
     if not line or line.startswith("#") or " :: " not in line:
         return [], []
@@ -136,8 +133,7 @@ def parse_ding_line(line: str) -> tuple[list[tuple[str, str]], list[tuple[str, s
 
 
 def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(sentence pairs, word/phrase pairs) of the Ding dictionary, each as (en, de), in file order;
-    sentence pairs unique on the English side (the first kept), word/phrase pairs deduplicated."""
+    """(sentence pairs, word/phrase pairs) of the Ding dictionary as (en, de), deduplicated."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"Ding dictionary {path} not found; install it with "
@@ -156,8 +152,7 @@ def extract_ding(path: str | Path) -> tuple[list[tuple[str, str]], list[tuple[st
 
 def extract_ding_cached(path: str | Path, cache_dir: str | Path, phrases: bool = True
                         ) -> tuple[list[tuple[str, str]], list[tuple[str, str]] | None]:
-    """`extract_ding(path)` (most of a short run's start-up), kept in the cache; the word/phrase pairs
-    (the larger part) read only when `phrases` is set, else None."""
+    """`extract_ding(path)`, kept in the cache; the word/phrase pairs only when `phrases` is set."""
     path = Path(path).expanduser()
     if not path.is_file():
         return extract_ding(path)  # its one-line UserError

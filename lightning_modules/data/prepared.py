@@ -318,8 +318,7 @@ class TranslationData:
         return self.cfg.max_tokens // self.micro_batches
 
     def split_steps(self, micro_batches: int) -> None:
-        """Split each step's `data.max_tokens` into `micro_batches` batches (devices × accumulated
-        batches), so a step holds the same tokens on any number of devices; every pair must fit one."""
+        """Split each step's `data.max_tokens` into `micro_batches` batches (devices × accumulation)."""
         self.micro_batches = max(1, micro_batches)
         for split, kept in (("training", self.train_set), ("dev", self.valid_set)):
             self._check_budget(split, kept)

@@ -89,8 +89,7 @@ FIXED_PIECES = (8, 30)  # the fixed dev sentence: the first with this many wordp
 
 
 def fixed_sentence(sources: list[list[int]]) -> int | None:
-    """Index of the run's fixed dev sentence (one for every row of a table, which share the BPE): the
-    first of FIXED_PIECES wordpieces, else the first non-empty."""
+    """Index of the run's fixed dev sentence: the first of FIXED_PIECES wordpieces, else non-empty."""
     low, high = FIXED_PIECES
     for i, ids in enumerate(sources):
         if low <= len(ids) <= high:
@@ -99,8 +98,7 @@ def fixed_sentence(sources: list[list[int]]) -> int | None:
 
 
 def save_run_attention(model: Transformer, data, eval_cfg, out) -> bool:
-    """A finished run's `attention.npz` (float16): every head's weights on the fixed dev sentence of
-    `data` and its translation by `eval_cfg`; False when the dev set has no sentence to use."""
+    """A finished run's `attention.npz`: every head on its fixed dev sentence; False if there is none."""
     import io
     from pathlib import Path
 

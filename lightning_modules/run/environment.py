@@ -26,8 +26,7 @@ def cpu_model() -> str:
 
 
 def cpu_family() -> str | None:
-    """The vendor's family and model numbers ("family 26 model 2"), else None: they tell apart
-    processors that a virtual machine names by the brand alone ("AMD EPYC")."""
+    """The CPU's family and model numbers, which tell apart what a VM names by the brand alone."""
     family, model = _cpuinfo("cpu family"), _cpuinfo("model\t")
     return f"family {family} model {model}" if family and model else None
 

@@ -132,8 +132,7 @@ def checkpoint_choice(choice: str) -> int | None:
 
 
 def _newest_intact(ckpt_dir: Path, run_dir: Path) -> tuple[Path, int]:
-    """The newest checkpoint that loads, read only: a damaged one is skipped with a warning (a
-    command that only reads the run sets nothing aside); with none intact, one line naming it."""
+    """The newest checkpoint that loads (damaged ones skipped with a warning, never set aside)."""
     damaged: list[tuple[Path, str]] = []
     found = resume_checkpoint(ckpt_dir, damaged=damaged)
     if found is None and damaged:
@@ -311,8 +310,7 @@ def check_known(run: LoadedRun, ids: list[int], where: str) -> None:
 
 def translate_lines(run: LoadedRun, lines: list[str], cfg: EvalConfig, first_line: int = 1,
                     warn: TextIO | None = sys.stderr) -> list[str]:
-    """Detokenized translations of `lines` in order (an empty line gives one; an over-long line is cut
-    to max_len, with a warning on `warn`)."""
+    """Detokenized translations of `lines` in order (an over-long line cut to max_len, with a warning)."""
     ids = run.encode(lines)
     limit = run.max_len - 1  # room for EOS
     todo = []
@@ -380,8 +378,7 @@ def translate_stream(run: LoadedRun, stream: Iterable[str | bytes], out: TextIO,
 @torch.no_grad()
 def perplexity(run: LoadedRun, sources: list[str], references: list[str], batch_tokens: int
                ) -> tuple[float, int, int]:
-    """Per-wordpiece perplexity of the references given the sources (EOS counted, no smoothing) over
-    the pairs the model takes, as the run's own dev perplexity; (ppl, pairs used, target tokens)."""
+    """Per-wordpiece perplexity of the references as the run's dev PPL; (ppl, pairs, target tokens)."""
     from lightning_modules.data.batching import collate
     from lightning_modules.loss import label_smoothed_nll
 
@@ -458,8 +455,7 @@ def split_texts(data: DataConfig, split: str) -> tuple[list[str], list[str]]:
 
 
 def open_input(path: str | None) -> tuple[Iterable[str | bytes], bool]:
-    """The lines to translate (bytes from a file or a real stdin, for `text_lines`) from `path`, else
-    stdin (one line if it is closed); and whether they come from a terminal."""
+    """The lines to translate (`path`, else stdin) as bytes, and whether they come from a terminal."""
     if path is not None:
         check_readable_file(path, "--input file")
         return open(path, "rb"), False
@@ -478,8 +474,7 @@ def open_input(path: str | None) -> tuple[Iterable[str | bytes], bool]:
 def evaluation_texts(run_config: dict[str, Any], split: str | None, src: str | None, ref: str | None,
                      corpus: str | None, data_dir: str | None, base_url: str | None
                      ) -> tuple[str, list[str], list[str], str]:
-    """What `ablate evaluate` scores, `--src/--ref` files or a split of the run's corpus (or of
-    `corpus`): (name for the files, sources, references, a label)."""
+    """What `ablate evaluate` scores: (name for the files, sources, references, a label)."""
     from lightning_modules.data.corpora import read_lines
 
     if src or ref:
