@@ -119,8 +119,6 @@ def plan(settings: Settings) -> tuple[list[tuple[str, str]], float]:
     return [(c, n) for c, n in steps if not settings.cases or c in settings.cases], budget
 
 
-# ----------------------------------------------------------------------------------- batches
-
 def wmt_like_lengths(rng: np.random.Generator, pool: int, max_len: int = 250) -> tuple[np.ndarray, np.ndarray]:
     """Source and target lengths (pieces) of `pool` WMT14-like pairs: source log-normal (median 26,
     σ 0.6), target = source × a log-normal ratio (median 1.05, σ 0.2), both within 1 .. max_len."""
@@ -162,8 +160,6 @@ def wmt_like_batches(vocab: int, max_tokens: int, count: int, seed: int, pool: i
                     chosen = [*chosen[:-1], swap] if want else [swap, *chosen[1:]]
     return [collate(pairs(index), buckets=buckets) for index in chosen]
 
-
-# ----------------------------------------------------------------------------------- variants
 
 DATA_KEYS = ("data.shape_buckets",)  # the data settings a variant may change (they choose its batches)
 
@@ -285,8 +281,6 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
     return out
 
 
-# ----------------------------------------------------------------------------------- profile
-
 # Where a step's time goes: a kernel (CUDA) or aten op (CPU) belongs to the first group whose pattern
 # its name matches. Inductor's Triton kernels fuse several ops; they count as "fused (Triton)" unless
 # they hold the loss or the optimizer.
@@ -338,8 +332,6 @@ def profile_pass(step: Callable[[dict[str, Any]], torch.Tensor], batches: list[d
                "top": [{"name": name[:120], "group": time_group(name), "share": t / total} for name, t in top]}
     return summary, events.table(sort_by=key, row_limit=30, max_name_column_width=100)
 
-
-# ----------------------------------------------------------------------------------- the round
 
 def _rows(case: Case, name: str, result: dict[str, Any], reference: list[float] | None,
           tolerance: float) -> list[dict[str, Any]]:

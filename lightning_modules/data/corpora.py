@@ -83,8 +83,6 @@ class Corpus:
     extra_train: ParallelText | None = None  # train-only extra pairs (Ding word/phrase pairs)
 
 
-# --------------------------------------------------------------------------- reading files
-
 MAX_LINE_BYTES = 2 ** 20  # a sentence pair's side is never a megabyte: a longer line is damage or a bomb
 
 
@@ -172,8 +170,6 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path, keep: int | None =
                                    if wanted)
 
 
-# --------------------------------------------------------------------------- user files
-
 def load_files(cfg: DataConfig, stages: Stages) -> Corpus:
     def require(key: str) -> str:
         value = getattr(cfg, key)
@@ -190,8 +186,6 @@ def load_files(cfg: DataConfig, stages: Stages) -> Corpus:
         test = read_parallel(cfg.test_src, cfg.test_tgt) if cfg.test_src else ParallelText.empty()
     return Corpus("files", train, valid, test)
 
-
-# --------------------------------------------------------------------------- downloads
 
 def download(url: str, dest: Path) -> Path:
     """Fetch `url` to `dest` (via `dest.part`, then rename) unless `dest` already exists."""
@@ -356,8 +350,6 @@ def load_wmt14(cfg: DataConfig, stages: Stages) -> Corpus:
                   for split in WMT14_SPLITS}
     return Corpus("wmt14", splits["train"], splits["valid"], splits["test"])
 
-
-# --------------------------------------------------------------------------- dispatch
 
 SUBSET_SEED = 20170612  # fixed, so every row and seed of a table trains on the same subset
 

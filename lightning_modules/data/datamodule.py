@@ -21,8 +21,6 @@ class TranslationDataModule(TranslationData, pl.LightningDataModule):
         """Download the corpus and train the BPE model once (Lightning: local rank 0 only)."""
         self._tokenizer(self._load())
 
-    # ----------------------------------------------------------------- loaders
-
     def _shards(self) -> tuple[int | None, int | None]:
         """(num_replicas, rank) from the attached trainer, else torch.distributed's defaults."""
         trainer = getattr(self, "trainer", None)

@@ -142,8 +142,6 @@ class TranslationData:
         self.bpe_origin = ""  # where spm.model came from: run directory, cache or trained
         self.from_cache: list[str] = []  # the encoded splits read from the cache (stats["prepared"])
 
-    # ----------------------------------------------------------------- preparation
-
     @property
     def spm_path(self) -> Path:
         return self.run_dir / "spm.model"
@@ -270,8 +268,6 @@ class TranslationData:
     def corpus(self) -> Corpus:
         """The raw text of every split (BLEU references come from here)."""
         return self._load()
-
-    # ----------------------------------------------------------------- text <-> ids
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Wordpiece ids of each text, without BOS/EOS."""

@@ -67,8 +67,6 @@ def pick_device(name: str | None) -> torch.device:
     return device
 
 
-# ---------------------------------------------------------------------------------- checkpoints
-
 def _step_checkpoints(ckpt_dir: Path) -> dict[int, Path]:
     """One readable checkpoint per step (the newest file of a step), by step."""
     by_step: dict[int, tuple[float, Path]] = {}
@@ -195,8 +193,6 @@ def load_weights(run_dir: Path, choice: str = "last") -> Weights:
     return Weights(model, state, description, steps)
 
 
-# ---------------------------------------------------------------------------------- the model
-
 @dataclass
 class LoadedRun:
     """A run's model (in eval mode, on its device), tokenizer and saved settings."""
@@ -300,8 +296,6 @@ def check_beam_memory(run: LoadedRun, cfg: EvalConfig) -> None:
                         f"{cfg.max_len_offset}); lower --beam or --batch-tokens")
 
 
-# ---------------------------------------------------------------------------------- translate
-
 def check_known(run: LoadedRun, ids: list[int], where: str) -> None:
     """One line if `ids` hold no piece the vocabulary knows (a bare word boundary "▁" aside)."""
     if ids and all(i == UNK_ID or run.tokenizer.id_to_piece(i) == "\u2581" for i in ids):
@@ -372,8 +366,6 @@ def translate_stream(run: LoadedRun, stream: Iterable[str | bytes], out: TextIO,
         done += len(group)
     return done
 
-
-# ---------------------------------------------------------------------------------- evaluate
 
 @torch.no_grad()
 def perplexity(run: LoadedRun, sources: list[str], references: list[str], batch_tokens: int
