@@ -38,8 +38,7 @@ from lightning_modules.config import ATTENTION_BACKENDS, TrainConfig
 from lightning_modules.data.batching import ShapeBuckets, TokenBucketBatchSampler, batch_shapes, padding_share
 from lightning_modules.translation import TranslationModule
 
-# "auto" (PyTorch's own choice, the default) first: every other kernel is compared with it; then
-# efficient and cudnn, what auto may be on a GPU; a step cut short loses the last
+# "auto" (the default) first, every other compared with it; then what auto may be on a GPU
 KERNELS = ("auto", "efficient", "cudnn", "flash", "math")
 assert set(KERNELS) == set(ATTENTION_BACKENDS)
 SHAPE_POOL = 1_000_000  # the gpu preset's data.train_pairs
@@ -184,8 +183,7 @@ def run(settings: Settings) -> Section:
     with stopwatch(section):
         for tokens in s["tokens"]:
             counts.rows.append({"tokens/batch": tokens, **shape_counts(tokens, s["run_pool"], settings.seed)})
-        # a run's first visits, in sampled batches' worth: each brings one new problem per call (ATTENTION),
-        # while an epoch's shapes share some
+        # a run's first visits in sampled batches' worth (each brings a new problem per call)
         first_visits = {row["tokens/batch"]: sum(row[k] for k in ATTENTION) / len(ATTENTION) for row in counts.rows}
         c, _ = configs(s["dims"], s["vocab"], {})
         seeded(settings.seed)

@@ -76,14 +76,12 @@ CASES = {"wmt-base-37k": Case("wmt-base-37k", BASE, 37000, (25000, 4000)),
          "tiny": Case("tiny", TINY, 500, (600, 300), max_len=60, pool=3000, batches=3, passes=2)}
 _EAGER = [name for name, overrides in VARIANTS.items() if not overrides.get("train.compile")]
 BUCKETS = "compiled, buckets 8, CUDA graphs"
-# Measured in a process of their own (`measure_apart`): CUDA graphs have ended the process with no
-# Python error (the GPU round's results page), so they also run last; max-autotune autotunes for as
-# long as it takes, so an overrun is stopped at the budget's end.
+# In a process of their own (`measure_apart`): CUDA graphs have ended the process with no Python error
+# (the GPU round's results page), so they run last too; max-autotune may overrun the budget.
 ISOLATED = frozenset({BUCKETS, "compiled, max-autotune"})
 ISOLATION_S = 20.0  # that process's imports and its case's weights and batches, added to its estimate
-# (case, variant) in the order they run on CUDA: the baselines and the issue's main suspects first,
-# the cheap eager variants, then big, then each knob compiled on its own; a variant added to
-# VARIANTS and not placed here runs after these, before CUDA graphs.
+# (case, variant) in the order they run on CUDA: baselines and main suspects first, the cheap eager
+# ones, big, then each knob compiled alone; a variant not placed here runs before CUDA graphs.
 CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, "compiled, residual bf16", *_EAGER[1:],
                                                  "compiled, loss chunks 8")] \
     + [("wmt-big-37k", name) for name in ("eager", "compiled", ALL)] \
@@ -92,8 +90,7 @@ CUDA_PLAN = [("wmt-base-37k", name) for name in ("eager", "compiled", ALL, "comp
                                            "compiled, attention efficient")] \
     + [("wmt-big-37k", "compiled, loss chunks 8")]
 LAST = [(case, BUCKETS) for case in ("wmt-base-37k", "wmt-big-37k")]
-# CPU: every eager variant, then all knobs compiled at once and buckets under CUDA graphs' mode:
-# every knob's code traced in two compilations (each a minute or two on a loaded 2-core machine).
+# CPU: every eager variant, then every knob's code traced in two compilations (minutes each)
 CPU_PLAN = [("tiny", name) for name in (*_EAGER, ALL, BUCKETS)]
 BUDGET_S = 390.0  # the variants' time: with start-up, batches and one overrun the command stays under 8 minutes
 AGREE_STEPS = 4  # first steps whose losses are compared
@@ -281,9 +278,8 @@ def measure(name: str, case: Case, batches: dict[int, list[dict[str, Any]]], sta
     return out
 
 
-# Where a step's time goes: a kernel (CUDA) or aten op (CPU) belongs to the first group whose pattern
-# its name matches. Inductor's Triton kernels fuse several ops; they count as "fused (Triton)" unless
-# they hold the loss or the optimizer.
+# A kernel (CUDA) or aten op (CPU) belongs to the first group its name matches; Inductor's Triton
+# kernels count as "fused (Triton)" unless they hold the loss or the optimizer.
 TIME_GROUPS: dict[str, str] = {
     "attention": r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn",  # before matmul: efficient's are CUTLASS
     "matmul": r"gemm|matmul|\bmm\b|aten::bmm|addmm|cutlass|xmma|nvjet|cublas",

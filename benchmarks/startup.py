@@ -28,8 +28,7 @@ from benchmarks.common import REPO, Section, Settings, stopwatch
 BASE = ["n_layers=6", "d_model=512", "d_ff=2048", "n_heads=8"]
 TINY = ["n_layers=1", "d_model=32", "d_ff=64", "n_heads=4"]
 TARGET_S = 15.0
-# short: an untrained model decodes to source + offset, each step a new key length, and a longer
-# dev set's decoding takes longer than the start-up measured (its GPU results page)
+# short: an untrained model's decoding of a longer dev set outlasts the start-up measured
 DEV_PAIRS, DECODE_OFFSET = 20, 5
 IMPORTS = "import ablate.cli; from lightning_modules.run.train import train"  # what `ablate train` imports first
 TOP_PACKAGES = 8  # packages named in the split; the rest are one row

@@ -19,9 +19,8 @@ import signal
 import time
 
 FAULT_ENV = "ABLATE_FAULT"
-# A signal sent to a stopped process goes to any of its threads once continued; from another than
-# the main thread, Python's handler runs a moment later: without a pause, SLURM's notice sent while
-# held at step N would now and then be handled in step N+1.
+# A signal sent to a held process may reach another thread than the main one once continued, and
+# Python's handler then runs a moment later: without a pause it would land in the next step.
 HELD_SIGNALS_LAND_S = 0.5
 POINTS = ("startup", "train_step", "train_forward", "validation", "compile", "decode", "checkpoint_write",
           "results_write", "nan_grad")

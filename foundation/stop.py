@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 REQUEUE_SIGNAL = signal.SIGUSR1  # SLURM's pre-emption notice (`#SBATCH --signal=USR1@90`); Lightning's default
-# SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM: by default it would kill
-# `ablate train` with no interrupted checkpoint, losing up to `checkpoint_every` steps.
+# SIGHUP (a closed terminal) is a stop too: by default it would kill `ablate train` unsaved.
 INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 POLL_S = 0.1  # how often a waiting loop looks at the request
 # How a stop is passed down a sweep (a pre-emption notice is passed on as it is):

@@ -78,8 +78,7 @@ class TrainingClock(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        # Every rank sees its own shard: count this rank's tokens times the number of ranks.
-        # `n_tokens` is a host-side int (collate), so counting never waits for the GPU.
+        # this rank's shard times the ranks; `n_tokens` is a host-side int: no wait for the GPU
         self.target_tokens += int(batch["n_tokens"]) * trainer.world_size
         first = self.first_step_s is None and self._first_started is not None
         mark = trainer.global_step % self.every == 0

@@ -38,9 +38,8 @@ def compile_dynamic(fn: Callable[..., Any], mode: str = "default",
         dynamo.recompile_limit = RECOMPILE_LIMIT
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
         dynamo.fail_on_recompile_limit_hit = True
-    # A run's Python floats (dropout p, norm eps, label smoothing) are its constants. Under
-    # dynamic=True dynamo would trace them as symbols, then meet one it must know (nn.Embedding's
-    # norm_type) and trace the whole step again with the floats fixed.
+    # A run's floats (dropout p, eps) are constants: traced as symbols, dynamo would meet one it must
+    # know (nn.Embedding's norm_type) and trace the whole step again.
     dynamo.specialize_float = True
     compiled = torch.compile(fn, dynamic=True, backend=_with_fault_point(backend), mode=mode)
     if mode != "reduce-overhead":

@@ -37,8 +37,7 @@ class Table3Data:
     translations: dict[tuple[str, int], tuple[list[str], list[str]]] = field(default_factory=dict)
     curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # row, seed, step, ppl, convergence
     planned: dict[str, int] = field(default_factory=dict)  # row -> seeds queued, whatever their state
-    # runs a redo (`ablate table3 --redo`) replaced or is replacing: row, seed, trial, ppl, bleu,
-    # by (the redo's trial number), whether the redo is complete, and the folder it set the run aside as
+    # runs a redo replaced or is replacing (`redone_runs`)
     redone: pd.DataFrame = field(default_factory=pd.DataFrame)
     # a tuned table (`ablate table3 --tune`): what was tuned (`Tuning.record`), each decided row's
     # tuning (`ablations.record.TunedRow`), and the table at each row's chosen value (its runs there,

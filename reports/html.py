@@ -15,8 +15,7 @@ from lightning_modules.convergence import CLASSES
 SUMMARY, TABLE, FIGURES, METHODS = "What this table says", "The table", "Figures", "Methods"
 TUNED = "Each row at its own best value"  # a tuned table's section (`reports.tuning`)
 
-# Fits a 1,280-px window: the cells wrap only where `_breakable` lets them, so the table shrinks to
-# the window; the figures shrink to it too.
+# Fits a 1,280-px window: cells wrap only where `_breakable` lets them, figures shrink to it.
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 h2 { font-size: 1.15em; margin: 1.2em 0 0.4em; }

@@ -26,8 +26,7 @@ def serve(storage_url: str, host: str = "127.0.0.1", port: int = 13000, create: 
     _check_port(host, port)
     if warning := exposure_warning("storage proxy", storage_url, host):
         print(warning, file=sys.stderr, flush=True)
-    # gRPC's C core writes its own log lines to stderr (a port taken between the check and the
-    # bind, say) before the error reaches us: ours is the one line
+    # gRPC's C core would log to stderr before its error reaches us: ours is the one line
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     shown = f"[{host}]" if ":" in host else host
     # The one stop that raises in sweeps: `run_grpc_proxy_server` blocks until the process ends and

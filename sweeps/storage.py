@@ -209,11 +209,9 @@ def _open_journal(path: Path, heartbeat_s: int | None) -> BaseStorage:
 
 
 def _open_grpc(host: str, port: int, heartbeat_s: int | None) -> BaseStorage:
-    # Our processes fork then exec (a launcher its workers, a worker its trials). With gRPC's fork
-    # support on, grpcio >= 1.80 aborts such a child now and then ("epoll_wait error: Bad file
-    # descriptor", grpc/grpc#43055: 9 of 800 spawns, none of 1,800 with it off) or deadlocks it
-    # before exec, blocking Popen for ever; gRPC advises it off for fork-then-exec. Read when grpc is
-    # first imported, below; the children inherit it.
+    # Our processes fork then exec; with gRPC's fork support on, grpcio >= 1.80 aborts such a child
+    # now and then (grpc/grpc#43055: 9 of 800 spawns) or deadlocks it before exec, blocking Popen for
+    # ever. Read when grpc is first imported, below; the children inherit it.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     try:
         return grpc_storage(host, port, heartbeat_s, GRPC_CONNECT_S)

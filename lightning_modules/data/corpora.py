@@ -28,8 +28,7 @@ from lightning_modules.stopwatch import Stages
 MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 MULTI30K_SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 WMT14_SPLITS = {"train": "train", "valid": "newstest2013", "test": "newstest2014"}
-# The standard WMT14 EN-DE training data (Europarl v7 + Common Crawl + News Commentary v9):
-# (archive URL, member path prefix inside it; the member is PREFIX + "." + language).
+# WMT14 EN-DE training data (Europarl v7, Common Crawl, News Commentary v9): (URL, member PREFIX.LANG)
 WMT14_TRAIN_ARCHIVES: tuple[tuple[str, str], ...] = (
     ("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
      "training/europarl-v7.de-en"),

@@ -257,8 +257,7 @@ class TranslationData:
             "valid_padding_share": padding_share(valid_sampler.global_batches(),
                                                  self.valid_set.src_lengths,
                                                  self.valid_set.tgt_lengths, self.pad_multiple),
-            # the perplexity of a model that ignores the source and the context (EOS included): the
-            # convergence rule's "diverged" line
+            # a model that ignores source and context (EOS included): the rule's "diverged" line
             "unigram_ppl": round(unigram_perplexity(self.train_set._tgt, len(self.train_set),
                                                     self.vocab_size), 3),
             "setup_seconds": 0.0,
