@@ -1,6 +1,5 @@
-"""A table's names and record, in one place for the table (`tables`) and its report
-(`reports.collect`): its study's kind, its runs' names, and the record it keeps of itself (study
-attributes, an archive's table3.json), typed once where it is read (`foundation.records`)."""
+"""A table's names and record, in one place for the table and its report: its study's kind, its
+runs' names, and the record it keeps of itself, typed once where it is read."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Benchmark 5: how our training step (demo dimensions, unpadded random ids) scales with sequence
-length (16 to 256 at a fixed number of sentences: projections grow as n, attention as n², so tokens/s
-falls once attention dominates) and with batch tokens (1K to 16K at length 32: tokens/s rises, then
-levels off once the cores are saturated).
-"""
+"""Benchmark 5: how our training step scales with sequence length (attention grows as n², so tokens/s
+falls once it dominates) and with batch tokens (tokens/s rises until the cores are saturated)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Benchmark 10 (opt-in): where `ablate train`'s start-up goes, for a table's first run and its next.
-
-`ablate train` runs twice on WMT-length synthetic text (`corpus`; 48,000 pairs) with one empty
-`data.cache_dir`: the first trains the BPE and encodes the pairs, the next (another run directory and
-seed) takes both from the cache. Base dims, BPE 37,000; 2 steps and a short dev decoding (what
-follows the first step is not measured). The figures are each run's `startup_s`, its parts and data
-stages, then the imports by top-level package (`python -X importtime`). Target: start-up ≤ 15 s.
+"""Benchmark 10 (opt-in): where `ablate train`'s start-up goes, for a table's first run and its next:
+`ablate train` twice on WMT-length synthetic text (`corpus`) with one empty `data.cache_dir` (the
+first trains the BPE and encodes, the next reads both from the cache), base dims, 2 steps; the
+figures are each run's `startup_s`, its parts and data stages, and the imports by package.
+Target: start-up ≤ 15 s.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Deterministic fault injection: a real signal at a named point, for the reliability tests.
-
-`ABLATE_FAULT=<point>[@<step>][:<SIGNAL>]` makes the process send itself SIGNAL (SIGKILL by default)
-when it reaches `point` (at global step `step`, where given). Points: `startup` (as `ablate train`
-or `ablate table3` starts its work, before any check: where SLURM's notice could kill a process);
-`train_step@N` (after optimizer step N and its periodic checkpoint); `train_forward@N` (after step
-N's forward pass, before its backward: where a Ctrl-C usually lands); `validation@N`; `compile`
-(inside torch.compile's compilation, after tracing); `decode` (in the final beam search);
-`checkpoint_write@N` and `results_write` (the file complete under its temporary name, not yet
-renamed); and `nan_grad@N`, not a signal: step N's gradients become NaN, and so the weights and
-every later loss. With `:SIGSTOP` the process holds at the point until a test has sent it another
-signal (SLURM's notice, `tests/test_slurm.py`) and SIGCONT. Unset, this is one lookup per call.
+"""Deterministic fault injection for the reliability tests: `ABLATE_FAULT=<point>[@<step>][:<SIGNAL>]`
+makes the process send itself SIGNAL (SIGKILL by default) when it reaches `point` (at global step
+`step`, where given). Points: `startup` (before any check: where SLURM's notice could kill it);
+`train_step@N` (after step N and its checkpoint); `train_forward@N` (between step N's forward and
+backward, where a Ctrl-C usually lands); `validation@N`; `compile` (inside compilation); `decode`
+(the final beam search); `checkpoint_write@N`, `results_write` (the file whole, not yet renamed);
+`nan_grad@N`, no signal: step N's gradients become NaN. With `:SIGSTOP` the process holds there
+until a test has sent another signal and SIGCONT. Unset, this is one lookup per call.
 """
 
 from __future__ import annotations

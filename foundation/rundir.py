@@ -1,10 +1,8 @@
-"""What makes a folder one of our run directories, and who is training it now (docs/reliability.md,
-"A folder that is not ours is never written into" and "One run, one trainer"): a run writes its marker
-`ablate-run.json` only into a folder that is new or empty (one written before markers, its
-`config.yaml` ours, gets it on its next run), and holds an exclusive `flock` on `.ablate-run.lock`
-while it trains, which the operating system drops with the process, so it is never stale. A command
-writes only its own files, never through a symbolic link (`check_entries`); only the global rank-0
-process of a DDP run takes the marker and the lock, the others wait for the marker.
+"""What makes a folder one of our run directories (its marker `ablate-run.json`, written only into a
+new or empty folder), and who is training it now (an exclusive `flock` on `.ablate-run.lock`, which
+the operating system drops with the process, so it is never stale); docs/reliability.md, "A folder
+that is not ours is never written into" and "One run, one trainer". In a DDP run only the global
+rank-0 process takes the marker and the lock; the others wait for the marker.
 """
 
 from __future__ import annotations

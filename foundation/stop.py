@@ -1,11 +1,8 @@
 """Stop requests (docs/reliability.md, "Workers never fail each other's trials"): a stop signal's
-handler only records the request (`STOP`, one per process, as a handler is process-wide), and each
-level acts on it at its own safe point: the launcher between polls, a worker before it claims, while
-it waits and while its trial trains (passing it on), a training step's end
-(`callbacks.StopAtStepEnd`), the dashboard's main thread. A raising handler could land inside a
-claim, inside Optuna's record of a trial's end, or in a garbage-collector callback, where CPython
-drops the exception and the stop is lost; the two that still raise say why (`sweeps.proxy`,
-`callbacks.PromptInterruptWhileCompiling`). Nothing here loads torch: the sweep processes use it too.
+handler only records the request (`STOP`, one per process), each level acting on it at its own safe
+point, because a raising handler could land inside a claim, inside Optuna's record of a trial's end,
+or in a garbage-collector callback, where CPython drops the exception and the stop is lost; the two
+that still raise say why (`sweeps.proxy`, `callbacks.PromptInterruptWhileCompiling`). No torch here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Callbacks of a run: what it measures (training wall time, target tokens/s), fault points, and
-how it stops at a step's end, every rank together, on a stop request (`foundation.stop.STOP`) or a
-non-finite loss, and at once on SIGTERM while compiling."""
+"""Callbacks of a run: what it measures, fault points, and how it stops (at a step's end, every rank
+together, or at once while compiling)."""
 
 from __future__ import annotations
 
@@ -136,12 +135,9 @@ class NonFiniteLoss(Exception):
 
 
 class PromptInterruptWhileCompiling(pl.Callback):
-    """A stop while a step compiles (minutes, longer than a worker waits for its trial's clean stop)
-    stops the run at once (docs/reliability.md, "A signal during compilation stops the run at once"):
-    from each batch's start to its optimizer step (no weight changed yet) SIGTERM and SIGINT raise
-    `SIGTERMException`, recorded first, so that if CPython drops it (raised in a garbage-collector
-    callback) the step's end still acts on it.
-    """
+    """A stop while a step compiles (minutes) stops the run at once (docs/reliability.md): from each
+    batch's start to its optimizer step, SIGTERM and SIGINT raise `SIGTERMException`, recorded first,
+    so that if CPython drops it (in a garbage-collector callback) the step's end still acts on it."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -176,15 +172,11 @@ class PromptInterruptWhileCompiling(pl.Callback):
 
 
 class StopAtStepEnd(pl.Callback):
-    """Ends training at a step's end, every DDP rank together, on a non-finite loss or a stop request,
-    by raising `SIGTERMException`, so that `OnExceptionCheckpoint` saves the step (`trainer.should_stop`
-    would end `fit` as if finished, unsaved). The ranks agree in one all-reduce at a logging window's
-    end, at this process's first step and at the last; a single process acts at every step.
-
-    Under SLURM, Lightning's requeue handler (run/slurm.py) runs first; Lightning installs it only
-    where no handler is and it would run inside the step, so the recorder is put aside at fit start
-    and back at train start, Lightning's handler kept to call here. Only the newest hpc checkpoint stays.
-    """
+    """Ends training at a step's end, every DDP rank together (one all-reduce a logging window), on a
+    non-finite loss or a stop request, by raising `SIGTERMException`, so that `OnExceptionCheckpoint`
+    saves the step (`trainer.should_stop` would end `fit` unsaved). Lightning installs its SLURM
+    requeue handler only where none is, and it would run inside the step: so the recorder is put
+    aside at fit start and back at train start, Lightning's handler kept to call here."""
 
     def __init__(self, stop: StopRequest, every: int, requeue: bool = False) -> None:
         self.stop, self.every, self.requeue = stop, max(1, every), requeue

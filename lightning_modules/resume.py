@@ -1,9 +1,7 @@
-"""Resuming a run where it stopped, mid-epoch, on the batches and dropout masks an uninterrupted run
-would have had (docs/reliability.md, "A resumed run goes on as if it had not stopped"): the loader's
-position in its epoch (`ResumableLoader`, counted by `CountBatches`, since Lightning's fetcher has
-drawn the next batch already when a checkpoint is written), torch's generators (`RandomState`;
-inside a step as at its start, since the resumed run does that step again) and Lightning's step
-counts (`StepCountsAfterResume`).
+"""Resuming a run mid-epoch on the batches and dropout masks an uninterrupted run would have had
+(docs/reliability.md, "A resumed run goes on as if it had not stopped"): the loader's position
+(`ResumableLoader`, counted by `CountBatches` as Lightning's fetcher is a batch ahead), torch's
+generators (`RandomState`) and Lightning's step counts (`StepCountsAfterResume`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Stopwatches over stretches of a run: its training time (validation inside fit and any stretch
-in which the process was stopped left out), the stages of its data preparation (wall, CPU and peak
-memory of each), and the parts of its start-up (process start to the first training step)."""
+"""Stopwatches over stretches of a run: its training time (validation and stopped stretches left out),
+its data preparation's stages (wall, CPU, peak memory) and its start-up's parts."""
 
 from __future__ import annotations
 

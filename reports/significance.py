@@ -1,9 +1,8 @@
-"""Is a row different from base beyond noise? One test for dev PPL and dev BLEU over the seeds and
-the dev sentences at once (docs/table3.md states it): the seeds' variance (`seeds.difference_ci`)
-plus the dev sentences', from a seeded paired bootstrap scored with sacreBLEU's own sentence
-statistics (`sentence_draws`; a run stores no per-sentence PPL). The interval is Student's t with the
-seed level's degrees of freedom, never narrower than the seeds' own: three seeds are too few for a
-bootstrap's outer level (it calls three same-signed seeds significant one time in four).
+"""Is a row different from base beyond noise? One test for dev PPL and dev BLEU over seeds and dev
+sentences at once (docs/table3.md): the seeds' variance (`seeds.difference_ci`) plus the sentences',
+from a seeded paired bootstrap with sacreBLEU's statistics (BLEU only: a run stores no sentence PPL).
+Student's t with the seed level's degrees of freedom keeps the interval no narrower than the seeds'
+own: three seeds are too few for a bootstrap's outer level.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Verdicts over training (docs/table3.md): at every dev evaluation a row and base both have (within
-1% of the evaluation interval), the row's dev PPL difference to base is tested as the table's is
-(its seed level: a curve holds no per-sentence PPL) and read as above base, below it or within noise;
-`rules()` states when a verdict was *reached* and whether it is *still moving*. A row trained longer
-than base (big) is compared only where base has evaluations, so it is not judged (None).
+"""Verdicts over training (docs/table3.md): at every dev evaluation a row and base share, the row's
+dev PPL difference is tested as the table's is (seed level) and read as above, below or within
+noise; `rules()` says when a verdict was reached and whether it is still moving (None: not judged).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""One sentence per Table 3 group: which rows differ from base beyond seed noise, in which
-direction, and whether the paper saw the same. Built only from the table's columns, so the
-sentence can never say more than the numbers beside it."""
+"""One sentence per Table 3 group, built only from the table's columns, so that it can never say more
+than the numbers beside it."""
 
 from __future__ import annotations
 

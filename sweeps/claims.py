@@ -1,8 +1,6 @@
-"""Which worker holds which trial, and taking back the trials of workers that died
-(docs/reliability.md, "Workers never fail each other's trials"): a worker records itself on the trial
-it claimed (`worker` = host:pid:trial-number; a retry copy inherits another number's), a dead local
-worker's trial is taken back at once (`reclaim_dead_local_trials`), and a claim no worker recorded
-once it has stayed so for the heartbeat's grace period (`UnrecordedClaims`).
+"""Which worker holds which trial (`worker` = host:pid:trial-number, recorded after the claim), and
+taking back dead workers' trials: a local one's at once, an unrecorded claim's after the heartbeat's
+grace period (docs/reliability.md, "Workers never fail each other's trials").
 """
 
 from __future__ import annotations

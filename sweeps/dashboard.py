@@ -1,6 +1,5 @@
-"""`ablate dashboard`: serve optuna-dashboard for a sweep's storage until Ctrl-C, on 127.0.0.1 unless
-`--host` says otherwise (it has no authentication and can edit studies). A bad storage or a port
-that is taken is one line before anything is printed; the URL is printed without its password.
+"""`ablate dashboard`: optuna-dashboard for a sweep's storage until Ctrl-C, on 127.0.0.1 unless
+`--host` says otherwise (it has no authentication); a bad storage or a taken port is one line first.
 """
 
 from __future__ import annotations

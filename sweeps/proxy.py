@@ -1,6 +1,5 @@
-"""`ablate storage-proxy`: Optuna's gRPC storage proxy in front of an RDB until Ctrl-C or SIGTERM;
-workers reach it with `--storage grpc://HOST:PORT`. It has no authentication and no encryption, so
-it listens on 127.0.0.1 unless `--host` says otherwise (docs/scale-out.md)."""
+"""`ablate storage-proxy`: Optuna's gRPC storage proxy in front of an RDB until stopped; it has no
+authentication, so it listens on 127.0.0.1 unless `--host` says otherwise (docs/scale-out.md)."""
 
 from __future__ import annotations
 

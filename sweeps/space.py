@@ -1,7 +1,5 @@
-"""A sweep's search space, read from YAML: sampled `params` (e.g. `n_layers: {type: int, low: 1,
-high: 2}`; sweeps/example.yaml) and `fixed` key=value overrides, every key one of `ablate train`'s
-(checked like a key=value override, with "did you mean").
-"""
+"""A sweep's search space, read from YAML (sweeps/example.yaml): sampled `params` and `fixed` key=value
+overrides, every key one of `ablate train`'s (checked like a key=value override)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Token-budget batching (fairseq `--max-tokens`) with per-epoch shuffling and rank sharding.
-
-In a batch the source gets EOS and the target BOS (input) or EOS (output), so the token budget counts
-each side one longer than its ids. `pad_multiple` rounds every batch's lengths up to a multiple;
-`ShapeBuckets` (`data.shape_buckets`, for CUDA graphs) give training batches a few static shapes,
-a cell's last batch filled with empty rows (docs/gpu-performance.md, "Static shapes and CUDA graphs").
+"""Token-budget batching (fairseq `--max-tokens`) with per-epoch shuffling and rank sharding. The
+budget counts each side with its EOS or BOS; `pad_multiple` rounds lengths up, and `ShapeBuckets`
+give training batches a few static shapes (docs/gpu-performance.md, "Static shapes and CUDA graphs").
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""A corpus made ready for a run, without Lightning (so the command that queues a table, which
-prepares it first, loads none): the corpus read, the shared BPE trained or reused, every split
-encoded and length-filtered, and the statistics a run records. `TranslationDataModule` serves it.
+"""A corpus made ready for a run, without Lightning (the command that queues a table prepares it and
+loads none): read, its BPE trained or reused, every split encoded and length-filtered, its statistics.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The attention pictures, and the file a finished run keeps its weights in (`attention.npz`),
-drawn from arrays with no torch here, so the report, the archive and a run's W&B logging share one
-drawing and one file format (the weights: `lightning_modules.run.attention`).
-"""
+"""The attention pictures and a finished run's `attention.npz`, without torch, so that the report, the
+archive and a run's W&B logging share one drawing and one file format."""
 
 from __future__ import annotations
 

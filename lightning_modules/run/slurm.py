@@ -1,10 +1,8 @@
 """SLURM pre-emption (docs/reliability.md, "SLURM pre-emption loses at most the current step"): the
-notice `#SBATCH --signal=USR1@90` sends is recorded by every process of the job (`foundation.stop`),
-never fatal, and a training process acts on it at a step's end (`callbacks.StopAtStepEnd`:
-Lightning's handler saves `hpc_ckpt_N.ckpt` and runs `scontrol requeue`; the run exits 130 and the
-requeued job resumes it). `keep_notices` records it from the command's first act; a launcher noticed
-before any worker started requeues the job itself (`requeue_job`). `train.slurm_requeue: false` turns
-it off. Nothing here loads torch: the sweep workers use `on_slurm` too.
+notice (`#SBATCH --signal=USR1@90`) is recorded by every process (`foundation.stop`), never fatal; a
+training process acts on it at a step's end (`callbacks.StopAtStepEnd`: save, `scontrol requeue`,
+exit 130). A launcher noticed before any worker started requeues the job itself (`requeue_job`).
+Nothing here loads torch: the sweep workers use `on_slurm` too.
 """
 
 from __future__ import annotations
