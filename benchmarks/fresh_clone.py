@@ -98,9 +98,8 @@ def cpu_lines(path: str) -> list[dict[str, Any]]:
 
 
 def machine() -> dict[str, str]:
-    """The fields every result here starts with: the CPU (its name, family and model, and the vector
-    kernels ATen runs on it) and its cores, and Python's version. A virtual machine's CPU name alone
-    ("AMD EPYC") does not tell processors of different generations and speeds apart."""
+    """The fields every result here starts with: the CPU (name, family and model, ATen's kernels), its
+    cores and Python's version (a VM's CPU name alone does not tell generations apart)."""
     import torch
 
     from lightning_modules.run.environment import cpu_family, cpu_model
@@ -110,8 +109,7 @@ def machine() -> dict[str, str]:
 
 
 def write(out: str, result_json: str, markdown: str, **more: str) -> None:
-    """results.json, results.md and the files of `more` (name -> text) in folder `out` (made if
-    missing), each atomically; the markdown printed."""
+    """results.json, results.md and `more`'s files written atomically into `out`; the markdown printed."""
     from foundation.io import atomic_write_text
 
     folder = Path(out)

@@ -5,16 +5,14 @@
 
 What it reports, the variants' order and the time budget: docs/gpu-performance.md ("The GPU round").
 Method: every variant in `VARIANTS` runs in one process on the same batches from the same initial
-weights (`forward_loss`, backward and fused Adam, bf16 autocast on CUDA). Batches (`wmt_like_batches`)
-are random Zipf ids with WMT14-like lengths, one source width divisible by 8 and one not, so that a
-compiled guard on that alignment shows as a second graph. A warm-up pass (two when compiled: CUDA
-graphs record a shape on its second call) is timed apart, and its first `AGREE_STEPS` losses are
-compared with the `reference`'s (compiled variants draw Inductor's dropout masks: the `NOISE_FLOOR`
-row shows that noise); then `Case.passes` passes per batch size, each step timed by CUDA events, a
-step over `SLOW_STEP` × the median (a recompilation) left out and counted. A variant that no longer
-fits the budget (`_estimate`) or fails is a row saying so; `ISOLATED` ones run in a process of their
-own (`measure_apart`). `--profile` adds a pass under `torch.profiler` per batch size (`profile_pass`):
-the device's busy share (below 1: launch-bound) and each kernel's share by `TIME_GROUPS`.
+weights (`forward_loss`, backward, fused Adam; bf16 autocast on CUDA). Batches (`wmt_like_batches`)
+are random Zipf ids with WMT14-like lengths, one source width divisible by 8 and one not (a compiled
+guard on that alignment shows as a second graph). A warm-up pass (two compiled: CUDA graphs record a
+shape on its second call) is timed apart, its first `AGREE_STEPS` losses compared with the
+`reference`'s (`NOISE_FLOOR` shows the dropout masks' noise); then `Case.passes` passes per batch
+size timed by CUDA events, a step over `SLOW_STEP` × the median (a recompilation) left out. A variant
+that does not fit the budget (`_estimate`) or fails is a row saying so; `ISOLATED` ones run in a
+process of their own. `--profile`: the busy share and kernel groups (`TIME_GROUPS`) of a pass.
 """
 
 from __future__ import annotations
@@ -424,9 +422,7 @@ def run_variant(case: Case, name: str, data: dict[str, Any], settings: Settings,
 
 
 def measure_apart(case: Case, name: str, settings: Settings, seconds: float) -> dict[str, Any]:
-    """`measure` in a spawned process (no CUDA state inherited) on the same weights and batches,
-    rebuilt from the seed: its result, or an error row saying how that process ended (a crash
-    below Python, or killed still running after `seconds`)."""
+    """`measure` in a spawned process, rebuilt from the seed: its result, or how that process ended."""
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     process = context.Process(target=_measure_here, args=(send, case.name, name, settings, torch.get_num_threads()),

@@ -56,8 +56,7 @@ def check_kinds(folder: str | Path, files: tuple[str, ...] = (), dirs: tuple[str
 
 
 def _mode_for(path: Path) -> int:
-    """The permissions `path` keeps (an existing file's own) or gets (what `open` would give it:
-    mkstemp's temporary file is private to its owner, which a results file must not stay)."""
+    """The permissions `path` keeps, or gets as a new file (mkstemp's private mode must not stay)."""
     try:
         return stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
@@ -66,9 +65,8 @@ def _mode_for(path: Path) -> int:
 
 def atomic_write_bytes(path: str | Path, data: bytes | Callable[[BinaryIO], None], fault: str | None = None,
                        step: int | None = None, sync: bool = True) -> None:
-    """Write `data`, or what `data(file)` writes (a large file never held whole in memory), to a
-    temporary file beside `path`, fsync it (if `sync`), then rename it over `path`. The fault point
-    `fault` (`faults`) is hit once the temporary file holds everything, before the rename."""
+    """Write `data` (or what `data(file)` writes) to a temporary file beside `path`, fsync it (if
+    `sync`) and rename it over `path`; the fault point `fault` sits just before the rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -112,8 +112,7 @@ def check_path_length(path: Path, option: str) -> None:
 
 
 def check_apart(places: list[tuple[str, Path]]) -> None:
-    """The folders one command writes (option, folder): none may hold another or sit inside a run
-    directory, where a save into one would empty the other (docs/reliability.md)."""
+    """The folders one command writes (option, folder): none may hold another or sit in a run directory."""
     for option, path in places:
         check_path_length(path, option)
     resolved = [(option, Path(path).absolute().resolve()) for option, path in places]
@@ -168,9 +167,7 @@ def training_lock(out: Path, wait: bool = False) -> Iterator[None]:
 
 
 def global_rank_zero() -> bool:
-    """Whether this process is rank 0 of its whole DDP job. Lightning's `rank_zero_only.rank` reads
-    RANK, else LOCAL_RANK, so under a cluster launcher (NODE_RANK, LOCAL_RANK, no RANK) every node's
-    first process calls itself rank 0: the node rank decides."""
+    """Whether this is rank 0 of the whole DDP job (Lightning's rank is LOCAL_RANK where RANK is unset)."""
     from lightning.pytorch.utilities import rank_zero_only
 
     node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"

@@ -1,9 +1,8 @@
-"""One schema version for a run's `config.yaml` and `results.json` and a table's record
-(docs/configuration.md): each carries `schema: SCHEMA`, raised by one whenever any of them changes
-in a way an older reader would misread (a field added with a default is no such change); no key is
-version 0. Every reader calls `upgrade` (or `read`, less the key): a newer version is refused in one
-line, an older one goes through `STEPS[kind][v]` (a pure function from v's shape to v + 1's, naming
-the past format's keys literally) and comes out stamped. No other module looks at a version.
+"""One schema version for `config.yaml`, `results.json` and a table's record (docs/configuration.md),
+raised whenever any of them changes in a way an older reader would misread. Every reader calls
+`upgrade` (or `read`): a newer version is refused in one line, an older one goes through
+`STEPS[kind][v]` (pure functions naming the past format's keys literally). No other module looks at
+a version.
 
 0 -> 1. config.yaml: the oldest held the tokenizer's model.vocab_size and pad_id and every head
 size; such a file loses them, and a d_k or d_v equal to its d_model / h reads as derived (None), as

@@ -100,8 +100,7 @@ def hangup_as_sigterm() -> None:
 
 
 def hold_stop_signals() -> None:
-    """In a new child, before it runs: its stop signals wait, blocked, until it records them (while
-    Python starts an interrupt would be a traceback, SIGUSR1 fatal); SIGINT gets its default back, as
-    `nohup ablate ... &` leaves it ignored across exec, and the child would ignore its Ctrl-C."""
+    """In a new child: its stop signals wait, blocked, until recorded (during start-up they would kill
+    it); SIGINT gets its default back (`nohup ablate ... &` leaves it ignored across exec)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS | {REQUEUE_SIGNAL})
     signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -21,9 +21,8 @@ from lightning_modules.stopwatch import StartUp, Stopwatch
 
 
 class TrainingClock(pl.Callback):
-    """Training time and target tokens, kept across resumes: the run's one training clock (`lap()`),
-    this process's start-up, the first step's own time (compilation) and the steady rate between the
-    log windows after the first (synchronised with the device there, once a window)."""
+    """Training time and target tokens, kept across resumes (the run's one training clock, `lap()`), the
+    start-up, the first step's time and the steady rate (synchronised with the device once a window)."""
 
     def __init__(self, every: int = 50, startup: StartUp | None = None) -> None:
         self.training = Stopwatch()  # validation inside fit and stretches stopped left out
@@ -135,9 +134,8 @@ class NonFiniteLoss(Exception):
 
 
 class PromptInterruptWhileCompiling(pl.Callback):
-    """A stop while a step compiles (minutes) stops the run at once (docs/reliability.md): from each
-    batch's start to its optimizer step, SIGTERM and SIGINT raise `SIGTERMException`, recorded first,
-    so that if CPython drops it (in a garbage-collector callback) the step's end still acts on it."""
+    """A stop while a step compiles stops the run at once (docs/reliability.md): up to its optimizer
+    step SIGTERM and SIGINT raise `SIGTERMException`, recorded first in case CPython drops it."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -1,15 +1,13 @@
-"""The one place that touches torch.compile's settings and counters, and why each is needed (the
-measurements: the GPU pages of benchmarks/README.md).
+"""The one place that touches torch.compile's settings and counters, and why (the measurements: the
+GPU pages of benchmarks/README.md).
 
-- `torch.fx.experimental._config.use_duck_shape` (private), off while tracing: dynamo would take a
-  first batch's equal source and target lengths for one symbol, and the next batch would recompile
-  the whole step (minutes for the base model).
-- `torch._dynamo.lookup_backend(name)`: the backend wrapped so that the fault point `compile` runs
-  inside compilation; Inductor takes torch.compile's `mode` as the patches `list_mode_options` lists.
-- `triton.mix_order_reduction_non_strict_mode` (an Inductor patch): the mix-order reduction fusion
-  guarded on the symbolic `rows * columns` (a recompilation past its threshold); this drops the check.
-- `torch._dynamo.utils.counters` and `guard_failures` (semi-private): the graph count and the failed
-  guards, kept so that a run which compiled more than one graph says why.
+- `use_duck_shape` (private), off while tracing: dynamo would take a first batch's equal source and
+  target lengths for one symbol, and the next batch would recompile the step (minutes for base).
+- `lookup_backend(name)`: the backend wrapped so that the fault point `compile` runs inside
+  compilation; Inductor takes torch.compile's `mode` as the patches `list_mode_options` lists.
+- `triton.mix_order_reduction_non_strict_mode`: the mix-order reduction fusion guarded on the symbolic
+  `rows * columns` (a recompilation past its threshold); this drops the check.
+- `counters` and `guard_failures` (semi-private): the graphs built and why, which results keep.
 """
 
 from __future__ import annotations
@@ -27,9 +25,8 @@ RECOMPILE_LIMIT = 4  # more is a bug (shapes are symbolic): fail loudly, not com
 
 def compile_dynamic(fn: Callable[..., Any], mode: str = "default",
                     backend: str | Callable[..., Any] = "inductor") -> Callable[..., Any]:
-    """`torch.compile(fn, dynamic=True, mode=mode)` with independent symbolic sizes. Under
-    reduce-overhead each call starts a new CUDA-graph step, so one step's outputs are never taken for
-    the previous step's still in use; `backend` "aot_eager" traces the same graphs without Inductor."""
+    """`torch.compile(fn, dynamic=True)` with independent symbolic sizes; under reduce-overhead each
+    call starts a new CUDA-graph step, so a step's outputs are never taken for the previous step's."""
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False

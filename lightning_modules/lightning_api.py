@@ -18,9 +18,7 @@ import lightning.pytorch as pl
 
 
 def align_step_counts(trainer: pl.Trainer) -> bool:
-    """At a batch's start (`on_train_batch_start`, this batch already counted as drawn): make
-    Lightning's logging step the optimizer step, and its count of batches across epochs the
-    completed batches plus this one, again (reason 1). True if either had drifted."""
+    """At a batch's start: Lightning's logging step and batch count set to the optimizer step's (reason 1)."""
     loop = trainer.fit_loop.epoch_loop
     total = loop.batch_progress.total
     drifted = loop._batches_that_stepped != trainer.global_step or total.ready != total.completed + 1

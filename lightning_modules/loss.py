@@ -1,18 +1,15 @@
 """Label-smoothed cross-entropy (section 5.4 of the paper), without an fp32 copy of the full logits.
-
 For one target token with logits x (V values), label y and smoothing ε:
 
     loss = lse(x) - (1 - ε)·x_y - ε·mean_v(x)     (= (1 - ε)·(-log p_y) + ε·mean_v(-log p_v))
     nll  = lse(x) - x_y
     ∂loss/∂x_v = softmax(x)_v - (1 - ε)·[v = y] - ε/V
 
-Why (docs/gpu-performance.md): the textbook form, a log-softmax of the (N, V) matrix in
-fp32 with autograd for the rest, keeps fp32 copies of bf16 logits and of their gradient (3.7 GB each
-at 25K tokens × 37,000 pieces). `LabelSmoothedNLL` reads the logits once forward into three fp32
-numbers per row and once backward, writing the gradient in the logits' dtype: eager in chunks of
-about CHUNK_ELEMENTS values, compiled in one piece (a traced step has no loop over a symbolic row
-count). The textbook form stays where it costs nothing: eager fp32 logits that fit one chunk (on a
-CPU the chunked form is slower on small logits).
+The textbook form, a log-softmax of the (N, V) matrix in fp32 with autograd, keeps fp32 copies of the
+bf16 logits and their gradient (3.7 GB each at 25K tokens × 37,000 pieces; docs/gpu-performance.md).
+`LabelSmoothedNLL` reads the logits once each way, forming the gradient in the logits' dtype, eager in
+chunks of about CHUNK_ELEMENTS values, compiled in one piece (no loop over a symbolic row count). The
+textbook form stays where it costs nothing: eager fp32 logits within one chunk (faster on a CPU).
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ def _chunks(rows: int, vocab: int) -> list[slice]:
 
 
 def _grad(x: Tensor, target: Tensor, lse: Tensor, scale: Tensor, epsilon: float) -> Tensor:
-    """∂loss/∂x of logits `x` (rows, V), each row's scaled by `scale`, in x's dtype. Compiled, one
-    pointwise expression that Inductor makes one kernel (a scatter would write the fp32 gradient out
-    first); eager, in place with a scatter (the comparison's temporaries made the CPU loss 2× slower)."""
+    """∂loss/∂x of logits `x` (rows, V), rows scaled by `scale`: compiled, one pointwise kernel (a
+    scatter would write the fp32 gradient out first); eager, in place with a scatter (2× faster on CPU)."""
     vocab = x.size(-1)
     if torch.compiler.is_compiling():
         is_target = torch.arange(vocab, device=x.device) == target[:, None]
@@ -96,9 +92,8 @@ def _whole(flat: Tensor, target: Tensor, keep: Tensor, epsilon: float) -> tuple[
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
                        epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed label-smoothed loss, summed plain NLL and the number of non-pad target tokens of
-    `logits` (..., V) against `target` (...); a `pad_id` target counts for nothing, in the loss or
-    the gradient. PyTorch's smoothing: (1 - ε)·(-log p_y) + ε·mean_v(-log p_v)."""
+    """Summed label-smoothed loss, summed NLL and non-pad target tokens of `logits` (..., V) against
+    `target` (...), a `pad_id` target counting for nothing (PyTorch's definition of smoothing)."""
     flat = logits.reshape(-1, logits.size(-1))
     keep = target.reshape(-1) != pad_id
     flat_target = target.reshape(-1).masked_fill(~keep, 0)
@@ -110,11 +105,9 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
 
 
 class ProjectedLabelSmoothedNLL(torch.autograd.Function):
-    """(summed smoothed loss, summed NLL) of hidden states (N, d) through `weight` (V, d), rows where
-    `keep` is False left out. The rows, padded, are cut into exactly `chunks` pieces (no guard on the
-    row count's remainder, which `tensor_split` would add); each piece's logits are formed, reduced
-    and turned into its gradients in the forward pass, then dropped: the (N, V) logits never exist.
-    """
+    """(summed smoothed loss, summed NLL) of hidden states (N, d) through `weight` (V, d) in exactly
+    `chunks` padded pieces (no guard on the row count, which `tensor_split` would add), each piece's
+    logits reduced to its gradients in the forward pass and dropped: the (N, V) logits never exist."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, epsilon: float,

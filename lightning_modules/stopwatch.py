@@ -19,9 +19,8 @@ STOPPED_AFTER_S = 10.0  # a gap between its notes this long: no thread of the pr
 
 
 class _Stopped:
-    """The stretches in which this process was stopped (SIGSTOP, `scontrol suspend`), which the host
-    clock runs on through: a daemon thread notes the clock every TICK_S, and a gap longer than
-    STOPPED_AFTER_S (no thread ran) counts as stopped. One watcher a process (again in a forked child)."""
+    """The stretches in which this process was stopped (SIGSTOP), which the host clock runs on through:
+    a gap over STOPPED_AFTER_S between a watcher thread's notes (one a process, also when forked)."""
 
     def __init__(self) -> None:
         self._gaps: list[tuple[float, float]] = []
@@ -140,9 +139,7 @@ def _cpu_seconds() -> float:
 
 @dataclass
 class Stages:
-    """Wall seconds, CPU seconds and peak RSS (the stage's own where Linux can reset it) of named
-    stretches of a process (`with stages("read"): ...`); one longer than `note_after_s` is printed
-    when it ends (stdout: stderr is for errors), so a long data preparation shows where it is."""
+    """Wall and CPU seconds and peak RSS of named stretches; a long one is printed as it ends."""
 
     note_after_s: float = 30.0
     done: list[dict[str, Any]] = field(default_factory=list)

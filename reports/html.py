@@ -45,8 +45,7 @@ def lead(line: str) -> tuple[str, str]:
 
 
 def _breakable(text: str) -> str:
-    """Escaped `text` a browser may wrap only before a parenthesis or after a comma, never inside a
-    value with its interval ("+100.87 [+98.63, +103.11]")."""
+    """Escaped `text` a browser may wrap only before a parenthesis or after a comma, never in a value."""
     out, depth = [], 0
     for i, ch in enumerate(text):
         depth += (ch in "[(") - (ch in "])")

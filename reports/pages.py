@@ -106,9 +106,7 @@ def convergence(frame: pd.DataFrame) -> str | None:
 
 
 def small_effects(frame: pd.DataFrame, shown: pd.DataFrame) -> str | None:
-    """Which rows whose paper difference is too small to compare a sign are beyond noise in ours
-    (None without the paper's numbers), each with its ΔPPL as `shown` prints it (the CSV's could
-    round otherwise)."""
+    """The rows beyond noise in ours whose paper difference is too small to compare a sign (or None)."""
     if "d_paper_ppl" not in frame or frame["d_paper_ppl"].isna().all():
         return None
     rows = frame.drop(index="base")

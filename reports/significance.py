@@ -94,9 +94,7 @@ def check_bootstrap_budget(data: Table3Data, n_samples: int) -> None:
 def difference(row: Mapping[int, float], base: Mapping[int, float],
                row_draws: Mapping[int, np.ndarray] | None = None,
                base_draws: Mapping[int, np.ndarray] | None = None) -> Difference:
-    """The one test: row − base (values keyed by seed) with its 95% interval over seeds and dev
-    sentences. `row_draws`/`base_draws`: each seed's score on every resample (`sentence_draws`);
-    without every seed's, the interval is the seeds' alone (sentence_se None)."""
+    """The one test: row − base (keyed by seed), its 95% interval over seeds and, with draws, sentences."""
     seeds, method = difference_ci(row, base)
     half = seeds.half_width
     df = _seed_df(row, base, method)

@@ -72,8 +72,7 @@ def still_moving(paired: pd.DataFrame, own_last_step: float | None = None) -> bo
 
 
 def reached(paired: pd.DataFrame, own_last_step: float | None = None) -> tuple[int, float] | None:
-    """The step from which the final verdict has held at every shared evaluation, and its share of
-    training (of the last shared step); None where `still_moving` judges nothing or an interval lacks."""
+    """The step from which the final verdict has held, and its share of training (None: not judged)."""
     if still_moving(paired, own_last_step) is None or paired["verdict"].isna().any():
         return None
     verdicts, steps = paired["verdict"].tolist(), paired["step"].tolist()

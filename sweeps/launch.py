@@ -31,8 +31,7 @@ def describe_duration(seconds: float) -> str:
 
 def device_groups(gpus: str | None, workers: int | None, devices_per_run: int,
                   accelerator: str | None = None, here: bool = True) -> tuple[list[str], list[str] | None]:
-    """The `ablate train` overrides every run needs, and each worker's GPUs (None on CPU: there
-    D > 1 devices a run means D processes); `here`: the GPUs must be visible on this machine."""
+    """The `ablate train` overrides every run needs, and each worker's GPUs (None on CPU)."""
     per = devices_per_run
     if per < 1:
         raise UserError(f"--devices-per-run must be at least 1, got {per}")

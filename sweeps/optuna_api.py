@@ -56,8 +56,7 @@ HEARTBEAT_ATTR = "heartbeat"  # the trial system attribute SystemAttrHeartbeat b
 
 class SystemAttrHeartbeat(BaseHeartbeat):
     """Optuna's heartbeat on the trial system attribute `heartbeat` (docs/scale-out.md): a RUNNING trial
-    is stale when neither its beat nor its start (a claimed retry copy's, whose beat is inherited) is
-    within the grace period."""
+    is stale when neither its beat nor its start (a retry copy inherits its beat) is recent."""
 
     heartbeat_s: int = 60
 

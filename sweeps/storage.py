@@ -99,9 +99,8 @@ def in_memory_sqlite(url: str) -> bool:
 
 
 def _sqlite_tables(path: Path) -> set[str]:
-    """The table names of an SQLite file, opened read-only; where a process killed inside a write
-    left a hot journal, which a read-only connection cannot roll back (SQLITE_READONLY_ROLLBACK),
-    opened as its next writer would, so SQLite restores the last committed state first."""
+    """The table names of an SQLite file, opened read-only, or as its next writer would where a
+    killed process left a hot journal (SQLITE_READONLY_ROLLBACK), so SQLite rolls it back first."""
     try:
         return _read_tables(f"{path.absolute().as_uri()}?mode=ro")
     except sqlite3.DatabaseError as err:
@@ -120,9 +119,8 @@ def _read_tables(uri: str) -> set[str]:
 
 
 def check_sqlite_file(path: Path, existing: bool) -> None:
-    """An SQLite file a storage may open (Optuna would add its tables to any other): an Optuna
-    database, or unless `existing`, no file yet, an empty one, or one whose tables another process is
-    creating (Optuna creates `studies` first)."""
+    """An SQLite file a storage may open (Optuna would add its tables to any other): an Optuna database,
+    or unless `existing` none yet, an empty one, or one being created (Optuna makes `studies` first)."""
     if not path.exists():
         if existing:
             raise UserError(f"no database {path}: give the --storage of a sweep or a table")
@@ -253,8 +251,7 @@ def _open_rdb(url: str, heartbeat_s: int | None, existing: bool, read_only: bool
 def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any], attempts: int,
                 skip_table_creation: bool = False) -> BaseStorage:
     """Optuna's RDB storage, tried `attempts` times: processes that open a new SQLite file at once all
-    create Optuna's tables, and as sqlite3 commits each CREATE TABLE alone, all but one fail ("table
-    ... already exists"); opened again once the winner is done, the database is complete."""
+    create its tables, each CREATE TABLE committed alone, and all but one fail ("already exists")."""
     for attempt in range(1, attempts):
         try:
             return heartbeat_storage(url, heartbeat_s, engine_kwargs=engine_kwargs,
@@ -266,10 +263,9 @@ def _retry_open(url: str, heartbeat_s: int | None, engine_kwargs: dict[str, Any]
 
 
 def _serialize_sqlite_transactions(engine: sqlalchemy.engine.Engine) -> None:
-    """Every SQLite transaction takes the write lock when it begins (BEGIN IMMEDIATE): Optuna claims
-    a trial by reading WAITING then writing RUNNING, and sqlite3 opens the transaction only at the
-    write (`SELECT ... FOR UPDATE` is a no-op on SQLite), so two workers could both run it. Now the
-    read and the write are one locked step; others wait, up to the 60 s timeout."""
+    """Every SQLite transaction takes the write lock when it begins (BEGIN IMMEDIATE): Optuna claims a
+    trial by reading WAITING then writing RUNNING, and sqlite3 opens the transaction only at the write
+    (`FOR UPDATE` is a no-op on SQLite), so two workers could both run it (docs/reliability.md)."""
 
     @sqlalchemy.event.listens_for(engine, "connect")
     def _no_implicit_begin(dbapi_connection: Any, record: Any) -> None:

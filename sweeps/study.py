@@ -78,10 +78,7 @@ def in_cohort(cohort: str | None) -> Callable[[optuna.trial.FrozenTrial], bool] 
 
 
 def enqueue(study: optuna.Study, overrides: list[str], user_attrs: dict[str, Any] | None = None) -> bool:
-    """Queue a fixed configuration (key=value overrides, in the user attribute `enqueued_overrides`,
-    which the objective prefers to sampling) unless the same one is queued, running, complete or
-    pruned and not `superseded` (a redo, `redo_of` in `user_attrs`, is queued beside the trial it
-    replaces). Whether a trial was queued."""
+    """Queue a fixed configuration unless one alike is live or finished and not superseded; whether it was."""
     wanted = parse_overrides(overrides)
     row = (user_attrs or {}).get("row")
     live = (*COUNTED, TrialState.WAITING, TrialState.RUNNING)

@@ -24,9 +24,8 @@ def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
 
 
 def bucket_lengths(lengths: np.ndarray, count: int, multiple: int = 1) -> tuple[int, ...]:
-    """The `count` lengths (multiples of `multiple`, the longest included) that minimise the padding
-    when every length is padded up to the next of them: an exact dynamic programme over the distinct
-    lengths (best[j] after k rounds: the least padding up to values[j] with k edges, the last there)."""
+    """The `count` lengths (multiples of `multiple`) that minimise the padding of `lengths` padded up to
+    the next of them: an exact dynamic programme over the distinct lengths."""
     values, counts = np.unique(round_up(np.asarray(lengths, dtype=np.int64), multiple),
                                return_counts=True)
     if count >= len(values):
@@ -89,9 +88,8 @@ class ShapeBuckets:
 @dataclass(frozen=True)
 class BucketPlan:
     """How a corpus's examples fill the (S, T) cells of `ShapeBuckets`, the same every epoch: a cell's
-    leftover moves on to the smallest other cell that holds it, so a rare cell makes no batch of its
-    own and partial batches fill with neighbours rather than empty rows (only a cell that nothing
-    holds keeps a partial last batch)."""
+    leftover moves on to the smallest other cell that holds it, filling partial batches with
+    neighbours rather than empty rows."""
 
     counts: tuple[int, ...]  # own examples per cell
     keep: tuple[int, ...]  # examples batched in the cell (own + carried in - carried on)
@@ -157,10 +155,9 @@ def cut_points(widths: np.ndarray, max_tokens: int) -> list[int]:
 
 class TokenBucketBatchSampler(Sampler[list[int]]):
     """Batches of similar-length examples under a token budget, sharded across ranks: sorted by width,
-    then by the source-target difference in alternating ("snake") direction, so neighbours are alike
-    on both sides (half a (target, source) sort's padding on Ding), or by cell (`BucketPlan`); ties
-    broken by a permutation seeded with `seed + epoch`, so examples regroup every epoch while the
-    batch boundaries stay. Every rank builds the same list and takes every `num_replicas`-th batch."""
+    then by the source-target difference in alternating ("snake") direction (half a plain sort's
+    padding on Ding), or by cell (`BucketPlan`); ties broken by a permutation of `seed + epoch`, so
+    examples regroup every epoch while the batch boundaries stay."""
 
     def __init__(self, src_lengths: Sequence[int], tgt_lengths: Sequence[int], max_tokens: int,
                  shuffle: bool = True, seed: int = 0, num_replicas: int | None = None,
@@ -302,9 +299,8 @@ def _place(rows: int, width: int, seqs: list[list[int]], pad_id: int, before: in
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int = PAD_ID,
             pad_multiple: int = 1, buckets: ShapeBuckets | None = None
             ) -> dict[str, torch.Tensor | int]:
-    """Right-padded `src` (ids+EOS), `tgt_in` (BOS+ids), `tgt_out` (ids+EOS) and `n_tokens` (a Python
-    int: counting never waits for a GPU), vectorised, in the shape `batch_shape` gives. An empty row
-    keeps a source EOS, so that no attention row is fully masked (NaN in some SDPA kernels)."""
+    """Right-padded `src`, `tgt_in`, `tgt_out` and `n_tokens` (a host int) in `batch_shape`'s shape; an
+    empty row keeps a source EOS, as a fully masked attention row is NaN in some SDPA kernels."""
     size = len(examples)
     srcs = [s for s, _ in examples]
     tgts = [t for _, t in examples]

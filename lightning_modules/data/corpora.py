@@ -155,9 +155,8 @@ def _checked_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path, keep: int | None = None) -> ParallelText:
-    """Two aligned files (plain or .gz), both-blank pairs skipped. With `keep`, only the pairs
-    `subset` would keep, in two passes (count, then keep), so memory holds the subset only (WMT14's
-    4.5M pairs are ~1.3 GB of text a side)."""
+    """Two aligned files (plain or .gz); with `keep`, only the pairs `subset` keeps, read in two passes
+    (count, then keep) so that memory holds the subset only (WMT14: ~1.3 GB of text a side)."""
     src_path, tgt_path = Path(src_path).expanduser(), Path(tgt_path).expanduser()
     if keep is None:
         return ParallelText.from_pairs(_checked_pairs(src_path, tgt_path))

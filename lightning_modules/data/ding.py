@@ -102,10 +102,7 @@ def _sentence_pair(en: str, de: str) -> bool:
 
 
 def parse_ding_line(line: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Sentence pairs and word/phrase pairs, both as (en, de), from one `German :: English` line: each
-    ` | `-separated entry whose first alternatives are sentences gives sentence pairs (all of them
-    zipped when both sides have as many), any other one word/phrase pair; a pair whose sides look
-    like the wrong language (a few entries are swapped) is dropped."""
+    """Sentence and word/phrase pairs (en, de) of a `German :: English` line, wrong-language ones dropped."""
     line = line.strip()
     if not line or line.startswith("#") or " :: " not in line:
         return [], []

@@ -116,9 +116,8 @@ def concatenate(parts: Sequence[EncodedPairs]) -> EncodedPairs:
 
 
 class TranslationData:
-    """Loads `cfg.corpus`, trains or reuses `run_dir/spm.model` (on training text) and encodes every
-    split; training pairs longer than min(cfg.max_train_len, max_len - 1) pieces are dropped, dev
-    pairs beyond max_len - 1. Dev batches keep exact lengths (they run eagerly)."""
+    """Loads `cfg.corpus`, trains or reuses `run_dir/spm.model` and encodes every split, dropping pairs
+    too long for the model (training pairs: for `max_train_len` too); dev batches keep exact lengths."""
 
     def __init__(self, cfg: DataConfig, run_dir: str | Path, seed: int = 1,
                  max_len: int = 512, pad_multiple: int = 1) -> None:

@@ -19,8 +19,7 @@ from lightning_modules.transformer import MultiHeadAttention, Transformer
 
 def explicit_attention(module: MultiHeadAttention, x: Tensor, memory: Tensor, mask: Tensor | None = None,
                        is_causal: bool = False) -> tuple[Tensor, Tensor]:
-    """(weights (B, h, T_q, T_k), output (B, T_q, d_model)) of `module`, queries from `x`, keys and
-    values from `memory`; `mask` the additive bias SDPA takes (`Transformer.padding_mask`)."""
+    """(weights (B, h, T_q, T_k), output) of `module`, queries from `x` over `memory`, SDPA's `mask` added."""
     q = module.queries(x)  # the module's own projections: rotary and shared key/value heads included
     k, v = module.per_query_head(*module.project_kv(memory))
     scores = q @ k.transpose(-2, -1) / math.sqrt(module.d_k)

@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from foundation.stop import REQUEUE_SIGNAL, STOP
 
 def on_slurm(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether this process is a SLURM task, by Lightning's rule (`SLURMEnvironment.detect`): SLURM_NTASKS
-    set, and the job not named `bash` or `interactive` (processes started by hand)."""
+    """Whether this is a SLURM task, by Lightning's rule (SLURM_NTASKS set, not an interactive job)."""
     return "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
 
 
