@@ -12,9 +12,8 @@ from foundation.schema import read
 
 KIND = "table3"  # a table's study's `kind` user attribute (any spec's table: the name is the first one's)
 CORPUS = "corpus"  # its user attribute holding each row's corpus digest (`tables.plan.check_data`)
-# A tuned table (`tables.tune`): a tuned run's trial attribute, its setting ({key: value}; the
-# table's own runs have none); the study's record of what was tuned (`Tuning.record`); and, once a
-# row's candidates have all finished, its record under TUNED + row (`TunedRow`)
+# A tuned table (`tables.tune`): a tuned run's setting attribute ({key: value}), the study's record of
+# what was tuned, and each decided row's record under TUNED + row (`TunedRow`)
 TUNE, TUNING, TUNED = "tune", "tuning", "tuned:"
 
 
@@ -34,8 +33,7 @@ class TableRecord(BaseModel):
 
 
 class TunedCandidate(BaseModel):
-    """One candidate of a row's tuning: its setting, its trial, how it ended (complete, pruned or
-    fail) and its dev PPL then (final; at the step it was pruned at)."""
+    """One candidate of a row's tuning: its setting, trial, end (complete, pruned, fail), dev PPL then."""
 
     setting: dict[str, Any]
     trial: int
@@ -52,8 +50,7 @@ class TunedCandidate(BaseModel):
 
 
 class TunedRow(BaseModel):
-    """A row's tuning once decided: the value it trains with untuned (`own`), every candidate, and
-    the one chosen (lowest final dev PPL of the complete ones; None: none completed)."""
+    """A row's decided tuning: its own value, every candidate, the chosen (None: none completed)."""
 
     own: dict[str, Any]
     candidates: list[TunedCandidate]
@@ -61,8 +58,7 @@ class TunedRow(BaseModel):
 
 
 def tuned_rows(record: dict[str, Any], source: str) -> dict[str, TunedRow]:
-    """The decided rows of a table's record (its TUNED + row entries), typed: one line naming the
-    row's entry when it is not what a table writes."""
+    """The decided rows of a table's record (its TUNED + row entries), typed (else one line)."""
     return {key[len(TUNED):]: validated(TunedRow, value, f"{source}: {key}")
             for key, value in record.items() if key.startswith(TUNED)}
 

@@ -39,9 +39,7 @@ class Table3Data:
     planned: dict[str, int] = field(default_factory=dict)  # row -> seeds queued, whatever their state
     # runs a redo replaced or is replacing (`redone_runs`)
     redone: pd.DataFrame = field(default_factory=pd.DataFrame)
-    # a tuned table (`ablate table3 --tune`): what was tuned (`Tuning.record`), each decided row's
-    # tuning (`ablations.record.TunedRow`), and the table at each row's chosen value (its runs there,
-    # the table's own where a row keeps its value; None for an untuned table)
+    # a tuned table: what was tuned, each decided row's tuning, the table at each row's chosen value
     tuning: dict[str, Any] = field(default_factory=dict)
     tuned_rows: dict[str, TunedRow] = field(default_factory=dict)
     tuned: Table3Data | None = None

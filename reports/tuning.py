@@ -1,8 +1,6 @@
-"""A tuned table's part of the report (`ablate table3 --tune`, `tables.tune`): per row the value
-chosen and the dev PPL of every candidate (or where it was pruned), the verdict at the row's own
-value beside the verdict at its best, the rows whose verdict depends on tuning, the selection
-stated, and a figure per group of dev PPL against the tuned setting. Built from the study's record
-of each row's tuning and the two tables' frames (`reports.table3.table3_frame`), nothing else."""
+"""A tuned table's part of the report (`ablate table3 --tune`; docs/table3.md): per row the value chosen,
+every candidate's dev PPL and the verdicts at its own value and at its best, from the study's record
+of each row's tuning and the two tables' frames, nothing else."""
 
 from __future__ import annotations
 
@@ -31,10 +29,8 @@ def verdict(r: pd.Series | None) -> str:
 
 
 def tuning_frame(data: Table3Data, own: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
-    """One line per decided row, in the table's order: its own value, each candidate's dev PPL
-    (final; or where it was pruned), the value chosen, the verdict at its own value (`own`: the
-    untuned table's frame) and at its best (`best`: the tuned table's), whether they differ, and
-    the sign against the paper's at each."""
+    """One line per decided row: its own value, each candidate's dev PPL, the value chosen, the verdicts
+    at its own value (`own`, the untuned table's frame) and at its best (`best`) and the paper's sign."""
     records = []
     for row in (r for r in data.spec if r in data.tuned_rows):
         record, mine, theirs = data.tuned_rows[row], own.loc[row] if row in own.index else None, \
@@ -77,8 +73,7 @@ def selection(data: Table3Data) -> str:
 
 
 def figures(data: Table3Data) -> dict[str, plt.Figure]:
-    """Per group: dev PPL against the first tuned setting, one line per row (base among them) through
-    its complete candidates, a pruned one hollow at the dev PPL where it stopped, the chosen one ringed."""
+    """Per group: dev PPL against the first tuned setting, a line per row, pruned hollow, chosen ringed."""
     key = next(iter(data.tuning.get("values", {})), None)
     if key is None or not data.tuned_rows:
         return {}
@@ -121,9 +116,8 @@ def render(data: Table3Data) -> dict[str, bytes]:
 
 
 def cost(data: Table3Data) -> str | None:
-    """What the tuning trained, in training FLOPs beside the untuned table's (every row's step holds
-    the same tokens, so parameters x steps): its candidates but each row's own, and the chosen
-    values' other seeds."""
+    """What the tuning trained (its candidates, the chosen values' other seeds) in training FLOPs
+    (parameters x steps: every step holds the same tokens) beside the untuned table's."""
     untuned = float((data.runs["params"] * data.runs["steps"]).sum()) if data.tuned is not None else 0.0
     if not untuned:
         return None

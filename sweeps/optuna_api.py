@@ -187,8 +187,7 @@ class RetriesFirstStudy(optuna.Study):
 
 
 class CohortStudy(optuna.Study):
-    """The study as its pruner sees it for a trial of one cohort: the trials `member` accepts
-    (reason 5)."""
+    """The study as its pruner sees it for a trial of one cohort: the trials `member` accepts (reason 5)."""
 
     def __init__(self, study_name: str, storage: BaseStorage, member: Callable[[FrozenTrial], bool]) -> None:
         super().__init__(study_name=study_name, storage=storage)
@@ -199,8 +198,7 @@ class CohortStudy(optuna.Study):
 
 
 class RunningTrial:
-    """A RUNNING trial, reached from another process: `report` and `should_prune` as on `Trial`
-    (`among`: the trials its pruner compares it with, when not the whole study: `CohortStudy`)."""
+    """A RUNNING trial from another process: `report` and `should_prune` as `Trial`'s (`among`: a cohort)."""
 
     def __init__(self, study: optuna.Study, storage: BaseStorage, number: int,
                  pruner: optuna.pruners.BasePruner, among: Callable[[FrozenTrial], bool] | None = None) -> None:
@@ -221,9 +219,8 @@ class RunningTrial:
 
 def replay(storage: BaseStorage, study_name: str, finished: FrozenTrial, pruner: optuna.pruners.BasePruner,
            member: Callable[[FrozenTrial], bool], user_attrs: dict[str, Any]) -> int:
-    """A new trial (with `user_attrs`, which must make it a `member`) that reports `finished`'s
-    curve to `pruner` one step at a time, as `finished` would have while training, its decisions
-    left unheeded, then completes with its value (reason 5). Returns its number."""
+    """A new trial (a `member` by its `user_attrs`) reporting `finished`'s curve to `pruner` step by step,
+    its decisions unheeded, then completing with its value (reason 5); its number."""
     template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
                            datetime_complete=None, params={}, distributions={}, user_attrs=user_attrs,
                            system_attrs={}, intermediate_values={}, trial_id=-1)

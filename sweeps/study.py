@@ -19,10 +19,8 @@ OBJECTIVES = {"ppl": "minimize", "bleu": "maximize"}  # dev perplexity / dev BLE
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # the trials that count towards --n-trials
 HALVING = 3  # successive halving's reduction factor: a rung's best third goes on
 REDO_OF = "redo_of"  # trial user attribute: the number of the complete trial this one replaces (a redo)
-# A queued trial's own pruning, in its user attributes, in place of the workers' (`--pruner`):
-# {"pruner": NAME, "min_resource": STEPS, "cohort": NAME, "reference": BOOL}. It competes only with
-# the trials of its cohort (`optuna_api.CohortStudy`); a reference reports to the pruner (its
-# values at each rung are the others' yardstick) and is never stopped by it.
+# A queued trial's own pruning attribute, in place of `--pruner`: {"pruner", "min_resource", "cohort",
+# "reference"}: it competes only with its cohort; a reference reports its rungs and is never stopped.
 PRUNING = "pruning"
 
 
