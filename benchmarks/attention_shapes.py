@@ -18,8 +18,7 @@ another kernel's `gpu` preset estimate at 25,000 tokens is at least 10% below au
 kernel becomes the default. The CPU has neither efficient's nor cuDNN's kernel, so its kernel
 does not change. The estimate uses eager steps while a `gpu` preset run is compiled (35 ms a step
 at 25,000 tokens on the H200 against eager's 69): per-shape costs that remain when compiled are a
-larger share of its time than the estimate says.
-"""
+larger share of its time than the estimate says."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ shape on its second call) is timed apart, its first `AGREE_STEPS` losses compare
 `reference`'s (`NOISE_FLOOR` shows the dropout masks' noise); then `Case.passes` passes per batch
 size timed by CUDA events, a step over `SLOW_STEP` × the median (a recompilation) left out. A variant
 that does not fit the budget (`_estimate`) or fails is a row saying so; `ISOLATED` ones run in a
-process of their own. `--profile`: the busy share and kernel groups (`TIME_GROUPS`) of a pass.
-"""
+process of their own. `--profile`: the busy share and kernel groups (`TIME_GROUPS`) of a pass."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 `ablate train` twice on WMT-length synthetic text (`corpus`) with one empty `data.cache_dir` (the
 first trains the BPE and encodes, the next reads both from the cache), base dims, 2 steps; the
 figures are each run's `startup_s`, its parts and data stages, and the imports by package.
-Target: start-up ≤ 15 s.
-"""
+Target: start-up ≤ 15 s."""
 
 from __future__ import annotations
 

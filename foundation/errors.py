@@ -1,7 +1,6 @@
 """Exceptions the command line reports as one line, without a traceback: `UserError` (exit 2), a
 mistake the user can fix; `RunFailed` (exit 1), a run that could not succeed though its input was
-fine (a non-finite loss, recorded in results.json; a full disk, `DiskFull`). Anything else is a bug.
-"""
+fine (a non-finite loss, recorded in results.json; a full disk, `DiskFull`). Anything else is a bug."""
 
 import difflib
 from collections.abc import Iterable

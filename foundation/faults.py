@@ -5,8 +5,7 @@ makes the process send itself SIGNAL (SIGKILL by default) when it reaches `point
 backward, where a Ctrl-C usually lands); `validation@N`; `compile` (inside compilation); `decode`
 (the final beam search); `checkpoint_write@N`, `results_write` (the file whole, not yet renamed);
 `nan_grad@N`, no signal: step N's gradients become NaN. With `:SIGSTOP` the process holds there
-until a test has sent another signal and SIGCONT. Unset, this is one lookup per call.
-"""
+until a test has sent another signal and SIGCONT. Unset, this is one lookup per call."""
 
 from __future__ import annotations
 

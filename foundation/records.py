@@ -1,8 +1,7 @@
 """One validation layer for the records read back (results.json, a trial's results, a table's record):
 a reader types what it read once (`validated`, with pydantic) and every later step trusts it; packed
 sentences are unpacked with a size limit (docs/reliability.md, "Every count and number has a bound,
-and every stored record is typed once").
-"""
+and every stored record is typed once")."""
 
 from __future__ import annotations
 

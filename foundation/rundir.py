@@ -2,8 +2,7 @@
 new or empty folder), and who is training it now (an exclusive `flock` on `.ablate-run.lock`, which
 the operating system drops with the process, so it is never stale); docs/reliability.md, "A folder
 that is not ours is never written into" and "One run, one trainer". In a DDP run only the global
-rank-0 process takes the marker and the lock; the others wait for the marker.
-"""
+rank-0 process takes the marker and the lock; the others wait for the marker."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@ a version.
 size; such a file loses them, and a d_k or d_v equal to its d_model / h reads as derived (None), as
 it was when written. results.json: `run_dir` and `convergence_rule` (fields since removed) go.
 Table record: one without `runs` (each run's configuration; the oldest kept a `recipe`) cannot be
-compared with a table, and is refused.
-"""
+compared with a table, and is refused."""
 
 from __future__ import annotations
 

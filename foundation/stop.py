@@ -2,8 +2,7 @@
 handler only records the request (`STOP`, one per process), each level acting on it at its own safe
 point, because a raising handler could land inside a claim, inside Optuna's record of a trial's end,
 or in a garbage-collector callback, where CPython drops the exception and the stop is lost; the two
-that still raise say why (`sweeps.proxy`, `callbacks.PromptInterruptWhileCompiling`). No torch here.
-"""
+that still raise say why (`sweeps.proxy`, `callbacks.PromptInterruptWhileCompiling`). No torch here."""
 
 from __future__ import annotations
 

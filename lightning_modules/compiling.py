@@ -7,8 +7,7 @@ GPU pages of benchmarks/README.md).
   compilation; Inductor takes torch.compile's `mode` as the patches `list_mode_options` lists.
 - `triton.mix_order_reduction_non_strict_mode`: the mix-order reduction fusion guarded on the symbolic
   `rows * columns` (a recompilation past its threshold); this drops the check.
-- `counters` and `guard_failures` (semi-private): the graphs built and why, which results keep.
-"""
+- `counters` and `guard_failures` (semi-private): the graphs built and why, which results keep."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 can set apart the rows that measure optimisation accidents (`ConvergenceRule.describe()`;
 docs/table3.md). Dev PPL spikes count, not only the loss's: a model collapsing towards the unigram
 line can leave the loss nearly flat (a GPU base run's dev PPL nearly doubled while its loss rose by a
-tenth). A report classifies each run again from the inputs it stored (`classify_stored`).
-"""
+tenth). A report classifies each run again from the inputs it stored (`classify_stored`)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ bounds it to `<2.7`); docs/reliability.md says what went wrong without it.
    `on_train_batch_end` it ends the epoch on restoring; after it, the old batch count stays): the
    loader saves the next epoch's start (`resume.ResumableLoader`), `start_epoch_after_restore` the rest.
 
-`tests/test_reproducibility.py` fails if a Lightning upgrade changes this.
-"""
+`tests/test_reproducibility.py` fails if a Lightning upgrade changes this."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ The textbook form, a log-softmax of the (N, V) matrix in fp32 with autograd, kee
 bf16 logits and their gradient (3.7 GB each at 25K tokens × 37,000 pieces; docs/gpu-performance.md).
 `LabelSmoothedNLL` reads the logits once each way, forming the gradient in the logits' dtype, eager in
 chunks of about CHUNK_ELEMENTS values, compiled in one piece (no loop over a symbolic row count). The
-textbook form stays where it costs nothing: eager fp32 logits within one chunk (faster on a CPU).
-"""
+textbook form stays where it costs nothing: eager fp32 logits within one chunk (faster on a CPU)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The words a results page (its block between `BEGIN` and `END`) and the front page's results row
-(`readme_summary`) say about a committed table, generated from it by `python -m reports.pages FOLDER`.
-"""
+(`readme_summary`) say about a committed table, generated from it by `python -m reports.pages FOLDER`."""
 
 from __future__ import annotations
 

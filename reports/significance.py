@@ -2,8 +2,7 @@
 sentences at once (docs/table3.md): the seeds' variance (`seeds.difference_ci`) plus the sentences',
 from a seeded paired bootstrap with sacreBLEU's statistics (BLEU only: a run stores no sentence PPL).
 Student's t with the seed level's degrees of freedom keeps the interval no narrower than the seeds'
-own: three seeds are too few for a bootstrap's outer level.
-"""
+own: three seeds are too few for a bootstrap's outer level."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Verdicts over training (docs/table3.md): at every dev evaluation a row and base share, the row's
 dev PPL difference is tested as the table's is (seed level) and read as above, below or within
-noise; `rules()` says when a verdict was reached and whether it is still moving (None: not judged).
-"""
+noise; `rules()` says when a verdict was reached and whether it is still moving (None: not judged)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """`ablate dashboard`: optuna-dashboard for a sweep's storage until Ctrl-C, on 127.0.0.1 unless
-`--host` says otherwise (it has no authentication); a bad storage or a taken port is one line first.
-"""
+`--host` says otherwise (it has no authentication); a bad storage or a taken port is one line first."""
 
 from __future__ import annotations
 

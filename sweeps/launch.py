@@ -1,7 +1,6 @@
 """Start a sweep's workers (one process each), wait for them, summarise the study after: `--gpus`
 gives each worker its GPUs, `--workers K` on CPU shares the cores by `OMP_NUM_THREADS`; a stop is
-passed on to the workers (SIGTERM; SLURM's notice as it is), and `--stop-after` at a set time.
-"""
+passed on to the workers (SIGTERM; SLURM's notice as it is), and `--stop-after` at a set time."""
 
 from __future__ import annotations
 

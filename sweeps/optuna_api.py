@@ -11,8 +11,7 @@
 5. A table prunes each row's candidates among themselves: `CohortStudy` filters the study a cohort's
    trial is judged in (as Optuna's Hyperband does per bracket); `replay` shows it a finished curve.
 
-`tests/test_optuna_api.py` exercises every call here with Optuna's warnings as errors.
-"""
+`tests/test_optuna_api.py` exercises every call here with Optuna's warnings as errors."""
 
 from __future__ import annotations
 

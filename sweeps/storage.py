@@ -1,7 +1,6 @@
 """Opening a sweep's `--storage`: an RDB URL (SQLite, PostgreSQL), a journal file (`journal:///FILE`,
 or a path ending `.journal` or `.log`) or `grpc://host:port` (a client of `ablate storage-proxy`),
-each with the heartbeat of `sweeps.optuna_api` (docs/scale-out.md).
-"""
+each with the heartbeat of `sweeps.optuna_api` (docs/scale-out.md)."""
 
 from __future__ import annotations
 

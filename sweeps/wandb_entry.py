@@ -1,7 +1,6 @@
 """What a W&B sweep agent runs: `ablate train ARGS --out <root>/<sweep id>/<run id>` (`--out-root DIR`
 first is its own option), then the results `RunResult` marks for the summary go to the W&B run's
-summary, so a sweep can optimise them. Exit status as `ablate train`'s.
-"""
+summary, so a sweep can optimise them. Exit status as `ablate train`'s."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A Weights & Biases sweep from the same search space: the sweep YAML, whose agent runs
-`python -m sweeps.wandb_entry` with the sampled values, and launching an agent.
-"""
+`python -m sweeps.wandb_entry` with the sampled values, and launching an agent."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Token-budget batching (fairseq `--max-tokens`) with per-epoch shuffling and rank sharding. The
 budget counts each side with its EOS or BOS; `pad_multiple` rounds lengths up, and `ShapeBuckets`
-give training batches a few static shapes (docs/gpu-performance.md, "Static shapes and CUDA graphs").
-"""
+give training batches a few static shapes (docs/gpu-performance.md, "Static shapes and CUDA graphs")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Parallel corpora as raw text: reading text files, the loaders of user files, Multi30k and WMT14
 (Ding's: ding.py) and `load_corpus`, which calls the one a corpus's entry in `config.CORPORA` names.
-Whatever a user can fix is one `UserError` line naming the file, line or URL.
-"""
+Whatever a user can fix is one `UserError` line naming the file, line or URL."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A corpus made ready for a run, without Lightning (the command that queues a table prepares it and
-loads none): read, its BPE trained or reused, every split encoded and length-filtered, its statistics.
-"""
+loads none): read, its BPE trained or reused, every split encoded and length-filtered, its statistics."""
 
 from __future__ import annotations
 

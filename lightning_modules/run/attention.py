@@ -1,7 +1,6 @@
 """The attention weights of a run's model on one sentence pair, computed explicitly (SDPA never hands
 them out) by hooks on every `MultiHeadAttention`, with the sub-layer's output checked against SDPA's
-(`AttentionMaps.max_difference`): the weights drawn are the trained model's.
-"""
+(`AttentionMaps.max_difference`): the weights drawn are the trained model's."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 notice (`#SBATCH --signal=USR1@90`) is recorded by every process (`foundation.stop`), never fatal; a
 training process acts on it at a step's end (`callbacks.StopAtStepEnd`: save, `scontrol requeue`,
 exit 130). A launcher noticed before any worker started requeues the job itself (`requeue_job`).
-Nothing here loads torch: the sweep workers use `on_slurm` too.
-"""
+Nothing here loads torch: the sweep workers use `on_slurm` too."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Using a finished (or checkpointed) run: load its model once (the checkpoint `--checkpoint` picks:
-last, best or average:K), translate, evaluate (docs/using-models.md).
-"""
+last, best or average:K), translate, evaluate (docs/using-models.md)."""
 
 from __future__ import annotations
 
