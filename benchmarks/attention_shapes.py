@@ -4,14 +4,10 @@
     python -m benchmarks --only attention_shapes --quick                   # CPU smoke check, tiny dims
 
 Why: nearly every batch of a run's first epoch has a new shape (`shape_counts`), and cuDNN's
-attention, PyTorch's first choice on sm90 and sm100, builds a plan per problem: host time that
-`gpu_round`, which repeats six batches, never shows; decoding with growing caches meets one a step.
-
-Method (the table's notes give it in full): per kernel in `KERNELS`, eager training steps over shared
-batches (the step time), then over batches no kernel met before, each stepped twice in a row (their
-paired difference: a new shape's cost; the math kernel steps every batch first, so the allocator's
-growth is nobody's first visit); a `gpu` preset run's estimate adds that cost for each third of its
-first epoch's attention problems to `RUN_STEPS` steps. Decoding: growing and fixed-size caches.
+attention builds a plan per problem: host time that `gpu_round`, repeating six batches, never shows.
+Method (the table's notes give it in full): per kernel, each new batch stepped twice in a row, the
+difference being a new shape's cost (the math kernel steps every batch first, so the allocator's
+growth is nobody's first visit), added for a third of an epoch's attention problems to `RUN_STEPS`.
 
 Decision, stated before any GPU figure: `model.attention_backend`'s default stays "auto" unless
 another kernel's `gpu` preset estimate at 25,000 tokens is at least 10% below auto's; then that

@@ -3,16 +3,14 @@
     python -m benchmarks --device cuda --only gpu_round --out DIR   # one H100/H200, < 8 minutes
     python -m benchmarks --only gpu_round --quick                   # CPU smoke check, tiny dims
 
-What it reports, the variants' order and the time budget: docs/gpu-performance.md ("The GPU round").
-Method: every variant in `VARIANTS` runs in one process on the same batches from the same initial
-weights (`forward_loss`, backward, fused Adam; bf16 autocast on CUDA). Batches (`wmt_like_batches`)
-are random Zipf ids with WMT14-like lengths, one source width divisible by 8 and one not (a compiled
-guard on that alignment shows as a second graph). A warm-up pass (two compiled: CUDA graphs record a
-shape on its second call) is timed apart, its first `AGREE_STEPS` losses compared with the
-`reference`'s (`NOISE_FLOOR` shows the dropout masks' noise); then `Case.passes` passes per batch
-size timed by CUDA events, a step over `SLOW_STEP` × the median (a recompilation) left out. A variant
-that does not fit the budget (`_estimate`) or fails is a row saying so; `ISOLATED` ones run in a
-process of their own. `--profile`: the busy share and kernel groups (`TIME_GROUPS`) of a pass."""
+What it reports, the variants' order and the budget: docs/gpu-performance.md ("The GPU round").
+Method: every variant in `VARIANTS` runs in one process on the same batches (random Zipf ids with
+WMT14-like lengths, one source width divisible by 8 and one not, so that a compiled guard on it shows
+as a second graph) from the same weights. A warm-up pass (two compiled: CUDA graphs record a shape
+on its second call) is timed apart, its first `AGREE_STEPS` losses compared with the `reference`'s
+(`NOISE_FLOOR`: the dropout masks' noise); then `Case.passes` passes per batch size, timed by CUDA
+events, a step over `SLOW_STEP` × the median (a recompilation) left out. A variant that does not fit
+the budget (`_estimate`) or fails is a row saying so; `ISOLATED` ones run in a process of their own."""
 
 from __future__ import annotations
 

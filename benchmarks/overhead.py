@@ -1,6 +1,5 @@
-"""Benchmark 2: what the Lightning harness costs per step: the same `TranslationModule` on the same
-batches under `lightning.Trainer` (as `ablate train` runs it, less loggers and checkpoints) and in a
-plain loop, alternated from the same weights, timed after warm-up steps (the notes say the rest)."""
+"""Benchmark 2: what the Lightning harness costs per step: the same module and batches under
+`lightning.Trainer` (as `ablate train` runs it) and in a plain loop, alternated (the notes say the rest)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Benchmark 3: padding waste (padded slots of `src` and `tgt_out` over an epoch, at one `max_tokens`)
-of our token bucketing against random order, a plain (target, source) sort and static shape buckets,
-all cut greedily under the same budget; on Ding, and Multi30k when its files are found."""
+"""Benchmark 3: padding waste of our token bucketing against random order, a plain (target, source) sort
+and static shape buckets at one budget, on Ding (and Multi30k when its files are found)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Exceptions the command line reports as one line, without a traceback: `UserError` (exit 2), a
-mistake the user can fix; `RunFailed` (exit 1), a run that could not succeed though its input was
-fine (a non-finite loss, recorded in results.json; a full disk, `DiskFull`). Anything else is a bug."""
+"""Exceptions reported as one line, without a traceback: `UserError` (exit 2, the user can fix it) and
+`RunFailed` (exit 1: a recorded reason, a full disk). Anything else is a bug."""
 
 import difflib
 from collections.abc import Iterable

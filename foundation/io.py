@@ -65,8 +65,7 @@ def _mode_for(path: Path) -> int:
 
 def atomic_write_bytes(path: str | Path, data: bytes | Callable[[BinaryIO], None], fault: str | None = None,
                        step: int | None = None, sync: bool = True) -> None:
-    """Write `data` (or what `data(file)` writes) to a temporary file beside `path`, fsync it (if
-    `sync`) and rename it over `path`; the fault point `fault` sits just before the rename."""
+    """Write `data` (or `data(file)`) beside `path`, fsync, rename over it; `fault` just before the rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -1,6 +1,5 @@
-"""Names that become paths (a spec's rows and groups, a study): one rule, checked up front, and one
-check that a path built from them stays inside its directory (docs/reliability.md, "Names that become
-paths follow one rule")."""
+"""Names that become paths: one rule, checked up front, and one check that a path built from them
+stays inside its directory (docs/reliability.md, "Names that become paths follow one rule")."""
 
 from __future__ import annotations
 

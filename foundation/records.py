@@ -1,7 +1,5 @@
-"""One validation layer for the records read back (results.json, a trial's results, a table's record):
-a reader types what it read once (`validated`, with pydantic) and every later step trusts it; packed
-sentences are unpacked with a size limit (docs/reliability.md, "Every count and number has a bound,
-and every stored record is typed once")."""
+"""One validation layer for the records read back: a reader types what it read once (`validated`) and
+every later step trusts it; packed sentences unpack within a size limit (docs/reliability.md)."""
 
 from __future__ import annotations
 

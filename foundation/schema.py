@@ -1,8 +1,7 @@
 """One schema version for `config.yaml`, `results.json` and a table's record (docs/configuration.md),
-raised whenever any of them changes in a way an older reader would misread. Every reader calls
-`upgrade` (or `read`): a newer version is refused in one line, an older one goes through
-`STEPS[kind][v]` (pure functions naming the past format's keys literally). No other module looks at
-a version.
+raised whenever one changes in a way an older reader would misread. Every reader calls `upgrade` (or
+`read`): a newer version is one line, an older one goes through `STEPS[kind][v]`, the only code that
+looks at a version.
 
 0 -> 1. config.yaml: the oldest held the tokenizer's model.vocab_size and pad_id and every head
 size; such a file loses them, and a d_k or d_v equal to its d_model / h reads as derived (None), as

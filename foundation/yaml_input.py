@@ -1,7 +1,6 @@
-"""The one YAML loader for every file a user gives or a run keeps: a file over `MAX_BYTES`, aliases
-(a "billion laughs" document), nesting deeper than `MAX_DEPTH` and a key given twice (YAML keeps the
-last without a word) are each one `UserError` line naming the file and where (docs/reliability.md,
-"Small hostile inputs stay small")."""
+"""The one YAML loader: a file over `MAX_BYTES`, aliases ("billion laughs"), nesting deeper than
+`MAX_DEPTH` and a key given twice (YAML keeps the last without a word) are each one `UserError` line
+naming the file and where (docs/reliability.md, "Small hostile inputs stay small")."""
 
 from __future__ import annotations
 

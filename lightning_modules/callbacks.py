@@ -21,8 +21,7 @@ from lightning_modules.stopwatch import StartUp, Stopwatch
 
 
 class TrainingClock(pl.Callback):
-    """Training time and target tokens, kept across resumes (the run's one training clock, `lap()`), the
-    start-up, the first step's time and the steady rate (synchronised with the device once a window)."""
+    """Training time and target tokens across resumes, start-up, first step and steady rate."""
 
     def __init__(self, every: int = 50, startup: StartUp | None = None) -> None:
         self.training = Stopwatch()  # validation inside fit and stretches stopped left out

@@ -1,5 +1,4 @@
-"""The one place that touches torch.compile's settings and counters, and why (the measurements: the
-GPU pages of benchmarks/README.md).
+"""The one place that touches torch.compile's settings and counters, and why (benchmarks/README.md).
 
 - `use_duck_shape` (private), off while tracing: dynamo would take a first batch's equal source and
   target lengths for one symbol, and the next batch would recompile the step (minutes for base).

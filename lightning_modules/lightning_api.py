@@ -1,5 +1,5 @@
-"""The one place where training goes beyond Lightning's public API (checked in Lightning 2.6; pyproject
-bounds it to `<2.7`); docs/reliability.md says what went wrong without it.
+"""The one place where training goes beyond Lightning's public API (Lightning 2.6, bounded to `<2.7`);
+docs/reliability.md says what went wrong without it, `tests/test_reproducibility.py` if it changes.
 
 1. A checkpoint written inside a step restores two private counts one ahead
    (`_TrainingEpochLoop.reset`): `_batches_that_stepped`, by which Lightning labels and schedules
@@ -7,9 +7,7 @@ bounds it to `<2.7`); docs/reliability.md says what went wrong without it.
    `align_step_counts` sets both back at the first batch after a restore.
 2. A checkpoint written after an epoch's last step makes Lightning skip the next epoch (written inside
    `on_train_batch_end` it ends the epoch on restoring; after it, the old batch count stays): the
-   loader saves the next epoch's start (`resume.ResumableLoader`), `start_epoch_after_restore` the rest.
-
-`tests/test_reproducibility.py` fails if a Lightning upgrade changes this."""
+   loader saves the next epoch's start (`resume.ResumableLoader`), `start_epoch_after_restore` the rest."""
 
 from __future__ import annotations
 

@@ -91,8 +91,7 @@ def _whole(flat: Tensor, target: Tensor, keep: Tensor, epsilon: float) -> tuple[
 
 def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int,
                        epsilon: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed label-smoothed loss, summed NLL and non-pad target tokens of `logits` (..., V) against
-    `target` (...), a `pad_id` target counting for nothing (PyTorch's definition of smoothing)."""
+    """Summed label-smoothed loss, summed NLL and non-pad target tokens (`pad_id` counts for nothing)."""
     flat = logits.reshape(-1, logits.size(-1))
     keep = target.reshape(-1) != pad_id
     flat_target = target.reshape(-1).masked_fill(~keep, 0)

@@ -1,6 +1,5 @@
-"""A run's logged metrics across resumptions: Lightning's CSVLogger deletes `logs/metrics.csv` when
-it starts, so a resumed run first sets it aside as `metrics.part-K.until-STEP.csv` (`set_aside`), and
-`read_rows` joins the parts into the run's one history."""
+"""A run's logged metrics across resumptions: Lightning's CSVLogger deletes `logs/metrics.csv` when it
+starts, so a resumed run sets it aside first (`set_aside`) and `read_rows` joins the parts."""
 
 from __future__ import annotations
 

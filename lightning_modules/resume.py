@@ -1,7 +1,6 @@
 """Resuming a run mid-epoch on the batches and dropout masks an uninterrupted run would have had
-(docs/reliability.md, "A resumed run goes on as if it had not stopped"): the loader's position
-(`ResumableLoader`, counted by `CountBatches` as Lightning's fetcher is a batch ahead), torch's
-generators (`RandomState`) and Lightning's step counts (`StepCountsAfterResume`)."""
+(docs/reliability.md): the loader's position (`ResumableLoader`, counted by `CountBatches`: the
+fetcher is a batch ahead), torch's generators (`RandomState`), Lightning's step counts."""
 
 from __future__ import annotations
 

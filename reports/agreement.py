@@ -1,6 +1,5 @@
-"""Agreement with the paper beside what a table with no knowledge of it would score (docs/table3.md):
-signs against a table where every change is worse than base and against random signs, and
-Spearman's ρ with a seeded one-sided permutation p (the same table, the same report bytes)."""
+"""Agreement with the paper beside what a table with no knowledge of it would score (docs/table3.md),
+and Spearman's ρ with a seeded one-sided permutation p (the same table, the same report bytes)."""
 
 from __future__ import annotations
 

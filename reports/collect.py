@@ -1,6 +1,5 @@
-"""Read a Table 3 study back from the Optuna database, which holds all a report needs, so a report is
-built wherever the storage is reached; each run's convergence class by the current rule from its
-stored inputs (`convergence.classify_stored`)."""
+"""Read a Table 3 study back from the Optuna database, which holds all a report needs; each run's
+convergence class by the current rule from its stored inputs (`convergence.classify_stored`)."""
 
 from __future__ import annotations
 

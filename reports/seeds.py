@@ -1,6 +1,5 @@
-"""Seeds as noise: mean ± 95% Student's t interval per row, the difference to base with its interval
-(`difference_ci`) and whether its sign agrees with the paper's (docs/table3.md). The paper reports
-single runs, so its sign counts only where its difference is at least `PAPER_THRESHOLD`."""
+"""Seeds as noise: mean ± 95% t interval per row, the difference to base with its interval, and the
+paper's sign (compared only where its difference is at least `PAPER_THRESHOLD`: single runs)."""
 
 from __future__ import annotations
 

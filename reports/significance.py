@@ -24,8 +24,7 @@ SEED = 12345  # sacreBLEU's own default resampling seed (SACREBLEU_SEED)
 
 @dataclass(frozen=True)
 class Difference:
-    """A row's difference to base: the one test's interval, how the seed level was paired, the two
-    standard errors it sums (sentence_se None: not measured) and the seed level's degrees of freedom."""
+    """A row's difference to base: the test's interval, pairing, standard errors and seed-level df."""
 
     interval: Interval
     method: str

@@ -1,6 +1,5 @@
-"""Verdicts over training (docs/table3.md): at every dev evaluation a row and base share, the row's
-dev PPL difference is tested as the table's is (seed level) and read as above, below or within
-noise; `rules()` says when a verdict was reached and whether it is still moving (None: not judged)."""
+"""Verdicts over training (docs/table3.md): the row's dev PPL difference to base tested at every shared
+dev evaluation (seed level); `rules()` says when a verdict was reached and whether it still moves."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def rules() -> list[str]:
 
 
 def on_grid(curve: pd.DataFrame, grid: list[int]) -> pd.DataFrame:
-    """`curve`'s steps moved to the nearest of `grid` within 1% of its spacing (a resumed run may
-    evaluate a step or two off base's); points farther off dropped."""
+    """`curve`'s steps moved to `grid`'s nearest within 1% of its spacing; points farther off dropped."""
     if curve.empty or len(grid) < 2:
         return curve
     tolerance = 0.01 * float(np.median(np.diff(grid)))

@@ -1,6 +1,5 @@
-"""A tuned table's part of the report (`ablate table3 --tune`; docs/table3.md): per row the value chosen,
-every candidate's dev PPL and the verdicts at its own value and at its best, from the study's record
-of each row's tuning and the two tables' frames, nothing else."""
+"""A tuned table's part of the report (`ablate table3 --tune`; docs/table3.md): per row every candidate's
+dev PPL, the value chosen and the verdicts at its own value and at its best."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def verdict(r: pd.Series | None) -> str:
 
 
 def tuning_frame(data: Table3Data, own: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
-    """One line per decided row: its own value, each candidate's dev PPL, the value chosen, the verdicts
-    at its own value (`own`, the untuned table's frame) and at its best (`best`) and the paper's sign."""
+    """One line per decided row: its values' dev PPLs, the choice, verdicts at `own` and `best`, signs."""
     records = []
     for row in (r for r in data.spec if r in data.tuned_rows):
         record, mine, theirs = data.tuned_rows[row], own.loc[row] if row in own.index else None, \
@@ -116,8 +114,7 @@ def render(data: Table3Data) -> dict[str, bytes]:
 
 
 def cost(data: Table3Data) -> str | None:
-    """What the tuning trained (its candidates, the chosen values' other seeds) in training FLOPs
-    (parameters x steps: every step holds the same tokens) beside the untuned table's."""
+    """What the tuning trained in training FLOPs (parameters x steps) beside the untuned table's."""
     untuned = float((data.runs["params"] * data.runs["steps"]).sum()) if data.tuned is not None else 0.0
     if not untuned:
         return None

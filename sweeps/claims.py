@@ -1,6 +1,5 @@
-"""Which worker holds which trial (`worker` = host:pid:trial-number, recorded after the claim), and
-taking back dead workers' trials: a local one's at once, an unrecorded claim's after the heartbeat's
-grace period (docs/reliability.md, "Workers never fail each other's trials")."""
+"""Which worker holds which trial (`worker` = host:pid:trial-number), and taking back dead workers'
+trials (docs/reliability.md, "Workers never fail each other's trials")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Start a sweep's workers (one process each), wait for them, summarise the study after: `--gpus`
-gives each worker its GPUs, `--workers K` on CPU shares the cores by `OMP_NUM_THREADS`; a stop is
-passed on to the workers (SIGTERM; SLURM's notice as it is), and `--stop-after` at a set time."""
+"""Start a sweep's workers (one process each; `--gpus` gives each its GPUs, `--workers K` shares the CPU
+cores), pass a stop on to them (also at `--stop-after`), wait, and summarise the study after."""
 
 from __future__ import annotations
 

@@ -218,8 +218,7 @@ class RunningTrial:
 
 def replay(storage: BaseStorage, study_name: str, finished: FrozenTrial, pruner: optuna.pruners.BasePruner,
            member: Callable[[FrozenTrial], bool], user_attrs: dict[str, Any]) -> int:
-    """A new trial (a `member` by its `user_attrs`) reporting `finished`'s curve to `pruner` step by step,
-    its decisions unheeded, then completing with its value (reason 5); its number."""
+    """A completed trial (a `member`) that replayed `finished`'s curve to `pruner`; its number."""
     template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
                            datetime_complete=None, params={}, distributions={}, user_attrs=user_attrs,
                            system_attrs={}, intermediate_values={}, trial_id=-1)

@@ -1,6 +1,5 @@
 """The processes of a sweep and what they hand each other, through the environment, not the command
-line (`ps` shows command lines to every user, and a storage URL may hold a password): a worker's
-settings ($ABLATE_WORKER), a trial's job ($ABLATE_TRIAL_JOB), and EXIT_PRUNED."""
+line (`ps` shows it to every user, and a storage URL may hold a password)."""
 
 from __future__ import annotations
 

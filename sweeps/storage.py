@@ -1,6 +1,5 @@
-"""Opening a sweep's `--storage`: an RDB URL (SQLite, PostgreSQL), a journal file (`journal:///FILE`,
-or a path ending `.journal` or `.log`) or `grpc://host:port` (a client of `ablate storage-proxy`),
-each with the heartbeat of `sweeps.optuna_api` (docs/scale-out.md)."""
+"""Opening a sweep's `--storage`: an RDB URL (SQLite, PostgreSQL), a journal file or `grpc://host:port`
+(`ablate storage-proxy`), each with the heartbeat of `sweeps.optuna_api` (docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -146,8 +145,7 @@ def _not_optuna(where: object, tables: set[str]) -> UserError:
 
 def make_storage(url: str, heartbeat_s: int | None = 60, existing: bool = False,
                  read_only: bool = False) -> BaseStorage:
-    """The storage of `url`, with the heartbeat; `existing`: it must hold Optuna's data (a reading
-    command creates none); `read_only` (implies it): an SQLite file opened read-only (a backup)."""
+    """The storage of `url`; `existing`: Optuna's data must be there; `read_only`: SQLite read-only too."""
     existing = existing or read_only
     journal, proxy = journal_path(url), grpc_address(url)
     if journal is not None:

@@ -54,8 +54,7 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None = None) -> optu
 
 
 def make_pruner(name: str, startup_trials: int = 5, warmup_steps: int = 0) -> optuna.pruners.BasePruner:
-    """Median, 25th-percentile, Hyperband, successive halving (`HALVING`) or no pruning on step-keyed
-    dev perplexity (`warmup_steps`: Hyperband's and halving's first rung)."""
+    """Median, 25th-percentile, Hyperband, halving (`HALVING`) or no pruning on step-keyed dev PPL."""
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_steps)
     if name == "percentile":

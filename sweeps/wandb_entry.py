@@ -1,6 +1,5 @@
-"""What a W&B sweep agent runs: `ablate train ARGS --out <root>/<sweep id>/<run id>` (`--out-root DIR`
-first is its own option), then the results `RunResult` marks for the summary go to the W&B run's
-summary, so a sweep can optimise them. Exit status as `ablate train`'s."""
+"""What a W&B sweep agent runs: `ablate train` into `<root>/<sweep id>/<run id>`, then the results
+`RunResult` marks for the summary into the W&B run's summary. Exit status as `ablate train`'s."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Token-budget batching (fairseq `--max-tokens`) with per-epoch shuffling and rank sharding. The
-budget counts each side with its EOS or BOS; `pad_multiple` rounds lengths up, and `ShapeBuckets`
-give training batches a few static shapes (docs/gpu-performance.md, "Static shapes and CUDA graphs")."""
+"""Token-budget batching (fairseq `--max-tokens`) with per-epoch shuffling and rank sharding; budgets
+count EOS/BOS, and `ShapeBuckets` give static shapes (docs/gpu-performance.md)."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
 
 
 def bucket_lengths(lengths: np.ndarray, count: int, multiple: int = 1) -> tuple[int, ...]:
-    """The `count` lengths (multiples of `multiple`) that minimise the padding of `lengths` padded up to
-    the next of them: an exact dynamic programme over the distinct lengths."""
+    """The `count` lengths (multiples of `multiple`) padding `lengths` least: an exact dynamic programme."""
     values, counts = np.unique(round_up(np.asarray(lengths, dtype=np.int64), multiple),
                                return_counts=True)
     if count >= len(values):

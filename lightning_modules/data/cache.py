@@ -1,7 +1,6 @@
-"""The preparation cache (docs/corpora.md): what a run derives from its corpus, kept in
-`data.cache_dir` under a digest of all it is derived from (inputs, settings, versions, code), so a
-changed input or rule never reads an old entry. A launcher prepares a corpus holding `alone`'s lock
-(eight SLURM tasks on a cold cache would each encode WMT14); the others wait."""
+"""The preparation cache (docs/corpora.md): what a run derives from its corpus, under a digest of all it
+is derived from (inputs, settings, versions, code); a launcher prepares a corpus holding `alone`'s
+lock (eight SLURM tasks on a cold cache would each encode WMT14), the others wait."""
 
 from __future__ import annotations
 

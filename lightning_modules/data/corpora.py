@@ -1,6 +1,5 @@
-"""Parallel corpora as raw text: reading text files, the loaders of user files, Multi30k and WMT14
-(Ding's: ding.py) and `load_corpus`, which calls the one a corpus's entry in `config.CORPORA` names.
-Whatever a user can fix is one `UserError` line naming the file, line or URL."""
+"""Parallel corpora as raw text: text files, the loaders of user files, Multi30k and WMT14, and
+`load_corpus`, which calls a corpus's loader (`config.CORPORA`); a user's mistake is one line."""
 
 from __future__ import annotations
 

@@ -115,8 +115,7 @@ def concatenate(parts: Sequence[EncodedPairs]) -> EncodedPairs:
 
 
 class TranslationData:
-    """Loads `cfg.corpus`, trains or reuses `run_dir/spm.model` and encodes every split, dropping pairs
-    too long for the model (training pairs: for `max_train_len` too); dev batches keep exact lengths."""
+    """Loads `cfg.corpus`, trains or reuses its BPE and encodes every split, dropping pairs too long."""
 
     def __init__(self, cfg: DataConfig, run_dir: str | Path, seed: int = 1,
                  max_len: int = 512, pad_multiple: int = 1) -> None:

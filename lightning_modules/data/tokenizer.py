@@ -33,8 +33,7 @@ def load(model_path: str | Path) -> spm.SentencePieceProcessor:
 def train_or_load(model_path: Path, texts: Iterable[str], vocab_size: int,
                   input_sentence_size: int, seed: int = 0, cached: Path | None = None
                   ) -> tuple[spm.SentencePieceProcessor, str]:
-    """The model at `model_path`, else `cached`'s, else one trained on `texts` (deterministically) and
-    moved into place whole (.vocab first); and where it came from."""
+    """The model at `model_path`, else `cached`'s, else one trained on `texts`; and where it came from."""
     model_path = Path(model_path)
     if model_path.is_file():
         try:

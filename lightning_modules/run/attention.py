@@ -1,6 +1,5 @@
-"""The attention weights of a run's model on one sentence pair, computed explicitly (SDPA never hands
-them out) by hooks on every `MultiHeadAttention`, with the sub-layer's output checked against SDPA's
-(`AttentionMaps.max_difference`): the weights drawn are the trained model's."""
+"""The attention weights of a run's model on one sentence pair, computed by hooks (SDPA never hands them
+out) and checked against SDPA's output (`AttentionMaps.max_difference`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What one run reports: `RunResult`, the single schema behind results.json, a trial's user
-attributes, the report's columns and the W&B summary; each field says where it goes, so adding a
-metric is one field here."""
+"""`RunResult`: one schema for results.json, a trial's attributes, the report's columns and the W&B
+summary; each field says where it goes, so adding a metric is one field here."""
 
 from __future__ import annotations
 
