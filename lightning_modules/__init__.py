@@ -2,6 +2,6 @@
 
 No knowledge of Table 3, sweeps or the command line. Modules: `config` (dataclasses),
 `transformer` (the model), `search` and `evaluate` (decoding, BLEU), `translation` (the Lightning
-module), `callbacks`, `compiling`, `data/`, `run/` (one training run), `base/` (its plumbing).
-Nothing is imported here, so `import foundation.errors` does not load torch.
+module), `callbacks`, `compiling`, `data/`, `run/` (one training run); its plumbing is the package
+`foundation`. Nothing is imported here: importing a light module loads no torch.
 """

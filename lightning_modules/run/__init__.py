@@ -1,4 +1,4 @@
 """One training run, end to end: `train.train` (data, Trainer, resume, evaluation), the checks
-before it (`preflight`) and what a run reports (`results.RunResult`); its plumbing is in `base/`.
+before it (`preflight`) and what a run reports (`results.RunResult`); its plumbing is in `foundation/`.
 Nothing is imported here: the modules are heavy.
 """
