@@ -220,7 +220,8 @@ def _add_run_options(p: argparse.ArgumentParser, table: bool = False, workers: b
                                          "like 0,1 (default: the preset's train.devices, auto)")
     p.add_argument("--accelerator", help="Lightning accelerator: auto, cpu, gpu (default: the preset's, auto)")
     p.add_argument("--precision", help="Lightning precision: auto, 32-true, bf16-mixed, 16-mixed "
-                                       "(default: the preset's, auto: bf16-mixed on a GPU that has it)")
+                                       "(default: the preset's, auto: bf16-mixed on a GPU that has it; "
+                                       "bf16-mixed on a CPU needs avx512_bf16 or AMX)")
     p.add_argument("--wandb", choices=["auto", "online", "offline", "off"],
                    help="the training runs' Weights & Biases: auto (online with an API key, else offline), "
                         "or off (default: the preset's train.wandb, auto)")

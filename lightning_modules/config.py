@@ -341,7 +341,9 @@ class TrainConfig:
     accelerator: str = "auto"
     devices: str = "auto"  # "auto", a count ("2") or a list ("0,1")
     strategy: str = "auto"  # "auto" picks DDP for several devices
-    precision: str = "auto"  # "auto": bf16-mixed on a GPU that supports it, else 32-true
+    # "auto": bf16-mixed on a GPU that supports it, else 32-true. bf16-mixed on a CPU: CPU autocast,
+    # refused on a CPU without native bf16 (run/environment.NATIVE_BF16), where it is emulated
+    precision: str = "auto"
     num_nodes: int = 1
     # torch.compile the training step (model + loss): None = auto, on for CUDA runs of at least
     # COMPILE_MIN_STEPS steps (compiling costs minutes once; short runs stay eager)

@@ -22,6 +22,7 @@ import yaml
 from ablate.cli import main
 from here import ablate_here
 from lightning_modules.metrics_log import read_rows
+from lightning_modules.run.environment import native_bf16
 from foundation.io import atomic_write_json
 
 # A model small enough to train in seconds; dev/test cut to 100 pairs so decoding is quick.
@@ -257,3 +258,47 @@ def test_bad_devices_value_is_a_one_line_error(tmp_path: Path, capsys):
     code = main(["train", "--out", str(tmp_path / "run"), "--no-wandb", "--devices", "two", *SMALL])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "train.devices" in err[0]
+
+
+@pytest.fixture
+def cpu_without_bf16(tmp_path: Path) -> Path:
+    """This machine's /proc/cpuinfo with the flags of native bf16 taken out: a real CPU's text that
+    `ABLATE_CPUINFO` puts in place of /proc/cpuinfo (the run's check reads it as it reads the real one)."""
+    real = Path("/proc/cpuinfo")
+    text = real.read_text() if real.is_file() else "flags\t\t: fpu sse2 avx avx2 avx512f fma\n"
+    lacking = tmp_path / "cpuinfo"
+    lacking.write_text(re.sub(r"\b(avx512_bf16|amx_\w+) ?", "", text))
+    return lacking
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_refused_in_one_line_before_any_folder(
+        tmp_path: Path, capsys, monkeypatch, cpu_without_bf16: Path):
+    monkeypatch.setenv("ABLATE_CPUINFO", str(cpu_without_bf16))
+    out = tmp_path / "run"
+    code = main(["train", "--out", str(out), "--no-wandb", "--precision", "bf16-mixed", *SMALL])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "train.precision=bf16-mixed" in err[0] and "neither avx512_bf16 nor amx_bf16" in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16 (avx512_bf16 or amx_bf16)")
+def test_a_bf16_run_on_this_cpu_trains_records_its_precision_and_is_decoded_in_it(
+        tmp_path: Path, capsys, monkeypatch, cpu_without_bf16: Path):
+    """bf16-mixed on a CPU with native bf16: CPU autocast; results.json and its environment name the
+    precision; decoding the run later follows it (the run's own dev translations, line for line),
+    and is fp32 on a CPU without native bf16 (the stated rule)."""
+    out = tmp_path / "bf16"
+    assert main(["train", "--out", str(out), "--max-steps", "6", "--no-wandb", "--precision", "bf16-mixed",
+                 *SMALL]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete" and results["ppl"] > 1 and results["bleu"] is not None
+    assert results["precision"] == results["environment"]["precision"] == "bf16-mixed"
+    stem = out / "evaluate-valid-last-beam4-a0.6-len10"
+    for native in (False, True):
+        with monkeypatch.context() as m:
+            if not native:
+                m.setenv("ABLATE_CPUINFO", str(cpu_without_bf16))
+            assert main(["evaluate", str(out), "--split", "valid", "--device", "cpu"]) == 0
+        assert json.loads(Path(f"{stem}.json").read_text())["settings"]["bf16_autocast"] is native
+    assert Path(f"{stem}.hyp.txt").read_text() == (out / "dev.hyp.txt").read_text()

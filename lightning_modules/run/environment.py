@@ -11,10 +11,17 @@ from typing import Any
 import torch
 
 
+# The CPU flags of native bf16 arithmetic, the one rule for bf16 on a CPU: with neither, bf16 is
+# emulated and slower than fp32, and `train.precision=bf16*` is refused (`preflight.check_hardware`)
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+CPUINFO = "ABLATE_CPUINFO"  # a file read in place of /proc/cpuinfo (the tests' CPU without native bf16)
+
+
 def _cpuinfo(name: str) -> str | None:
-    """The value of the first `name` line of /proc/cpuinfo (Linux), else None."""
+    """The value of the first `name` line of /proc/cpuinfo (Linux; $ABLATE_CPUINFO names another
+    file), else None."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
+        with open(os.environ.get(CPUINFO) or "/proc/cpuinfo", encoding="utf-8") as f:
             return next((line.split(":", 1)[1].strip() for line in f if line.startswith(name)), None)
     except OSError:
         return None
@@ -35,6 +42,11 @@ def cpu_flags() -> list[str]:
     """The vector-instruction families the CPU has (what changes CPU kernels' summation order)."""
     flags = (_cpuinfo("flags") or "").split()
     return sorted(f for f in flags if f in ("avx", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma"))
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively: it has a flag of NATIVE_BF16."""
+    return not set(NATIVE_BF16).isdisjoint((_cpuinfo("flags") or "").split())
 
 
 # Environment variables that choose kernels or thread counts, recorded when set.

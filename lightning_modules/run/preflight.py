@@ -25,6 +25,7 @@ from lightning_modules.config import (RunConfig, TransformerConfig, count_parame
 from foundation.errors import DiskFull, UserError
 from foundation.io import is_temporary, set_aside
 from foundation.rundir import CONFIG, MARKER, saved_config
+from lightning_modules.run.environment import NATIVE_BF16, native_bf16
 from lightning_modules.run.results import RunResult
 
 # What makes a run directory one run: the whole model (all keys, as built: see model_identity)
@@ -53,12 +54,16 @@ def check_gpu_ids(ids: list[int], what: str) -> None:
 
 
 def check_hardware(cfg: RunConfig) -> None:
-    """Fail before any work if the accelerator, devices or strategy cannot be had on this machine
-    (Lightning itself would say so only once the data is loaded and the run directory written)."""
+    """Fail before any work if the accelerator, devices, strategy or precision cannot be had on this
+    machine (Lightning itself would say so only once the data is loaded and the run directory
+    written; and it trains bf16 on any CPU, emulated where the CPU has no bf16 arithmetic)."""
     t = cfg.train
     if t.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise UserError(f"train.accelerator={t.accelerator}, but no CUDA GPU is visible on this machine; "
                         f"use --accelerator cpu (or auto)")
+    if t.precision.startswith("bf16") and not uses_gpu(cfg) and not native_bf16():
+        raise UserError(f"train.precision={t.precision} on this CPU would be emulated, slower than 32-true: "
+                        f"its flags have neither {' nor '.join(NATIVE_BF16)}; train in 32-true (the CPU's default)")
     devices = parse_devices(t.devices)
     if isinstance(devices, list):
         if not uses_gpu(cfg):

@@ -20,6 +20,7 @@ from lightning_modules.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, loa
 from foundation.errors import UserError
 from lightning_modules.evaluate import corpus_bleu, length_batches, translate
 from foundation.io import atomic_write_json, check_readable_file, check_writable_file, write_lines
+from lightning_modules.run.environment import native_bf16
 from lightning_modules.run.preflight import resume_checkpoint
 from lightning_modules.run.results import read_results
 from foundation.rundir import CONFIG, saved_config
@@ -203,7 +204,9 @@ class LoadedRun:
     device: torch.device
     weights: str  # which checkpoint(s)
     steps: list[int]
-    bf16: bool  # decode under bf16 autocast, as the run's own evaluation did on a GPU
+    # decode under bf16 autocast, as the run's own evaluation did, where this device computes bf16
+    # natively (a GPU; a CPU with a flag of environment.NATIVE_BF16); elsewhere fp32
+    bf16: bool
 
     @property
     def eval_config(self) -> EvalConfig:
@@ -246,7 +249,7 @@ def load_run(run_dir: str | Path, checkpoint: str = "last", device: str | None =
                         f"describes ({first[:200]})") from None
     model.to(where).eval()
     precision = _saved_precision(run_dir)
-    bf16 = where.type == "cuda" and precision.startswith("bf16")
+    bf16 = precision.startswith("bf16") and (where.type == "cuda" or where.type == "cpu" and native_bf16())
     return LoadedRun(run_dir, config, model, tokenizer, where, weights.description, weights.steps, bf16)
 
 
