@@ -4,6 +4,7 @@
     python -m benchmarks --quick               # tiny sizes: a smoke check in about a minute
     python -m benchmarks --only train,padding  # a subset
     python -m benchmarks --device cuda         # on a GPU (bf16 autocast by default there, MFU)
+    python -m benchmarks --precision fp32,bf16 --only train,end_to_end,generation  # side by side, one process
     python -m benchmarks --device cuda --only gpu_round --out DIR  # kernel variants, < 8 minutes (opt-in)
     python -m benchmarks --device cuda --only startup  # where start-up goes, a table's first and next run (opt-in)
     python -m benchmarks --device cuda --only attention_shapes  # what a new batch shape costs each attention kernel (opt-in)
@@ -44,8 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
                         help="output directory for results.json and results.md")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                        help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    parser.add_argument("--precision", default="auto",
+                        help="auto, fp32 or bf16 (autocast), or a comma list such as fp32,bf16: train, end_to_end "
+                             "and generation measure each side by side in one process, the other benchmarks the "
+                             "first (auto: bf16 on CUDA, fp32 on CPU)")
     parser.add_argument("--reps", type=int, default=None,
                         help="timed repetitions per measurement (default: each benchmark's own)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -95,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if wrong:
             parser.error(f"--steps {'; '.join(wrong)}: expected CASE:VARIANT with a case of "
                          f"{', '.join(cases)} and {where}")
+    auto = "bf16" if args.device.startswith("cuda") else "fp32"
+    args.precision = tuple(dict.fromkeys(auto if p == "auto" else p for p in args.precision.split(",")))
+    if not set(args.precision) <= {"fp32", "bf16"}:
+        parser.error(f"--precision {','.join(args.precision)}: expected auto, fp32 or bf16, or a comma list of them")
     if args.budget_s is not None and args.budget_s <= 0:
         parser.error("--budget-s must be positive")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -128,10 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    precision = args.precision if args.precision != "auto" else (
-        "bf16" if device.type == "cuda" else "fp32")
-    settings = Settings(device=device, precision=precision, reps=args.reps, quick=args.quick,
-                        cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
+    settings = Settings(device=device, precision=args.precision[0], precisions=args.precision, reps=args.reps,
+                        quick=args.quick, cache_dir=args.cache_dir, multi30k_dir=args.multi30k_dir,
                         checkpoint=args.checkpoint, seed=args.seed, newstest_dir=args.newstest_dir,
                         cases=tuple(c for c in args.cases.split(",") if c), out=args.out,
                         budget_s=args.budget_s, steps=args.steps, profile=args.profile)

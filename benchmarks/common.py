@@ -32,7 +32,7 @@ from lightning_modules.config import DataConfig, TrainConfig, TransformerConfig
 from lightning_modules.data.batching import TokenBucketBatchSampler, collate
 from lightning_modules.data.corpora import Corpus, load_corpus
 from lightning_modules.data.datamodule import TranslationDataModule
-from lightning_modules.run.environment import cpu_family, cpu_model
+from lightning_modules.run.environment import cpu_family, cpu_flags, cpu_model
 from lightning_modules.translation import TranslationModule
 
 Batch = dict[str, Tensor]
@@ -50,6 +50,7 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
 BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3}
 TINY = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --precision's names
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class Settings:
     """What every benchmark needs to know about this invocation."""
 
     device: torch.device
-    precision: str  # "fp32" | "bf16" (autocast)
+    precision: str  # "fp32" | "bf16" (autocast): every benchmark's, the first of `precisions`
     reps: int | None  # None: each benchmark's own default
     quick: bool
     cache_dir: Path
@@ -91,13 +92,23 @@ class Settings:
     budget_s: float | None = None  # --budget-s: gpu_round's time for its variants (None: its own)
     steps: tuple[tuple[str, str], ...] = ()  # --steps: gpu_round's (case, variant) or end_to_end's (case, run) pairs
     profile: bool = False  # --profile: gpu_round also profiles one pass of each variant
+    precisions: tuple[str, ...] = ()  # --precision fp32,bf16: train, end_to_end and generation measure each
 
     def reps_or(self, default: int) -> int:
         return self.reps if self.reps is not None else default
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast on request, nothing in fp32."""
-        if self.precision == "bf16":
+    @property
+    def compared(self) -> tuple[str, ...]:
+        """The precisions measured side by side: `precisions`, else `precision` alone."""
+        return self.precisions or (self.precision,)
+
+    def label(self, name: str, precision: str) -> str:
+        """`name`, and `precision` after it where several are measured side by side."""
+        return name if len(self.compared) == 1 else f"{name}, {precision}"
+
+    def autocast(self, precision: str | None = None) -> contextlib.AbstractContextManager:
+        """bf16 autocast on request (`precision`, else this run's), nothing in fp32."""
+        if (precision or self.precision) == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -176,6 +187,12 @@ def bare_step(c: TransformerConfig, t: TrainConfig, settings: Settings, lr: floa
         return per_token.detach()
 
     return module, step
+
+
+def over_fp32(rates: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """{(name, precision): rate} -> each rate over the same name's in fp32, fp32's own left out."""
+    return {(name, p): rate / rates[name, "fp32"] for (name, p), rate in rates.items()
+            if p != "fp32" and (name, "fp32") in rates}
 
 
 def median(values: list[float]) -> float:
@@ -358,6 +375,8 @@ def machine_info(settings: Settings) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpu_family": cpu_family(),
+        "cpu_flags": cpu_flags(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -367,7 +386,7 @@ def machine_info(settings: Settings) -> dict[str, Any]:
         "device": str(settings.device),
         "gpu": gpu,
         "gpu_peak_bf16_flops": peak,
-        "precision": settings.precision,
+        "precision": ",".join(settings.compared),
         "quick": settings.quick,
         "git_commit": commit,
     }

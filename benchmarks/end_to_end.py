@@ -13,7 +13,9 @@ BPE, WMT-length sentences from newstest2013+2014, `--newstest-dir`) at 25K and 4
 `wmt-big-37k` (the big row), and `multi30k-base-8k` (short sentences, BPE 8,000, the earlier
 setting); on CPU demo dims (N 3, d_model 64, d_ff 256, h 8) on Ding at 1,500 and 400 tokens. MFU
 (CUDA) counts matmul FLOPs including the vocabulary projection (`common.train_flops`) against the
-device's bf16 peak. Each measurement also prints one JSON line as it finishes.
+device's bf16 peak. Each measurement also prints one JSON line as it finishes. With `--precision
+fp32,bf16` each run and bare step is measured in each precision (`ablate train --precision 32-true`
+or `bf16-mixed`), one after the other in one process; `vs fp32` is tokens/s over fp32's.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (BASE, BIG, REPO, TINY, Case, Section, Settings, alternate, bare_step, data_module,
-                               mfu, on_device, stopwatch, sync, token_batches, train_flops)
+                               mfu, on_device, over_fp32, stopwatch, sync, token_batches, train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.metrics_log import logged
 
@@ -99,6 +102,7 @@ def ablate_train(out: Path, case: Case, corpus: str, fields: dict[str, Any], set
     args = [sys.executable, "-m", "ablate", "train", "--out", str(out), "--data", corpus,
             *[f"data.{k}={v}" for k, v in fields.items()], "--max-steps", str(steps), "--no-wandb", "--seed", str(settings.seed),
             "--accelerator", "gpu" if settings.device.type == "cuda" else "cpu",
+            "--precision", "bf16-mixed" if settings.precision == "bf16" else "32-true",
             *[f"model.{k}={v}" for k, v in case.dims.items()], f"data.vocab_size={case.vocab}",
             f"data.max_tokens={case.tokens[0]}", f"train.compile={str(compile_).lower()}",
             f"train.log_every_n_steps={case.log_every}", "train.val_check_interval=100000",
@@ -162,37 +166,44 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
     if settings.steps:  # --steps: only the runs named, and the bare step at the case's first batch size only,
         # compiled as they are (the GPU session's end-to-end figure beside its bare step, in one call's time)
         plan = [p for p in plan if (case.name, p[0]) in settings.steps]
-    folders = {name: work / case.name / name.replace(", ", "-").replace(" ", "-") for name, _, _ in plan}
-    for name, comp, steps in plan:
-        runs[name] = ablate_train(folders[name], case, corpus, fields, settings, comp, steps)
+    plan = [(settings.label(name, p), name, comp, steps, p) for p in settings.compared for name, comp, steps in plan]
+    folders = {name: work / case.name / name.replace(", ", "-").replace(" ", "-") for name, *_ in plan}
+    for name, _, comp, steps, p in plan:
+        runs[name] = ablate_train(folders[name], case, corpus, fields, replace(settings, precision=p), comp, steps)
         _progress(case, f"ablate train ({name})", runs[name])
     # the BPE of the first run (a run's own; `run` keeps only the cases --steps names, so there is one)
     dm = data_module(settings, case.vocab, corpus, run_dir=folders[plan[0][0]], **fields)
     c = TransformerConfig(**case.dims, vocab_size=dm.vocab_size, pad_id=dm.pad_id)
     per_token = flops_per_token(c, token_batches(dm, case.tokens[0], None, settings.seed))
-    bare: dict[tuple[bool, int], dict[str, Any]] = {}
+    bare: dict[tuple[bool, int, str], dict[str, Any]] = {}
     for tokens in case.tokens[:1] if settings.steps else case.tokens:
         batches = token_batches(dm, tokens, 8 if settings.quick else 24, settings.seed)
-        for comp in sorted({c for _, c, _ in plan}) if settings.steps else (False, True):
-            bare[comp, tokens] = bare_throughput(c, batches, comp, reps, settings)
-            _progress(case, f"bare step ({'compiled' if comp else 'eager'}, {tokens} tokens)", bare[comp, tokens])
+        for comp in sorted({c for _, _, c, _, _ in plan}) if settings.steps else (False, True):
+            for p in settings.compared:
+                bare[comp, tokens, p] = bare_throughput(c, batches, comp, reps, replace(settings, precision=p))
+                _progress(case, settings.label(f"bare step ({'compiled' if comp else 'eager'}, {tokens} tokens)", p),
+                          bare[comp, tokens, p])
     big_tokens = case.tokens[0]
-    for name, r in runs.items():
-        comp = r.get("compiled", name != "eager")
+    first = settings.compared[0]
+    vs_fp32 = over_fp32({(run, p): runs[name]["steady_tokens_per_s"] for name, run, _, _, p in plan
+                         if runs[name].get("steady_tokens_per_s")})
+    vs_fp32 |= over_fp32({((comp, tokens), p): b["tokens_per_s"] for (comp, tokens, p), b in bare.items()})
+    for name, run, comp, _, p in plan:
+        r = runs[name]
         steady = r.get("steady_tokens_per_s")
-        base = bare.get((comp, big_tokens), {}).get("tokens_per_s")
+        base = bare.get((comp, big_tokens, p), {}).get("tokens_per_s")
         section.rows.append({
             "case": case.name, "what": f"ablate train ({name})" + (f": {r['error']}" if "error" in r else ""),
             "compiled": comp, "tokens/batch": big_tokens, "start-up s": r.get("startup_s"),
             "first step s": r.get("first_step_s"), "tokens/s": steady,
             "MFU": mfu(steady * per_token, settings.device) if steady else None,
             "graphs": r.get("compiled_graphs"), "of bare": steady / base if steady and base else None,
-            "wall s": r.get("wall_s")})
-    for (comp, tokens), b in bare.items():
-        section.rows.append({"case": case.name, "what": "bare step", "compiled": comp, "tokens/batch": tokens,
-                             "first step s": None, "tokens/s": b["tokens_per_s"], "MFU": b["mfu"],
-                             "wall s": round(b["warmup_s"], 1)})
-    eager_run, compiled_run = runs.get("eager", {}), runs.get("compiled", {})
+            "vs fp32": vs_fp32.get((run, p)), "wall s": r.get("wall_s")})
+    for (comp, tokens, p), b in bare.items():
+        section.rows.append({"case": case.name, "what": settings.label("bare step", p), "compiled": comp,
+                             "tokens/batch": tokens, "first step s": None, "tokens/s": b["tokens_per_s"], "MFU": b["mfu"],
+                             "vs fp32": vs_fp32.get(((comp, tokens), p)), "wall s": round(b["warmup_s"], 1)})
+    eager_run, compiled_run = runs.get(settings.label("eager", first), {}), runs.get(settings.label("compiled", first), {})
     if settings.device.type == "cuda":
         best = max(r.get("steady_tokens_per_s") or 0 for r in (eager_run, compiled_run))
         value = mfu(best * per_token, settings.device) if best else None
@@ -202,13 +213,13 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
         section.target(f"{case.name}: start-up, process start to step 1 (s)", startup,
                        f"≤ {TARGET_STARTUP_S:.0f} s", None if startup is None else startup <= TARGET_STARTUP_S)
         for tokens in case.tokens[1:]:
-            small = bare.get((True, tokens))
+            small = bare.get((True, tokens, first))
             if small:  # a small batch's step against its FLOP time at the device's peak
                 ratio = small["mfu"] and 1 / small["mfu"]
                 section.target(f"{case.name}: bare compiled step at {tokens} tokens ÷ its FLOP time", ratio,
                                "≤ 2×", None if ratio is None else ratio <= 2)
     for name, r in (("eager", eager_run), ("compiled", compiled_run)):
-        base = bare.get((name == "compiled", big_tokens), {}).get("tokens_per_s")
+        base = bare.get((name == "compiled", big_tokens, first), {}).get("tokens_per_s")
         if r.get("steady_tokens_per_s") and base:
             share = r["steady_tokens_per_s"] / base
             section.target(f"{case.name}: ablate train ({name}) ÷ bare step", share,
@@ -226,14 +237,14 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
         f"{case.steps} steps" + (f" ({case.steps // 2} for the warm-cache run)" if case.warm_cache else "")
         + f"; FLOPs per target token {per_token / 1e6:.1f} M.")
     return {"runs": {k: {kk: vv for kk, vv in v.items() if kk != "data"} for k, v in runs.items()},
-            "bare": {f"{'compiled' if k[0] else 'eager'}@{k[1]}": v for k, v in bare.items()},
+            "bare": {settings.label(f"{'compiled' if k[0] else 'eager'}@{k[1]}", k[2]): v for k, v in bare.items()},
             "flops_per_token": per_token, "case": case.__dict__}
 
 
 def run(settings: Settings) -> Section:
     section = Section("end_to_end", "6. End to end: `ablate train` vs the bare step",
                       ["case", "what", "compiled", "tokens/batch", "start-up s", "first step s", "tokens/s",
-                       "MFU", "graphs", "of bare", "wall s"],
+                       "MFU", "graphs", "of bare", "vs fp32", "wall s"],
                       formats={"of bare": "{:.1%}", "MFU": "{:.1%}"})
     cases = [c for c in _cases(settings) if (not settings.cases or c.name in settings.cases)
              and (not settings.steps or c.name in {name for name, _ in settings.steps})]

@@ -12,6 +12,10 @@ verified on logits). Both decode the same length-bucketed batches of Ding dev se
   `generate(num_beams=4, length_penalty=0.6, early_stopping=True)`, whose penalty is |Y|^α:
   the same search with a different final ranking, so the outputs may differ; we report the share
   that agree.
+
+With `--precision fp32,bf16` our greedy and beam search also decode in each further precision (the
+model and HF in the first): `same output as peer` is then the share identical to ours in the first,
+`vs fp32` sentences/s over the same search's in fp32.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from benchmarks.common import (
     data_module,
     median,
     on_device,
+    over_fp32,
     spread,
     stopwatch,
     token_batches,
@@ -124,7 +129,7 @@ def host_work(fn: Callable[[], Any], cuda: bool, sentences: int) -> dict[str, fl
 
 def run(settings: Settings) -> Section:
     section = Section("generation", "4. Generation: batched search vs Hugging Face generate",
-                      ["decoder", "sentences/s", "ms/sentence", "ours/HF", "same output as peer",
+                      ["decoder", "sentences/s", "ms/sentence", "ours/HF", "vs fp32", "same output as peer",
                        "mean length", "hit length cap", "spread", "operators", "kernel launches",
                        "graph launches"],
                       formats={"same output as peer": "{:.1%}", "hit length cap": "{:.1%}", "operators": "{:,.0f}",
@@ -165,14 +170,14 @@ def run(settings: Settings) -> Section:
         limits = [min(len(s) + OFFSET, c.max_len) for s in sources]
         outputs: dict[str, list[list[int]]] = {}
 
-        def ours(beam: int, graphs: bool = False) -> None:
+        def ours(beam: int, graphs: bool = False, precision: str | None = None) -> None:
             result: list[list[int]] = [[] for _ in sources]
             for index, src in batches:
-                with settings.autocast():
+                with settings.autocast(precision):
                     hyps = beam_search(model, src, BOS_ID, EOS_ID, beam, ALPHA, OFFSET, cuda_graphs=graphs)
                 for i, hyp in zip(index, hyps):
                     result[i] = hyp.tokens
-            outputs[f"ours {beam}" + (" graphs" if graphs else "")] = result
+            outputs[f"ours {beam}" + (" graphs" if graphs else "") + (f" {precision}" if precision else "")] = result
 
         def hf(beam: int) -> None:
             result: list[list[int]] = [[] for _ in sources]
@@ -207,6 +212,9 @@ def run(settings: Settings) -> Section:
                      "ours beam 4, CUDA graphs": lambda: beam_search(model, first[1], BOS_ID, EOS_ID, BEAM, ALPHA, 8,
                                                                      cuda_graphs=True)}
             runs |= {"ours greedy, CUDA graphs": lambda: ours(1, True), "ours beam 4, CUDA graphs": lambda: ours(BEAM, True)}
+        others = settings.compared[1:]  # further precisions: our searches again (warmed up by a whole pass)
+        for p in others:
+            runs |= {f"ours greedy, {p}": lambda p=p: ours(1, precision=p), f"ours beam 4, {p}": lambda p=p: ours(BEAM, precision=p)}
         times = alternate(runs, settings.reps_or(2 if quick else 3), device, warmup=warm)
         work = {name: host_work(runs[name], device.type == "cuda", len(sources)) for name in runs}  # one more pass each
 
@@ -222,17 +230,25 @@ def run(settings: Settings) -> Section:
         if graphed:  # the same search over other buffers: its peer is ours
             agree |= {"greedy, CUDA graphs": agreement("ours 1 graphs", "ours 1", False),
                       "beam 4, CUDA graphs": agreement("ours 4 graphs", "ours 4", False)}
+        for p in others:  # the same search in another precision: its peer is ours in the first
+            agree |= {f"greedy, {p}": agreement(f"ours 1 {p}", "ours 1", False),
+                      f"beam 4, {p}": agreement(f"ours 4 {p}", "ours 4", False)}
         speed = {name: len(sources) / median(t) for name, t in times.items()}
         decoders = [("ours greedy", "ours 1"), ("HF greedy", "HF 1"), ("ours beam 4", "ours 4"), ("HF beam 4", "HF 4")]
         if graphed:
             decoders += [("ours greedy, CUDA graphs", "ours 1 graphs"), ("ours beam 4, CUDA graphs", "ours 4 graphs")]
+        decoders += [(f"ours {kind}, {p}", f"ours {n} {p}") for p in others for kind, n in (("greedy", 1), ("beam 4", 4))]
+        named = {(kind, p): f"ours {kind}" + (f", {p}" if p in others else "")
+                 for kind in ("greedy", "beam 4") for p in settings.compared}
+        vs_fp32 = {named[k]: r for k, r in over_fp32({k: speed[name] for k, name in named.items()}).items()}
         for name, key in decoders:
             kind = "greedy" if "greedy" in name else "beam 4"
             hyps = outputs[key]
             section.rows.append({
                 "decoder": name, "sentences/s": speed[name], "ms/sentence": 1000 / speed[name],
-                "ours/HF": speed[name] / speed[f"HF {kind}"] if name.startswith("ours") else None,
-                "same output as peer": agree[name.replace("ours ", "")] if "graphs" in name else agree[kind],
+                "ours/HF": speed[name] / speed[f"HF {kind}"] if name.startswith("ours") and key.split()[-1] not in others else None,
+                "vs fp32": vs_fp32.get(name),
+                "same output as peer": agree.get(name.replace("ours ", ""), agree[kind]),
                 "mean length": sum(map(len, hyps)) / len(hyps),
                 "hit length cap": sum(capped(h, i) for i, h in enumerate(hyps)) / len(hyps),
                 "spread": spread(times[name]), **work[name]})
@@ -274,4 +290,7 @@ def run(settings: Settings) -> Section:
         "captured once and replayed (on a CPU without a graph: timed in the quick smoke check "
         "only); its peer is our own search over growing caches.",
     ]
+    if settings.compared[1:]:
+        section.notes.append(f"{', '.join(settings.compared[1:])}: our searches under that autocast, the model as trained "
+                             f"(in {settings.precision}); their peer is the same search in {settings.precision}.")
     return section

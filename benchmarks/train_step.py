@@ -9,6 +9,10 @@ Sizes: `base` is the paper's base model (N 6, d_model 512, d_ff 2048, h 8, vocab
 real shapes of Ding batches (BPE 8,000) whose ids are mapped into 37,000 by a fixed random map;
 `demo` is the demo preset's base row (N 3, d_model 64, d_ff 256, h 8, vocab 2,000) on real Ding
 batches of 1,500 tokens.
+
+With `--precision fp32,bf16` every model steps in each precision, all alternated in one process, and
+a matrix product alone (MATMUL_N square, per precision) gives what the device's matmuls reach:
+`of matmul` reads a step's FLOP/s against it, `vs fp32` a model's tokens/s against its own in fp32.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from torch import nn
 
 from benchmarks.common import (
+    DTYPES,
     Batch,
     Section,
     Settings,
@@ -29,6 +34,7 @@ from benchmarks.common import (
     free_memory,
     median,
     mfu,
+    over_fp32,
     remap_vocabulary,
     spread,
     stopwatch,
@@ -48,6 +54,7 @@ from lightning_modules.transformer import Transformer, count_parameters
 from lightning_modules.translation import label_smoothed_nll, noam_lrate
 
 TARGET_RATIO = 1.3
+MATMUL_N = 2048  # the matrix product alone: MATMUL_N² by MATMUL_N² (--quick: 256)
 SAME_FUNCTION_TOLERANCE = 1e-3  # max |Δlogits| (fp32, eval mode) after copying our weights
 
 
@@ -61,32 +68,33 @@ class Size:
     max_tokens: int
     batches: int  # batches per repetition
     reps: int
+    bf16_target: float  # bf16 tokens/s over fp32's, ours, at least (with --precision fp32,bf16)
 
 
 def sizes(quick: bool) -> list[Size]:
     if quick:  # smoke-test scale: every code path (vocabulary remap included), seconds
         return [Size("base-shaped (quick)", TransformerConfig(n_layers=1, d_model=64, d_ff=128,
                                                               n_heads=4, vocab_size=37000),
-                     2000, 200, 1, 2),
+                     2000, 200, 1, 2, 1.8),
                 Size("demo (quick)", TransformerConfig(n_layers=1, d_model=64, d_ff=256,
                                                        n_heads=8, vocab_size=2000, max_len=256),
-                     2000, 200, 2, 2)]
+                     2000, 200, 2, 2, 1.3)]
     return [Size("base", TransformerConfig(n_layers=6, d_model=512, d_ff=2048, n_heads=8,
-                                           vocab_size=37000, max_len=512), 8000, 1500, 1, 3),
+                                           vocab_size=37000, max_len=512), 8000, 1500, 1, 3, 1.8),
             Size("demo", TransformerConfig(n_layers=3, d_model=64, d_ff=256, n_heads=8,
-                                           vocab_size=2000, max_len=256), 2000, 1500, 8, 5)]
+                                           vocab_size=2000, max_len=256), 2000, 1500, 8, 5, 1.3)]
 
 
 def make_step(model: nn.Module, config: TransformerConfig, settings: Settings
-              ) -> Callable[[Batch], None]:
-    """One optimizer step of `model` on a batch, the same for every model."""
+              ) -> Callable[[Batch, str], None]:
+    """One optimizer step of `model` on a batch in a precision, the same for every model."""
     params = [p for p in model.parameters() if p.requires_grad]
     lr = noam_lrate(4000, config.d_model, 4000)  # the schedule's peak; speed does not depend on it
     t = TrainConfig()  # the paper's Adam, as every run has it
     optimizer = torch.optim.Adam(params, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps)
 
-    def step(batch: Batch) -> None:
-        with settings.autocast():
+    def step(batch: Batch, precision: str) -> None:
+        with settings.autocast(precision):
             logits = model(batch["src"], batch["tgt_in"])
         loss, _, n_tokens = label_smoothed_nll(logits, batch["tgt_out"], config.pad_id,
                                                config.label_smoothing)
@@ -111,13 +119,29 @@ def build_models(config: TransformerConfig, device: torch.device
     return models, notes
 
 
+def matmul_rates(settings: Settings) -> Section:
+    """FLOP/s of one square matrix product alone in each precision (bf16: of bf16 matrices, as
+    autocast hands them to a linear layer), alternated, median of the repetitions."""
+    n = 256 if settings.quick else MATMUL_N
+    section = Section("matmul", f"1b. A {n}×{n} matrix product alone", ["precision", "TFLOP/s", "spread"])
+    a, b = torch.randn(2, n, n, generator=torch.Generator().manual_seed(settings.seed)).to(settings.device)
+    pairs = {p: (a.to(DTYPES[p]), b.to(DTYPES[p])) for p in settings.compared}
+    times = alternate({p: lambda x=x, y=y: x @ y for p, (x, y) in pairs.items()}, settings.reps_or(7), settings.device)
+    for p, seconds in times.items():
+        section.rows.append({"precision": p, "TFLOP/s": 2 * n ** 3 / median(seconds) / 1e12, "spread": spread(seconds)})
+    section.data = {"n": n, "times_s": times}
+    return section
+
+
 def run(settings: Settings) -> Section:
     section = Section("train", "1. Training step throughput (forward + backward + Adam step)",
-                      ["size", "model", "params", "ms/step", "tgt tokens/s", "ours/peer",
-                       "spread", "TFLOP/s", "MFU"])
+                      ["size", "model", "precision", "params", "ms/step", "tgt tokens/s", "ours/peer", "vs fp32",
+                       "spread", "TFLOP/s", "of matmul", "MFU"], formats={"of matmul": "{:.0%}"})
     with stopwatch(section):
+        section.more.append(matmul_rates(settings))
+        peak = {r["precision"]: r["TFLOP/s"] for r in section.more[0].rows}
         for size in sizes(settings.quick):
-            _run_size(size, settings, section)
+            _run_size(size, settings, section, peak)
     section.notes += [
         "Same batches, same initial weights (ours copied into each peer; their logits are checked "
         f"equal to ours within {SAME_FUNCTION_TOLERANCE:g} in eval mode), same loss "
@@ -133,12 +157,15 @@ def run(settings: Settings) -> Section:
         "Marian: MarianMTModel(MarianConfig(...)) at the same dims (post-LN, ReLU, scaled tied "
         "embeddings, dropout P_drop, attention/activation dropout 0), SDPA attention.",
         "spread: (max − min)/median of the repetitions. TFLOP/s: matmul FLOPs (3 × forward, "
-        "attention counted in full) per second; MFU only on CUDA devices of known bf16 peak.",
+        "attention counted in full) per second; `of matmul`: of what the matrix product alone reaches "
+        "in the same precision (1b); MFU only on CUDA devices of known bf16 peak.",
+        "precision: fp32, or bf16 autocast (matmuls and attention in bf16; norms, the loss and Adam's "
+        "states in fp32) for every model alike; `vs fp32`: the model's tokens/s over its own in fp32.",
     ]
     return section
 
 
-def _run_size(size: Size, settings: Settings, section: Section) -> None:
+def _run_size(size: Size, settings: Settings, section: Section, peak: dict[str, float]) -> None:
     device = settings.device
     config = size.model
     dm = data_module(settings, size.data_vocab)
@@ -169,30 +196,36 @@ def _run_size(size: Size, settings: Settings, section: Section) -> None:
           flush=True)
     steps = {name: make_step(model, config, settings) for name, model in models.items()}
 
-    def pass_over(name: str) -> Callable[[], None]:
-        return lambda: [steps[name](batch) for batch in batches]
+    def pass_over(name: str, precision: str) -> Callable[[], None]:
+        return lambda: [steps[name](batch, precision) for batch in batches]
 
-    times = alternate({name: pass_over(name) for name in models},
+    runs = {(name, p): settings.label(name, p) for p in settings.compared for name in models}
+    times = alternate({label: pass_over(*run) for run, label in runs.items()},
                       settings.reps_or(size.reps), device,
-                      warmup={name: (lambda n=name: steps[n](batches[0])) for name in models})
+                      warmup={label: (lambda n=run: steps[n[0]](batches[0], n[1])) for run, label in runs.items()})
     flops = sum(train_flops(config, batch) for batch in batches)
     tokens = {name: stats["tgt_tokens"] / median(t) for name, t in times.items()}
     result = {"batches": stats, "params": params, "times_s": times, "tokens_per_s": tokens,
               "max_abs_logit_error_vs_ours": errors,
               "config": vars(config).copy(), "flops_per_pass": flops}
-    for name, seconds in times.items():
-        per_pass = median(seconds)
+    vs_fp32 = over_fp32({run: tokens[label] for run, label in runs.items()})
+    for (name, p), label in runs.items():
+        per_pass = median(times[label])
         achieved = flops / per_pass
-        ratio = tokens["ours"] / tokens[name] if name != "ours" else None
+        ratio = tokens[settings.label("ours", p)] / tokens[label] if name != "ours" else None
         section.rows.append({
-            "size": size.name, "model": name, "params": params[name],
-            "ms/step": 1000 * per_pass / len(batches), "tgt tokens/s": tokens[name],
-            "ours/peer": ratio, "spread": spread(seconds), "TFLOP/s": achieved / 1e12,
-            "MFU": mfu(achieved, device)})
+            "size": size.name, "model": name, "precision": p, "params": params[name],
+            "ms/step": 1000 * per_pass / len(batches), "tgt tokens/s": tokens[label],
+            "ours/peer": ratio, "vs fp32": vs_fp32.get((name, p)), "spread": spread(times[label]),
+            "TFLOP/s": achieved / 1e12, "of matmul": achieved / 1e12 / peak[p], "MFU": mfu(achieved, device)})
         if ratio is not None:
-            section.target(f"train step {size.name}: ours/{name}", ratio, f"≥ {TARGET_RATIO}",
+            section.target(settings.label(f"train step {size.name}: ours/{name}", p), ratio, f"≥ {TARGET_RATIO}",
                            ratio >= TARGET_RATIO)
-            result[f"ratio_vs_{name}"] = ratio
+            result[settings.label(f"ratio_vs_{name}", p)] = ratio
+    if ("ours", "bf16") in vs_fp32:
+        gain = vs_fp32["ours", "bf16"]
+        section.target(f"train step {size.name}: ours bf16/fp32", gain, f"≥ {size.bf16_target}",
+                       gain >= size.bf16_target)
     section.data[size.name] = result
     if len(set(params.values())) > 1:
         section.notes.append(f"{size.name}: parameter counts differ: {params}")

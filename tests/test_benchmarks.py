@@ -171,6 +171,29 @@ def test_end_to_end_steps_are_checked_against_its_cases_and_runs(tmp_path: Path,
                        str(tmp_path / "y")]).steps == (("wmt-big-37k", "compiled"),)
 
 
+def test_precisions_side_by_side_time_every_model_in_each_and_read_a_step_against_a_matmul_alone(
+        tmp_path: Path, capsys):
+    """`--precision fp32,bf16` (quick train): every model's step in both precisions in one process, the
+    bf16 rows' speed over fp32's, a square matrix product alone in each precision, a step's FLOP/s as a
+    share of it, and the bf16/fp32 target; a precision it does not know is one line, no --out folder."""
+    code, err = bench_here(capsys, "--quick", "--threads", "1", "--reps", "1", "--precision", "fp32,bf16",
+                           "--only", "train", "--out", str(tmp_path), "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, err[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["machine"]["precision"] == "fp32,bf16" and data["machine"]["cpu_capability"]
+    train = data["benchmarks"]["train"]
+    assert [r["precision"] for r in train["more"][0]["rows"]] == ["fp32", "bf16"]
+    rows = {(r["size"], r["model"], r["precision"]): r for r in train["rows"]}
+    assert {p for _, _, p in rows} == {"fp32", "bf16"} and len(rows) == len(train["rows"])
+    for (size, model, precision), r in rows.items():
+        assert r["of matmul"] > 0 and (r["vs fp32"] is None) == (precision == "fp32")
+        assert r["vs fp32"] is None or r["vs fp32"] == pytest.approx(
+            r["tgt tokens/s"] / rows[size, model, "fp32"]["tgt tokens/s"])
+    assert [t["goal"] for t in data["targets"] if "bf16/fp32" in t["target"]] == ["≥ 1.8", "≥ 1.3"]
+    err = refused(capsys, "--precision", "fp32,fp16", "--out", str(tmp_path / "x"))
+    assert "--precision fp32,fp16" in err.strip().splitlines()[-1] and not (tmp_path / "x").exists()
+
+
 def test_an_out_folder_that_cannot_be_made_is_one_line_before_any_benchmark(tmp_path: Path, capsys):
     (tmp_path / "a-file").write_text("")
     err = refused(capsys, "--quick", "--only", "padding", "--out", str(tmp_path / "a-file" / "out"))
