@@ -51,6 +51,7 @@ BASE = {"n_layers": 6, "d_model": 512, "d_ff": 2048, "n_heads": 8}
 BIG = {"n_layers": 6, "d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3}
 TINY = {"n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # --precision's names
+LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed"}  # what `ablate train` and a Trainer call them
 
 
 @dataclass(frozen=True)

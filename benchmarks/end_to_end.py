@@ -30,8 +30,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (BASE, BIG, REPO, TINY, Case, Section, Settings, alternate, bare_step, data_module,
-                               mfu, on_device, over_fp32, stopwatch, sync, token_batches, train_flops)
+from benchmarks.common import (BASE, BIG, LIGHTNING_PRECISION, REPO, TINY, Case, Section, Settings, alternate,
+                               bare_step, data_module, mfu, on_device, over_fp32, stopwatch, sync, token_batches,
+                               train_flops)
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.metrics_log import logged
 
@@ -102,7 +103,7 @@ def ablate_train(out: Path, case: Case, corpus: str, fields: dict[str, Any], set
     args = [sys.executable, "-m", "ablate", "train", "--out", str(out), "--data", corpus,
             *[f"data.{k}={v}" for k, v in fields.items()], "--max-steps", str(steps), "--no-wandb", "--seed", str(settings.seed),
             "--accelerator", "gpu" if settings.device.type == "cuda" else "cpu",
-            "--precision", "bf16-mixed" if settings.precision == "bf16" else "32-true",
+            "--precision", LIGHTNING_PRECISION[settings.precision],
             *[f"model.{k}={v}" for k, v in case.dims.items()], f"data.vocab_size={case.vocab}",
             f"data.max_tokens={case.tokens[0]}", f"train.compile={str(compile_).lower()}",
             f"train.log_every_n_steps={case.log_every}", "train.val_check_interval=100000",
@@ -184,7 +185,7 @@ def run_case(case: Case, settings: Settings, work: Path, section: Section) -> di
                 _progress(case, settings.label(f"bare step ({'compiled' if comp else 'eager'}, {tokens} tokens)", p),
                           bare[comp, tokens, p])
     big_tokens = case.tokens[0]
-    first = settings.compared[0]
+    first = settings.precision  # the targets' runs
     vs_fp32 = over_fp32({(run, p): runs[name]["steady_tokens_per_s"] for name, run, _, _, p in plan
                          if runs[name].get("steady_tokens_per_s")})
     vs_fp32 |= over_fp32({((comp, tokens), p): b["tokens_per_s"] for (comp, tokens, p), b in bare.items()})

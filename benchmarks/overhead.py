@@ -14,8 +14,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from benchmarks.common import (Batch, Section, Settings, data_module, median, on_device, spread, stopwatch,
-                               sync, token_batches)
+from benchmarks.common import (LIGHTNING_PRECISION, Batch, Section, Settings, data_module, median, on_device,
+                               spread, stopwatch, sync, token_batches)
 from lightning_modules.config import TrainConfig, TransformerConfig
 from lightning_modules.loss import label_smoothed_nll
 from lightning_modules.translation import TranslationModule
@@ -60,7 +60,7 @@ def lightning_run(module: TranslationModule, batches: list[Batch], steps: int, w
     clock = _StepClock(warmup, settings.device)
     trainer = pl.Trainer(
         accelerator="gpu" if settings.device.type == "cuda" else "cpu", devices=1,
-        precision="bf16-mixed" if settings.precision == "bf16" else "32-true",
+        precision=LIGHTNING_PRECISION[settings.precision],
         max_steps=steps, max_epochs=-1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0, use_distributed_sampler=False, log_every_n_steps=50,

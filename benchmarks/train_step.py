@@ -86,14 +86,14 @@ def sizes(quick: bool) -> list[Size]:
 
 
 def make_step(model: nn.Module, config: TransformerConfig, settings: Settings
-              ) -> Callable[[Batch, str], None]:
-    """One optimizer step of `model` on a batch in a precision, the same for every model."""
+              ) -> Callable[[Batch, str | None], None]:
+    """One optimizer step of `model` on a batch in a precision (default: the run's), the same for every model."""
     params = [p for p in model.parameters() if p.requires_grad]
     lr = noam_lrate(4000, config.d_model, 4000)  # the schedule's peak; speed does not depend on it
     t = TrainConfig()  # the paper's Adam, as every run has it
     optimizer = torch.optim.Adam(params, lr=lr, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps)
 
-    def step(batch: Batch, precision: str) -> None:
+    def step(batch: Batch, precision: str | None = None) -> None:
         with settings.autocast(precision):
             logits = model(batch["src"], batch["tgt_in"])
         loss, _, n_tokens = label_smoothed_nll(logits, batch["tgt_out"], config.pad_id,
