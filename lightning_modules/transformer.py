@@ -33,14 +33,21 @@ ROPE_BASE = 10000.0  # theta_i = 10000^(-2i/d), as the sinusoids of section 3.5
 # `model.attention_backend` -> SDPA kernels in priority order: the one named first, then the others
 # in PyTorch's order, so a call the named kernel does not take (flash takes no padding mask, nor
 # d_k != d_v; efficient and cudnn have no CPU kernel) runs on the next one instead of failing.
+# "math" is alone: it takes every call, and PyTorch's CPU dispatch ignores the priority (it runs
+# flash whenever flash is allowed).
 _KERNELS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 _PYTORCH_ORDER = ("flash", "efficient", "cudnn", "math")
-SDPA_BACKENDS = {name: [_KERNELS[name]] + [_KERNELS[k] for k in _PYTORCH_ORDER if k != name] for name in _KERNELS}
+SDPA_BACKENDS = {name: [_KERNELS[name]] + [_KERNELS[k] for k in _PYTORCH_ORDER if k != name and name != "math"]
+                 for name in _KERNELS}
 
 
-def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
-    """SDPA's kernels with `name`'s first (`SDPA_BACKENDS`); "auto": PyTorch's own order, no context."""
+def sdpa_backend(name: str, q: Tensor) -> contextlib.AbstractContextManager:
+    """SDPA's kernels with `name`'s first (`SDPA_BACKENDS`) for queries `q`; "auto": PyTorch's own
+    order, no context, but for bf16 on a CPU: there PyTorch's flash kernel trains several times slower
+    than its math kernel and than itself in fp32 (the CPU bf16 rows of benchmarks/results), so math."""
+    if name == "auto" and q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        name = "math"
     if name == "auto":
         return contextlib.nullcontext()
     return sdpa_kernel(SDPA_BACKENDS[name], set_priority=True)
@@ -171,7 +178,7 @@ class MultiHeadAttention(nn.Module):
     def _attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """Queries (B, h, T, d_k) over keys/values of g heads -> the output projection's (B, T, d_model)."""
         k, v = self.per_query_head(k, v)
-        with sdpa_backend(self.backend):
+        with sdpa_backend(self.backend, q):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         return self.w_o(out.transpose(1, 2).flatten(2))
 
