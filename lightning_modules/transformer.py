@@ -46,11 +46,8 @@ def sdpa_backend(name: str, q: Tensor) -> contextlib.AbstractContextManager:
     """SDPA's kernels with `name`'s first (`SDPA_BACKENDS`) for queries `q`; "auto": PyTorch's own
     order, no context, but for bf16 on a CPU: there PyTorch's flash kernel trains several times slower
     than its math kernel and than itself in fp32 (the CPU bf16 rows of benchmarks/results), so math."""
-    if name == "auto" and q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        name = "math"
-    if name == "auto":
-        return contextlib.nullcontext()
-    return sdpa_kernel(SDPA_BACKENDS[name], set_priority=True)
+    name = "math" if name == "auto" and q.device.type == "cpu" and q.dtype == torch.bfloat16 else name
+    return contextlib.nullcontext() if name == "auto" else sdpa_kernel(SDPA_BACKENDS[name], set_priority=True)
 
 
 def check_length(length: int, max_len: int) -> None:
