@@ -29,7 +29,7 @@ from optuna.storages._heartbeat import BaseHeartbeat  # private module: reason 3
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
-TESTED_VERSIONS = ((4, 0), (5, 1))  # [lowest, highest) major.minor, as pinned in pyproject.toml
+TESTED_VERSIONS = ((4, 9), (5, 1))  # [lowest, highest) major.minor, as pinned in pyproject.toml
 
 
 @contextmanager

@@ -44,6 +44,15 @@ def test_installed_optuna_is_in_the_tested_range():
         f"sweeps/optuna_api.py against it, then widen TESTED_VERSIONS and the pin in pyproject.toml")
 
 
+def test_the_tested_range_is_the_pin_in_pyproject():
+    import tomllib
+
+    (low, high), root = optuna_api.TESTED_VERSIONS, SWEEPS.parent
+    pins = [d for d in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+            if d.startswith("optuna>")]
+    assert pins == [f"optuna>={low[0]}.{low[1]},<{high[0]}.{high[1]}"], pins
+
+
 def test_no_private_optuna_names_outside_the_adapter():
     """`study._storage`, `trial._trial_id`, `optuna.trial.Trial(...)` and the like stay out."""
     for path in SWEEPS.parent.glob("*/*.py"):
