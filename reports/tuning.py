@@ -21,8 +21,7 @@ def verdict(r: pd.Series | None) -> str:
     if r is None or r.name == "base" or d is None or pd.isna(d):
         return ""
     side = "higher" if d > 0 else "lower" if d < 0 else "equal"
-    beyond = r.get("beyond_noise")
-    if beyond == False:  # noqa: E712 (None and NaN are neither)
+    if (beyond := r.get("beyond_noise")) == False:  # noqa: E712 (None and NaN are neither)
         return "within noise"
     return f"{side} PPL" + (" beyond noise" if beyond == True else ", no interval")  # noqa: E712
 
@@ -31,12 +30,15 @@ def tuning_frame(data: Table3Data, own: pd.DataFrame, best: pd.DataFrame) -> pd.
     """One line per decided row: its values' dev PPLs, the choice, verdicts at `own` and `best`, signs."""
     records = []
     for row in (r for r in data.spec if r in data.tuned_rows):
-        record, mine, theirs = data.tuned_rows[row], own.loc[row] if row in own.index else None, \
-            best.loc[row] if row in best.index else None
-        verdicts = (verdict(mine), verdict(theirs))
+        record, mine, theirs = data.tuned_rows[row], *(f.loc[row] if row in f.index else None for f in (own, best))
+        verdicts, key = (verdict(mine), verdict(theirs)), next(iter(record.own))
+        tried = sorted(c.setting[key] for c in record.candidates)  # one key: is the best beyond what was tried?
+        edge = "" if not record.chosen or len(record.own) > 1 or len(tried) < 2 else \
+            {tried[0]: "lowest tried", tried[-1]: "highest tried"}.get(record.chosen[key], "")
         records.append({"row": row, "own value": setting_label(record.own),
                         **{setting_label(c.setting): c.outcome() for c in record.candidates},
                         "chosen": setting_label(record.chosen) if record.chosen else "none complete (its own)",
+                        "at the edge": edge,
                         OWN: verdicts[0], BEST: verdicts[1],
                         "depends on tuning": "yes" if verdicts[0] != verdicts[1] and row != "base" else "",
                         "sign = paper": " → ".join({True: "yes", False: "no"}.get(r.get("ppl_sign_agrees"), "–")
@@ -118,10 +120,9 @@ def cost(data: Table3Data) -> str | None:
     untuned = float((data.runs["params"] * data.runs["steps"]).sum()) if data.tuned is not None else 0.0
     if not untuned:
         return None
-    params = data.runs.groupby("row")["params"].first()
-    steps = data.runs.groupby("row")["steps"].first()
-    candidates = sum(params[row] * (steps[row] if c.state == "complete" else c.step or 0)
-                     for row, record in data.tuned_rows.items() if row in params
+    first = data.runs.groupby("row")[["params", "steps"]].first()
+    candidates = sum(first.at[row, "params"] * (first.at[row, "steps"] if c.state == "complete" else c.step or 0)
+                     for row, record in data.tuned_rows.items() if row in first.index
                      for c in record.candidates if c.setting != record.own)
     moved = [row for row, record in data.tuned_rows.items() if record.chosen not in (None, record.own)]
     runs = data.tuned.runs

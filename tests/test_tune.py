@@ -271,6 +271,7 @@ def test_the_tuned_report_shows_each_rows_choice_its_candidates_and_both_verdict
             [c.outcome() for c in record.candidates]
     assert list(table["chosen"]) == ["lr_scale 0.5", "lr_scale 0.5"] and list(table["lr_scale 0.1"].str[:16]) == \
         ["pruned at step 5"] * 2
+    assert list(table["at the edge"]) == ["highest tried"] * 2  # 0.5 of 0.02 (their own), 0.1 and 0.5
     # each verdict from its own table's runs (one seed: the sign of the difference alone): the rows' own
     # runs on seed 1, then the candidates chosen
     final = {(t.user_attrs["row"], t.user_attrs.get(TUNE, {}).get("train.lr_scale", 0.02)): t.value
