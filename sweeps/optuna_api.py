@@ -216,15 +216,15 @@ class RunningTrial:
         return self.pruner.prune(self.seen, self.storage.get_trial(self._id))
 
 
-def replay(storage: BaseStorage, study_name: str, finished: FrozenTrial, pruner: optuna.pruners.BasePruner,
-           member: Callable[[FrozenTrial], bool], user_attrs: dict[str, Any]) -> int:
-    """A completed trial (a `member`) that replayed `finished`'s curve to `pruner`; its number."""
+def replay(storage: BaseStorage, study_name: str, finished: FrozenTrial, curve: dict[int, float],
+           pruner: optuna.pruners.BasePruner, member: Callable[[FrozenTrial], bool], user_attrs: dict[str, Any]) -> int:
+    """A completed trial (a `member`) that replayed `finished`'s `curve` ({step: value}) to `pruner`; its number."""
     template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=datetime.now(),
                            datetime_complete=None, params={}, distributions={}, user_attrs=user_attrs,
                            system_attrs={}, intermediate_values={}, trial_id=-1)
     new = storage.create_new_trial(storage.get_study_id_from_name(study_name), template_trial=template)
     seen = CohortStudy(study_name, storage, member)
-    for step, value in sorted(finished.intermediate_values.items()):
+    for step, value in sorted(curve.items()):
         storage.set_trial_intermediate_value(new, step, value)
         pruner.prune(seen, storage.get_trial(new))
     storage.set_trial_state_values(new, TrialState.COMPLETE, finished.values)

@@ -5,12 +5,10 @@ long-run effects that a short benchmark misses), over all of them and row by row
 run's tokens per training second, and for a run under way the median of its logged windows'
 `train/tokens_per_s`, so a first sitting shows its own rate before any run has finished.
 
-Read only, from what a sitting would see: each run's directory under `--runs-dir`, the `--archive`
-(a run it holds counts as it would once restored), and the study, where its storage exists already
-(a run finished on another machine of a shared study counts as finished). An unfinished run's
-progress is its last logged training step (`logs/metrics.csv`, every attempt joined): it resumes
-from its newest checkpoint, at most one checkpoint interval earlier, so the time left is a
-slight under-estimate for it.
+Read only, from what a sitting would see: the run directories under `--runs-dir`, the `--archive`
+(a run there counts as restored) and the study where its storage exists (a run finished on another
+machine counts). An unfinished run's progress is its last logged training step (`logs/metrics.csv`);
+it resumes from its newest checkpoint, up to one checkpoint interval earlier: a slight under-estimate.
 """
 
 from __future__ import annotations

@@ -116,12 +116,10 @@ def test_successive_halving_compares_a_trial_with_its_cohort_only_and_a_replayed
     late.report(8.0, 2)
     assert not late.should_prune()  # before the first rung
     # a run of "c" finished before its cohort existed: replayed, it is the yardstick at step 5
-    plain = study.ask()
-    for step, value in ((5, 20.0), (10, 15.0)):
-        plain.report(value, step)
+    plain = study.ask()  # it reported nothing: its curve is given
     study.tell(plain, 15.0)
-    number = replay(storage, "s", frozen_trial(storage, "s", plain.number), pruner, in_cohort("c"),
-                    {PRUNING: {"cohort": "c", "reference": True}})
+    number = replay(storage, "s", frozen_trial(storage, "s", plain.number), {10: 15.0, 5: 20.0}, pruner,
+                    in_cohort("c"), {PRUNING: {"cohort": "c", "reference": True}})
     stand_in = frozen_trial(storage, "s", number)
     assert stand_in.state == TrialState.COMPLETE and stand_in.value == 15.0
     assert stand_in.system_attrs["completed_rung_0"] == 20.0 and stand_in.intermediate_values == {5: 20.0, 10: 15.0}

@@ -163,13 +163,16 @@ def test_a_row_finished_before_its_table_was_tuned_is_replayed_into_its_cohort(t
     settings = ["train.max_steps=10", "train.val_check_interval=5"]
     plan = make_plan("tiny", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), settings, rows="base", seeds="1")
     study, _ = queue(plan)
-    finish(study, {"base-s1": ("complete", 30.0)})
+    untuned = study.ask()  # ended as a run without a pruner ends: nothing reported, its curve in its results
+    untuned.set_user_attr("dev_ppl_curve", [[4, 31.0], [9, 30.0]])  # steps as logged: the 5th and the 10th
+    study.tell(untuned, 30.0)
     tuned = make_plan("tiny", plan.storage, plan.runs_dir, settings, rows="base", tune_values=["lr_scale=1"])
     for _ in range(2):  # once only
         queue(tuned)
     (stand_in,) = [t for t in study.get_trials() if "replays" in t.user_attrs]
     assert stand_in.user_attrs["replays"] == 0 and stand_in.user_attrs[PRUNING]["cohort"] == "tune:base"
     assert stand_in.system_attrs["completed_rung_0"] == 31.0 and stand_in.value == 30.0
+    assert stand_in.intermediate_values == {5: 31.0, 10: 30.0}  # the steps a pruned run reports at
 
 
 # --- a tuned table trained for real -----------------------------------------------------------
