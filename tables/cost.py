@@ -25,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from ablations.resolve import Recipe
-from ablations.record import setting_label, value_text
+from ablations.record import setting_label, tuned_name, value_text
 from ablations.spec import recipe_changes, table3_section
 from lightning_modules.config import CORPORA, RunConfig
 from foundation.errors import UserError
@@ -180,10 +180,10 @@ def parallel_devices(cfg: RunConfig) -> int:
 
 
 def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> dict[str, float]:
-    """Each row's expected run time on one worker, for a part of a table (`--stop-after`,
-    `tables.policy.TablePolicy`): the estimate, which is of the whole device, times the workers sharing a
-    CPU (one GPU per worker has the whole device); empty, with a note, when the preset states no
-    cost (then every queued run starts)."""
+    """Each row's expected run time on one worker (a tuning candidate's, `ROW+KEYVALUE`, to its first
+    rung), for a part of a table (`--stop-after`, `tables.policy.TablePolicy`): the estimate (of the
+    whole device) times the workers sharing a CPU (a GPU per worker has the whole device); empty,
+    with a note, when the preset states no cost (then every queued run starts)."""
     try:
         table, _ = estimate(plan)
     except UserError as err:
@@ -191,7 +191,12 @@ def run_seconds(plan: Table3Plan, workers: int, devices: list[str] | None) -> di
               file=sys.stderr, flush=True)
         return {}
     share = workers if devices is None else 1
-    return {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
+    seconds = {row: float(hours) * 3600 * share for row, hours in table["hours/run"].items()}
+    for row in plan.rows if plan.tuning is not None else ():  # where the plan expects a candidate to end
+        cfg = plan.config_of(row)
+        seconds |= {tuned_name(row, setting): seconds[row] * plan.tuning.first_rung(cfg) / cfg.train.max_steps
+                    for setting in plan.tuning.candidates(plan.own(row))[1:]}
+    return seconds
 
 
 def fits(table: pd.DataFrame, rate: DeviceRate) -> str:

@@ -18,10 +18,7 @@ def make_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = 
                 report: bool = True, report_dir: str | Path | None = None, wandb_report: str = "off") -> Table3Outcome:
     """`run_table3` (see it for the arguments), then, unless interrupted and when `report`, the
     report (`build_report`) in `report_dir` (default RUNS_DIR/STUDY/report), whose files the
-    outcome lists. The report's folder is checked before the table runs, not after.
-
-    Here rather than in `run_table3`, which runs the table alone: a report callback passed to it
-    would leave every caller to wire the two together."""
+    outcome lists. The report's folder is checked before the table runs, not after."""
     folder = Path(report_dir) if report_dir is not None else Path(plan.runs_dir) / plan.study / "report"
     expected = run_seconds(plan, workers, devices) if stop_after_s is not None else None
     if expected and (note := parts_note(expected, stop_after_s)):

@@ -651,16 +651,12 @@ def check_places(plan: Table3Plan, archive: str | None = None, report: Path | No
 def run_table3(plan: Table3Plan, workers: int = 1, devices: list[str] | None = None,
                devices_per_run: int = 1, heartbeat_s: int = 60, archive: str | None = None,
                stop_after_s: float | None = None, run_seconds: dict[str, float] | None = None) -> Table3Outcome:
-    """Check the planned rows' data (`check_data`: one line, before anything is queued), queue
-    every planned (row, seed) not complete, run the queue-only workers until it is empty (or they
-    are interrupted), and print one line per planned run. The report is built from the database
-    after it: `tables.make.make_table3` runs the table, then the report, as `ablate table3` does.
-
-    `archive`: a folder that keeps the runs for a sitting on another machine (`tables.archive`):
-    restored from before the queue is made, saved to while the workers run and when they end.
-    `stop_after_s`: stop the workers that long after they start, as if interrupted; `run_seconds`
-    (each row's expected time on one worker, `tables.cost.run_seconds`): start only the runs
-    expected to finish before then (`tables.policy.TablePolicy`; without it every queued run starts)."""
+    """Check the planned rows' data (one line, before anything is queued), queue every planned
+    (row, seed) not complete, run the queue-only workers until it is empty (or interrupted), and
+    print one line per planned run (`tables.make.make_table3` then writes the report).
+    `archive`: where the runs are kept for a sitting on another machine (`tables.archive`).
+    `stop_after_s`: stop the workers that long after they start, as if interrupted, starting only the
+    runs expected to finish by then (`run_seconds`: `tables.cost.run_seconds`, `tables.policy.TablePolicy`)."""
     from tables import archive as kept
 
     if archive is not None:  # checked before anything is written (the data's cache included)

@@ -23,6 +23,7 @@ from lightning_modules.metrics_log import last_step
 from lightning_modules.run.results import RunResult
 from sweeps.launch import describe_duration
 from sweeps.optuna_api import retried_trial_number
+from sweeps.study import PRUNING
 from sweeps.worker import Policy, resolve_run_dir
 
 NAME = f"{__name__}:TablePolicy"  # what `WorkerSettings.policy` names
@@ -71,8 +72,8 @@ class TablePolicy(Policy):
     `tables.cost.run_seconds`), a worker claims only the queued runs it expects to finish in
     time: a run still training at a part's end is stopped, and its checkpoint, git-ignored, does not
     travel with a committed archive. A run's expectation is its row's estimate times the pace of this
-    study's finished runs (`pace`), times the part of it still ahead (`ahead`: a stopped run resumes
-    from its checkpoint); a run without an estimate always starts."""
+    study's finished runs (`pace`), times the part still ahead (`ahead`: a stopped run resumes from its
+    checkpoint; a tuning candidate, to its first rung, as planned); without an estimate it starts."""
 
     queue_only = True
 
@@ -85,9 +86,10 @@ class TablePolicy(Policy):
         self.pace = pace(study.get_trials(deepcopy=False), self.run_seconds)
 
     def expected_s(self, trial: optuna.trial.FrozenTrial) -> float | None:
-        row = trial.user_attrs.get("row")
-        estimate = self.run_seconds.get(row)
-        return None if estimate is None else estimate * self.pace(row) * self.ahead(trial)
+        row, ahead = trial.user_attrs.get("row"), self.ahead(trial)
+        candidate = (trial.user_attrs.get(PRUNING) or {}).get("reference") is False and ahead == 1.0
+        estimate = self.run_seconds.get(tuned_name(row, trial.user_attrs[TUNE]) if candidate else row)
+        return None if estimate is None else estimate * self.pace(row) * ahead
 
     def ahead(self, trial: optuna.trial.FrozenTrial) -> float:
         """The part of a run's training still ahead: a retry copy resumes from its checkpoint, so

@@ -76,6 +76,32 @@ def test_the_cpu_presets_tuned_table_fits_twice_the_untuned_ones_compute_even_un
     assert 1 < planned < most < 2, text
 
 
+def test_a_part_expects_a_candidate_to_end_at_its_first_rung_and_every_other_run_to_train_through(tmp_path):
+    """`--stop-after` on a tuned table: a candidate not yet started is expected to take its row's run
+    up to its first rung (a quarter here), where the plan expects it to stop, so parts shorter than
+    a whole run still try candidates; the row's own run and its other seeds, whole runs."""
+    from tables.cost import run_seconds
+    from tables.policy import TablePolicy
+
+    plan = make_plan("cpu", f"sqlite:///{tmp_path}/t.db", str(tmp_path / "runs"), [], rows="base", seeds="1,2",
+                     tune_values=["train.lr_scale=1"], tune_budget=0.25)
+    seconds = run_seconds(plan, 2, None)
+    assert seconds["base+lr_scale1"] == pytest.approx(seconds["base"] / 4) and len(seconds) == 2
+    study, _ = queue(plan)
+    policy = TablePolicy(plan.runs_dir, time.time() + seconds["base"] / 2, seconds)
+    expected = {(t.user_attrs["seed"], TUNE in t.user_attrs): policy.expected_s(t)
+                for t in study.get_trials(states=(TrialState.WAITING,))}
+    assert expected == {(1, False): seconds["base"], (2, False): seconds["base"],
+                        (1, True): pytest.approx(seconds["base"] / 4)}
+    assert [policy.takes(t) for t in study.get_trials(states=(TrialState.WAITING,))
+            if TUNE in t.user_attrs] == [True]
+    # the chosen value's other seed (no pruning): a whole run, never a candidate's part
+    study.enqueue_trial({}, user_attrs={"row": "base", "seed": 2, TUNE: {"train.lr_scale": 1.0}})
+    (other,) = [t for t in study.get_trials(states=(TrialState.WAITING,)) if t.user_attrs.get("seed") == 2
+                and TUNE in t.user_attrs]
+    assert policy.expected_s(other) == seconds["base"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tune", "train.max_steps=1,2"], "--tune train.max_steps=1,2: train.max_steps cannot be tuned: a row sets its "
                                         "steps with train_steps"),
