@@ -240,7 +240,7 @@ def build_report(storage: str, study: str | None, out: str | Path, wandb: str = 
         clause = tuning.headline_clause(tuned[1], list(data.tuning.get("values", {})))
     said, caveat_lines = summary(frame, clause), caveats(data, frame)
     summary_lines = [line for _, line in said]
-    method_lines = methods(data, frame, bootstrap, draws) + [f"{line}." for line in [tuning.cost(data)] if tuned and line]
+    method_lines = methods(data, frame, bootstrap, draws) + ([f"{line}."] if tuned and (line := tuning.cost(data)) else [])
     pictures = {**figs.render_all(frame, data.curves), **(tuning.render(data) if tuned else {}),
                 **group_attention_pictures(data.runs, runs_dir)}
 

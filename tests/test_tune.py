@@ -251,13 +251,18 @@ def tuned(tmp_path_factory) -> dict:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL, (tmp / "first.log").read_text()[-3000:]
     time.sleep(1.0)  # the worker and its training die with their parent
+    # the report of the search as the kill left it: a candidate ended, no row decided yet
+    partial = io.StringIO()
+    with contextlib.redirect_stdout(partial), contextlib.redirect_stderr(partial):
+        partial_code = main(["report", "--storage", f"sqlite:///{tmp}/t3.db", "--out", str(tmp / "partial")])
     logs = {t.number: tmp / "runs" / t.user_attrs["run_dir"] / "trial.log" for t in ended}
     before = {number: path.stat().st_mtime_ns for number, path in logs.items()}
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
         code = main(tuned_args(tmp, "--stop-after", "2h"))
     assert code == 0, buffer.getvalue()[-3000:]
-    return {"tmp": tmp, "ended": [t.number for t in ended], "before": before, "logs": logs, "output": buffer.getvalue()}
+    return {"tmp": tmp, "ended": [t.number for t in ended], "before": before, "logs": logs, "output": buffer.getvalue(),
+            "partial": (partial_code, partial.getvalue())}
 
 
 def study_of(tmp: Path) -> optuna.Study:
@@ -286,6 +291,16 @@ def test_a_killed_tuning_search_resumes_and_trains_no_finished_candidate_again(t
         name = t.user_attrs["run_dir"].split("/")[-1]
         assert (archive / name / "config.yaml").is_file(), name
         assert (archive / name / "results.json").is_file() == (t.state == TrialState.COMPLETE), name
+
+
+def test_a_report_in_the_middle_of_a_search_says_the_tuning_is_in_progress(tuned):
+    """`ablate report` on the study the kill left (no row decided): the untuned table and a line
+    saying which rows' tuning has not finished (it had raised a KeyError in the tuning's cost)."""
+    code, output = tuned["partial"]
+    assert code == 0, output[-3000:]
+    md = (tuned["tmp"] / "partial" / "table3.md").read_text()
+    assert "Tuning in progress: the tuning of base, E has not finished" in md
+    assert "## Each row at its own best value" not in md and not (tuned["tmp"] / "partial" / "tuning.csv").exists()
 
 
 def test_the_tuned_report_shows_each_rows_choice_its_candidates_and_both_verdicts(tuned):
