@@ -73,7 +73,7 @@ class TablePolicy(Policy):
     time: a run still training at a part's end is stopped, and its checkpoint, git-ignored, does not
     travel with a committed archive. A run's expectation is its row's estimate times the pace of this
     study's finished runs (`pace`), times the part still ahead (`ahead`: a stopped run resumes from its
-    checkpoint; a tuning candidate, to its first rung, as planned); without an estimate it starts."""
+    checkpoint; a tuning candidate short of its first rung: to it, as planned); else it starts."""
 
     queue_only = True
 
@@ -87,16 +87,16 @@ class TablePolicy(Policy):
 
     def expected_s(self, trial: optuna.trial.FrozenTrial) -> float | None:
         row, ahead = trial.user_attrs.get("row"), self.ahead(trial)
-        candidate = (trial.user_attrs.get(PRUNING) or {}).get("reference") is False and ahead == 1.0
-        estimate = self.run_seconds.get(tuned_name(row, trial.user_attrs[TUNE]) if candidate else row)
-        return None if estimate is None else estimate * self.pace(row) * ahead
+        estimate, candidate = self.run_seconds.get(row), (trial.user_attrs.get(PRUNING) or {}).get("reference") is False
+        rung = self.run_seconds.get(tuned_name(row, trial.user_attrs[TUNE])) if candidate and estimate else None
+        left = ahead if rung is None or rung / estimate <= 1.0 - ahead else rung / estimate - (1.0 - ahead)
+        return None if estimate is None else estimate * self.pace(row) * left
 
     def ahead(self, trial: optuna.trial.FrozenTrial) -> float:
         """The part of a run's training still ahead: a retry copy resumes from its checkpoint, so
         its last logged step of its `train.max_steps` is behind it (1.0 for a run never started,
         and where its run directory is not on this machine)."""
-        place = trial.user_attrs.get("run_dir")
-        if not place or retried_trial_number(trial) is None:
+        if not (place := trial.user_attrs.get("run_dir")) or retried_trial_number(trial) is None:
             return 1.0
         run = resolve_run_dir(self.runs_dir, place)
         try:

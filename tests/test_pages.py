@@ -196,6 +196,23 @@ CLAIMS["calibration-2026-11-22"] = {
         lambda: [json.loads(p.read_text())["steps"] for p in sorted(CALIBRATION.glob("*.results.json"))
                  if json.loads(p.read_text())["convergence"] == "converged"] == [24_000],
 }
+TUNED = "cpu-tuned-2026-12-02"  # the tuned table's rows, chosen from the converged one's verdicts
+
+
+def _agrees(row: str) -> bool | None:
+    value = _frame(T3).loc[row, "ppl_sign_agrees"]
+    return None if pd.isna(value) else bool(value)
+
+
+CLAIMS[TUNED] = {
+    "the three rows whose sign disagrees with the paper's (big, C5, D3)":
+        lambda: {row for row in _frame(T3).index if _agrees(row) is False} == {"big", "C5", "D3"},
+    "two rows that agree with it beyond noise, B1 (d_k 16) and C6 (d_ff 1024)":
+        lambda: all(_agrees(row) and _beyond(_frame(T3), row) and _frame(T3).loc[row, "seeds"] == 3
+                    for row in ("B1", "C6")),
+    "A1 and C7 agree in sign but are within noise":
+        lambda: all(_agrees(row) and not _beyond(_frame(T3), row) for row in ("A1", "C7")),
+}
 ALL_PAGES = sorted(p.parent.name for p in (REPO / "reports" / "results").glob("*/README.md"))
 
 
@@ -275,3 +292,21 @@ def test_the_calibration_pages_table_is_its_runs():
         assert cells[3] == f"{run['convergence']} ({share})", (stem.group(1), cells[3])
         checked += 1
     assert checked == 4
+
+
+def test_the_tuned_tables_page_says_what_its_report_decided():
+    """The tuned table in progress (#74): the page's lines on the decided rows are its report's
+    `tuning.csv` (each row's value chosen against its own, where it was, the verdicts), the rows
+    not decided are named as such, and no verdict is called dependent on tuning by hand."""
+    tuned = folder("cpu-tuned-2026-12-02")
+    table = pd.read_csv(tuned / "report" / "tuning.csv", dtype=str, keep_default_na=False).set_index("row")
+    page = (tuned / "README.md").read_text(encoding="utf-8")
+    kept = [row for row, r in table.iterrows() if r["chosen"] == r["own value"]]
+    moved = [row for row, r in table.iterrows() if r["chosen"] != r["own value"]]
+    edge = [f"{row} ({r['at the edge']})" for row, r in table.iterrows() if r["at the edge"]]
+    assert f"- **Kept their own value** ({table['own value'].iloc[0]}): {', '.join(kept) or 'none'}." in page
+    assert f"- **Moved to another value:** {', '.join(moved) or 'none'}." in page
+    assert f"- **Depends on tuning:** {', '.join(table.index[table['depends on tuning'] == 'yes']) or 'none'}." in page
+    assert f"- **Chosen value at the edge of those tried:** {', '.join(edge) or 'none'}." in page
+    planned = ["base", "big", "C5", "D3", "B1", "C6"]
+    assert f"- **Not decided yet:** {', '.join(r for r in planned if r not in table.index) or 'none'}." in page

@@ -93,8 +93,23 @@ def test_a_part_expects_a_candidate_to_end_at_its_first_rung_and_every_other_run
                 for t in study.get_trials(states=(TrialState.WAITING,))}
     assert expected == {(1, False): seconds["base"], (2, False): seconds["base"],
                         (1, True): pytest.approx(seconds["base"] / 4)}
-    assert [policy.takes(t) for t in study.get_trials(states=(TrialState.WAITING,))
-            if TUNE in t.user_attrs] == [True]
+    (candidate,) = [t for t in study.get_trials(states=(TrialState.WAITING,)) if TUNE in t.user_attrs]
+    assert policy.takes(candidate)
+    # stopped at step 1,200 of 24,000 and queued again (a retry copy): to its rung at 6,000, a fifth of the run
+    from sweeps.optuna_api import queue_retry
+
+    running = study.ask()  # the worker's claim takes the oldest waiting trial: the row's own first
+    while TUNE not in running.user_attrs:
+        study.tell(running, 30.0)
+        running = study.ask()
+    study.tell(running, state=TrialState.FAIL)
+    queue_retry(study, study.trials[running.number])
+    (copy,) = [t for t in study.get_trials(states=(TrialState.WAITING,)) if TUNE in t.user_attrs]
+    run = tmp_path / "runs" / copy.user_attrs["run_dir"]
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text("train:\n  max_steps: 24000\n")
+    (run / "logs" / "metrics.csv").write_text("epoch,step,train/loss\n0,1200,5.0\n")
+    assert policy.expected_s(copy) == pytest.approx(seconds["base"] * (0.25 - 0.05))
     # the chosen value's other seed (no pruning): a whole run, never a candidate's part
     study.enqueue_trial({}, user_attrs={"row": "base", "seed": 2, TUNE: {"train.lr_scale": 1.0}})
     (other,) = [t for t in study.get_trials(states=(TrialState.WAITING,)) if t.user_attrs.get("seed") == 2
