@@ -204,7 +204,20 @@ def _agrees(row: str) -> bool | None:
     return None if pd.isna(value) else bool(value)
 
 
+def _tuning() -> pd.DataFrame:
+    return pd.read_csv(folder(TUNED) / "report" / "tuning.csv", dtype=str, keep_default_na=False).set_index("row")
+
+
+def _kept_verdicts_and_signs() -> bool:
+    t = _tuning().drop(index="base")
+    same_sign = t["sign = paper"].map(lambda v: len(set(v.split(" → "))) == 1)
+    return bool((t["verdict at its own value"] == t["verdict at its best value"]).all() and same_sign.all())
+
+
 CLAIMS[TUNED] = {
+    "Sign against the paper's, at its own value → at its best:": _kept_verdicts_and_signs,
+    "the decided rows keep their verdicts and their signs against the paper's, D3's included":
+        lambda: _kept_verdicts_and_signs() and "D3" in _tuning().index,
     "the three rows whose sign disagrees with the paper's (big, C5, D3)":
         lambda: {row for row in _frame(T3).index if _agrees(row) is False} == {"big", "C5", "D3"},
     "two rows that agree with it beyond noise, B1 (d_k 16) and C6 (d_ff 1024)":
@@ -308,5 +321,7 @@ def test_the_tuned_tables_page_says_what_its_report_decided():
     assert f"- **Moved to another value:** {', '.join(moved) or 'none'}." in page
     assert f"- **Depends on tuning:** {', '.join(table.index[table['depends on tuning'] == 'yes']) or 'none'}." in page
     assert f"- **Chosen value at the edge of those tried:** {', '.join(edge) or 'none'}." in page
+    signs = ", ".join(f"{row} {r['sign = paper']}" for row, r in table.iterrows() if r["sign = paper"] != "– → –")
+    assert f"- **Sign against the paper's, at its own value → at its best:** {signs}." in page
     planned = ["base", "big", "C5", "D3", "B1", "C6"]
     assert f"- **Not decided yet:** {', '.join(r for r in planned if r not in table.index) or 'none'}." in page
