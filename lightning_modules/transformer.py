@@ -38,7 +38,7 @@ ROPE_BASE = 10000.0  # theta_i = 10000^(-2i/d), as the sinusoids of section 3.5
 _KERNELS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 _PYTORCH_ORDER = ("flash", "efficient", "cudnn", "math")
-SDPA_BACKENDS = {name: [_KERNELS[name]] + [_KERNELS[k] for k in _PYTORCH_ORDER if k != name and name != "math"]
+SDPA_BACKENDS = {name: [_KERNELS[name]] + ([] if name == "math" else [_KERNELS[k] for k in _PYTORCH_ORDER if k != name])
                  for name in _KERNELS}
 
 

@@ -535,8 +535,8 @@ def replayed(plan: Table3Plan, storage: BaseStorage, row: str, own: optuna.trial
             or any(t.user_attrs.get(REPLAYS) == own.number for t in trials):
         return
     how = pruning(plan, row, reference=True)
-    # Trained without a pruner it reported nothing: its results' curve, whose steps (as logged, from 0)
-    curve = {step + 1: ppl for step, ppl in own.user_attrs.get("dev_ppl_curve") or []}  # sweeps.pruning counts from 1
+    # Trained without a pruner, it reported nothing: its results' curve, each step as logged (from 0)
+    curve = {step + 1: ppl for step, ppl in own.user_attrs.get("dev_ppl_curve") or []}  # + 1, as sweeps.pruning reports
     replay(storage, plan.study, own, curve, make_pruner("halving", 0, how["min_resource"]), in_cohort(how["cohort"]),
            {PRUNING: how, REPLAYS: own.number})
 

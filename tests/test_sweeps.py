@@ -419,6 +419,13 @@ def test_wandb_sweep_yaml_and_agent_arguments_train(tmp_path, capfd):
     assert (tmp_path / "runs" / "wandb" / "sw" / "r1" / "results.json").is_file()
 
 
+def stopped_at(run: Path, *steps: int) -> None:
+    """A run directory of 24,000 steps whose training logged `steps` before it was stopped."""
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text("train:\n  max_steps: 24000\n")
+    (run / "logs" / "metrics.csv").write_text("epoch,step,train/loss\n" + "".join(f"0,{s},5.0\n" for s in steps))
+
+
 def test_a_part_expects_a_resumed_run_to_take_only_the_steps_ahead_of_it(tmp_path: Path):
     """`--stop-after`: a run stopped at step 18,000 of 24,000 resumes from its checkpoint, so a part
     with room for a quarter of a run starts it, and still not a run that has not started."""
@@ -436,10 +443,7 @@ def test_a_part_expects_a_resumed_run_to_take_only_the_steps_ahead_of_it(tmp_pat
     study.tell(stopped, state=optuna.trial.TrialState.FAIL)
     queue_retry(study, study.trials[stopped.number])
     fresh, copy = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    run = tmp_path / "t" / "base-s1"
-    (run / "logs").mkdir(parents=True)
-    (run / "config.yaml").write_text("train:\n  max_steps: 24000\n")
-    (run / "logs" / "metrics.csv").write_text("epoch,step,train/loss\n0,100,7.0\n40,18000,3.1\n")
+    stopped_at(tmp_path / "t" / "base-s1", 100, 18000)
 
     part = TablePolicy(str(tmp_path), time.time() + 1500, {"base": 4000.0})
     assert part.ahead(copy) == 0.25 and part.expected_s(copy) == 1000.0

@@ -30,7 +30,7 @@ from foundation.errors import UserError
 from here import ablate_here
 from sweeps.study import PRUNING
 from tables.plan import make_plan, queue, queue_tuned
-from test_sweeps import watch
+from test_sweeps import stopped_at, watch
 from test_table3 import SMALL
 
 TUNE_ARGS = ["--rows", "base,E", "--tune", "train.lr_scale=0.5,1,2"]
@@ -105,10 +105,7 @@ def test_a_part_expects_a_candidate_to_end_at_its_first_rung_and_every_other_run
     study.tell(running, state=TrialState.FAIL)
     queue_retry(study, study.trials[running.number])
     (copy,) = [t for t in study.get_trials(states=(TrialState.WAITING,)) if TUNE in t.user_attrs]
-    run = tmp_path / "runs" / copy.user_attrs["run_dir"]
-    (run / "logs").mkdir(parents=True)
-    (run / "config.yaml").write_text("train:\n  max_steps: 24000\n")
-    (run / "logs" / "metrics.csv").write_text("epoch,step,train/loss\n0,1200,5.0\n")
+    stopped_at(tmp_path / "runs" / copy.user_attrs["run_dir"], 1200)
     assert policy.expected_s(copy) == pytest.approx(seconds["base"] * (0.25 - 0.05))
     # the chosen value's other seed (no pruning): a whole run, never a candidate's part
     study.enqueue_trial({}, user_attrs={"row": "base", "seed": 2, TUNE: {"train.lr_scale": 1.0}})
